@@ -1,0 +1,79 @@
+"""JSON for the per-container path without importing :mod:`json`.
+
+``import json`` pulls in ``re`` and ``enum`` and costs about 14 ms on these
+machines, which is as much as the whole start-up budget of a hook.  The C
+scanner and encoder behind :mod:`json` live in the ``_json`` extension and
+need none of that, so the hot path drives them directly.  Output is compact
+(``,`` and ``:`` separators); pretty printing is left to the non-hot commands,
+which use :mod:`json` itself.
+"""
+
+from __future__ import annotations
+
+import _json
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
+
+if TYPE_CHECKING:
+    from typing import Any, ClassVar
+
+_WHITESPACE = " \t\n\r"
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"JSON constant {name} is not allowed")
+
+
+class _ScanContext:
+    """The attributes ``_json.make_scanner`` reads from a JSONDecoder."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    parse_constant = staticmethod(_reject_constant)
+    memo: ClassVar[dict[str, str]] = {}
+
+
+_scan = _json.make_scanner(_ScanContext())
+_encode = _json.make_encoder(
+    None,  # markers: no cycle check needed for data we parsed ourselves
+    None,  # default: anything not JSON-native is a bug; the encoder raises
+    _json.encode_basestring_ascii,
+    None,  # indent
+    ":",
+    ",",
+    False,  # sort_keys
+    False,  # skipkeys
+    False,  # allow_nan
+)
+
+
+def loads(text: str) -> Any:
+    """Parse one JSON document; raise ValueError with the offset when it is not one."""
+    start = len(text) - len(text.lstrip(_WHITESPACE))
+    try:
+        value, end = _scan(text, start)
+    except (StopIteration, ValueError, SystemError):
+        # The C scanner reports most errors through json.decoder, which is not
+        # imported here; let the full module parse again for a precise message.
+        raise ValueError(f"not valid JSON ({_describe_error(text)})") from None
+    if text[end:].strip(_WHITESPACE):
+        raise ValueError(f"not valid JSON (extra data at offset {end})")
+    return value
+
+
+def _describe_error(text: str) -> str:
+    import json  # error path only
+
+    try:
+        json.loads(text, parse_constant=_reject_constant)
+    except ValueError as err:
+        return str(err)
+    return "unexpected parse failure"
+
+
+def dumps(value: Any) -> str:
+    """Serialise compactly, ASCII only, keys in their existing order."""
+    return "".join(_encode(value, 0))
