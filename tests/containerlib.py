@@ -1,0 +1,177 @@
+"""Real containers for the tests: a busybox rootfs, runc bundles, podman, and the isolation probe.
+
+The probe (../shared/reference/testing-here.md) proves isolation without a GPU:
+a node the device cgroup allows opens with ENXIO (no driver behind it here), a
+denied one with EPERM.  Inside the container it lists the nodes the runtime
+made, then mknods every GPU minor of the seed host on a ``dev`` tmpfs and opens
+each one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SEED_SYSFS = REPO / "examples" / "hosts" / "seed-8x-gfx1100" / "sys"
+CARD_MINORS = list(range(1, 9))  # GPU i: card(i+1), renderD(128+i)
+RENDER_MINORS = list(range(128, 136))
+KFD = (234, 0)
+
+PROBE = r"""#!/bin/sh
+probe() {
+  out=$(head -c1 "$2" 2>&1 >/dev/null)
+  case "$out" in
+    *"No such device or address"*) echo "$1 ENXIO";;
+    *"Operation not permitted"*) echo "$1 EPERM";;
+    "") echo "$1 OPEN";;
+    *) echo "$1 OTHER $out";;
+  esac
+}
+while read -r line; do echo "cgroup $line"; done < /proc/self/cgroup
+for n in /dev/dri/* /dev/kfd /dev/null; do [ -e "$n" ] && probe "node $n" "$n"; done
+for m in MINORS; do
+  mknod /tmp/p$m c 226 $m && probe "c 226:$m" /tmp/p$m
+done
+mknod /tmp/kfd c KFDMAJOR KFDMINOR && probe "c KFDMAJOR:KFDMINOR" /tmp/kfd
+echo done
+""".replace("MINORS", " ".join(map(str, CARD_MINORS + RENDER_MINORS))).replace(
+    "KFDMAJOR", str(KFD[0])).replace("KFDMINOR", str(KFD[1]))
+
+PODMAN = ["podman", "--cgroup-manager=cgroupfs", "--events-backend=none"]
+PODMAN_RUN = ["run", "--rm", "--net=none", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024",
+              "--cap-add", "MKNOD", "--tmpfs", "/tmp:rw,dev,exec"]
+
+
+def make_rootfs(path: Path) -> Path:
+    """A busybox rootfs with the probe at /probe.sh."""
+    (path / "bin").mkdir(parents=True)
+    for name in ("dev", "proc", "sys", "tmp", "etc"):
+        (path / name).mkdir()
+    busybox = shutil.which("busybox") or "/bin/busybox"
+    shutil.copy(busybox, path / "bin" / "busybox")
+    for applet in ("sh", "head", "cat", "ls", "mknod", "echo", "true", "sleep"):
+        (path / "bin" / applet).symlink_to("busybox")
+    (path / "probe.sh").write_text(PROBE)
+    (path / "probe.sh").chmod(0o755)
+    return path
+
+
+def make_bundle(path: Path, rootfs: Path, env: list[str], args: list[str] | None = None) -> Path:
+    """A runc bundle running the probe, with CAP_MKNOD and a ``dev`` tmpfs on /tmp."""
+    path.mkdir(parents=True)
+    subprocess.run(["runc", "spec", "--bundle", str(path)], check=True)
+    spec = json.loads((path / "config.json").read_text())
+    spec["root"] = {"path": str(rootfs), "readonly": True}
+    spec["process"]["terminal"] = False
+    spec["process"]["args"] = args or ["/bin/sh", "/probe.sh"]
+    spec["process"]["env"] = [*spec["process"]["env"], *env]
+    for kind in ("bounding", "effective", "permitted"):
+        spec["process"]["capabilities"][kind].append("CAP_MKNOD")
+    spec["mounts"].append({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
+                           "options": ["nosuid", "mode=1777"]})
+    (path / "config.json").write_text(json.dumps(spec, indent=2))
+    return path
+
+
+def container_id() -> str:
+    return f"ogh-test-{uuid.uuid4().hex[:12]}"
+
+
+def cgroup2_wrap(argv: list[str]) -> list[str]:
+    """Run ``argv`` in a private mount namespace with cgroup2 over /sys/fs/cgroup: runc then uses eBPF."""
+    quoted = " ".join("'" + a.replace("'", "'\\''") + "'" for a in argv)
+    return ["unshare", "-m", "sh", "-c", f"mount -t cgroup2 none /sys/fs/cgroup && exec {quoted}"]
+
+
+def run(argv: list[str], *, env: dict[str, str] | None = None, stdin: str | None = None,
+        timeout: int = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, env=env, input=stdin, timeout=timeout)
+
+
+@dataclass
+class ProbeResult:
+    cgroups: dict[str, str]  # controller ('' for cgroup2) -> path, from /proc/self/cgroup
+    nodes: dict[str, str]  # path in the container -> ENXIO / EPERM / OPEN
+    access: dict[tuple[int, int], str]  # (major, minor) opened through a fresh mknod
+
+    @classmethod
+    def parse(cls, output: str) -> ProbeResult:
+        lines = output.splitlines()
+        if "done" not in lines:
+            raise AssertionError(f"probe did not finish:\n{output}")
+        cgroups, nodes, access = {}, {}, {}
+        for line in lines:
+            if line.startswith("cgroup "):
+                _, controller, path = line[7:].split(":", 2)
+                cgroups[controller] = path
+            elif line.startswith("node "):
+                _, path, result = line.split(" ", 2)
+                nodes[path] = result
+            elif line.startswith("c "):
+                _, number, result = line.split(" ", 2)
+                major, minor = number.split(":")
+                access[(int(major), int(minor))] = result
+        return cls(cgroups, nodes, access)
+
+    @property
+    def cgroup_v2(self) -> bool:
+        """runc put the container in a cgroup2 group and in no v1 devices group (eBPF filter mode)."""
+        return self.cgroups.get("devices", "/") == "/" and self.cgroups.get("", "/") != "/"
+
+
+def expected(gpus: list[int]) -> tuple[dict[str, str], dict[tuple[int, int], str]]:
+    """What the probe must show when the container holds exactly ``gpus`` of the seed host."""
+    nodes = {"/dev/null": "OPEN"}
+    access: dict[tuple[int, int], str] = {}
+    for index in range(8):
+        mine = index in gpus
+        card, render = CARD_MINORS[index], RENDER_MINORS[index]
+        access[(226, card)] = access[(226, render)] = "ENXIO" if mine else "EPERM"
+        if mine:
+            nodes[f"/dev/dri/card{card}"] = nodes[f"/dev/dri/renderD{render}"] = "ENXIO"
+    access[KFD] = "ENXIO" if gpus else "EPERM"
+    if gpus:
+        nodes["/dev/kfd"] = "ENXIO"
+    return nodes, access
+
+
+def assert_isolated(output: str, gpus: list[int], *, cgroup_v2: bool | None = None) -> ProbeResult:
+    result = ProbeResult.parse(output)
+    nodes, access = expected(gpus)
+    assert result.nodes == nodes, f"nodes in the container: {result.nodes}, expected {nodes}"
+    assert result.access == access, f"device access: {result.access}, expected {access}"
+    if cgroup_v2 is not None:
+        assert result.cgroup_v2 == cgroup_v2, f"/proc/self/cgroup: {result.cgroups}"
+    return result
+
+
+def hook_env() -> dict[str, str]:
+    """A clean environment for the tools under test: no OCI_GPU_HOOK_* from the caller.
+
+    The launchers carry the test's config file (``write_launchers``).
+    """
+    return {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")}
+
+
+def write_launchers(directory: Path, config: Path) -> tuple[Path, Path]:
+    """Lean launchers (as installed) that read ``config``."""
+    subprocess.run([sys.executable, "-m", "oci_gpu_hook.cli", "launchers", str(directory),
+                    "--set", f"OCI_GPU_HOOK_CONFIG={config}"], check=True, capture_output=True)
+    return directory / "oci-gpu-hook", directory / "oci-gpu-runtime"
+
+
+def write_hooks_dir(directory: Path, hook: Path, config: Path) -> Path:
+    """The shipped hooks.d precreate file with its path pointed at ``hook``."""
+    shipped = json.loads((REPO / "hooks.d" / "oci-gpu-hook-precreate.json").read_text())
+    shipped["hook"]["path"] = str(hook)
+    shipped["hook"]["env"] = [*shipped["hook"]["env"], f"OCI_GPU_HOOK_CONFIG={config}"]
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "oci-gpu-hook-precreate.json").write_text(json.dumps(shipped))
+    return directory
