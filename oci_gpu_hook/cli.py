@@ -26,11 +26,13 @@ commands:
   dry-run [--devices SPEC] [--diff] BUNDLE_DIR|CONFIG_FILE
                                              print the rewritten config.json; change nothing
   precreate                                  podman precreate hook: config on stdin, config on stdout
+  prestart (or createRuntime)                live hook: state on stdin; nodes and device cgroup rules
+  inspect (--pid PID | --cgroup DIR)         what a cgroup lets its processes open
   validate [--config-file FILE] [SPEC ...]   check a config file and OCI config.json files
   launchers DIR                              write lean launchers (python -I -S) for hooks and the shim
 """
 
-HOT_COMMANDS = frozenset({"precreate"})
+HOT_COMMANDS = frozenset({"precreate", "prestart", "createRuntime"})
 
 
 def split_globals(argv: list[str]) -> tuple[dict[str, Any], list[str]]:
@@ -96,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     config = None
     debug = "--debug" in args
+    command = None
     try:
         overrides, rest = split_globals(args)
         command = rest[0] if rest else None
@@ -103,7 +106,12 @@ def main(argv: list[str] | None = None) -> int:
             if len(rest) > 1:
                 raise _usage_error(f"{command} takes no arguments")
             config = load(overrides)
-            return cmd_precreate(config)
+            os.chdir("/")  # never work relative to a directory the container may control
+            if command == "precreate":
+                return cmd_precreate(config)
+            from oci_gpu_hook import prestart
+
+            return prestart.run(sys.stdin.read(), config)
         from oci_gpu_hook import commands
 
         if command in (None, "-h", "--help", "help"):
@@ -124,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(err, KeyboardInterrupt):
             return 130
         line = report_failure(err, debug or (config.debug if config else debug_from_env()))
-        record(config, entry=" ".join(args[:1]) or "oci-gpu-hook", outcome="error", error=line)
+        record(config, entry=command or "oci-gpu-hook", outcome="error", error=line)
         return 1
 
 

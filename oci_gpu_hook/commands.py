@@ -1,4 +1,4 @@
-"""The operator subcommands (not on a container's start path): list, dry-run, validate, launchers."""
+"""The operator subcommands (not on a container's start path): list, dry-run, validate, inspect, launchers."""
 
 from __future__ import annotations
 
@@ -181,17 +181,106 @@ def cmd_launchers(args: list[str], config: Config) -> int:
     return 0
 
 
+def _device_names(config: Config) -> dict[tuple[str, int, int], str]:
+    """What each GPU node number is, to annotate rules (empty when sysfs cannot be read)."""
+    from oci_gpu_hook.inventory import scan
+
+    try:
+        inventory = scan(config.sysfs_root)
+    except HookError:
+        return {}
+    names = {}
+    for gpu in inventory.gpus:
+        for node in gpu.nodes:
+            names[(node.type, node.major, node.minor)] = f"GPU {gpu.index} {node.path} ({gpu.pci_address})"
+    for vendor, nodes in inventory.shared_nodes.items():
+        for node in nodes:
+            names[(node.type, node.major, node.minor)] = f"{node.path} (all {vendor} GPUs)"
+    return names
+
+
+def cmd_inspect(args: list[str], config: Config) -> int:
+    parser = _parser("inspect", "Show what a container's device cgroup lets its processes open.")
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--pid", type=int, help="a process of the container")
+    target.add_argument("--cgroup", metavar="DIR", help="a cgroup directory (v1 devices or cgroup2)")
+    opts = parser.parse_args(args)
+    from oci_gpu_hook import cgroups
+
+    if opts.pid is not None:
+        mode = cgroups.mode()
+        directory = cgroups.container_cgroup(opts.pid, mode)
+    else:
+        directory = os.path.abspath(opts.cgroup)
+        if os.path.exists(os.path.join(directory, "devices.list")):
+            mode = "v1"
+        elif os.path.exists(os.path.join(directory, "cgroup.controllers")):
+            mode = "v2"
+        else:
+            raise HookError(f"{directory} is neither a cgroup v1 devices group nor a cgroup2 group")
+    names = _device_names(config)
+
+    def show(rule: object) -> str:
+        from oci_gpu_hook.plan import DeviceRule
+
+        assert isinstance(rule, DeviceRule)
+        line = f"  {'allow' if rule.allow else 'deny '} {rule.v1_line()}"
+        name = names.get((rule.type, rule.major, rule.minor)) if rule.major is not None else None
+        return f"{line:<28}  {name}" if name else line
+
+    if mode == "v1":
+        print(f"cgroup v1 devices: {directory}")
+        try:
+            rules = cgroups.v1_list(directory)
+        except OSError as err:
+            raise HookError(f"cannot read {directory}/devices.list: {err.strerror}") from None
+        everything = any(r.type == "a" and r.major is None and r.minor is None and r.access == "rwm" for r in rules)
+        print("  every device is allowed (a *:* rwm)" if everything else "\n".join(show(r) for r in rules))
+        if not everything:
+            print("  everything else is denied")
+        return 0
+    from oci_gpu_hook import bpf, devicefilter
+
+    print(f"cgroup v2: {directory}")
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            flags, ids = bpf.prog_query(fd)
+        finally:
+            os.close(fd)
+    except OSError as err:
+        raise HookError(f"cannot query the eBPF programs of {directory}: {err.strerror}") from None
+    if not ids:
+        print("  no device program attached: every device is allowed (unless an ancestor restricts it)")
+    kinds = [name for bit, name in ((bpf.F_ALLOW_MULTI, "multi"), (bpf.F_ALLOW_OVERRIDE, "override")) if flags & bit]
+    for prog_id in ids:
+        prog_fd = bpf.prog_fd_by_id(prog_id)
+        try:
+            info = bpf.prog_info(prog_fd)
+        finally:
+            os.close(prog_fd)
+        print(f"program {prog_id} '{info.name}' ({', '.join(kinds) or 'exclusive'}; first match wins):")
+        try:
+            print("\n".join(show(r) for r in devicefilter.decode(info.insns)))
+        except devicefilter.NotDecodable as err:
+            print(f"  cannot decode this program ({err}); only runc's format and this project's are known")
+    if len(ids) > 1:
+        print("an access is allowed only if every program allows it")
+    return 0
+
+
 COMMANDS: dict[str, Callable[[list[str], Config], int]] = {
     "list": cmd_list,
     "dry-run": cmd_dry_run,
     "validate": cmd_validate,
     "launchers": cmd_launchers,
+    "inspect": cmd_inspect,
 }
 
 
 def run(command: str, args: list[str], config: Config) -> int:
     handler = COMMANDS.get(command)
     if handler is None:
-        valid = ", ".join([*COMMANDS, "precreate"])
+        valid = ", ".join([*COMMANDS, "precreate", "prestart", "createRuntime"])
         raise HookError(f"unknown command '{command}' (valid: {valid}; see oci-gpu-hook --help)")
     return handler(args, config)

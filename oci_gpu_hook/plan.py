@@ -8,6 +8,8 @@ container edits, it says *what* the container gets, never *how*.
 
 from __future__ import annotations
 
+from oci_gpu_hook.errors import HookError
+
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
 
 if TYPE_CHECKING:
@@ -80,9 +82,16 @@ class DeviceRule:
 
     @classmethod
     def from_oci(cls, entry: dict[str, Any]) -> DeviceRule:
-        """Read a ``linux.resources.devices`` entry (type and access default to all)."""
-        return cls(bool(entry.get("allow")), entry.get("type") or "a", entry.get("major"),
-                   entry.get("minor"), entry.get("access") or "rwm")
+        """Read a ``linux.resources.devices`` entry: type and access default to all; a missing or
+        -1 major/minor means any, as in runc.  A wrong type is a HookError."""
+        kind, access = entry.get("type") or "a", entry.get("access") or "rwm"
+        numbers = [entry.get("major"), entry.get("minor")]
+        if (not isinstance(entry.get("allow", False), bool) or kind not in ("a", "b", "c")
+                or not isinstance(access, str) or not set(access) <= set("rwm")
+                or not all(n is None or (isinstance(n, int) and not isinstance(n, bool)) for n in numbers)):
+            raise HookError(f"config.json: linux.resources.devices has a malformed entry {entry!r}")
+        major, minor = (None if n is None or n == -1 else n for n in numbers)
+        return cls(bool(entry.get("allow")), kind, major, minor, access)
 
     def covers(self, type: str, major: int, minor: int) -> bool:
         """Does this rule match device ``type major:minor``?"""

@@ -105,10 +105,10 @@ def _fail(source: str, text: str, token: str, why: str, inventory: Inventory) ->
 def _index(token: str, inventory: Inventory, source: str, text: str) -> int:
     if not token.isdigit() or not token.isascii():
         raise _fail(source, text, token, "is not a GPU index, range, PCI address or unique id", inventory)
-    number = int(token)
-    if number >= len(inventory.gpus):
+    digits = token.lstrip("0") or "0"
+    if len(digits) > 9 or int(digits) >= len(inventory.gpus):  # length first: int() refuses 4300+ digits
         raise _fail(source, text, token, f"is out of range (the host has {len(inventory.gpus)} GPUs)", inventory)
-    return number
+    return int(digits)
 
 
 def _match(token: str, inventory: Inventory, source: str, text: str) -> Iterable[Gpu]:
@@ -120,6 +120,8 @@ def _match(token: str, inventory: Inventory, source: str, text: str) -> Iterable
         return (gpus[_index(token, inventory, source, text)],)
     if "-" in token and not lower.startswith("gpu-"):
         first, _, last = token.partition("-")
+        if not first or not last:
+            raise _fail(source, text, token, "is not a valid range (expected FIRST-LAST, e.g. 0-3)", inventory)
         start = _index(first, inventory, source, text)
         stop = _index(last, inventory, source, text)
         if start > stop:

@@ -61,6 +61,8 @@ def apply(spec: Any, plan: Plan) -> bool:
     rules = _field(resources, "devices", list, "linux.resources.devices", create=True)
     if not all(isinstance(entry, dict) for entry in devices + rules):
         raise HookError("config.json: linux.devices or linux.resources.devices holds a non-object entry")
+    if not all(isinstance(entry.get("path"), str) for entry in devices):
+        raise HookError("config.json: linux.devices has an entry without a string 'path'")
 
     existing = {entry.get("path"): entry for entry in devices}
     new_devices = []

@@ -15,8 +15,10 @@ import shutil
 import subprocess
 import sys
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 SEED_SYSFS = REPO / "examples" / "hosts" / "seed-8x-gfx1100" / "sys"
@@ -35,7 +37,8 @@ probe() {
   esac
 }
 while read -r line; do echo "cgroup $line"; done < /proc/self/cgroup
-for n in /dev/dri/* /dev/kfd /dev/null; do [ -e "$n" ] && probe "node $n" "$n"; done
+for n in /dev/dri/* /dev/kfd /dev/null; do [ -e "$n" ] && [ ! -d "$n" ] && probe "node $n" "$n"; done
+for l in /dev/dri/by-path/*; do [ -L "$l" ] && echo "link $l $(readlink "$l")"; done
 for m in MINORS; do
   mknod /tmp/p$m c 226 $m && probe "c 226:$m" /tmp/p$m
 done
@@ -56,10 +59,11 @@ def make_rootfs(path: Path) -> Path:
         (path / name).mkdir()
     busybox = shutil.which("busybox") or "/bin/busybox"
     shutil.copy(busybox, path / "bin" / "busybox")
-    for applet in ("sh", "head", "cat", "ls", "mknod", "echo", "true", "sleep"):
+    for applet in ("sh", "head", "cat", "ls", "mknod", "echo", "true", "sleep", "readlink"):
         (path / "bin" / applet).symlink_to("busybox")
-    (path / "probe.sh").write_text(PROBE)
-    (path / "probe.sh").chmod(0o755)
+    for name, script in (("probe.sh", PROBE), ("wide.sh", WIDE_PROBE)):
+        (path / name).write_text(script)
+        (path / name).chmod(0o755)
     return path
 
 
@@ -99,6 +103,7 @@ def run(argv: list[str], *, env: dict[str, str] | None = None, stdin: str | None
 class ProbeResult:
     cgroups: dict[str, str]  # controller ('' for cgroup2) -> path, from /proc/self/cgroup
     nodes: dict[str, str]  # path in the container -> ENXIO / EPERM / OPEN
+    links: dict[str, str]  # /dev/dri/by-path symlinks -> their targets
     access: dict[tuple[int, int], str]  # (major, minor) opened through a fresh mknod
 
     @classmethod
@@ -106,7 +111,7 @@ class ProbeResult:
         lines = output.splitlines()
         if "done" not in lines:
             raise AssertionError(f"probe did not finish:\n{output}")
-        cgroups, nodes, access = {}, {}, {}
+        cgroups, nodes, links, access = {}, {}, {}, {}
         for line in lines:
             if line.startswith("cgroup "):
                 _, controller, path = line[7:].split(":", 2)
@@ -114,11 +119,14 @@ class ProbeResult:
             elif line.startswith("node "):
                 _, path, result = line.split(" ", 2)
                 nodes[path] = result
+            elif line.startswith("link "):
+                _, path, target = line.split(" ", 2)
+                links[path] = target
             elif line.startswith("c "):
                 _, number, result = line.split(" ", 2)
                 major, minor = number.split(":")
                 access[(int(major), int(minor))] = result
-        return cls(cgroups, nodes, access)
+        return cls(cgroups, nodes, links, access)
 
     @property
     def cgroup_v2(self) -> bool:
@@ -175,3 +183,71 @@ def write_hooks_dir(directory: Path, hook: Path, config: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "oci-gpu-hook-precreate.json").write_text(json.dumps(shipped))
     return directory
+
+
+SEED_PCI = ("03", "23", "43", "63", "83", "a3", "c3", "e3")
+
+
+def expected_links(gpus: list[int]) -> dict[str, str]:
+    """The by-path symlinks the prestart hook makes, as udev names them on the host."""
+    links = {}
+    for index in gpus:
+        pci = f"0000:{SEED_PCI[index]}:00.0"
+        links[f"/dev/dri/by-path/pci-{pci}-card"] = f"../card{CARD_MINORS[index]}"
+        links[f"/dev/dri/by-path/pci-{pci}-render"] = f"../renderD{RENDER_MINORS[index]}"
+    return links
+
+
+def add_prestart(bundle: Path, hook: Path, times: int = 1, stage: str = "prestart") -> None:
+    """List ``oci-gpu-hook prestart`` (explicit env, absolute path) in the bundle's hooks."""
+    spec = json.loads((bundle / "config.json").read_text())
+    entry = {"path": str(hook), "args": ["oci-gpu-hook", stage], "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"],
+             "timeout": 30}
+    spec.setdefault("hooks", {})[stage] = [entry] * times
+    (bundle / "config.json").write_text(json.dumps(spec, indent=2))
+
+
+def edit_spec(bundle: Path, change: Callable[[dict[str, Any]], None]) -> None:
+    spec = json.loads((bundle / "config.json").read_text())
+    change(spec)
+    (bundle / "config.json").write_text(json.dumps(spec, indent=2))
+
+
+# Devices probed by the equivalence tests: runc's defaults, other majors, block devices, every GPU minor.
+WIDE_DEVICES: list[tuple[str, int, int]] = [
+    *[("c", 1, m) for m in (1, 3, 5, 7, 8, 9)], ("c", 4, 0), ("c", 4, 64), ("c", 5, 0), ("c", 5, 1), ("c", 5, 2),
+    ("c", 7, 0), ("c", 10, 200), ("c", 10, 229), ("c", 10, 232), ("c", 13, 64), ("c", 29, 0),
+    ("c", 136, 0), ("c", 136, 7), ("c", 180, 0), ("c", 189, 0), ("c", 195, 0), ("c", 195, 255), ("c", 238, 0),
+    ("b", 7, 0), ("b", 8, 0), ("b", 254, 0), ("b", 259, 0),
+    *[("c", 226, m) for m in range(0, 10)], *[("c", 226, m) for m in range(128, 137)],
+    ("c", 234, 0), ("c", 234, 1),
+]
+
+WIDE_PROBE = r"""#!/bin/sh
+i=0
+for d in DEVICES; do
+  t=${d%%:*}; rest=${d#*:}; ma=${rest%%:*}; mi=${rest#*:}
+  i=$((i+1)); p=/tmp/w$i
+  if ! mknod $p $t $ma $mi 2>/dev/null; then echo "$d MKNOD-EPERM"; continue; fi
+  out=$( (: < $p) 2>&1 )
+  case "$out" in
+    *"Operation not permitted"*) echo "$d EPERM";;
+    "") echo "$d OPEN";;
+    *) echo "$d ${out##*: }";;
+  esac
+done
+echo done
+""".replace("DEVICES", " ".join(f"{t}:{ma}:{mi}" for t, ma, mi in WIDE_DEVICES))
+
+
+def parse_wide(output: str) -> dict[tuple[str, int, int], str]:
+    lines = output.splitlines()
+    assert "done" in lines, output
+    results = {}
+    for line in lines:
+        if line == "done" or " " not in line:
+            continue
+        device, result = line.split(" ", 1)
+        kind, major, minor = device.split(":")
+        results[(kind, int(major), int(minor))] = result
+    return results

@@ -1,0 +1,374 @@
+"""``oci-gpu-hook`` as operators and podman run it: a subprocess, stdout, stderr and the exit code."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from oci_gpu_hook import models
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE_SYSFS = REPO / "examples" / "hosts" / "seed-8x-gfx1100" / "sys"
+EXAMPLE_BUNDLE = REPO / "examples" / "bundle"
+SCHEMA_DIRS = [REPO / "schemas", REPO / "oci_gpu_hook" / "schemas"]
+GPU1_PATHS = ["/dev/dri/card2", "/dev/dri/renderD129", "/dev/kfd"]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OCI_GPU_HOOK_")}
+    env["OCI_GPU_HOOK_CONFIG"] = os.devnull  # an empty config file: never the host's /etc one
+    env["OCI_GPU_HOOK_SYSFS_ROOT"] = str(EXAMPLE_SYSFS)
+    env.update(extra)
+    return env
+
+
+def cli(*args: str, stdin: str | None = None, env: dict[str, str] | None = None,
+        cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "oci_gpu_hook.cli", *args], input=stdin, capture_output=True,
+                          text=True, env=env or clean_env(), cwd=cwd, timeout=60, check=False)
+
+
+def assert_one_error_line(result: subprocess.CompletedProcess[str], code: int = 1) -> str:
+    assert result.returncode == code, result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.startswith("oci-gpu-hook: error: ")
+    assert result.stderr.endswith("\n")
+    assert result.stderr.count("\n") == 1, result.stderr
+    return result.stderr
+
+
+def spec_text(env: list[str]) -> str:
+    spec = json.loads((EXAMPLE_BUNDLE / "config.json").read_text())
+    spec["process"]["env"] = env
+    return json.dumps(spec, indent=4)
+
+
+def linux_device_paths(spec: dict[str, Any]) -> list[str]:
+    return [d["path"] for d in spec.get("linux", {}).get("devices", [])]
+
+
+# --- list -------------------------------------------------------------------------
+
+
+def test_list_table() -> None:
+    result = cli("list")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].split()[:4] == ["INDEX", "PCI", "ADDRESS", "CARD"]
+    rows = [line.split() for line in lines[1:9]]
+    assert [row[0] for row in rows] == [str(i) for i in range(8)]
+    assert rows[1][:6] == ["1", "0000:23:00.0", "card2", "renderD129", "0", "0x3149e0fac5157acf"]
+    assert rows[7][:5] == ["7", "0000:e3:00.0", "card8", "renderD135", "1"]
+    assert lines[9] == "shared by amd GPUs: /dev/kfd (c 234:0)"
+    assert len(lines) == 10
+
+
+def test_list_global_option_after_the_command(tmp_path: Path) -> None:
+    result = cli("list", "--sysfs-root", str(tmp_path), env=clean_env(OCI_GPU_HOOK_SYSFS_ROOT="/nonexistent"))
+    assert result.returncode == 0, result.stderr
+    assert f"(no GPUs under {tmp_path})" in result.stdout
+    assert "shared by" not in result.stdout
+
+
+def test_list_json_matches_the_schema() -> None:
+    result = cli("list", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    schema = json.loads((REPO / "schemas" / "inventory.schema.json").read_text())
+    jsonschema.Draft202012Validator(schema).validate(data)
+    assert data["sysfs_root"] == str(EXAMPLE_SYSFS)
+    assert len(data["gpus"]) == 8
+    gpu1 = data["gpus"][1]
+    assert gpu1["pci_address"] == "0000:23:00.0"
+    assert gpu1["card"] == {"path": "/dev/dri/card2", "type": "c", "major": 226, "minor": 2}
+    assert gpu1["render"] == {"path": "/dev/dri/renderD129", "type": "c", "major": 226, "minor": 129}
+    assert gpu1["unique_id"] == "0x3149e0fac5157acf"
+    assert data["shared_nodes"] == {"amd": [{"path": "/dev/kfd", "type": "c", "major": 234, "minor": 0}]}
+
+
+def test_inventory_schema_rejects_a_broken_inventory() -> None:
+    data = json.loads(cli("list", "--json").stdout)
+    data["gpus"][0]["pci_address"] = "23:00.0"
+    schema = json.loads((REPO / "schemas" / "inventory.schema.json").read_text())
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft202012Validator(schema).validate(data)
+
+
+# --- dry-run ----------------------------------------------------------------------
+
+
+def test_dry_run_bundle() -> None:
+    before = (EXAMPLE_BUNDLE / "config.json").read_bytes()
+    result = cli("dry-run", str(EXAMPLE_BUNDLE))
+    assert result.returncode == 0, result.stderr
+    new = json.loads(result.stdout)
+    assert linux_device_paths(new) == GPU1_PATHS
+    rules = new["linux"]["resources"]["devices"]
+    assert rules[0] == {"allow": False, "access": "rwm"}
+    assert [(r["major"], r["minor"]) for r in rules[1:]] == [(226, 2), (226, 129), (234, 0)]
+    assert result.stderr == "# gpu 1 (0000:23:00.0): /dev/dri/card2 /dev/dri/renderD129 /dev/kfd\n"
+    assert (EXAMPLE_BUNDLE / "config.json").read_bytes() == before
+
+
+def test_dry_run_config_file_path() -> None:
+    result = cli("dry-run", str(EXAMPLE_BUNDLE / "config.json"))
+    assert result.returncode == 0, result.stderr
+    assert linux_device_paths(json.loads(result.stdout)) == GPU1_PATHS
+
+
+def test_dry_run_diff() -> None:
+    result = cli("dry-run", "--diff", str(EXAMPLE_BUNDLE))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("--- ") and "(as given)" in lines[0]
+    assert lines[1].startswith("+++ ") and "(rewritten)" in lines[1]
+    added = "\n".join(line for line in lines if line.startswith("+") and not line.startswith("+++"))
+    for path in GPU1_PATHS:
+        assert f'"path": "{path}"' in added
+    removed = [line for line in lines if line.startswith("-") and not line.startswith("---")]
+    assert all('"path"' not in line for line in removed)
+
+
+def test_dry_run_devices_pci_address() -> None:
+    result = cli("dry-run", "--devices", "0000:23:00.0", str(EXAMPLE_BUNDLE))
+    assert result.returncode == 0, result.stderr
+    assert linux_device_paths(json.loads(result.stdout)) == GPU1_PATHS
+
+
+def test_dry_run_devices_replaces_the_env_request(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(spec_text(["AMD_VISIBLE_DEVICES=5"]))
+    result = cli("dry-run", "--devices", "0000:23:00.0", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert linux_device_paths(json.loads(result.stdout)) == GPU1_PATHS
+    result = cli("dry-run", str(tmp_path))
+    assert linux_device_paths(json.loads(result.stdout)) == ["/dev/dri/card6", "/dev/dri/renderD133", "/dev/kfd"]
+
+
+def test_dry_run_without_request_prints_the_spec_unchanged(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(spec_text(["PATH=/bin"]))
+    result = cli("dry-run", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == json.loads(spec_text(["PATH=/bin"]))
+    assert "no GPU requested" in result.stderr
+
+
+# --- precreate --------------------------------------------------------------------
+
+
+def test_precreate_rewrites_stdin() -> None:
+    result = cli("precreate", stdin=(EXAMPLE_BUNDLE / "config.json").read_text())
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    new = json.loads(result.stdout)
+    assert linux_device_paths(new) == GPU1_PATHS
+    original = json.loads((EXAMPLE_BUNDLE / "config.json").read_text())
+    assert new["process"] == original["process"]
+    assert new["mounts"] == original["mounts"]
+
+
+@pytest.mark.parametrize("env", [["PATH=/bin"], ["AMD_VISIBLE_DEVICES=none"], ["AMD_VISIBLE_DEVICES="]])
+def test_precreate_without_request_echoes_the_text(env: list[str]) -> None:
+    text = spec_text(env) + "\n  \n"
+    result = cli("precreate", stdin=text)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == text
+
+
+def test_precreate_writes_the_log_file(tmp_path: Path) -> None:
+    log = tmp_path / "hook.jsonl"
+    result = cli("precreate", stdin=spec_text(["AMD_VISIBLE_DEVICES=1"]),
+                 env=clean_env(OCI_GPU_HOOK_LOG_FILE=str(log)))
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(records) == 1
+    assert records[0]["entry"] == "precreate"
+    assert records[0]["outcome"] == "ok"
+    assert records[0]["devices"] == GPU1_PATHS
+
+
+# --- errors -----------------------------------------------------------------------
+
+
+def test_bad_request_in_dry_run() -> None:
+    line = assert_one_error_line(cli("dry-run", "--devices", "9", str(EXAMPLE_BUNDLE)))
+    assert "'9'" in line and "valid:" in line
+
+
+def test_bad_request_in_precreate_prints_no_spec() -> None:
+    result = cli("precreate", stdin=spec_text(["AMD_VISIBLE_DEVICES=banana"]))
+    line = assert_one_error_line(result)
+    assert "'banana'" in line
+    assert result.stdout == ""
+
+
+def test_bad_request_is_logged(tmp_path: Path) -> None:
+    log = tmp_path / "hook.jsonl"
+    result = cli("precreate", stdin=spec_text(["AMD_VISIBLE_DEVICES=8"]), env=clean_env(OCI_GPU_HOOK_LOG_FILE=str(log)))
+    line = assert_one_error_line(result)
+    records = [json.loads(x) for x in log.read_text().splitlines()]
+    assert records[-1]["outcome"] == "error"
+    assert records[-1]["error"] == line.rstrip("\n")
+
+
+def test_missing_file() -> None:
+    line = assert_one_error_line(cli("dry-run", "/nonexistent/bundle/config.json"))
+    assert "/nonexistent/bundle/config.json" in line
+
+
+def test_invalid_json_file(tmp_path: Path) -> None:
+    bad = tmp_path / "config.json"
+    bad.write_text('{"process": {"env": ["AMD_VISIBLE_DEVICES=1"]},\n')
+    line = assert_one_error_line(cli("dry-run", str(bad)))
+    assert str(bad) in line
+    assert "JSON" in line
+
+
+@pytest.mark.parametrize("text", ["{", "", "[1] [2]", '{"a": NaN}'])
+def test_invalid_json_on_stdin(text: str) -> None:
+    result = cli("precreate", stdin=text)
+    line = assert_one_error_line(result)
+    assert "not valid JSON" in line
+    assert result.stdout == ""
+
+
+def test_wrong_shape_on_stdin() -> None:
+    result = cli("precreate", stdin='{"process": {"env": ["AMD_VISIBLE_DEVICES=1"]}, "linux": {"devices": {}}}')
+    assert "linux.devices" in assert_one_error_line(result)
+    assert result.stdout == ""
+
+
+def test_spec_failing_the_oci_schema(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"ociVersion": 1}))
+    line = assert_one_error_line(cli("dry-run", str(tmp_path)))
+    assert "ociVersion" in line
+
+
+def test_unknown_command() -> None:
+    line = assert_one_error_line(cli("frobnicate"))
+    assert "'frobnicate'" in line
+    assert "valid:" in line
+
+
+@pytest.mark.parametrize("args", [
+    ("list", "--bogus"),
+    ("dry-run",),
+    ("dry-run", "--devices"),
+    ("dry-run", "--nope", str(EXAMPLE_BUNDLE)),
+    ("precreate", "extra"),
+    ("--sysfs-root",),
+    ("validate", "--config-file"),
+])
+def test_bad_flags(args: tuple[str, ...]) -> None:
+    assert_one_error_line(cli(*args, stdin=""))
+
+
+def test_no_command_is_usage() -> None:
+    result = cli()
+    assert result.returncode == 2
+    assert result.stdout.startswith("usage: oci-gpu-hook")
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h", "help"])
+def test_help(flag: str) -> None:
+    result = cli(flag)
+    assert result.returncode == 0
+    assert result.stdout.startswith("usage: oci-gpu-hook")
+
+
+def test_version() -> None:
+    result = cli("--version")
+    assert result.returncode == 0
+    assert result.stdout.startswith("oci-gpu-hook ")
+
+
+def test_unreadable_sysfs_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "class").mkdir()
+    (tmp_path / "class" / "drm").write_text("")
+    line = assert_one_error_line(cli("list", env=clean_env(OCI_GPU_HOOK_SYSFS_ROOT=str(tmp_path))))
+    assert "drm" in line
+
+
+def test_bad_config_file_is_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "config.toml"
+    bad.write_text("colour = 1\n")
+    line = assert_one_error_line(cli("list", env=clean_env(OCI_GPU_HOOK_CONFIG=str(bad))))
+    assert "'colour'" in line
+    line = assert_one_error_line(cli("--config", str(bad), "list"))
+    assert "'colour'" in line
+
+
+# --- validate ---------------------------------------------------------------------
+
+
+def test_validate_good_config(tmp_path: Path) -> None:
+    good = tmp_path / "config.toml"
+    good.write_text('runtime = "crun"\nrequest_env = ["AMD_VISIBLE_DEVICES"]\ndevice_file_mode = 0o660\n'
+                    'cgroup_access = "rw"\ndebug = false\n')
+    result = cli("validate", "--config-file", str(good), str(EXAMPLE_BUNDLE))
+    assert result.returncode == 0, result.stderr
+    assert f"ok: config file {good}" in result.stdout
+    assert f"ok: {EXAMPLE_BUNDLE / 'config.json'}" in result.stdout
+
+
+@pytest.mark.parametrize(("text", "key"), [
+    ("colour = 'blue'\n", "colour"),
+    ("device_uid = 'root'\n", "device_uid"),
+    ("cgroup_access = 'rwx'\n", "cgroup_access"),
+    ("request_env = []\n", "request_env"),
+    ("device_file_mode = 0o10000\n", "device_file_mode"),
+    ("debug = 'yes please'\n", "debug"),
+])
+def test_validate_bad_config(tmp_path: Path, text: str, key: str) -> None:
+    bad = tmp_path / "config.toml"
+    bad.write_text(text)
+    line = assert_one_error_line(cli("validate", "--config-file", str(bad)))
+    assert key in line
+    assert str(bad) in line
+
+
+def test_validate_config_that_is_not_toml(tmp_path: Path) -> None:
+    bad = tmp_path / "config.toml"
+    bad.write_text("runtime = \n")
+    assert str(bad) in assert_one_error_line(cli("validate", "--config-file", str(bad)))
+
+
+def test_validate_missing_config_file(tmp_path: Path) -> None:
+    missing = tmp_path / "absent.toml"
+    assert str(missing) in assert_one_error_line(cli("validate", "--config-file", str(missing)))
+
+
+def test_validate_bad_spec(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"ociVersion": "1.0.2", "process": {"env": "x"}}))
+    line = assert_one_error_line(cli("validate", str(tmp_path)))
+    assert "process" in line
+
+
+# --- checked-in schemas -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("directory", SCHEMA_DIRS, ids=lambda d: str(d.relative_to(REPO)))
+@pytest.mark.parametrize("name", sorted(models.GENERATED_SCHEMAS))
+def test_checked_in_schemas_are_up_to_date(directory: Path, name: str) -> None:
+    expected = models.schema_text(models.GENERATED_SCHEMAS[name])
+    assert (directory / name).read_text() == expected, f"regenerate: python -m oci_gpu_hook.models {directory}"
+
+
+def test_generated_schemas_cover_both_files() -> None:
+    assert set(models.GENERATED_SCHEMAS) == {"config.schema.json", "inventory.schema.json"}
+
+
+def test_config_schema_checks_what_validate_checks() -> None:
+    schema = json.loads((REPO / "schemas" / "config.schema.json").read_text())
+    validator = jsonschema.Draft202012Validator(schema)
+    assert validator.is_valid({"runtime": "crun", "device_file_mode": 432})
+    assert not validator.is_valid({"colour": "blue"})
+    assert not validator.is_valid({"device_file_mode": 0o10000})
+    assert not validator.is_valid({"cgroup_access": "rwx"})

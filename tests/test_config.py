@@ -1,0 +1,227 @@
+"""Settings: defaults, then the TOML file, then OCI_GPU_HOOK_* variables, then overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from oci_gpu_hook import config as config_module
+from oci_gpu_hook.config import FIELDS, Config, load_config, load_file
+from oci_gpu_hook.errors import HookError
+from oci_gpu_hook.models import ConfigModel
+
+EXPECTED_DEFAULTS = {
+    "sysfs_root": "/sys",
+    "runtime": "runc",
+    "request_env": ("AMD_VISIBLE_DEVICES",),
+    "device_file_mode": 0o666,
+    "device_uid": 0,
+    "device_gid": 0,
+    "cgroup_access": "rwm",
+    "log_file": "",
+    "debug": False,
+}
+
+
+@pytest.fixture(autouse=True)
+def no_system_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Never let the host's /etc/oci-gpu-hook/config.toml leak into a test."""
+    monkeypatch.setattr(config_module, "DEFAULT_CONFIG_PATH", str(tmp_path / "absent" / "config.toml"))
+
+
+def write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "config.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_defaults() -> None:
+    cfg = load_config({})
+    assert cfg.as_dict() == EXPECTED_DEFAULTS
+    assert cfg.source == "defaults"
+
+
+def test_config_object_defaults() -> None:
+    assert Config().as_dict() == EXPECTED_DEFAULTS
+
+
+def test_default_path_is_read_when_present(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write(tmp_path, 'runtime = "crun"\n')
+    monkeypatch.setattr(config_module, "DEFAULT_CONFIG_PATH", path)
+    cfg = load_config({})
+    assert cfg.runtime == "crun"
+    assert cfg.source == path
+
+
+FULL_FILE = """
+sysfs_root = "/srv/fake/sys"
+runtime = "/usr/bin/crun"
+request_env = ["AMD_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"]
+device_file_mode = 0o660
+device_uid = 0
+device_gid = 44
+cgroup_access = "rw"
+log_file = "/var/log/oci-gpu-hook.jsonl"
+debug = true
+"""
+
+
+def test_file_values(tmp_path: Path) -> None:
+    path = write(tmp_path, FULL_FILE)
+    cfg = load_config({"OCI_GPU_HOOK_CONFIG": path})
+    assert cfg.as_dict() == {
+        "sysfs_root": "/srv/fake/sys",
+        "runtime": "/usr/bin/crun",
+        "request_env": ("AMD_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"),
+        "device_file_mode": 0o660,
+        "device_uid": 0,
+        "device_gid": 44,
+        "cgroup_access": "rw",
+        "log_file": "/var/log/oci-gpu-hook.jsonl",
+        "debug": True,
+    }
+    assert cfg.source == path
+
+
+def test_partial_file_keeps_other_defaults(tmp_path: Path) -> None:
+    cfg = load_config({"OCI_GPU_HOOK_CONFIG": write(tmp_path, "device_gid = 44\n")})
+    assert cfg.device_gid == 44
+    assert {k: v for k, v in cfg.as_dict().items() if k != "device_gid"} == {
+        k: v for k, v in EXPECTED_DEFAULTS.items() if k != "device_gid"}
+
+
+def test_relative_sysfs_root_is_made_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config({"OCI_GPU_HOOK_SYSFS_ROOT": "fake/sys"})
+    assert cfg.sysfs_root == str(tmp_path / "fake" / "sys")
+
+
+def test_env_beats_file(tmp_path: Path) -> None:
+    path = write(tmp_path, FULL_FILE)
+    cfg = load_config({
+        "OCI_GPU_HOOK_CONFIG": path,
+        "OCI_GPU_HOOK_SYSFS_ROOT": "/other/sys",
+        "OCI_GPU_HOOK_RUNTIME": "runc",
+        "OCI_GPU_HOOK_LOG_FILE": "/tmp/x.log",
+        "OCI_GPU_HOOK_DEBUG": "off",
+    })
+    assert cfg.sysfs_root == "/other/sys"
+    assert cfg.runtime == "runc"
+    assert cfg.log_file == "/tmp/x.log"
+    assert cfg.debug is False
+    assert cfg.device_gid == 44  # no variable for it: the file's value stands
+    assert path in cfg.source and "OCI_GPU_HOOK_SYSFS_ROOT" in cfg.source
+
+
+def test_empty_log_file_variable_turns_logging_off(tmp_path: Path) -> None:
+    cfg = load_config({"OCI_GPU_HOOK_CONFIG": write(tmp_path, FULL_FILE), "OCI_GPU_HOOK_LOG_FILE": ""})
+    assert cfg.log_file == ""
+
+
+def test_empty_variable_is_ignored(tmp_path: Path) -> None:
+    cfg = load_config({"OCI_GPU_HOOK_CONFIG": write(tmp_path, FULL_FILE), "OCI_GPU_HOOK_SYSFS_ROOT": "",
+                       "OCI_GPU_HOOK_RUNTIME": ""})
+    assert cfg.sysfs_root == "/srv/fake/sys"
+    assert cfg.runtime == "/usr/bin/crun"
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("1", True), ("true", True), ("YES", True), ("on", True),
+    ("0", False), ("false", False), ("No", False), ("off", False),
+])
+def test_debug_variable(text: str, expected: bool) -> None:
+    assert load_config({"OCI_GPU_HOOK_DEBUG": text}).debug is expected
+
+
+def test_overrides_beat_env(tmp_path: Path) -> None:
+    cfg = load_config({"OCI_GPU_HOOK_SYSFS_ROOT": "/env/sys"}, {"sysfs_root": "/flag/sys", "debug": None})
+    assert cfg.sysfs_root == "/flag/sys"
+    assert cfg.debug is False
+    assert "--sysfs-root" in cfg.source
+
+
+def test_unknown_key_is_named(tmp_path: Path) -> None:
+    path = write(tmp_path, 'runtime = "runc"\ncolour = "blue"\n')
+    with pytest.raises(HookError) as info:
+        load_config({"OCI_GPU_HOOK_CONFIG": path})
+    assert "'colour'" in str(info.value)
+    assert path in str(info.value)
+
+
+def test_table_is_an_unknown_key(tmp_path: Path) -> None:
+    with pytest.raises(HookError, match="'hook'"):
+        load_file(write(tmp_path, '[hook]\nruntime = "runc"\n'))
+
+
+@pytest.mark.parametrize(("line", "key"), [
+    ("device_uid = '0'", "device_uid"),
+    ("device_uid = -1", "device_uid"),
+    ("device_gid = true", "device_gid"),
+    ("device_file_mode = 1.5", "device_file_mode"),
+    ("debug = 1", "debug"),
+    ("debug = 'maybe'", "debug"),
+    ("sysfs_root = 5", "sysfs_root"),
+    ("runtime = ['runc']", "runtime"),
+    ("request_env = 'AMD_VISIBLE_DEVICES'", "request_env"),
+    ("request_env = []", "request_env"),
+    ("request_env = ['']", "request_env"),
+    ("request_env = [1]", "request_env"),
+    ("log_file = false", "log_file"),
+    ("cgroup_access = 'rwx'", "cgroup_access"),
+    ("cgroup_access = ''", "cgroup_access"),
+    ("device_file_mode = 0o10000", "device_file_mode"),
+])
+def test_wrong_type_or_value_names_the_key(tmp_path: Path, line: str, key: str) -> None:
+    path = write(tmp_path, line + "\n")
+    with pytest.raises(HookError) as info:
+        load_config({"OCI_GPU_HOOK_CONFIG": path})
+    assert key in str(info.value)
+
+
+def test_bad_variable_names_the_variable_and_key() -> None:
+    with pytest.raises(HookError) as info:
+        load_config({"OCI_GPU_HOOK_DEBUG": "maybe"})
+    assert "OCI_GPU_HOOK_DEBUG" in str(info.value)
+    assert "'debug'" in str(info.value)
+
+
+def test_missing_config_file_named_by_variable_is_an_error(tmp_path: Path) -> None:
+    missing = str(tmp_path / "nope.toml")
+    with pytest.raises(HookError) as info:
+        load_config({"OCI_GPU_HOOK_CONFIG": missing})
+    assert missing in str(info.value)
+
+
+def test_invalid_toml_is_an_error(tmp_path: Path) -> None:
+    path = write(tmp_path, "runtime = \n")
+    with pytest.raises(HookError, match="not valid TOML"):
+        load_config({"OCI_GPU_HOOK_CONFIG": path})
+
+
+def test_empty_file_gives_defaults(tmp_path: Path) -> None:
+    cfg = load_config({"OCI_GPU_HOOK_CONFIG": write(tmp_path, "")})
+    assert cfg.as_dict() == EXPECTED_DEFAULTS
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def test_fields_and_model_agree() -> None:
+    model_fields = ConfigModel.model_fields
+    assert list(model_fields) == list(FIELDS)
+    for name, (default, _kind, _var) in FIELDS.items():
+        assert _plain(model_fields[name].default) == _plain(default), name
+    assert ConfigModel().model_dump() == {k: _plain(v) for k, v in Config().as_dict().items()}
+
+
+def test_model_accepts_what_the_loader_accepts(tmp_path: Path) -> None:
+    import tomllib
+
+    path = write(tmp_path, FULL_FILE)
+    data = tomllib.loads(FULL_FILE)
+    model = ConfigModel.model_validate(data)
+    loaded = load_config({"OCI_GPU_HOOK_CONFIG": path})
+    assert {k: _plain(v) for k, v in loaded.as_dict().items()} == model.model_dump()

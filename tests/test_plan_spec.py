@@ -1,0 +1,383 @@
+"""The plan (what a container gets) and the spec rewrite (how it lands in config.json)."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from oci_gpu_hook import inventory as inventory_module
+from oci_gpu_hook.config import Config
+from oci_gpu_hook.errors import HookError
+from oci_gpu_hook.inventory import Inventory, scan
+from oci_gpu_hook.plan import DeviceRule, build_plan, plan_for_spec
+from oci_gpu_hook.request import Request
+from oci_gpu_hook.spec import apply, process_env, rewrite_text
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE_SYSFS = REPO / "examples" / "hosts" / "seed-8x-gfx1100" / "sys"
+EXAMPLE_BUNDLE = REPO / "examples" / "bundle" / "config.json"
+NAME = "AMD_VISIBLE_DEVICES"
+
+GPU1_NODES = [
+    {"path": "/dev/dri/card2", "type": "c", "major": 226, "minor": 2, "fileMode": 438, "uid": 0, "gid": 0},
+    {"path": "/dev/dri/renderD129", "type": "c", "major": 226, "minor": 129, "fileMode": 438, "uid": 0, "gid": 0},
+    {"path": "/dev/kfd", "type": "c", "major": 234, "minor": 0, "fileMode": 438, "uid": 0, "gid": 0},
+]
+GPU1_RULES = [
+    {"allow": True, "type": "c", "major": 226, "minor": 2, "access": "rwm"},
+    {"allow": True, "type": "c", "major": 226, "minor": 129, "access": "rwm"},
+    {"allow": True, "type": "c", "major": 234, "minor": 0, "access": "rwm"},
+]
+
+
+@functools.cache
+def seed() -> Inventory:
+    return scan(str(EXAMPLE_SYSFS))
+
+
+def config(**values: Any) -> Config:
+    return Config(**{"sysfs_root": str(EXAMPLE_SYSFS), **values})
+
+
+def spec_with(env: list[str] | None = None, linux: dict[str, Any] | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"ociVersion": "1.0.2", "process": {"args": ["sh"], "cwd": "/"}, "root": {"path": "rootfs"}}
+    if env is not None:
+        spec["process"]["env"] = env
+    if linux is not None:
+        spec["linux"] = linux
+    return spec
+
+
+def rewrite(spec: Any, cfg: Config | None = None, devices: str | None = None) -> tuple[Any, Any]:
+    new_text, plan = rewrite_text(json.dumps(spec), cfg or config(), devices)
+    return (None if new_text is None else json.loads(new_text)), plan
+
+
+# --- the plan -------------------------------------------------------------------
+
+
+def test_build_plan_for_gpu1() -> None:
+    inv = seed()
+    request = Request(NAME, "1", (inv.gpus[1],))
+    plan = build_plan(inv, request, config())
+    assert plan
+    assert plan.gpus == (inv.gpus[1],)
+    assert [n.to_oci() for n in plan.nodes] == GPU1_NODES
+    assert [r.to_oci() for r in plan.rules] == GPU1_RULES
+    assert len(plan.rules) == len(plan.nodes)
+    assert plan.summary() == "gpu 1 (0000:23:00.0): /dev/dri/card2 /dev/dri/renderD129 /dev/kfd"
+
+
+def test_build_plan_shares_kfd_once() -> None:
+    inv = seed()
+    plan = build_plan(inv, Request(NAME, "0,7", (inv.gpus[0], inv.gpus[7])), config())
+    assert [n.path for n in plan.nodes] == [
+        "/dev/dri/card1", "/dev/dri/renderD128", "/dev/dri/card8", "/dev/dri/renderD135", "/dev/kfd"]
+    assert [r.v1_line() for r in plan.rules] == ["c 226:1 rwm", "c 226:128 rwm", "c 226:8 rwm", "c 226:135 rwm",
+                                                 "c 234:0 rwm"]
+
+
+def test_build_plan_uses_config() -> None:
+    inv = seed()
+    cfg = config(device_file_mode=0o600, device_uid=10, device_gid=44, cgroup_access="rw")
+    plan = build_plan(inv, Request(NAME, "1", (inv.gpus[1],)), cfg)
+    assert {(n.file_mode, n.uid, n.gid) for n in plan.nodes} == {(0o600, 10, 44)}
+    assert {r.access for r in plan.rules} == {"rw"}
+
+
+def test_empty_plan() -> None:
+    plan = build_plan(seed(), Request(NAME, "none", ()), config())
+    assert not plan
+    assert plan.nodes == () and plan.rules == ()
+    assert plan.summary() == "no GPU requested"
+
+
+def test_plan_for_spec_devices_replaces_the_env() -> None:
+    plan = plan_for_spec(spec_with([f"{NAME}=5"]), config(), "0000:23:00.0")
+    assert [n.path for n in plan.nodes] == ["/dev/dri/card2", "/dev/dri/renderD129", "/dev/kfd"]
+    assert plan.request.source == "--devices"
+    plan = plan_for_spec(spec_with([f"{NAME}=5"]), config(), "none")
+    assert not plan
+
+
+def test_device_rule_covers() -> None:
+    rule = DeviceRule.from_oci({"allow": True, "type": "c", "major": 226})
+    assert rule.covers("c", 226, 129)
+    assert not rule.covers("b", 226, 129)
+    assert not rule.covers("c", 234, 0)
+    assert DeviceRule.from_oci({"allow": False}).covers("b", 1, 2)
+    assert DeviceRule.from_oci({"allow": False}).access == "rwm"
+
+
+# --- the rewrite ------------------------------------------------------------------
+
+
+def test_example_bundle_rewrite_adds_exactly_the_plan() -> None:
+    text = EXAMPLE_BUNDLE.read_text()
+    original = json.loads(text)
+    new_text, plan = rewrite_text(text, config())
+    assert new_text is not None
+    new = json.loads(new_text)
+    assert [n.path for n in plan.nodes] == ["/dev/dri/card2", "/dev/dri/renderD129", "/dev/kfd"]
+
+    expected = copy.deepcopy(original)
+    expected["linux"]["devices"] = GPU1_NODES
+    expected["linux"]["resources"]["devices"] = original["linux"]["resources"]["devices"] + GPU1_RULES
+    assert new == expected
+    # key order of everything that was there is kept
+    assert list(new)[: len(original)] == list(original)
+    assert [k for k in new["linux"] if k in original["linux"]] == list(original["linux"])
+    assert list(new["process"]) == list(original["process"])
+
+
+def test_rewrite_is_idempotent() -> None:
+    text = EXAMPLE_BUNDLE.read_text()
+    once, _ = rewrite_text(text, config())
+    assert once is not None
+    twice, plan = rewrite_text(once, config())
+    assert twice is None
+    assert plan  # the request is still there; there is just nothing left to add
+    assert apply(json.loads(once), plan) is False
+
+
+@pytest.mark.parametrize("env", [
+    None,
+    [],
+    ["PATH=/bin"],
+    [f"{NAME}="],
+    [f"{NAME}=none"],
+    [f"{NAME}=void"],
+    [f"{NAME}= NONE "],
+    [f"{NAME}=1", f"{NAME}=none"],
+])
+def test_no_request_leaves_text_untouched_and_sysfs_unread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           env: list[str] | None) -> None:
+    def no_scan(*_args: Any, **_kwargs: Any) -> Inventory:
+        raise AssertionError("sysfs was read")
+
+    monkeypatch.setattr(inventory_module, "scan", no_scan)
+    text = json.dumps(spec_with(env), indent=3) + "\n\n"
+    missing = tmp_path / "no" / "such" / "sys"
+    new_text, plan = rewrite_text(text, config(sysfs_root=str(missing)))
+    assert new_text is None
+    assert not plan
+    assert not missing.exists()
+
+
+def test_no_request_with_a_sysfs_that_would_fail(tmp_path: Path) -> None:
+    broken = tmp_path / "sys"
+    (broken / "class").mkdir(parents=True)
+    (broken / "class" / "drm").write_text("")  # listing it would be a HookError
+    text = json.dumps(spec_with(["PATH=/bin"]))
+    new_text, plan = rewrite_text(text, config(sysfs_root=str(broken)))
+    assert new_text is None and not plan
+    with pytest.raises(HookError):
+        rewrite_text(json.dumps(spec_with([f"{NAME}=1"])), config(sysfs_root=str(broken)))
+
+
+def test_fields_it_does_not_own_are_preserved() -> None:
+    linux = {
+        "namespaces": [{"type": "mount"}],
+        "devices": [{"path": "/dev/fuse", "type": "c", "major": 10, "minor": 229, "fileMode": 438}],
+        "resources": {
+            "memory": {"limit": 1 << 40},
+            "devices": [{"allow": False, "access": "rwm"}, {"allow": True, "type": "c", "major": 10, "minor": 229,
+                                                            "access": "rwm"}],
+            "cpu": {"shares": 2},
+        },
+        "x-unknown": {"nested": [1, 2.5, None, True, "é"]},
+        "maskedPaths": ["/proc/kcore"],
+    }
+    spec = spec_with(["PATH=/bin", f"{NAME}=1"], linux)
+    spec["annotations"] = {"io.x": "y"}
+    spec["hooks"] = {"prestart": [{"path": "/bin/true"}]}
+    new, _ = rewrite(spec)
+    added_devices = new["linux"]["devices"][1:]
+    added_rules = new["linux"]["resources"]["devices"][2:]
+    assert added_devices == GPU1_NODES
+    assert added_rules == GPU1_RULES
+    stripped = copy.deepcopy(new)
+    del stripped["linux"]["devices"][1:]
+    del stripped["linux"]["resources"]["devices"][2:]
+    assert stripped == spec
+
+
+def test_existing_entries_are_never_removed_or_widened() -> None:
+    narrow_node = {"path": "/dev/dri/renderD129", "type": "c", "major": 226, "minor": 129, "fileMode": 384,
+                   "uid": 1000, "gid": 1000}
+    narrow_rule = {"allow": True, "type": "c", "major": 226, "minor": 129, "access": "r"}
+    spec = spec_with([f"{NAME}=1"], {"devices": [copy.deepcopy(narrow_node)],
+                                     "resources": {"devices": [{"allow": False, "access": "rwm"},
+                                                               copy.deepcopy(narrow_rule)]}})
+    new, _ = rewrite(spec)
+    devices = new["linux"]["devices"]
+    rules = new["linux"]["resources"]["devices"]
+    assert devices[0] == narrow_node
+    assert [d["path"] for d in devices] == ["/dev/dri/renderD129", "/dev/dri/card2", "/dev/kfd"]
+    assert rules[:2] == [{"allow": False, "access": "rwm"}, narrow_rule]
+    # "r" does not grant "rwm": the full rule is added after, the narrow one stays
+    assert rules[2:] == GPU1_RULES
+
+
+def test_existing_device_with_other_numbers_is_an_error() -> None:
+    spec = spec_with([f"{NAME}=1"], {"devices": [{"path": "/dev/dri/renderD129", "type": "c", "major": 226,
+                                                  "minor": 130}]})
+    with pytest.raises(HookError) as info:
+        rewrite(spec)
+    assert "/dev/dri/renderD129" in str(info.value)
+    assert "226:130" in str(info.value)
+
+
+def test_existing_device_of_other_type_is_an_error() -> None:
+    spec = spec_with([f"{NAME}=1"], {"devices": [{"path": "/dev/kfd", "type": "b", "major": 234, "minor": 0}]})
+    with pytest.raises(HookError, match="/dev/kfd"):
+        rewrite(spec)
+
+
+def test_rule_already_granting_is_not_duplicated() -> None:
+    rules = [{"allow": False, "access": "rwm"},
+             {"allow": True, "type": "c", "major": 226, "minor": 129, "access": "rwm"},
+             {"allow": True, "type": "c", "major": 234, "access": "mrw"}]
+    spec = spec_with([f"{NAME}=1"], {"resources": {"devices": copy.deepcopy(rules)}})
+    new, _ = rewrite(spec)
+    assert new["linux"]["resources"]["devices"] == [*rules, GPU1_RULES[0]]
+
+
+def test_wildcard_allow_grants_everything() -> None:
+    rules = [{"allow": True, "access": "rwm"}]
+    spec = spec_with([f"{NAME}=1"], {"resources": {"devices": copy.deepcopy(rules)}})
+    new, _ = rewrite(spec)
+    assert new["linux"]["resources"]["devices"] == rules
+    assert new["linux"]["devices"] == GPU1_NODES
+
+
+def test_rule_shadowed_by_a_later_deny_is_added_again() -> None:
+    rules = [{"allow": True, "type": "c", "major": 226, "minor": 129, "access": "rwm"},
+             {"allow": False, "type": "c", "major": 226, "access": "rwm"},
+             {"allow": True, "type": "c", "major": 234, "minor": 0, "access": "rwm"}]
+    spec = spec_with([f"{NAME}=1"], {"resources": {"devices": copy.deepcopy(rules)}})
+    new, _ = rewrite(spec)
+    assert new["linux"]["resources"]["devices"] == [*rules, GPU1_RULES[0], GPU1_RULES[1]]
+
+
+def test_partial_deny_after_allow_is_not_trusted() -> None:
+    rules = [{"allow": True, "type": "a", "access": "rwm"},
+             {"allow": False, "type": "c", "major": 234, "minor": 0, "access": "w"}]
+    spec = spec_with([f"{NAME}=1"], {"resources": {"devices": copy.deepcopy(rules)}})
+    new, _ = rewrite(spec)
+    assert new["linux"]["resources"]["devices"] == [*rules, GPU1_RULES[2]]
+
+
+@pytest.mark.parametrize("spec", [
+    spec_with([f"{NAME}=1"], {"devices": {}}),
+    spec_with([f"{NAME}=1"], {"devices": "x"}),
+    spec_with([f"{NAME}=1"], {"devices": [1]}),
+    spec_with([f"{NAME}=1"], {"resources": []}),
+    spec_with([f"{NAME}=1"], {"resources": {"devices": {"allow": True}}}),
+    spec_with([f"{NAME}=1"], {"resources": {"devices": ["c 226:* rwm"]}}),
+    spec_with([f"{NAME}=1"], []),  # linux is a list
+    spec_with([f"{NAME}=1", 5]),
+    spec_with([f"{NAME}=1", None]),
+    {"process": {"env": f"{NAME}=1"}},
+    {"process": [f"{NAME}=1"]},
+    [{"process": {"env": [f"{NAME}=1"]}}],
+    "config",
+    None,
+    42,
+])
+def test_wrong_shapes_are_hook_errors(spec: Any) -> None:
+    with pytest.raises(HookError) as info:
+        rewrite_text(json.dumps(spec), config())
+    assert str(info.value).startswith("config.json")
+
+
+@pytest.mark.parametrize("linux", [
+    {"resources": {"devices": [{"allow": True, "type": "c", "major": 226, "access": 5}]}},
+    {"devices": [{"path": ["/dev/dri/card2"], "type": "c", "major": 226, "minor": 2}]},
+    {"devices": [{"path": {"p": 1}, "type": "c", "major": 226, "minor": 2}]},
+])
+def test_malformed_existing_entries_are_hook_errors(linux: dict[str, Any]) -> None:
+    # wrong-typed fields inside existing entries are a bad config.json, not an internal error
+    with pytest.raises(HookError):
+        rewrite(spec_with([f"{NAME}=1"], linux))
+
+
+def test_process_env_shapes() -> None:
+    assert process_env({}) == []
+    assert process_env({"process": {}}) == []
+    assert process_env({"process": {"env": None}}) == []
+    assert process_env({"process": {"env": ["A=1"]}}) == ["A=1"]
+    with pytest.raises(HookError, match="not a string"):
+        process_env({"process": {"env": ["A=1", {"B": 2}]}})
+
+
+@pytest.mark.parametrize("text", ["", "   ", "{", '{"a": 1} {}', "{'a': 1}", "NaN", '{"a": Infinity}', "[1,]",
+                                  '{"a": 1,}', "\ufeff{}"])
+def test_invalid_json_is_a_hook_error(text: str) -> None:
+    with pytest.raises(HookError, match=r"^config\.json is not valid JSON"):
+        rewrite_text(text, config())
+
+
+def test_apply_with_empty_plan_changes_nothing() -> None:
+    spec = spec_with([f"{NAME}=none"])
+    before = copy.deepcopy(spec)
+    plan = plan_for_spec(spec, config())
+    assert apply(spec, plan) is False
+    assert spec == before
+    assert "linux" not in spec
+
+
+def test_bad_request_is_a_hook_error() -> None:
+    with pytest.raises(HookError, match="'8'"):
+        rewrite(spec_with([f"{NAME}=8"]))
+
+
+# --- properties ---------------------------------------------------------------------
+
+EXISTING_RULES = [
+    {"allow": False, "access": "rwm"},
+    {"allow": True, "access": "rwm"},
+    {"allow": True, "type": "c", "major": 226, "access": "rwm"},
+    {"allow": False, "type": "c", "major": 226, "minor": 129, "access": "rwm"},
+    {"allow": True, "type": "c", "major": 226, "minor": 130, "access": "r"},
+    {"allow": True, "type": "c", "major": 234, "minor": 0, "access": "rwm"},
+    {"allow": False, "type": "c", "major": 234, "access": "m"},
+]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sets(st.integers(0, 7)), st.lists(st.sampled_from(EXISTING_RULES), max_size=5), st.booleans())
+def test_rewrite_twice_equals_rewrite_once(gpus: set[int], rules: list[dict[str, Any]], via_devices: bool) -> None:
+    value = ",".join(str(i) for i in sorted(gpus))
+    linux = {"resources": {"devices": copy.deepcopy(rules)}} if rules else None
+    env = ["PATH=/bin"] if via_devices else ["PATH=/bin", f"{NAME}={value}"]
+    devices = value if via_devices else None
+    text = json.dumps(spec_with(env, linux))
+
+    once, plan = rewrite_text(text, config(), devices)
+    assert [g.index for g in plan.gpus] == sorted(gpus)
+    if not gpus:
+        assert once is None
+        return
+    assert once is not None
+    twice, _ = rewrite_text(once, config(), devices)
+    assert twice is None
+    new = json.loads(once)
+    # nothing that was there is dropped
+    assert new["linux"]["resources"]["devices"][: len(rules)] == rules
+    # every node of every GPU asked for is there, once
+    paths = [d["path"] for d in new["linux"]["devices"]]
+    assert len(paths) == len(set(paths))
+    assert set(paths) == {n.path for n in plan.nodes}
+    # and after the rewrite the last matching rule allows each node in full
+    final = [DeviceRule.from_oci(r) for r in new["linux"]["resources"]["devices"]]
+    for node in plan.nodes:
+        last = next(r for r in reversed(final) if r.covers(node.type, node.major, node.minor))
+        assert last.allow and set("rwm") <= set(last.access)

@@ -1,0 +1,297 @@
+"""AMD_VISIBLE_DEVICES: every documented syntax, every error, and properties over arbitrary text."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from oci_gpu_hook.errors import HookError
+from oci_gpu_hook.inventory import Inventory, scan
+from oci_gpu_hook.request import env_value, from_env, resolve, valid_values
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE_SYSFS = REPO / "examples" / "hosts" / "seed-8x-gfx1100" / "sys"
+NAME = "AMD_VISIBLE_DEVICES"
+GPU1_UID = "3149e0fac5157acf"
+GPU5_UID = "3149e0fac5157acb"
+
+
+@functools.cache
+def seed() -> Inventory:
+    return scan(str(EXAMPLE_SYSFS))
+
+
+def indices(value: str | None) -> list[int]:
+    return [g.index for g in resolve(value, seed(), NAME)]
+
+
+def error(value: str) -> str:
+    with pytest.raises(HookError) as info:
+        resolve(value, seed(), NAME)
+    return str(info.value)
+
+
+# --- syntax -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["all", "ALL", " all ", "All\n"])
+def test_all(value: str) -> None:
+    assert indices(value) == list(range(8))
+
+
+@pytest.mark.parametrize("value", [None, "", "   ", "none", "NONE", " none ", "void", "Void"])
+def test_no_gpu(value: str | None) -> None:
+    assert resolve(value, seed(), NAME) == ()
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ("0", [0]),
+    ("1", [1]),
+    ("7", [7]),
+    ("3,1", [1, 3]),
+    ("0-3", [0, 1, 2, 3]),
+    ("2-2", [2]),
+    ("6-7,0", [0, 6, 7]),
+    ("0-7", list(range(8))),
+    ("00", [0]),
+])
+def test_indices_and_ranges(value: str, expected: list[int]) -> None:
+    assert indices(value) == expected
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ("0000:23:00.0", [1]),
+    ("23:00.0", [1]),
+    ("0000:A3:00.0", [5]),
+    ("a3:00.0", [5]),
+    ("0000:03:00.0,0000:e3:00.0", [0, 7]),
+])
+def test_pci_addresses(value: str, expected: list[int]) -> None:
+    assert indices(value) == expected
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    (f"0x{GPU1_UID}", [1]),
+    (f"0X{GPU1_UID.upper()}", [1]),
+    (f"GPU-{GPU1_UID}", [1]),
+    (f"gpu-{GPU1_UID}", [1]),
+    (f"GPU-{GPU5_UID},0x{GPU1_UID}", [1, 5]),
+])
+def test_unique_ids(value: str, expected: list[int]) -> None:
+    assert indices(value) == expected
+
+
+def test_duplicates_collapse() -> None:
+    assert indices(f"1,1,0-2,23:00.0,0000:23:00.0,0x{GPU1_UID},GPU-{GPU1_UID}") == [0, 1, 2]
+    assert len(resolve("1,1", seed(), NAME)) == 1
+
+
+@pytest.mark.parametrize("value", [" 1 , 2 ", "\t1,\n2", "1,  2", " 1,2 "])
+def test_whitespace_around_tokens(value: str) -> None:
+    assert indices(value) == [1, 2]
+
+
+def test_result_is_the_inventory_gpus() -> None:
+    inv = seed()
+    assert resolve("all", inv) == inv.gpus
+    assert resolve("5", inv)[0] is inv.gpus[5]
+
+
+# --- errors -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("value", "named"), [
+    ("8", "'8'"),
+    ("1,99", "'99'"),
+    ("3-1", "'3-1'"),
+    ("0000:24:00.0", "'0000:24:00.0'"),
+    ("24:00.0", "'24:00.0'"),
+    ("0000:zz:00.0", "'0000:zz:00.0'"),
+    ("0000:23:00.8", "'0000:23:00.8'"),
+    ("0xdeadbeef", "'0xdeadbeef'"),
+    ("GPU-0123456789abcdef", "'GPU-0123456789abcdef'"),
+    ("0x", "'0x'"),
+    ("GPU-", "'GPU-'"),
+    ("0xnothex", "'0xnothex'"),
+    ("banana", "'banana'"),
+    ("1,banana", "'banana'"),
+    ("all,1", "'all'"),
+    ("1,all", "'all'"),
+    ("1,none", "'none'"),
+    ("1,void", "'void'"),
+    ("²", "'²'"),
+])
+def test_bad_tokens_are_named(value: str, named: str) -> None:
+    message = error(value)
+    assert named in message
+    assert "valid:" in message
+    assert message.startswith(f"{NAME}=")
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("value", ["0-9", "9-10"])
+def test_range_out_of_range(value: str) -> None:
+    message = error(value)
+    assert "out of range" in message
+    assert "'9'" in message or f"'{value}'" in message
+    assert "valid:" in message
+
+
+@pytest.mark.parametrize("value", ["0,,1", "0,", ",0", ","])
+def test_empty_entry(value: str) -> None:
+    message = error(value)
+    assert "empty entry" in message
+    assert "valid:" in message
+
+
+@pytest.mark.parametrize("value", ["1-", "-1", "0,2-,3"])
+def test_malformed_range_is_named_not_called_empty(value: str) -> None:
+    token = next(t.strip() for t in value.split(",") if "-" in t)
+    message = error(value)
+    assert f"'{token}'" in message
+    assert "empty entry" not in message
+    assert "valid:" in message
+
+
+@pytest.mark.parametrize("value", ["9" * 5000, "0-" + "9" * 5000, "1," + "1" * 4301])
+def test_huge_index_is_a_hook_error(value: str) -> None:
+    # int() refuses decimal strings over 4300 digits with ValueError; that must not escape
+    message = error(value)
+    assert "out of range" in message
+    assert "valid:" in message
+
+
+def test_out_of_range_says_what_is_valid() -> None:
+    message = error("8")
+    assert "indices 0-7" in message
+    assert "0000:03:00.0" in message
+
+
+def test_valid_values_lists_the_host() -> None:
+    text = valid_values(seed())
+    assert text.startswith("valid: all, none, indices 0-7")
+    assert "unique ids like 0x" in text
+
+
+def test_no_gpus_host(tmp_path: Path) -> None:
+    empty = scan(str(tmp_path))
+    assert resolve("none", empty) == ()
+    for value in ("all", "0"):
+        with pytest.raises(HookError) as info:
+            resolve(value, empty, NAME)
+        assert "valid:" in str(info.value)
+        assert "no GPUs" in str(info.value)
+
+
+# --- the environment ----------------------------------------------------------
+
+
+def test_env_value_last_entry_wins() -> None:
+    env = [f"{NAME}=1", "PATH=/bin", f"{NAME}=2"]
+    assert env_value(env, NAME) == "2"
+    assert env_value([*env, f"{NAME}="], NAME) == ""
+
+
+@pytest.mark.parametrize("env", [None, [], ["PATH=/bin"], [NAME], [f"{NAME}_X=1"], [f"X{NAME}=1"], [5, None]])
+def test_env_value_absent(env: list | None) -> None:
+    assert env_value(env, NAME) is None
+
+
+def test_env_value_keeps_everything_after_the_first_equals() -> None:
+    assert env_value([f"{NAME}=a=b"], NAME) == "a=b"
+
+
+def test_from_env_uses_the_last_entry() -> None:
+    request = from_env([f"{NAME}=1", f"{NAME}=2,3"], (NAME,), seed())
+    assert request.source == NAME
+    assert request.value == "2,3"
+    assert [g.index for g in request.gpus] == [2, 3]
+    assert request
+
+    request = from_env([f"{NAME}=1", f"{NAME}=none"], (NAME,), seed())
+    assert request.gpus == ()
+    assert not request
+
+
+def test_from_env_without_request() -> None:
+    request = from_env(["PATH=/bin"], (NAME,), seed())
+    assert request.gpus == ()
+    assert request.value is None
+
+
+def test_two_request_variables_is_an_error() -> None:
+    names = (NAME, "ROCR_VISIBLE_DEVICES")
+    with pytest.raises(HookError) as info:
+        from_env([f"{NAME}=1", "ROCR_VISIBLE_DEVICES=2"], names, seed())
+    assert NAME in str(info.value)
+    assert "ROCR_VISIBLE_DEVICES" in str(info.value)
+
+
+def test_second_request_variable_set_to_none_is_fine() -> None:
+    names = (NAME, "ROCR_VISIBLE_DEVICES")
+    request = from_env([f"{NAME}=none", "ROCR_VISIBLE_DEVICES=2"], names, seed())
+    assert request.source == "ROCR_VISIBLE_DEVICES"
+    assert [g.index for g in request.gpus] == [2]
+
+
+def test_error_names_the_variable() -> None:
+    with pytest.raises(HookError, match=r"^ROCR_VISIBLE_DEVICES=9: '9'"):
+        from_env(["ROCR_VISIBLE_DEVICES=9"], ("ROCR_VISIBLE_DEVICES",), seed())
+
+
+# --- properties -----------------------------------------------------------------
+
+
+@st.composite
+def index_items(draw: st.DrawFn) -> tuple[str, set[int]]:
+    if draw(st.booleans()):
+        i = draw(st.integers(0, 7))
+        return str(i), {i}
+    start = draw(st.integers(0, 7))
+    stop = draw(st.integers(start, 7))
+    return f"{start}-{stop}", set(range(start, stop + 1))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(index_items(), min_size=1, max_size=10), st.sampled_from(["", " ", "  ", "\t"]))
+def test_index_lists_resolve_to_the_union(items: list[tuple[str, set[int]]], pad: str) -> None:
+    text = ",".join(pad + token + pad for token, _ in items)
+    expected = sorted(set().union(*(chosen for _, chosen in items)))
+    assert indices(text) == expected
+
+
+def _resolves_or_hook_error(text: str) -> None:
+    try:
+        gpus = resolve(text, seed(), NAME)
+    except HookError as err:
+        message = str(err)
+        assert "valid:" in message or "more than one" in message
+        return
+    assert isinstance(gpus, tuple)
+    got = [g.index for g in gpus]
+    assert got == sorted(set(got))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.text(), st.integers(4290, 4400).map(lambda n: "7" * n)))
+def test_any_text_resolves_or_raises_hook_error(text: str) -> None:
+    _resolves_or_hook_error(text)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(alphabet="0123456789abcdefxX:.,- GPUgpu\t", max_size=30))
+def test_request_like_text_resolves_or_raises_hook_error(text: str) -> None:
+    _resolves_or_hook_error(text)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(min_size=1).filter(lambda t: t.strip().lower() not in ("", "none", "void")))
+def test_any_text_in_env_resolves_or_raises_hook_error(value: str) -> None:
+    try:
+        from_env([f"{NAME}={value}"], (NAME,), seed())
+    except HookError:
+        pass
