@@ -132,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(err, KeyboardInterrupt):
             return 130
         line = report_failure(err, debug or (config.debug if config else debug_from_env()))
-        record(config, entry=command or "oci-gpu-hook", outcome="error", error=line)
+        record(config, entry=command or "oci-gpu-hook", id=getattr(err, "container_id", None), outcome="error",
+               error=line)
         return 1
 
 

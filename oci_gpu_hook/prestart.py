@@ -53,12 +53,21 @@ def root_path(spec: Any, bundle: str) -> str:
 
 
 def run(stdin_text: str, config: Config) -> int:
+    """Apply the plan of the container described by the state JSON ``stdin_text``."""
+    started = time.monotonic()
+    cid, pid, bundle = parse_state(stdin_text)
+    try:
+        return _apply(cid, pid, bundle, config, started)
+    except HookError as err:
+        err.container_id = cid
+        raise
+
+
+def _apply(cid: str, pid: int, bundle: str, config: Config, started: float) -> int:
     from oci_gpu_hook.log import record
     from oci_gpu_hook.plan import plan_for_spec
     from oci_gpu_hook.spec import read_text
 
-    started = time.monotonic()
-    cid, pid, bundle = parse_state(stdin_text)
     try:
         spec = fastjson.loads(read_text(os.path.join(bundle, "config.json")))
     except ValueError as err:

@@ -54,6 +54,8 @@ def _describe(parent_fd: int, name: str) -> str:
         return "a symlink"
     if stat.S_ISFIFO(mode):
         return "a fifo"
+    if stat.S_ISREG(mode):
+        return "a regular file"
     return "not a directory"
 
 
