@@ -297,3 +297,48 @@ def test_sixteen_containers_in_parallel(setup: dict[str, Path], v2: bool) -> Non
         out, err = proc.communicate(timeout=180)
         assert proc.returncode == 0, err
         cl.assert_isolated(out, [gpu], cgroup_v2=v2)
+
+
+# --- inspect ------------------------------------------------------------------------------------
+
+@V1_V2
+@pytest.mark.parametrize("jit_harden", [0, 2], indirect=True, ids=["harden-0", "harden-2"])
+def test_inspect_shows_what_the_container_may_open(setup: dict[str, Path], v2: bool, jit_harden: str) -> None:
+    bundle = _bundle(setup, ["AMD_VISIBLE_DEVICES=1"], args=["/bin/sleep", "600"])
+    start = ["runc", "run", "--detach", "--bundle", str(bundle), bundle.name]
+    delete = ["runc", "delete", "--force", bundle.name]
+    errors = setup["base"] / f"{bundle.name}.stderr"
+    with errors.open("w") as stderr:  # a detached container keeps runc's stdio: no pipes here
+        started = subprocess.run(cl.cgroup2_wrap(start) if v2 else start, stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL, stderr=stderr, timeout=60)
+    assert started.returncode == 0, errors.read_text()
+    try:
+        state = json.loads(cl.run(["runc", "state", bundle.name]).stdout)
+        # v2: the cgroup2 hierarchy is mounted at /sys/fs/cgroup/unified outside the test's namespace
+        target = ["--cgroup", f"/sys/fs/cgroup/unified/{bundle.name}"] if v2 else ["--pid", str(state["pid"])]
+        shown = cl.run([str(setup["hook"]), "inspect", *target], env=cl.hook_env())
+        assert shown.returncode == 0, shown.stderr
+        lines = [line.split() for line in shown.stdout.splitlines()]
+        allowed = {(w[1], w[2]) for w in lines if w and w[0] == "allow"}
+        assert {("c", "226:2"), ("c", "226:129"), ("c", "234:0"), ("c", "1:3")} <= allowed
+        assert not any(w[2].startswith("226:") for w in lines if w and w[0] == "allow" and w[2] not in (
+            "226:2", "226:129"))
+        assert "GPU 1 /dev/dri/renderD129 (0000:23:00.0)" in shown.stdout
+        if v2:
+            assert "program" in shown.stdout and "'oci_gpu_hook'" in shown.stdout
+            assert ["deny", "a", "*:*", "rwm"] in lines
+        else:
+            # cross-check against cgroupspy's reading of the same devices.list
+            from cgroupspy.nodes import Node
+
+            node = Node(bundle.name, parent=Node("devices", parent=Node("/sys/fs/cgroup")))
+            oracle = {(str(a.dev_type), f"{a.major}:{a.minor}") for a in node.controller.list}
+            assert allowed == oracle
+    finally:
+        cl.run(cl.cgroup2_wrap(delete) if v2 else delete)
+
+
+def test_inspect_of_something_else_is_one_clear_line(setup: dict[str, Path], tmp_path: Path) -> None:
+    done = cl.run([str(setup["hook"]), "inspect", "--cgroup", str(tmp_path)], env=cl.hook_env())
+    assert done.returncode == 1 and done.stderr.count("\n") == 1
+    assert "is neither a cgroup v1 devices group nor a cgroup2 group" in done.stderr
