@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
-"""Container start-up cost of oci-gpu-hook: the runtime shim and the podman precreate hook vs bare runc.
+"""Container start-up cost of oci-gpu-hook: the runtime shim, the podman precreate hook and the prestart hook.
 
 Run as root, with the Python of the environment that has ``oci_gpu_hook`` installed::
 
-    python3 benchmarks/startup.py [--runs N] [--podman-runs N] [--warmup N] [--settle MS] [--json FILE] [--check]
+    python3 benchmarks/startup.py [--runs N] [--podman-runs N] [--warmup N] [--settle MS] [--only GROUPS]
+                                  [--json FILE] [--check]
 
 Everything lives in a temporary directory: a busybox rootfs, runc bundles, lean
 launchers written by ``oci-gpu-hook launchers`` (with ``OCI_GPU_HOOK_SYSFS_ROOT``
-baked to the example 8-GPU host) and a podman hooks dir.  The cases of a group
+baked to the example 8-GPU host) and a podman hooks dir.  The prestart group
+(e) runs in cgroup v1 mode (the host's) and in cgroup v2 mode: every command of
+that mode, the bare baseline included, runs in ``unshare -m`` with cgroup2
+mounted over /sys/fs/cgroup.  The cases of a group
 run interleaved round-robin (A, B, C, A, B, C, ...) so that drift hits every
 case alike; warm-up rounds are discarded.  Each sample is the wall time of one
 ``subprocess.run`` (``time.perf_counter``); a bundle's config.json is restored
@@ -23,6 +27,7 @@ import hashlib
 import json
 import os
 import platform
+import shlex
 import shutil
 import signal
 import statistics
@@ -46,6 +51,16 @@ EXPECTED_NODE = "/dev/dri/renderD129"
 # Targets (see benchmarks/README.md)
 RUN_RATIO_TARGET = 1.5  # shim run median / bare runc run median
 PASS_THROUGH_TARGET_MS = 20.0  # shim state median - runc state median
+PRESTART_GPU_RATIO_TARGET = 1.5  # runc run with the prestart hook, 1 GPU, median / bare runc run median
+PRESTART_NOGPU_RATIO_TARGET = 1.3  # the same without a GPU request
+# The environment runc gives the prestart hook (as in tests/test_prestart.py).
+HOOK_PATH_ENV = "PATH=/usr/sbin:/usr/bin:/sbin:/bin"
+GROUP_LETTERS = "abcde"
+CGROUP_MODES = ("v1", "v2")
+# Untimed probe of group e: what the container sees in /dev/dri, and whether its device cgroup lets it open
+# renderD129 (no driver behind it here: ENXIO when allowed, EPERM when denied).
+DRI_PROBE = ("ls /dev/dri 2>&1; "
+             "echo \"open renderD129: $(/bin/busybox head -c1 /dev/dri/renderD129 2>&1 >/dev/null)\"; echo done")
 
 
 class BenchError(Exception):
@@ -80,6 +95,9 @@ class Case:
     restore: tuple[str, str] | None = None  # (pristine copy, bundle config.json)
     reference: bool = False  # not a runtime command: no "added vs bare" for it
     env: dict[str, str] | None = None  # extra environment for this case
+    base: str = ""  # key of this case's baseline when not the group's (group e: one baseline per cgroup mode)
+    stdin: bytes | None = None  # fed to the command (default: /dev/null)
+    env_only: bool = False  # env is the command's whole environment (as runc gives a hook), not an addition
     samples: list[float] = field(default_factory=list)
     warmup: list[float] = field(default_factory=list)
 
@@ -91,6 +109,7 @@ class Group:
     cases: list[Case]
     runs: int
     bare: str  # key of the baseline case
+    letter: str = ""  # what --only selects it by
     note: str = ""
 
 
@@ -122,7 +141,9 @@ class Bench:
         self.tmp = ""
         self.counter = 0
         self.runc = shutil.which("runc") or ""
-        self.podman = shutil.which("podman") if not opts.no_podman else None
+        self.only: str = opts.only or GROUP_LETTERS
+        self.podman = shutil.which("podman") if not opts.no_podman and "c" in self.only else None
+        self.unshare = shutil.which("unshare") or ""
         self.env: dict[str, str] = {}
         self.meta: dict[str, Any] = {}
         self.groups: list[Group] = []
@@ -134,6 +155,7 @@ class Bench:
         self.console_shim: str | None = None
         self.empty_hooks = ""
         self.gpu_hooks = ""
+        self.hook_log = ""
         self.notes: list[str] = []
         self.summary: dict[str, dict[str, dict[str, float]]] = {}
 
@@ -146,6 +168,10 @@ class Bench:
     def setup(self) -> None:
         if not self.runc:
             raise BenchError("runc not found on PATH")
+        if "c" in self.only and self.opts.only and not self.podman:
+            raise BenchError("--only asks for group c, but podman was not found or --no-podman was given")
+        if "e" in self.only and not self.unshare:
+            raise BenchError("unshare not found on PATH (group e needs it for cgroup v2 mode)")
         sysfs = os.path.abspath(self.opts.sysfs_root)
         if not os.path.isdir(sysfs):
             raise BenchError(f"fake sysfs {sysfs} not found")
@@ -160,11 +186,8 @@ class Bench:
         if busybox is None:
             raise BenchError("busybox not found (apt-get install busybox-static)")
         rootfs = self.make_rootfs("rootfs", busybox)
-        self.podman_rootfs = self.make_rootfs("podman-rootfs", busybox)  # podman writes /etc/hosts etc. into it
-
-        gpu = self.make_bundle("bundle-gpu", rootfs, ["/bin/true"], ["AMD_VISIBLE_DEVICES=1"])
-        nogpu = self.make_bundle("bundle-nogpu", rootfs, ["/bin/true"], [])
-        sleeper = self.make_bundle("bundle-sleeper", rootfs, ["/bin/sh", "-c", "sleep 1000"], [])
+        if self.podman:
+            self.podman_rootfs = self.make_rootfs("podman-rootfs", busybox)  # podman writes /etc/hosts etc. into it
 
         # Lean launchers from the same environment as this interpreter.
         launch_env = dict(self.env)
@@ -178,24 +201,27 @@ class Bench:
             "--set", f"OCI_GPU_HOOK_SYSFS_ROOT={sysfs}"], env=launch_env)
         self.lean_shim = os.path.join(launchers, "oci-gpu-runtime")
         self.lean_hook = os.path.join(launchers, "oci-gpu-hook")
+        self.hook_log = os.path.join(self.tmp, "prestart-sanity.log")
         package = sh([sys.executable, "-c", "import oci_gpu_hook; print(oci_gpu_hook.__file__)"],
                      env=launch_env).strip()
         with open(self.lean_shim, encoding="utf-8") as handle:
             launcher_python = handle.readline()[2:].strip()
         self.console_shim = shutil.which("oci-gpu-runtime", path=os.path.dirname(sys.executable))
 
-        self.empty_hooks = os.path.join(self.tmp, "hooks-empty")
-        self.gpu_hooks = os.path.join(self.tmp, "hooks-gpu")
-        os.makedirs(self.empty_hooks)
-        os.makedirs(self.gpu_hooks)
-        hook = {
-            "version": "1.0.0",
-            "hook": {"path": self.lean_hook, "args": ["oci-gpu-hook", "precreate"], "env": [f"PATH={SAFE_PATH}"]},
-            "when": {"always": True},
-            "stages": ["precreate"],
-        }
-        with open(os.path.join(self.gpu_hooks, "oci-gpu-hook.json"), "w", encoding="utf-8") as handle:
-            json.dump(hook, handle, indent=2)
+        if self.podman:
+            self.empty_hooks = os.path.join(self.tmp, "hooks-empty")
+            self.gpu_hooks = os.path.join(self.tmp, "hooks-gpu")
+            os.makedirs(self.empty_hooks)
+            os.makedirs(self.gpu_hooks)
+            hook = {
+                "version": "1.0.0",
+                "hook": {"path": self.lean_hook, "args": ["oci-gpu-hook", "precreate"],
+                         "env": [f"PATH={SAFE_PATH}"]},
+                "when": {"always": True},
+                "stages": ["precreate"],
+            }
+            with open(os.path.join(self.gpu_hooks, "oci-gpu-hook.json"), "w", encoding="utf-8") as handle:
+                json.dump(hook, handle, indent=2)
 
         self.meta = {
             "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -204,6 +230,7 @@ class Bench:
             "loadavg": f"at start {loadavg()}",
             "runc": first_line([self.runc, "--version"]),
             "podman": first_line([self.podman, "--version"]) if self.podman else "not used",
+            "cgroups": self.cgroup_layout(),
             "python": f"{sys.executable} ({platform.python_version()})",
             "launcher_python": launcher_python,
             "package": package,
@@ -214,13 +241,30 @@ class Bench:
             "sysfs_root": sysfs,
             "lean_shim": self.lean_shim,
             "console_shim": self.console_shim or "not found next to sys.executable",
+            "lean_hook": self.lean_hook,
+            "groups": ",".join(self.only),
             "runs": self.opts.runs,
             "podman_runs": self.opts.podman_runs,
             "warmup": self.opts.warmup,
         }
-        check_signals()
-        self.sanity(gpu)
-        self.build_groups(gpu, nogpu, sleeper)
+        self.build_groups(rootfs)
+
+    @staticmethod
+    def cgroup_layout() -> str:
+        """What is mounted at /sys/fs/cgroup (v1 mode uses it as it is), and bpf_jit_harden (v2 mode loads eBPF)."""
+        found = []
+        try:
+            with open("/proc/self/mountinfo", encoding="utf-8") as handle:
+                for line in handle:
+                    fields = line.split()
+                    fstype = fields[fields.index("-") + 1]
+                    if fstype == "cgroup2" or fields[4] == "/sys/fs/cgroup":
+                        found.append(f"{fstype} at {fields[4]}")
+            with open("/proc/sys/net/core/bpf_jit_harden", encoding="utf-8") as handle:
+                found.append(f"bpf_jit_harden={handle.read().strip()}")
+        except (OSError, ValueError, IndexError) as err:
+            found.append(f"unreadable ({err})")
+        return "; ".join(found)
 
     def git_commit(self) -> str:
         try:
@@ -249,7 +293,9 @@ class Bench:
             os.symlink("busybox", os.path.join(rootfs, "bin", applet))
         return rootfs
 
-    def make_bundle(self, name: str, rootfs: str, args: list[str], extra_env: list[str]) -> str:
+    def make_bundle(self, name: str, rootfs: str, args: list[str], extra_env: list[str],
+                    hook_env: list[str] | None = None) -> str:
+        """A bundle; with ``hook_env`` (the hook's environment) it lists ``oci-gpu-hook prestart``."""
         bundle = os.path.join(self.tmp, name)
         os.makedirs(bundle)
         sh([self.runc, "spec", "--bundle", bundle])
@@ -260,6 +306,9 @@ class Bench:
         spec["process"]["args"] = args
         spec["process"]["env"] = [*spec["process"].get("env", []), *extra_env]
         spec["root"]["path"] = rootfs
+        if hook_env is not None:
+            spec["hooks"] = {"prestart": [{"path": self.lean_hook, "args": ["oci-gpu-hook", "prestart"],
+                                           "env": hook_env}]}
         with open(path, "w", encoding="utf-8") as handle:
             json.dump(spec, handle, indent=2)
         shutil.copyfile(path, os.path.join(self.tmp, f"{name}.pristine.json"))
@@ -268,8 +317,8 @@ class Bench:
     def pristine(self, bundle: str) -> tuple[str, str]:
         return os.path.join(self.tmp, f"{os.path.basename(bundle)}.pristine.json"), os.path.join(bundle, "config.json")
 
-    def sanity(self, gpu: str) -> None:
-        """Untimed: the shim and the hook must really add the GPU, or the numbers would mean nothing."""
+    def sanity_shim(self, gpu: str) -> None:
+        """Untimed: the shim must really add the GPU, or the numbers would mean nothing."""
         src, dst = self.pristine(gpu)
         shutil.copyfile(src, dst)
         sh([self.lean_shim, "run", "--bundle", gpu, self.next_id("sanity")], env=self.env)
@@ -277,8 +326,9 @@ class Bench:
             if EXPECTED_NODE not in handle.read():
                 raise BenchError(f"the lean shim did not add {EXPECTED_NODE} to config.json")
         shutil.copyfile(src, dst)
-        if not self.podman:
-            return
+
+    def sanity_podman(self) -> None:
+        """Untimed: the precreate hook and the shim under podman must really add the GPU."""
         probe = ["/bin/busybox", "ls", EXPECTED_NODE]
         with_hook = self.podman_cmd("runc", self.gpu_hooks, self.next_id("sanity"), probe)
         sh(with_hook, env=self.env)
@@ -289,38 +339,100 @@ class Bench:
                           start_new_session=True).returncode == 0:
             raise BenchError(f"{EXPECTED_NODE} exists without the hook; the podman comparison would be void")
 
+    def sanity_prestart(self, rootfs: str) -> None:
+        """Untimed, in both cgroup modes: with the prestart hook and AMD_VISIBLE_DEVICES=1 the container has
+        renderD129 and its device cgroup lets it open the node (ENXIO, not EPERM); without a request, or
+        without the hook, it has no renderD129.  The hook logs (only here) which cgroup mode it extended."""
+        args = ["/bin/sh", "-c", DRI_PROBE]
+        hook_env = [HOOK_PATH_ENV, f"OCI_GPU_HOOK_LOG_FILE={self.hook_log}"]
+        probes = [
+            ("bare", self.make_bundle("probe-bare", rootfs, args, ["AMD_VISIBLE_DEVICES=1"]), False),
+            ("hook", self.make_bundle("probe-hook", rootfs, args, ["AMD_VISIBLE_DEVICES=1"], hook_env), True),
+            ("hook-nogpu", self.make_bundle("probe-hook-nogpu", rootfs, args, [], hook_env), False),
+        ]
+        for mode in CGROUP_MODES:
+            for name, bundle, expect_gpu in probes:
+                check_signals()
+                cid = self.next_id(f"{mode}-sanity-{name}")
+                out = sh(self.in_mode(mode, [self.runc, "run", "--bundle", bundle, cid]), env=self.env)
+                what = f"{mode} {name} probe container ({cid})"
+                lines = out.splitlines()
+                opened = next((line for line in lines if line.startswith("open renderD129:")), None)
+                if "done" not in lines or opened is None:
+                    raise BenchError(f"the {what} did not finish: {out.strip()!r}")
+                listed = " ".join(lines[:lines.index(opened)]).split()  # what ls /dev/dri printed
+                if expect_gpu:
+                    if "renderD129" not in listed or "No such device or address" not in opened:
+                        raise BenchError(f"the {what} did not get a usable {EXPECTED_NODE} "
+                                         f"(ENXIO expected when opening it): {out.strip()!r}")
+                    logged = []
+                    if os.path.exists(self.hook_log):
+                        with open(self.hook_log, encoding="utf-8") as handle:
+                            logged = [json.loads(line) for line in handle if line.strip()]
+                    mine = [entry for entry in logged if entry.get("id") == cid]
+                    if [line.get("cgroup") for line in mine] != [mode] or mine[0].get("outcome") != "ok":
+                        raise BenchError(f"the hook's log for the {what} does not say it extended a {mode} "
+                                         f"device cgroup: {mine}")
+                elif "renderD129" in listed or "No such file or directory" not in opened:
+                    raise BenchError(f"the {what} has renderD129; the comparison would be void: {out.strip()!r}")
+
     def podman_cmd(self, runtime: str, hooks: str, name: str, args: list[str]) -> list[str]:
         assert self.podman
         return [self.podman, *PODMAN_GLOBAL, f"--runtime={runtime}", f"--hooks-dir={hooks}", *PODMAN_RUN,
                 "--name", name, "--rootfs", self.podman_rootfs, *args]
 
-    def build_groups(self, gpu: str, nogpu: str, sleeper: str) -> None:
-        runs = self.opts.runs
-        run_args = ["run", "--bundle", gpu, "{id}"]
-        cases = [
-            Case("bare", "runc run (bare)", [self.runc, *run_args], self.pristine(gpu)),
-            Case("lean", "lean shim run (launchers/oci-gpu-runtime)", [self.lean_shim, *run_args], self.pristine(gpu)),
-        ]
-        if self.console_shim:
-            cases.append(Case("console", "console-script shim run (venv oci-gpu-runtime)",
-                              [self.console_shim, *run_args], self.pristine(gpu)))
-        cases.append(self.shim_alone(run_args, gpu))
-        self.groups.append(Group("run", "a. runc run, AMD_VISIBLE_DEVICES=1 (3 nodes added by the shim)",
-                                 cases, runs, "bare"))
+    def in_mode(self, mode: str, argv: list[str]) -> list[str]:
+        """``argv`` as group e runs it: v1 as it is; v2 in a private mount namespace with cgroup2 over
+        /sys/fs/cgroup (as tests/containerlib.cgroup2_wrap), so that runc uses its cgroup v2 manager."""
+        if mode == "v1":
+            return argv
+        command = " ".join(shlex.quote(arg) for arg in argv)
+        return [self.unshare, "-m", "sh", "-c", f"mount -t cgroup2 none /sys/fs/cgroup && exec {command}"]
 
-        # The detached container for the pass-through group is started in run(), once everything is ready.
-        self.sleeper_bundle = sleeper
-        self.sleeper = f"{PREFIX}sleeper"
-        cases = [
-            Case("bare", "runc state (bare)", [self.runc, "state", self.sleeper]),
-            Case("lean", "lean shim state", [self.lean_shim, "state", self.sleeper]),
-        ]
-        if self.console_shim:
-            cases.append(Case("console", "console-script shim state", [self.console_shim, "state", self.sleeper]))
-        python = self.meta["launcher_python"].split()
-        cases.append(Case("python", f"(reference) {' '.join(python)} -c pass: the launcher's interpreter floor",
-                          [*python, "-c", "pass"], reference=True))
-        self.groups.append(Group("state", "b. pass-through: state of a running container", cases, runs, "bare"))
+    def build_groups(self, rootfs: str) -> None:
+        runs = self.opts.runs
+        gpu = nogpu = ""
+        if "a" in self.only or "d" in self.only:
+            gpu = self.make_bundle("bundle-gpu", rootfs, ["/bin/true"], ["AMD_VISIBLE_DEVICES=1"])
+            nogpu = self.make_bundle("bundle-nogpu", rootfs, ["/bin/true"], [])
+            check_signals()
+            self.sanity_shim(gpu)
+        if self.podman:
+            check_signals()
+            self.sanity_podman()
+        if "e" in self.only:
+            self.sanity_prestart(rootfs)
+
+        if "a" in self.only:
+            run_args = ["run", "--bundle", gpu, "{id}"]
+            cases = [
+                Case("bare", "runc run (bare)", [self.runc, *run_args], self.pristine(gpu)),
+                Case("lean", "lean shim run (launchers/oci-gpu-runtime)", [self.lean_shim, *run_args],
+                     self.pristine(gpu)),
+            ]
+            if self.console_shim:
+                cases.append(Case("console", "console-script shim run (venv oci-gpu-runtime)",
+                                  [self.console_shim, *run_args], self.pristine(gpu)))
+            cases.append(self.shim_alone(run_args, gpu))
+            self.groups.append(Group("run", "a. runc run, AMD_VISIBLE_DEVICES=1 (3 nodes added by the shim)",
+                                     cases, runs, "bare", "a"))
+
+        if "b" in self.only:
+            # The detached container for the pass-through group is started in run(), once everything is ready.
+            self.sleeper_bundle = self.make_bundle("bundle-sleeper", rootfs, ["/bin/sh", "-c", "sleep 1000"], [])
+            self.sleeper = f"{PREFIX}sleeper"
+            cases = [
+                Case("bare", "runc state (bare)", [self.runc, "state", self.sleeper]),
+                Case("lean", "lean shim state", [self.lean_shim, "state", self.sleeper]),
+            ]
+            if self.console_shim:
+                cases.append(Case("console", "console-script shim state",
+                                  [self.console_shim, "state", self.sleeper]))
+            python = self.meta["launcher_python"].split()
+            cases.append(Case("python", f"(reference) {' '.join(python)} -c pass: the launcher's interpreter floor",
+                              [*python, "-c", "pass"], reference=True))
+            self.groups.append(Group("state", "b. pass-through: state of a running container", cases, runs, "bare",
+                                     "b"))
 
         if self.podman:
             true = ["/bin/true"]
@@ -332,18 +444,53 @@ class Bench:
                      self.podman_cmd(self.lean_shim, self.empty_hooks, "{id}", true)),
             ]
             self.groups.append(Group("podman", "c. podman run --rm, AMD_VISIBLE_DEVICES=1",
-                                     cases, self.opts.podman_runs, "bare"))
-        else:
+                                     cases, self.opts.podman_runs, "bare", "c"))
+        elif "c" in self.only:
             self.notes.append("podman not found or --no-podman: group c skipped")
 
-        run_args = ["run", "--bundle", nogpu, "{id}"]
-        cases = [
-            Case("bare", "runc run (bare), no GPU request", [self.runc, *run_args], self.pristine(nogpu)),
-            Case("lean", "lean shim run, no GPU request", [self.lean_shim, *run_args], self.pristine(nogpu)),
-            self.shim_alone(run_args, nogpu),
-        ]
-        self.groups.append(Group("nogpu", "d. runc run, AMD_VISIBLE_DEVICES unset (shim leaves config.json alone)",
-                                 cases, runs, "bare"))
+        if "d" in self.only:
+            run_args = ["run", "--bundle", nogpu, "{id}"]
+            cases = [
+                Case("bare", "runc run (bare), no GPU request", [self.runc, *run_args], self.pristine(nogpu)),
+                Case("lean", "lean shim run, no GPU request", [self.lean_shim, *run_args], self.pristine(nogpu)),
+                self.shim_alone(run_args, nogpu),
+            ]
+            self.groups.append(Group("nogpu",
+                                     "d. runc run, AMD_VISIBLE_DEVICES unset (shim leaves config.json alone)",
+                                     cases, runs, "bare", "d"))
+
+        if "e" in self.only:
+            self.groups.append(self.prestart_group(rootfs))
+
+    def prestart_group(self, rootfs: str) -> Group:
+        """e: bare runc run vs runc run with the prestart hook (1 GPU; no request), cgroup v1 and v2 interleaved.
+
+        The three bundles share the rootfs and run /bin/true; only the hook entry and AMD_VISIBLE_DEVICES differ.
+        Each mode has its own baseline: in v2 the bare run pays the same unshare + mount as the hooked ones."""
+        hook_env = [HOOK_PATH_ENV]
+        bare = self.make_bundle("bundle-e-bare", rootfs, ["/bin/true"], ["AMD_VISIBLE_DEVICES=1"])
+        hook = self.make_bundle("bundle-e-hook", rootfs, ["/bin/true"], ["AMD_VISIBLE_DEVICES=1"], hook_env)
+        hook_nogpu = self.make_bundle("bundle-e-hook-nogpu", rootfs, ["/bin/true"], [], hook_env)
+        cases = []
+        for mode in CGROUP_MODES:
+            wrap = "" if mode == "v1" else " in unshare -m + cgroup2"
+            for key, label, bundle in (
+                ("bare", f"runc run (bare), AMD_VISIBLE_DEVICES=1{wrap}", bare),
+                ("hook", "runc run + prestart hook, AMD_VISIBLE_DEVICES=1 (1 GPU of 8)", hook),
+                ("hook-nogpu", "runc run + prestart hook, no GPU request", hook_nogpu),
+            ):
+                # the mode leads the case key, so container ids say which mode to delete them in (see cleanup)
+                cases.append(Case(f"{mode}-{key}", f"{mode}: {label}",
+                                  self.in_mode(mode, [self.runc, "run", "--bundle", bundle, "{id}"]),
+                                  self.pristine(bundle), base=f"{mode}-bare"))
+        # The hook's own no-request path without runc: Python start, imports, config.json read, no plan.
+        state = json.dumps({"ociVersion": "1.0.2", "id": f"{PREFIX}alone", "status": "created", "pid": 1,
+                            "bundle": hook_nogpu}).encode()
+        cases.append(Case("hook-alone", "(reference) oci-gpu-hook prestart alone, no GPU request "
+                          "(state on stdin, no container)", [self.lean_hook, "prestart"],
+                          reference=True, env={"PATH": HOOK_PATH_ENV[5:]}, stdin=state, env_only=True))
+        return Group("prestart", "e. runc run with the prestart hook, cgroup v1 and v2 (modes interleaved)",
+                     cases, self.opts.runs, "v1-bare", "e")
 
     def shim_alone(self, run_args: list[str], bundle: str) -> Case:
         """The lean shim with /bin/true as the real runtime: its own cost (Python start, imports, rewrite)."""
@@ -356,13 +503,18 @@ class Bench:
     def once(self, case: Case) -> float:
         if case.restore:
             shutil.copyfile(*case.restore)
-        cmd = [self.next_id(case.key) if arg == "{id}" else arg for arg in case.cmd]
+        cid = self.next_id(case.key)
+        cmd = [arg.replace("{id}", cid) for arg in case.cmd]  # also inside group e's "sh -c" line
+        env = self.env
+        if case.env:
+            env = case.env if case.env_only else {**self.env, **case.env}
+        # input= goes through a pipe (as runc gives a hook its state), written inside the timed region
+        feed: dict[str, Any] = {"stdin": subprocess.DEVNULL} if case.stdin is None else {"input": case.stdin}
         if self.opts.settle:
             time.sleep(self.opts.settle / 1000)
         start = time.perf_counter()
-        env = {**self.env, **case.env} if case.env else self.env
-        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              env=env, timeout=120, start_new_session=True)
+        proc = subprocess.run(cmd, **feed, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, timeout=120,
+                              start_new_session=True)
         elapsed = (time.perf_counter() - start) * 1000
         if proc.returncode != 0:
             raise BenchError(f"{case.label}: {' '.join(cmd)} exited {proc.returncode}: "
@@ -402,12 +554,38 @@ class Bench:
     # ---------------------------------------------------------------- cleanup
 
     def stop_runc(self, cid: str) -> None:
-        subprocess.run([self.runc, "kill", cid, "KILL"], capture_output=True, timeout=30, start_new_session=True)
+        # A group-e container of cgroup v2 mode (id "ogh-bench-<pid>-v2-...") is known to runc by its state in
+        # /run/runc, but its cgroup only inside a namespace with cgroup2 on /sys/fs/cgroup: delete it there.
+        mode = "v2" if cid.startswith(f"{PREFIX}v2-") else "v1"
+        subprocess.run(self.in_mode(mode, [self.runc, "kill", cid, "KILL"]), capture_output=True, timeout=30,
+                       start_new_session=True)
         for _ in range(50):
-            if subprocess.run([self.runc, "delete", "--force", cid], capture_output=True, timeout=30,
-                              start_new_session=True).returncode == 0:
+            if subprocess.run(self.in_mode(mode, [self.runc, "delete", "--force", cid]), capture_output=True,
+                              timeout=30, start_new_session=True).returncode == 0:
                 return
             time.sleep(0.1)
+
+    @staticmethod
+    def leftover_cgroups() -> list[str]:
+        """Cgroups named after our containers (runc removes them on delete): remove the empty ones, list the rest."""
+        left = []
+        root = "/sys/fs/cgroup"
+        try:
+            hierarchies = [os.path.join(root, name) for name in os.listdir(root)]
+        except OSError:
+            return left
+        for hierarchy in hierarchies:
+            try:
+                names = [n for n in os.listdir(hierarchy) if n.startswith(PREFIX)]
+            except OSError:
+                continue
+            for name in names:
+                path = os.path.join(hierarchy, name)
+                try:
+                    os.rmdir(path)
+                except OSError as err:
+                    left.append(f"{path} ({err.strerror})")
+        return left
 
     def cleanup(self) -> list[str]:
         problems: list[str] = []
@@ -422,6 +600,9 @@ class Bench:
                     problems.append(f"runc containers left behind: {', '.join(left)}")
             except (OSError, BenchError, subprocess.TimeoutExpired) as err:
                 problems.append(f"runc cleanup: {err}")
+            cgroups = self.leftover_cgroups()
+            if cgroups:
+                problems.append(f"cgroups left behind: {', '.join(cgroups)}")
         if self.podman:
             try:
                 podman = [self.podman, *PODMAN_GLOBAL]
@@ -456,30 +637,36 @@ class Bench:
     def report(self) -> tuple[str, list[dict[str, Any]]]:
         out = ["# oci-gpu-hook container start-up benchmark", ""]
         for key in ("date", "kernel", "cpus", "loadavg", "runc", "podman", "python", "launcher_python", "package",
-                    "commit", "package_digest", "config_file", "sysfs_root", "lean_shim", "console_shim"):
+                    "commit", "package_digest", "config_file", "cgroups", "sysfs_root", "lean_shim", "console_shim",
+                    "lean_hook", "groups"):
             out.append(f"- {key}: {self.meta[key]}")
-        out.append(f"- runs: {self.opts.runs} per case ({self.opts.podman_runs} for podman), after "
+        podman_runs = f" ({self.opts.podman_runs} for podman)" if self.podman else ""
+        out.append(f"- runs: {self.opts.runs} per case{podman_runs}, after "
                    f"{self.opts.warmup} discarded warm-up rounds; cases interleaved round-robin; "
                    f"untimed pause before each run: {self.opts.settle:g} ms; times in ms")
         out.extend(f"- note: {n}" for n in self.notes)
         summary: dict[str, dict[str, dict[str, float]]] = {}
         for group in self.groups:
-            bare = self.stats(next(c for c in group.cases if c.key == group.bare).samples)
+            medians = {c.key: statistics.median(c.samples) for c in group.cases}
             out += ["", f"## {group.title} (n={group.runs})", "",
                     "| case | median | p90 | min | added vs bare (median) | ratio median/bare |",
                     "|---|---:|---:|---:|---:|---:|"]
             summary[group.key] = {}
             for case in group.cases:
+                base = case.base or group.bare
                 st = self.stats(case.samples)
-                added = st["median"] - bare["median"]
-                ratio = st["median"] / bare["median"]
+                added = st["median"] - medians[base]
+                ratio = st["median"] / medians[base]
                 summary[group.key][case.key] = {**st, "added": added, "ratio": ratio}
-                added_text = "—" if case.key == group.bare else f"{added:+.1f}"
+                added_text = "—" if case.key == base else f"{added:+.1f}"
                 ratio_text = f"{ratio:.2f}"
                 if case.reference:
                     added_text = ratio_text = "n/a"
                 out.append(f"| {case.label} | {st['median']:.1f} | {st['p90']:.1f} | {st['min']:.1f} "
                            f"| {added_text} | {ratio_text} |")
+            if group.key == "prestart":
+                out += ["", f"v2 rows are against the v2 bare row; v2 bare - v1 bare = "
+                            f"{medians['v2-bare'] - medians['v1-bare']:+.1f} ms (unshare, mount, runc's v2 manager)."]
 
         targets: list[dict[str, Any]] = []
 
@@ -490,16 +677,30 @@ class Bench:
             out.append(f"- {verdict}: {name}: {value:.2f}{unit}, limit {limit:g}{unit}; {detail}")
 
         out += ["", "## Targets", ""]
-        run = summary["run"]["lean"]
-        bare_run = summary["run"]["bare"]["median"]
-        target("shim run ratio (lean shim run median / bare runc run median)", run["ratio"], RUN_RATIO_TARGET, "x",
-               f"added {run['added']:+.1f} ms on bare {bare_run:.1f} ms; allowed +{0.5 * bare_run:.1f} ms")
-        nogpu = summary["nogpu"]["lean"]
-        target("shim run ratio, no GPU request", nogpu["ratio"], RUN_RATIO_TARGET, "x",
-               f"added {nogpu['added']:+.1f} ms on bare {summary['nogpu']['bare']['median']:.1f} ms")
-        state = summary["state"]["lean"]
-        target("pass-through added (lean shim state - runc state, medians)", state["added"], PASS_THROUGH_TARGET_MS,
-               " ms", f"ratio {state['ratio']:.2f}")
+        if "run" in summary:
+            run = summary["run"]["lean"]
+            bare_run = summary["run"]["bare"]["median"]
+            target("shim run ratio (lean shim run median / bare runc run median)", run["ratio"], RUN_RATIO_TARGET,
+                   "x", f"added {run['added']:+.1f} ms on bare {bare_run:.1f} ms; allowed +{0.5 * bare_run:.1f} ms")
+        if "nogpu" in summary:
+            nogpu = summary["nogpu"]["lean"]
+            target("shim run ratio, no GPU request", nogpu["ratio"], RUN_RATIO_TARGET, "x",
+                   f"added {nogpu['added']:+.1f} ms on bare {summary['nogpu']['bare']['median']:.1f} ms")
+        if "state" in summary:
+            state = summary["state"]["lean"]
+            target("pass-through added (lean shim state - runc state, medians)", state["added"],
+                   PASS_THROUGH_TARGET_MS, " ms", f"ratio {state['ratio']:.2f}")
+        if "prestart" in summary:
+            for mode in CGROUP_MODES:
+                bare_median = summary["prestart"][f"{mode}-bare"]["median"]
+                for key, what, limit in (("hook", "1 GPU", PRESTART_GPU_RATIO_TARGET),
+                                         ("hook-nogpu", "no GPU request", PRESTART_NOGPU_RATIO_TARGET)):
+                    row = summary["prestart"][f"{mode}-{key}"]
+                    target(f"prestart hook ratio, {what}, cgroup {mode} (runc run + hook median / bare median)",
+                           row["ratio"], limit, "x", f"added {row['added']:+.1f} ms on bare {bare_median:.1f} ms; "
+                           f"allowed +{(limit - 1) * bare_median:.1f} ms")
+        if not targets:
+            out.append("- none: no group with a target was run")
         self.summary = summary
         return "\n".join(out), targets
 
@@ -515,8 +716,11 @@ class Bench:
                     "title": group.title,
                     "runs": group.runs,
                     "bare": group.bare,
+                    "letter": group.letter,
                     "cases": {
                         case.key: {"label": case.label, "cmd": case.cmd, "env": case.env, "reference": case.reference,
+                                   "base": case.base or group.bare,
+                                   "stdin": case.stdin.decode() if case.stdin is not None else None,
                                    "samples_ms": case.samples, "warmup_ms": case.warmup}
                         for case in group.cases
                     },
@@ -543,6 +747,15 @@ def non_negative(text: str) -> float:
     return value
 
 
+def group_letters(text: str) -> str:
+    letters = [part.strip().lower() for part in text.split(",") if part.strip()]
+    bad = [letter for letter in letters if letter not in GROUP_LETTERS or len(letter) != 1]
+    if not letters or bad:
+        raise argparse.ArgumentTypeError(f"expected comma-separated group letters out of {','.join(GROUP_LETTERS)}, "
+                                         f"got {text!r}")
+    return "".join(letter for letter in GROUP_LETTERS if letter in letters)  # always run in the order a..e
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--runs", type=positive, default=30, help="timed runs per runc case (default 30)")
@@ -554,6 +767,8 @@ def main(argv: list[str] | None = None) -> int:
                              "see benchmarks/README.md for why it moves the runc numbers")
     parser.add_argument("--json", metavar="FILE", help="write metadata, summary and all raw samples to FILE")
     parser.add_argument("--no-podman", action="store_true", help="skip the podman group")
+    parser.add_argument("--only", type=group_letters, metavar="GROUPS",
+                        help="run only these groups, e.g. 'e' or 'a,b' (letters a-e; default: all)")
     parser.add_argument("--sysfs-root", default=DEFAULT_SYSFS, help="fake sysfs (default: the example 8-GPU host)")
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     opts = parser.parse_args(argv)

@@ -28,6 +28,9 @@ commands:
   precreate                                  podman precreate hook: config on stdin, config on stdout
   prestart (or createRuntime)                live hook: state on stdin; nodes and device cgroup rules
   inspect (--pid PID | --cgroup DIR)         what a cgroup lets its processes open
+  cdi generate [--output FILE|DIR] [--format json|yaml]
+                                             the CDI spec of this host's GPUs
+  cdi list | cdi validate FILE...            CDI names of this host; check spec files
   validate [--config-file FILE] [SPEC ...]   check a config file and OCI config.json files
   launchers DIR                              write lean launchers (python -I -S) for hooks and the shim
 """

@@ -1,4 +1,4 @@
-"""The operator subcommands (not on a container's start path): list, dry-run, validate, inspect, launchers."""
+"""The operator subcommands (not on a container's start path): list, dry-run, validate, inspect, cdi, launchers."""
 
 from __future__ import annotations
 
@@ -269,12 +269,67 @@ def cmd_inspect(args: list[str], config: Config) -> int:
     return 0
 
 
+def cmd_cdi(args: list[str], config: Config) -> int:
+    parser = _parser("cdi", "CDI specs of this host's GPUs, for podman, containerd and CRI-O.")
+    sub = parser.add_subparsers(dest="action", required=True, metavar="generate|list|validate")
+    gen = sub.add_parser("generate", help="print (or write) the CDI spec of this host")
+    gen.add_argument("--output", metavar="FILE|DIR",
+                     help="write it atomically (mode 0644) to FILE, or to DIR/<vendor>-<class>.<format> "
+                          "(/etc/cdi, /var/run/cdi); default: print it")
+    gen.add_argument("--format", choices=("json", "yaml"), default=None,
+                     help="default: from the output file's extension, else json")
+    sub.add_parser("list", help="the CDI names of this host's GPUs, and whether the installed spec is current")
+    check = sub.add_parser("validate", help="check CDI spec files against schemas/cdi.schema.json")
+    check.add_argument("files", nargs="+", metavar="FILE")
+    opts = parser.parse_args(args)
+    from oci_gpu_hook import cdi
+    from oci_gpu_hook.inventory import scan
+
+    if opts.action == "validate":
+        for path in opts.files:
+            cdi.validate(cdi.load(path), path)
+            print(f"ok: {path}")
+        return 0
+    inventory = scan(config.sysfs_root)
+    spec = cdi.generate(inventory, config)
+    if opts.action == "list":
+        for gpu in inventory.gpus:
+            names = cdi.device_names(gpu)
+            nodes = " ".join(os.path.basename(n.path) for n in gpu.nodes)
+            print(f"{config.cdi_kind}={names[0]:<3} {nodes:<22} also: "
+                  + ", ".join(f"{config.cdi_kind}={n}" for n in names[1:]))
+        if inventory.gpus:
+            print(f"{config.cdi_kind}=all")
+        else:
+            print(f"(no GPUs under {inventory.sysfs_root}: the spec would have no devices)")
+        installed = config.cdi_spec
+        if not os.path.exists(installed):
+            print(f"spec file {installed}: missing (oci-gpu-hook cdi generate --output {installed})")
+        else:
+            current = cdi.load(installed) == spec
+            print(f"spec file {installed}: {'current' if current else 'STALE: differs from this host'}")
+        return 0
+    if not inventory.gpus:
+        raise HookError(f"no GPUs under {inventory.sysfs_root}: a CDI spec needs at least one device")
+    fmt = opts.format or ("yaml" if (opts.output or "").endswith((".yaml", ".yml")) else "json")
+    cdi.validate(spec, "generated CDI spec")
+    text = cdi.render(spec, fmt)
+    if not opts.output:
+        sys.stdout.write(text)
+        return 0
+    path = cdi.output_path(opts.output, config, fmt)
+    changed = cdi.write(path, text)
+    print(f"{'wrote' if changed else 'unchanged'}: {path}", file=sys.stderr)
+    return 0
+
+
 COMMANDS: dict[str, Callable[[list[str], Config], int]] = {
     "list": cmd_list,
     "dry-run": cmd_dry_run,
     "validate": cmd_validate,
     "launchers": cmd_launchers,
     "inspect": cmd_inspect,
+    "cdi": cmd_cdi,
 }
 
 

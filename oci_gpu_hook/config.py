@@ -28,6 +28,9 @@ FIELDS: dict[str, tuple[Any, type, str | None]] = {
     "sysfs_root": ("/sys", str, "OCI_GPU_HOOK_SYSFS_ROOT"),
     "runtime": ("runc", str, "OCI_GPU_HOOK_RUNTIME"),
     "request_env": (("AMD_VISIBLE_DEVICES",), tuple, None),
+    "allow_env_requests": (True, bool, "OCI_GPU_HOOK_ALLOW_ENV_REQUESTS"),
+    "cdi_kind": ("amd.com/gpu", str, None),
+    "cdi_spec": ("/var/run/cdi/amd.com-gpu.json", str, "OCI_GPU_HOOK_CDI_SPEC"),
     "device_file_mode": (0o666, int, None),
     "device_uid": (0, int, None),
     "device_gid": (0, int, None),
@@ -49,6 +52,9 @@ class Config:
     sysfs_root: str
     runtime: str
     request_env: tuple[str, ...]
+    allow_env_requests: bool
+    cdi_kind: str
+    cdi_spec: str
     device_file_mode: int
     device_uid: int
     device_gid: int

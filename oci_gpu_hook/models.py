@@ -26,6 +26,12 @@ class ConfigModel(BaseModel):
     runtime: str = Field("runc", description="The real OCI runtime that oci-gpu-runtime execs.")
     request_env: list[str] = Field(["AMD_VISIBLE_DEVICES"], min_length=1,
                                    description="Container env variables that carry a GPU request.")
+    allow_env_requests: bool = Field(True, description="Honour GPU requests in the container's env; when off, "
+                                     "only cdi.k8s.io annotations (the orchestrator's) count.")
+    cdi_kind: str = Field("amd.com/gpu", pattern="^[A-Za-z][A-Za-z0-9_.-]*/[A-Za-z][A-Za-z0-9_.-]*$",
+                          description="CDI kind of the generated spec and of annotation requests.")
+    cdi_spec: str = Field("/var/run/cdi/amd.com-gpu.json",
+                          description="The CDI spec file that `watch` keeps current and `install` writes.")
     device_file_mode: int = Field(0o666, ge=0, le=0o7777, description="Mode of the created nodes.")
     device_uid: int = Field(0, ge=0, description="Owner uid of the created nodes.")
     device_gid: int = Field(0, ge=0, description="Owner gid of the created nodes.")

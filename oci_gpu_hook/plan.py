@@ -118,7 +118,7 @@ class Plan:
     def summary(self) -> str:
         """``gpu 1 (0000:23:00.0): /dev/dri/card2 /dev/dri/renderD129 /dev/kfd``."""
         if not self.gpus:
-            return "no GPU requested"
+            return "no GPU requested" + (f" ({self.request.note})" if self.request.note else "")
         gpus = ", ".join(f"{g.index} ({g.pci_address})" for g in self.gpus)
         return f"gpu {gpus}: " + " ".join(n.path for n in self.nodes)
 
@@ -130,12 +130,15 @@ def build_plan(inventory: Inventory, request: Request, config: Config) -> Plan:
         wanted.extend(gpu.nodes)
     for vendor in sorted({gpu.vendor for gpu in request.gpus}):
         wanted.extend(inventory.shared_nodes.get(vendor, ()))
-    nodes = tuple(
-        NodeEdit(n.path, n.type, n.major, n.minor, config.device_file_mode, config.device_uid, config.device_gid)
-        for n in dict.fromkeys(wanted)
-    )
+    nodes = tuple(node_edit(n, config) for n in dict.fromkeys(wanted))
     rules = tuple(DeviceRule(True, n.type, n.major, n.minor, config.cgroup_access) for n in nodes)
     return Plan(request, request.gpus, nodes, rules)
+
+
+def node_edit(node: DeviceNode, config: Config) -> NodeEdit:
+    """A host node as the container gets it: the configured mode and owner."""
+    return NodeEdit(node.path, node.type, node.major, node.minor, config.device_file_mode, config.device_uid,
+                    config.device_gid)
 
 
 def plan_for_spec(spec: Any, config: Config, devices: str | None = None) -> Plan:
@@ -145,19 +148,15 @@ def plan_for_spec(spec: Any, config: Config, devices: str | None = None) -> Plan
     When nothing is requested sysfs is not even read and the plan is empty.
     """
     from oci_gpu_hook.inventory import scan
-    from oci_gpu_hook.request import NO_GPU, Request, env_value, from_env, resolve
-    from oci_gpu_hook.spec import process_env
+    from oci_gpu_hook.request import NO_GPU, Ask, Request, requested, resolve_ask
+    from oci_gpu_hook.spec import annotations, process_env
 
-    if devices is None:
-        env = process_env(spec)
-        values = [env_value(env, name) for name in config.request_env]
-        if all(value is None or value.strip().lower() in NO_GPU for value in values):
-            return Plan(Request("env", None, ()), (), (), ())
-        inventory = scan(config.sysfs_root)
-        request = from_env(env, config.request_env, inventory)
+    if devices is not None:
+        ask = Ask("--devices", [devices]) if devices.strip().lower() not in NO_GPU else None
     else:
-        if devices.strip().lower() in NO_GPU:
-            return Plan(Request("--devices", devices, ()), (), (), ())
-        inventory = scan(config.sysfs_root)
-        request = Request("--devices", devices, resolve(devices, inventory, "--devices"))
-    return build_plan(inventory, request, config)
+        ask = requested(process_env(spec), annotations(spec), config.request_env, config.cdi_kind,
+                        config.allow_env_requests)
+    if ask is None or not ask.values:
+        return Plan(Request(ask.source if ask else "env", None, (), ask.note if ask else ""), (), (), ())
+    inventory = scan(config.sysfs_root)
+    return build_plan(inventory, resolve_ask(ask, inventory), config)

@@ -10,6 +10,10 @@ Syntax of ``AMD_VISIBLE_DEVICES`` (and of ``dry-run --devices``):
 
 Anything unknown, malformed or out of range is a :class:`HookError` that names
 the bad token and says what is valid: the container must not start.
+
+CDI device names of our kind (``amd.com/gpu=NAME`` in ``cdi.k8s.io/*``
+annotations) are resolved the same way: the names a generated CDI spec offers
+(index, PCI address, unique id, ``all``) are all valid entries of this syntax.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from oci_gpu_hook.inventory import HEX_DIGITS, parse_pci_address
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Iterable, Mapping, Sequence
 
     from oci_gpu_hook.inventory import Gpu, Inventory
 
@@ -28,17 +32,32 @@ NO_GPU = frozenset({"", "none", "void"})
 
 
 class Request:
-    """A resolved request: where it came from, its text, and the GPUs it names."""
+    """A resolved request: where it came from, its text, the GPUs it names, and a note for operators."""
 
-    __slots__ = ("gpus", "source", "value")
+    __slots__ = ("gpus", "note", "source", "value")
 
-    def __init__(self, source: str, value: str | None, gpus: tuple[Gpu, ...]) -> None:
+    def __init__(self, source: str, value: str | None, gpus: tuple[Gpu, ...], note: str = "") -> None:
         self.source = source
         self.value = value
         self.gpus = gpus
+        self.note = note
 
     def __bool__(self) -> bool:
         return bool(self.gpus)
+
+
+class Ask:
+    """An unresolved request: the source that decides and its entries (sysfs not read yet)."""
+
+    __slots__ = ("note", "source", "values")
+
+    def __init__(self, source: str, values: list[str], note: str = "") -> None:
+        self.source = source
+        self.values = values
+        self.note = note
+
+
+CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 
 
 def env_value(env: Sequence[str] | None, name: str) -> str | None:
@@ -51,18 +70,63 @@ def env_value(env: Sequence[str] | None, name: str) -> str | None:
     return value
 
 
-def from_env(env: Sequence[str] | None, names: Iterable[str], inventory: Inventory) -> Request:
-    """Read the request from the container's ``process.env``."""
+def cdi_names(annotations: Mapping[str, object] | None, kind: str) -> list[str]:
+    """Device names of ``kind`` in ``cdi.k8s.io/<key>`` annotations (``amd.com/gpu=1,amd.com/gpu=3``).
+
+    Names of other kinds are someone else's and are skipped; a malformed entry of our kind is an error.
+    """
+    names: list[str] = []
+    for key in sorted(annotations or {}):
+        value = (annotations or {})[key]
+        if not key.startswith(CDI_ANNOTATION_PREFIX) or not isinstance(value, str):
+            continue
+        for entry in value.split(","):
+            qualified = entry.strip()
+            device_kind, eq, name = qualified.partition("=")
+            if device_kind == kind:
+                if not eq or not name:
+                    raise HookError(f"annotation {key}: '{qualified}' is not a CDI device name "
+                                    f"(expected {kind}=NAME, e.g. {kind}=0)")
+                names.append(name)
+            elif qualified.startswith(kind) and not eq:
+                raise HookError(f"annotation {key}: '{qualified}' is not a CDI device name "
+                                f"(expected {kind}=NAME, e.g. {kind}=0)")
+    return names
+
+
+def requested(env: Sequence[str] | None, annotations: Mapping[str, object] | None, names: Iterable[str],
+              kind: str, allow_env: bool) -> Ask | None:
+    """Which source decides, without reading sysfs; None when no GPU is asked for.
+
+    Precedence: CDI names in ``cdi.k8s.io/*`` annotations (written by the orchestrator) decide when
+    there are any, and the env is then ignored.  Otherwise the env variables ``names`` (at most one
+    may ask for GPUs), unless ``allow_env`` is off: then an env request is ignored (images can ship
+    ``AMD_VISIBLE_DEVICES=all``) and only annotations count.
+    """
+    cdi = cdi_names(annotations, kind)
     found = [(name, value) for name in names if (value := env_value(env, name)) is not None]
     asking = [(name, value) for name, value in found if value.strip().lower() not in NO_GPU]
+    if cdi:
+        note = f"{asking[0][0]}={asking[0][1]} ignored: annotations decide" if asking else ""
+        return Ask("cdi.k8s.io annotations", cdi, note)
     if len(asking) > 1:
         listed = ", ".join(name for name, _ in asking)
         raise HookError(f"the container sets more than one GPU request ({listed}); set only one")
     if not asking:
-        source, value = found[0] if found else ("env", None)
-        return Request(source, value, ())
+        return None
     name, value = asking[0]
-    return Request(name, value, resolve(value, inventory, name))
+    if not allow_env:
+        return Ask(name, [], f"{name}={value} ignored: allow_env_requests is off, only annotations count")
+    return Ask(name, [value])
+
+
+def resolve_ask(ask: Ask, inventory: Inventory) -> Request:
+    """The GPUs ``ask`` names, in index order; each entry follows the syntax of :func:`resolve`."""
+    chosen: dict[int, Gpu] = {}
+    for value in ask.values:
+        for gpu in resolve(value, inventory, ask.source):
+            chosen[gpu.index] = gpu
+    return Request(ask.source, ",".join(ask.values), tuple(chosen[i] for i in sorted(chosen)), ask.note)
 
 
 def resolve(value: str | None, inventory: Inventory, source: str = "request") -> tuple[Gpu, ...]:

@@ -50,6 +50,11 @@ def process_env(spec: Any) -> list[str]:
     return env or []
 
 
+def annotations(spec: Any) -> dict[str, Any]:
+    """``annotations`` of the spec (empty when absent)."""
+    return _field(_check_object(spec), "annotations", dict, "annotations", create=False) or {}
+
+
 def apply(spec: Any, plan: Plan) -> bool:
     """Write ``plan`` into ``spec`` in place; return whether anything changed."""
     if not plan:

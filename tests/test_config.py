@@ -16,6 +16,9 @@ EXPECTED_DEFAULTS = {
     "sysfs_root": "/sys",
     "runtime": "runc",
     "request_env": ("AMD_VISIBLE_DEVICES",),
+    "allow_env_requests": True,
+    "cdi_kind": "amd.com/gpu",
+    "cdi_spec": "/var/run/cdi/amd.com-gpu.json",
     "device_file_mode": 0o666,
     "device_uid": 0,
     "device_gid": 0,
@@ -59,6 +62,9 @@ FULL_FILE = """
 sysfs_root = "/srv/fake/sys"
 runtime = "/usr/bin/crun"
 request_env = ["AMD_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"]
+allow_env_requests = false
+cdi_kind = "example.com/accel"
+cdi_spec = "/etc/cdi/example.json"
 device_file_mode = 0o660
 device_uid = 0
 device_gid = 44
@@ -75,6 +81,9 @@ def test_file_values(tmp_path: Path) -> None:
         "sysfs_root": "/srv/fake/sys",
         "runtime": "/usr/bin/crun",
         "request_env": ("AMD_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"),
+        "allow_env_requests": False,
+        "cdi_kind": "example.com/accel",
+        "cdi_spec": "/etc/cdi/example.json",
         "device_file_mode": 0o660,
         "device_uid": 0,
         "device_gid": 44,

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.inventory import Inventory, scan
-from oci_gpu_hook.request import env_value, from_env, resolve, valid_values
+from oci_gpu_hook.request import Request, cdi_names, env_value, requested, resolve, resolve_ask, valid_values
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_SYSFS = REPO / "examples" / "hosts" / "seed-8x-gfx1100" / "sys"
@@ -190,6 +190,12 @@ def test_no_gpus_host(tmp_path: Path) -> None:
 # --- the environment ----------------------------------------------------------
 
 
+def from_env(env: list, names: tuple[str, ...], inventory: object) -> Request:
+    """The env path of requested() + resolve_ask(), as the spec-rewrite paths take it."""
+    ask = requested(env, None, names, KIND, True)
+    return resolve_ask(ask, inventory) if ask else Request("env", None, ())  # type: ignore[arg-type]
+
+
 def test_env_value_last_entry_wins() -> None:
     env = [f"{NAME}=1", "PATH=/bin", f"{NAME}=2"]
     assert env_value(env, NAME) == "2"
@@ -223,12 +229,66 @@ def test_from_env_without_request() -> None:
     assert request.value is None
 
 
+# --- CDI names in annotations, and which source decides ---------------------------
+
+KIND = "amd.com/gpu"
+
+
+def test_cdi_names_from_annotations() -> None:
+    annotations = {
+        "cdi.k8s.io/amd-plugin": "amd.com/gpu=1, amd.com/gpu=0000:43:00.0",
+        "cdi.k8s.io/other": "nvidia.com/gpu=0,vendor.example/nic=eth1",
+        "io.kubernetes.pod.name": "amd.com/gpu=7",  # not a CDI annotation
+        "cdi.k8s.io/z": "amd.com/gpu=all",
+    }
+    assert cdi_names(annotations, KIND) == ["1", "0000:43:00.0", "all"]
+    ask = requested([], annotations, (NAME,), KIND, True)
+    assert ask is not None and ask.source == "cdi.k8s.io annotations"
+    assert [g.index for g in resolve_ask(ask, seed()).gpus] == list(range(8))
+
+
+@pytest.mark.parametrize("value", ["amd.com/gpu", "amd.com/gpu=", "amd.com/gpu=1,amd.com/gpu"])
+def test_malformed_cdi_name_of_our_kind_is_an_error(value: str) -> None:
+    with pytest.raises(HookError, match="is not a CDI device name"):
+        cdi_names({"cdi.k8s.io/x": value}, KIND)
+
+
+def test_unknown_cdi_device_is_an_error_naming_it() -> None:
+    ask = requested([], {"cdi.k8s.io/x": "amd.com/gpu=9"}, (NAME,), KIND, True)
+    with pytest.raises(HookError, match=r"'9' is out of range.*valid:"):
+        resolve_ask(ask, seed())  # type: ignore[arg-type]
+
+
+def test_annotations_decide_over_the_env() -> None:
+    ask = requested([f"{NAME}=all"], {"cdi.k8s.io/x": "amd.com/gpu=3"}, (NAME,), KIND, True)
+    assert ask is not None
+    request = resolve_ask(ask, seed())
+    assert [g.index for g in request.gpus] == [3]
+    assert "ignored" in request.note
+
+
+def test_env_requests_can_be_refused() -> None:
+    ask = requested([f"{NAME}=all"], {}, (NAME,), KIND, False)
+    assert ask is not None and ask.values == [] and "allow_env_requests" in ask.note
+    ask = requested([f"{NAME}=all"], {"cdi.k8s.io/x": "amd.com/gpu=2"}, (NAME,), KIND, False)
+    assert ask is not None and [g.index for g in resolve_ask(ask, seed()).gpus] == [2]
+
+
+def test_nothing_asked() -> None:
+    assert requested([f"{NAME}=void"], {"cdi.k8s.io/x": "nvidia.com/gpu=0"}, (NAME,), KIND, True) is None
+
+
 def test_two_request_variables_is_an_error() -> None:
     names = (NAME, "ROCR_VISIBLE_DEVICES")
     with pytest.raises(HookError) as info:
         from_env([f"{NAME}=1", "ROCR_VISIBLE_DEVICES=2"], names, seed())
     assert NAME in str(info.value)
     assert "ROCR_VISIBLE_DEVICES" in str(info.value)
+
+
+def test_env_value_is_kept_in_the_request() -> None:
+    request = from_env([f"{NAME}=1"], (NAME,), seed())
+    assert (request.source, request.value) == (NAME, "1")
 
 
 def test_second_request_variable_set_to_none_is_fine() -> None:
