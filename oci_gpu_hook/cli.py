@@ -31,6 +31,9 @@ commands:
   cdi generate [--output FILE|DIR] [--format json|yaml]
                                              the CDI spec of this host's GPUs
   cdi list | cdi validate FILE...            CDI names of this host; check spec files
+  watch [--output FILE] [--debounce SECONDS] keep the CDI spec current on GPU/partition uevents
+  install [--dry-run] [--uninstall] [--prefix DIR]
+                                             hooks.d files, CDI spec, containerd drop-in, launchers
   validate [--config-file FILE] [SPEC ...]   check a config file and OCI config.json files
   launchers DIR                              write lean launchers (python -I -S) for hooks and the shim
 """

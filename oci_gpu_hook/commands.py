@@ -333,9 +333,17 @@ COMMANDS: dict[str, Callable[[list[str], Config], int]] = {
 }
 
 
+# Commands that live in their own modules (imported only when used): name -> module with command(args, config).
+MODULE_COMMANDS = {"watch": "oci_gpu_hook.watch", "install": "oci_gpu_hook.install"}
+
+
 def run(command: str, args: list[str], config: Config) -> int:
     handler = COMMANDS.get(command)
+    if handler is None and command in MODULE_COMMANDS:
+        import importlib
+
+        handler = importlib.import_module(MODULE_COMMANDS[command]).command
     if handler is None:
-        valid = ", ".join([*COMMANDS, "precreate", "prestart", "createRuntime"])
+        valid = ", ".join([*COMMANDS, *MODULE_COMMANDS, "precreate", "prestart", "createRuntime"])
         raise HookError(f"unknown command '{command}' (valid: {valid}; see oci-gpu-hook --help)")
     return handler(args, config)
