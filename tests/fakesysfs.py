@@ -2,7 +2,8 @@
 
 Used by the tests and to (re)generate the example hosts under ``examples/hosts``:
 
-    python -m tests.fakesysfs examples/hosts/seed-8x-gfx1100/sys
+    python -m tests.fakesysfs examples/hosts/seed-8x-gfx1100/sys seed
+    python -m tests.fakesysfs examples/hosts/shuffled-4x-gfx942/sys shuffled
 """
 
 from __future__ import annotations
@@ -133,11 +134,14 @@ def shuffled_host() -> FakeHost:
     return FakeHost(gpus=gpus, kfd_order=list(range(1, 5)))
 
 
+HOSTS = {"seed": seed_host, "shuffled": shuffled_host}
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python -m tests.fakesysfs DIR", file=sys.stderr)
+    if len(argv) not in (1, 2) or (len(argv) == 2 and argv[1] not in HOSTS):
+        print(f"usage: python -m tests.fakesysfs DIR [{'|'.join(HOSTS)}]", file=sys.stderr)
         return 2
-    build(argv[0], seed_host())
+    build(argv[0], HOSTS[argv[1] if len(argv) == 2 else "seed"]())
     return 0
 
 

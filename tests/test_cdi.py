@@ -1,0 +1,159 @@
+"""CDI specs: golden files for the example hosts, schema, version rule, round trips, rejections, names."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from oci_gpu_hook import cdi
+from oci_gpu_hook.config import Config
+from oci_gpu_hook.errors import HookError
+from oci_gpu_hook.inventory import scan
+from oci_gpu_hook.request import Ask, resolve_ask
+
+REPO = Path(__file__).resolve().parent.parent
+HOSTS = sorted(p.parent for p in (REPO / "examples" / "hosts").glob("*/sys"))
+
+
+def _spec(host: Path) -> dict[str, Any]:
+    return cdi.generate(scan(str(host / "sys")), Config())
+
+
+def test_there_are_example_hosts() -> None:
+    assert {h.name for h in HOSTS} >= {"seed-8x-gfx1100", "shuffled-4x-gfx942"}
+
+
+@pytest.mark.parametrize("host", HOSTS, ids=[h.name for h in HOSTS])
+@pytest.mark.parametrize("fmt", ["json", "yaml"])
+def test_golden_files(host: Path, fmt: str) -> None:
+    """`cdi generate` output for each example host is checked in; regenerate on purpose only."""
+    golden = host / "cdi" / f"amd.com-gpu.{fmt}"
+    done = subprocess.run([sys.executable, "-m", "oci_gpu_hook.cli", "--sysfs-root", str(host / "sys"), "cdi",
+                           "generate", "--format", fmt], capture_output=True, text=True,
+                          env={"PATH": os.environ["PATH"], "OCI_GPU_HOOK_CONFIG": "/dev/null"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == golden.read_text()
+
+
+@pytest.mark.parametrize("host", HOSTS, ids=[h.name for h in HOSTS])
+def test_generated_specs_validate_and_round_trip(host: Path) -> None:
+    spec = _spec(host)
+    cdi.validate(spec, "generated")
+    assert json.loads(cdi.render(spec, "json")) == spec
+    assert yaml.safe_load(cdi.render(spec, "yaml")) == spec
+    assert spec["cdiVersion"] == cdi.minimum_version(spec) == "0.5.0"  # the lowest the fields need
+
+
+def test_seed_spec_content() -> None:
+    spec = _spec(REPO / "examples" / "hosts" / "seed-8x-gfx1100")
+    by_name = {d["name"]: d["containerEdits"]["deviceNodes"] for d in spec["devices"]}
+    assert len(by_name) == 8 * 3 + 1
+    for name in ("1", "0000:23:00.0", "0x3149e0fac5157acf"):
+        assert [(n["path"], n["major"], n["minor"]) for n in by_name[name]] == [
+            ("/dev/dri/card2", 226, 2), ("/dev/dri/renderD129", 226, 129)]
+    assert len(by_name["all"]) == 16
+    assert spec["containerEdits"]["deviceNodes"] == [{
+        "path": "/dev/kfd", "type": "c", "major": 234, "minor": 0, "fileMode": 0o666, "permissions": "rwm",
+        "uid": 0, "gid": 0}]
+
+
+def test_every_cdi_name_is_a_valid_request_for_the_same_gpu() -> None:
+    """A CDI name from the spec, used in a cdi.k8s.io annotation, resolves to the same GPU's nodes."""
+    inventory = scan(str(REPO / "examples" / "hosts" / "seed-8x-gfx1100" / "sys"))
+    spec = cdi.generate(inventory, Config())
+    for device in spec["devices"]:
+        gpus = resolve_ask(Ask("cdi.k8s.io annotations", [device["name"]]), inventory).gpus
+        paths = [n.path for g in gpus for n in g.nodes]
+        assert paths == [n["path"] for n in device["containerEdits"]["deviceNodes"]]
+
+
+def _broken(change: str) -> dict[str, Any]:
+    spec = copy.deepcopy(_spec(REPO / "examples" / "hosts" / "seed-8x-gfx1100"))
+    node = spec["devices"][0]["containerEdits"]["deviceNodes"][0]
+    if change == "unknown-field":
+        spec["devices"][0]["extra"] = True
+    elif change == "bad-type":
+        node["type"] = "x"
+    elif change == "relative-path":
+        node["path"] = "dev/dri/card1"
+    elif change == "bad-permissions":
+        node["permissions"] = "rwx"
+    elif change == "bad-name":
+        spec["devices"][0]["name"] = "-0"
+    elif change == "bad-kind":
+        spec["kind"] = "amd.com"
+    elif change == "unknown-version":
+        spec["cdiVersion"] = "9.9.9"
+    elif change == "version-too-low":
+        spec["cdiVersion"] = "0.4.0"  # names starting with a digit need 0.5.0
+    elif change == "duplicate-name":
+        spec["devices"][1]["name"] = spec["devices"][0]["name"]
+    elif change == "minor-as-string":
+        node["minor"] = "1"
+    elif change == "no-devices":
+        spec["devices"] = []
+    return spec
+
+
+@pytest.mark.parametrize("change", ["unknown-field", "bad-type", "relative-path", "bad-permissions", "bad-name",
+                                    "bad-kind", "unknown-version", "version-too-low", "duplicate-name",
+                                    "minor-as-string", "no-devices"])
+def test_validator_rejects_a_wrong_field(change: str) -> None:
+    with pytest.raises(HookError):
+        cdi.validate(_broken(change), "spec")
+
+
+@pytest.mark.parametrize(("change", "version"), [
+    ({"annotations": {"a": "b"}}, "0.6.0"),
+    ({"kind": "amd.com/gpu.partition"}, "0.6.0"),
+    ({"devices": [{"name": "gpu0", "containerEdits": {"additionalGids": [44]}}]}, "0.7.0"),
+    ({"devices": [{"name": "gpu0", "containerEdits": {"mounts": [{"hostPath": "/a", "containerPath": "/b",
+                                                                     "type": "bind"}]}}]}, "0.4.0"),
+    ({"devices": [{"name": "gpu0", "containerEdits": {}}]}, "0.3.0"),
+])
+def test_minimum_version(change: dict[str, Any], version: str) -> None:
+    spec = {"cdiVersion": "0.3.0", "kind": "amd.com/gpu", "devices": [{"name": "gpu0", "containerEdits": {}}]}
+    spec.update(change)
+    assert cdi.minimum_version(spec) == version
+
+
+def test_write_is_atomic_and_only_on_change(tmp_path: Path) -> None:
+    path = tmp_path / "cdi" / "amd.com-gpu.json"
+    text = cdi.render(_spec(REPO / "examples" / "hosts" / "seed-8x-gfx1100"), "json")
+    assert cdi.write(str(path), text) is True
+    assert (path.stat().st_mode & 0o777) == 0o644 and path.read_text() == text
+    inode = path.stat().st_ino
+    assert cdi.write(str(path), text) is False and path.stat().st_ino == inode
+    assert cdi.write(str(path), text.replace('"0.5.0"', '"0.6.0"')) is True
+    assert path.stat().st_ino != inode  # replaced by rename, never rewritten in place
+    assert sorted(p.name for p in path.parent.iterdir()) == ["amd.com-gpu.json"]  # no temp file left
+
+
+def test_cli_writes_into_a_cdi_directory(tmp_path: Path) -> None:
+    env = {"PATH": os.environ["PATH"], "OCI_GPU_HOOK_CONFIG": "/dev/null"}
+    host = REPO / "examples" / "hosts" / "seed-8x-gfx1100" / "sys"
+    base = [sys.executable, "-m", "oci_gpu_hook.cli", "--sysfs-root", str(host), "cdi"]
+    done = subprocess.run([*base, "generate", "--output", str(tmp_path), "--format", "yaml"],
+                          capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    written = tmp_path / "amd.com-gpu.yaml"
+    assert yaml.safe_load(written.read_text())["kind"] == "amd.com/gpu"
+    listed = subprocess.run([*base, "list"], capture_output=True, text=True,
+                            env={**env, "OCI_GPU_HOOK_CDI_SPEC": str(written)})
+    assert listed.returncode == 0, listed.stderr
+    assert "amd.com/gpu=1 " in listed.stdout and "amd.com/gpu=0000:23:00.0" in listed.stdout
+    assert f"spec file {written}: current" in listed.stdout
+    other = REPO / "examples" / "hosts" / "shuffled-4x-gfx942" / "sys"
+    stale = subprocess.run([sys.executable, "-m", "oci_gpu_hook.cli", "--sysfs-root", str(other), "cdi", "list"],
+                           capture_output=True, text=True, env={**env, "OCI_GPU_HOOK_CDI_SPEC": str(written)})
+    assert "STALE" in stale.stdout
+    bad = subprocess.run([*base, "validate", str(host)], capture_output=True, text=True, env=env)
+    assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
