@@ -139,10 +139,24 @@ def make_nodes(root_fd: int, plan: Plan) -> list[str]:
     return done
 
 
+def _setns(ns_fd: int, pid: int) -> None:
+    """Enter a mount namespace: os.setns on Python 3.12+, libc through ctypes before that."""
+    try:
+        if hasattr(os, "setns"):
+            os.setns(ns_fd, CLONE_NEWNS)
+            return
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.setns(ns_fd, CLONE_NEWNS) != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, os.strerror(errno))
+    except OSError as err:
+        raise HookError(f"cannot enter the mount namespace of process {pid}: {err.strerror}") from None
+
+
 def apply_in_container(pid: int, rootfs: str, plan: Plan) -> list[str]:
     """Enter ``pid``'s mount namespace in a child process and make the nodes under ``rootfs``."""
-    import ctypes
-
     try:
         ns_fd = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
     except OSError as err:
@@ -154,10 +168,7 @@ def apply_in_container(pid: int, rootfs: str, plan: Plan) -> list[str]:
         code = 1
         try:
             os.close(read_end)
-            libc = ctypes.CDLL(None, use_errno=True)
-            if libc.setns(ns_fd, CLONE_NEWNS) != 0:
-                errno = ctypes.get_errno()
-                raise HookError(f"cannot enter the mount namespace of process {pid}: {os.strerror(errno)}")
+            _setns(ns_fd, pid)
             os.umask(0)
             try:
                 root_fd = os.open(rootfs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
