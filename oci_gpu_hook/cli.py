@@ -32,8 +32,8 @@ commands:
                                              the CDI spec of this host's GPUs
   cdi list | cdi validate FILE...            CDI names of this host; check spec files
   watch [--output FILE] [--debounce SECONDS] keep the CDI spec current on GPU/partition uevents
-  install [--dry-run] [--uninstall] [--prefix DIR]
-                                             hooks.d files, CDI spec, containerd drop-in, launchers
+  install [--hook precreate|prestart|none] [--set VAR=VALUE] [--prefix DIR] [--dry-run] [--uninstall]
+                                             launchers, a hooks.d file, CDI spec, containerd drop-in
   validate [--config-file FILE] [SPEC ...]   check a config file and OCI config.json files
   launchers DIR                              write lean launchers (python -I -S) for hooks and the shim
 """

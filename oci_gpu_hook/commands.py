@@ -152,6 +152,29 @@ from oci_gpu_hook.{module} import main
 sys.exit(main())
 """
 
+# launcher file name -> module whose main() it runs
+LAUNCHERS = (("oci-gpu-hook", "cli"), ("oci-gpu-runtime", "runtime"))
+
+
+def launcher_defaults(items: list[str], command: str) -> dict[str, str]:
+    """``--set OCI_GPU_HOOK_VAR=VALUE`` items as the defaults a launcher bakes in."""
+    defaults = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key.startswith("OCI_GPU_HOOK_"):
+            raise HookError(f"{command} --set {item!r}: expected OCI_GPU_HOOK_NAME=VALUE")
+        defaults[key] = value
+    return defaults
+
+
+def launcher_text(module: str, defaults: dict[str, str]) -> str:
+    """The lean launcher that runs ``oci_gpu_hook.<module>.main`` (shared by `launchers` and `install`)."""
+    import site
+
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    paths = list(dict.fromkeys([package_parent, *site.getsitepackages()]))
+    return LAUNCHER.format(python=sys.executable, paths=paths, module=module, defaults=defaults)
+
 
 def cmd_launchers(args: list[str], config: Config) -> int:
     parser = _parser("launchers", "Write lean launchers for the hooks and the runtime shim into DIR.")
@@ -160,22 +183,13 @@ def cmd_launchers(args: list[str], config: Config) -> int:
                         help="bake a default for an OCI_GPU_HOOK_* variable into the launchers "
                              "(runtimes such as podman do not pass their environment on to the shim)")
     opts = parser.parse_args(args)
-    defaults = {}
-    for item in opts.set:
-        key, eq, value = item.partition("=")
-        if not eq or not key.startswith("OCI_GPU_HOOK_"):
-            raise HookError(f"launchers --set {item!r}: expected OCI_GPU_HOOK_NAME=VALUE")
-        defaults[key] = value
-    import site
-
-    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    paths = list(dict.fromkeys([package_parent, *site.getsitepackages()]))
+    defaults = launcher_defaults(opts.set, "launchers")
     os.makedirs(opts.directory, exist_ok=True)
     from oci_gpu_hook.spec import write_atomic
 
-    for name, module in (("oci-gpu-hook", "cli"), ("oci-gpu-runtime", "runtime")):
+    for name, module in LAUNCHERS:
         path = os.path.join(opts.directory, name)
-        write_atomic(path, LAUNCHER.format(python=sys.executable, paths=paths, module=module, defaults=defaults))
+        write_atomic(path, launcher_text(module, defaults))
         os.chmod(path, 0o755)
         print(path)
     return 0

@@ -3,31 +3,138 @@
 A runtime of containerd's CRI plugin whose runc ``BinaryName`` is
 ``oci-gpu-runtime``: containerd's runc shim (io.containerd.runc.v2) then calls
 the shim for every create/start/delete of those pods, and the shim writes the
-plan into each bundle before runc sees it.  Written as a drop-in for the main
-config's ``imports`` (config version 2, containerd 1.6 and 1.7).
+plan into each bundle before runc sees it.  It is a drop-in for the main
+config's ``imports`` (config version 2).
+
+containerd 1.x merges an imported file plugin by plugin: the drop-in's
+``plugins."io.containerd.grpc.v1.cri"`` table *replaces* the main config's
+whole CRI table (containerd issues 5837, 7982), which would drop the host's
+runtimes, CNI and registry settings and can stop the CRI plugin from loading.
+So the drop-in carries the main config's CRI table, plus the ``runc`` runtime
+its ``default_runtime_name`` needs, plus ours; ``install`` builds it from the
+node's main config and adds the ``imports`` line there.
+
+Only ``container_annotations`` pass ``cdi.k8s.io/*`` into the OCI spec: those
+come from kubelet and the device plugin.  Pod annotations are written by
+whoever creates the pod, so passing them would let any pod ask for any GPU.
 """
 
 from __future__ import annotations
 
+import copy
+import json
+from typing import Any
+
+from oci_gpu_hook.errors import HookError
+
 RUNTIME_NAME = "oci-gpu"  # the RuntimeClass handler
-DROP_IN_PATH = "/etc/containerd/conf.d/oci-gpu-hook.toml"
+MAIN_CONFIG_PATH = "/etc/containerd/config.toml"
+DROP_IN_DIR = "/etc/containerd/conf.d"
+DROP_IN_PATH = f"{DROP_IN_DIR}/oci-gpu-hook.toml"
+CRI = "io.containerd.grpc.v1.cri"
 
 
-def drop_in(binary: str, runtime_name: str = RUNTIME_NAME) -> str:
-    """The drop-in TOML text (the values are quoted as TOML basic strings)."""
-    quoted = binary.replace("\\", "\\\\").replace('"', '\\"')
-    table = f'plugins."io.containerd.grpc.v1.cri".containerd.runtimes.{runtime_name}'
+def cri_table(main: dict[str, Any] | None, binary: str, runtime_name: str = RUNTIME_NAME) -> dict[str, Any]:
+    """The CRI plugin table of ``main`` (a parsed config.toml, or None) with our runtime added."""
+    cri = copy.deepcopy(((main or {}).get("plugins") or {}).get(CRI) or {})
+    if not isinstance(cri, dict):
+        raise HookError(f"the containerd config's plugins.\"{CRI}\" is not a table")
+    runtimes = cri.setdefault("containerd", {}).setdefault("runtimes", {})
+    default = cri["containerd"].get("default_runtime_name", "runc")
+    if default not in runtimes:  # containerd's own default, which replacing the table would lose
+        runtimes[default] = {"runtime_type": "io.containerd.runc.v2"}
+    runtimes[runtime_name] = {
+        "runtime_type": "io.containerd.runc.v2",
+        "container_annotations": ["cdi.k8s.io/*"],
+        "options": {"BinaryName": binary},
+    }
+    return cri
+
+
+def drop_in(binary: str, main: dict[str, Any] | None = None, runtime_name: str = RUNTIME_NAME) -> str:
+    """The drop-in TOML text for a node whose main config is ``main`` (parsed; None = no main config)."""
+    body = to_toml({"version": 2, "plugins": {CRI: cri_table(main, binary, runtime_name)}})
     return (
-        "# Written by oci-gpu-hook: pods of RuntimeClass handler "
-        f"'{runtime_name}' run through oci-gpu-runtime.\n"
-        "# The main config must import this file: imports = [\"/etc/containerd/conf.d/*.toml\"]\n"
-        "version = 2\n\n"
-        f"[{table}]\n"
-        '  runtime_type = "io.containerd.runc.v2"\n'
-        "  # CRI passes pod and container annotations into the OCI spec only when listed here;\n"
-        "  # the device plugin's CDI annotations must reach the shim.\n"
-        '  pod_annotations = ["cdi.k8s.io/*"]\n'
-        '  container_annotations = ["cdi.k8s.io/*"]\n\n'
-        f"[{table}.options]\n"
-        f'  BinaryName = "{quoted}"\n'
+        f"# Written by oci-gpu-hook: pods of RuntimeClass handler '{runtime_name}' run through oci-gpu-runtime.\n"
+        f"# containerd 1.x replaces the main config's whole CRI table with this one, so it carries that\n"
+        f"# table too: regenerate it (oci-gpu-hook install) after editing the CRI section of {MAIN_CONFIG_PATH}.\n"
+        f'# The main config must import it: imports = ["{DROP_IN_DIR}/*.toml"]\n\n' + body
     )
+
+
+def with_import(text: str) -> str | None:
+    """The main config text with ``imports`` covering the drop-in directory; None if it has it already."""
+    import tomllib
+
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise HookError(f"{MAIN_CONFIG_PATH} is not valid TOML ({err})") from None
+    imports = data.get("imports", [])
+    wanted = f"{DROP_IN_DIR}/*.toml"
+    if wanted in imports or DROP_IN_PATH in imports:
+        return None
+    line = f"imports = {json.dumps([*imports, wanted])}  # added by oci-gpu-hook install\n"
+    lines = text.splitlines(keepends=True)
+    if "imports" in data:  # replace the existing top-level key, which must stand before the first table
+        for i, current in enumerate(lines):
+            if current.lstrip().startswith("imports") and current.split("=", 1)[0].strip() == "imports":
+                if "]" not in current:
+                    raise HookError(f"{MAIN_CONFIG_PATH}: a multi-line imports list; add {wanted} to it by hand")
+                lines[i] = line
+                break
+    else:
+        # after the leading comments and top-level keys: before the first table header
+        at = next((i for i, cur in enumerate(lines) if cur.lstrip().startswith("[")), len(lines))
+        lines.insert(at, line)
+    result = "".join(lines)
+    if tomllib.loads(result).get("imports") != [*imports, wanted]:
+        raise HookError(f"could not add imports to {MAIN_CONFIG_PATH}; add {wanted} to it by hand")
+    return result
+
+
+# --- a small TOML writer: the subset a containerd config uses -------------------------------------
+
+def _key(key: str) -> str:
+    return key if key and all(c.isascii() and (c.isalnum() or c in "_-") for c in key) else json.dumps(key)
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float) and value == value and value not in (float("inf"), float("-inf")):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # JSON string escapes are valid TOML basic-string escapes
+    if isinstance(value, list) and not any(isinstance(v, dict) for v in value):
+        return "[" + ", ".join(_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_key(k)} = {_value(v)}" for k, v in value.items()) + "}"
+    raise HookError(f"cannot write {type(value).__name__} value {value!r} into a containerd drop-in")
+
+
+def _is_table(value: Any) -> bool:
+    return isinstance(value, dict) or (isinstance(value, list) and bool(value)
+                                       and all(isinstance(v, dict) for v in value))
+
+
+def to_toml(table: dict[str, Any], path: tuple[str, ...] = ()) -> str:
+    """Scalars first, then sub-tables and arrays of tables, recursively."""
+    out = []
+    nested = []
+    for key, value in table.items():
+        if _is_table(value):
+            nested.append((key, value))
+        else:
+            out.append(f"{_key(key)} = {_value(value)}\n")
+    for key, value in nested:
+        name = ".".join(_key(k) for k in (*path, key))
+        if isinstance(value, dict):
+            has_own_keys = not value or any(not _is_table(v) for v in value.values())
+            out.append((f"\n[{name}]\n" if has_own_keys else "") + to_toml(value, (*path, key)))
+        else:
+            for item in value:
+                out.append(f"\n[[{name}]]\n" + to_toml(item, (*path, key)))
+    return "".join(out)

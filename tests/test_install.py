@@ -1,0 +1,470 @@
+"""``oci-gpu-hook install``: into a prefix, and ``--uninstall`` gives back exactly the tree that was there."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from oci_gpu_hook import cdi, cli, containerd, install
+from oci_gpu_hook.config import Config
+from oci_gpu_hook.errors import HookError
+from oci_gpu_hook.inventory import scan
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE_SYSFS = REPO / "examples" / "hosts" / "seed-8x-gfx1100" / "sys"
+LAUNCHER = "/usr/local/libexec/oci-gpu-hook/oci-gpu-hook"
+RUNTIME = "/usr/local/libexec/oci-gpu-hook/oci-gpu-runtime"
+PRECREATE = "/etc/containers/oci/hooks.d/oci-gpu-hook-precreate.json"
+PRESTART = "/etc/containers/oci/hooks.d/oci-gpu-hook-prestart.json"
+CDI_SPEC = "/var/run/cdi/amd.com-gpu.json"
+MANIFEST = "/var/lib/oci-gpu-hook/install.json"
+ROOT = os.geteuid() == 0
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OCI_GPU_HOOK_")}
+    env["OCI_GPU_HOOK_CONFIG"] = os.devnull  # never the host's /etc/oci-gpu-hook/config.toml
+    env.update(extra)
+    return env
+
+
+@pytest.fixture(autouse=True)
+def isolated_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in list(os.environ):
+        if key.startswith("OCI_GPU_HOOK_"):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("OCI_GPU_HOOK_CONFIG", os.devnull)
+
+
+@pytest.fixture
+def prefix(tmp_path: Path) -> Path:
+    root = tmp_path / "root"
+    root.mkdir()
+    return root
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str, sysfs: Path = EXAMPLE_SYSFS) -> tuple[int, str, str]:
+    """``oci-gpu-hook --sysfs-root SYSFS install ARGS`` in this process: (exit code, stdout, stderr)."""
+    code = cli.main(["--sysfs-root", str(sysfs), "install", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def ok(capsys: pytest.CaptureFixture[str], *args: str, sysfs: Path = EXAMPLE_SYSFS) -> str:
+    code, out, err = run(capsys, *args, sysfs=sysfs)
+    assert code == 0, err
+    assert err == ""
+    return out
+
+
+def cli_subprocess(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "oci_gpu_hook.cli", *args], capture_output=True, text=True,
+                          env=clean_env(), cwd=REPO, timeout=60, check=False)
+
+
+def snapshot(root: Path, identity: bool = False) -> dict[str, tuple[Any, ...]]:
+    """Every path under root: type, mode, owner, content or symlink target (and inode/mtime if asked)."""
+    tree: dict[str, tuple[Any, ...]] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in [*dirnames, *filenames]:
+            path = os.path.join(dirpath, name)
+            st = os.lstat(path)
+            if stat.S_ISLNK(st.st_mode):
+                what: tuple[Any, ...] = ("symlink", os.readlink(path))
+            elif stat.S_ISDIR(st.st_mode):
+                what = ("dir",)
+            else:
+                assert stat.S_ISREG(st.st_mode), path
+                what = ("file", Path(path).read_bytes())
+            entry = (*what, stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid)
+            if identity:
+                entry = (*entry, st.st_ino, st.st_mtime_ns)
+            tree[os.path.relpath(path, root)] = entry
+    return tree
+
+
+def at(prefix: Path, real: str) -> Path:
+    return prefix / real.lstrip("/")
+
+
+def populate(prefix: Path) -> None:
+    """A host that already has things where install writes: all of it must come back after uninstall."""
+    hooks = at(prefix, "/etc/containers/oci/hooks.d")
+    hooks.mkdir(parents=True)
+    (hooks / "other-hook.json").write_text('{"version": "1.0.0"}\n')
+    (hooks / "other-hook.json").chmod(0o640)
+    drop_in = at(prefix, containerd.DROP_IN_PATH)
+    drop_in.parent.mkdir(parents=True)
+    drop_in.write_text("# the operator's own runtime\nversion = 2\n")
+    drop_in.chmod(0o600)
+    if ROOT:
+        os.chown(drop_in, 1234, 5678)
+    os.utime(drop_in, ns=(1_000_000_000, 1_000_000_000))
+    # /var/run -> ../run, as on most hosts: the CDI spec goes through the symlink.
+    at(prefix, "/run").mkdir()
+    at(prefix, "/var").mkdir()
+    at(prefix, "/var/run").symlink_to("../run")
+    # A symlink where a launcher goes: replaced by the file, and put back by uninstall.
+    at(prefix, "/usr/local/libexec/oci-gpu-hook").mkdir(parents=True)
+    at(prefix, RUNTIME).symlink_to("/usr/bin/runc")
+
+
+# --- install, then uninstall ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("existing", [False, True], ids=["empty-prefix", "populated-prefix"])
+def test_uninstall_gives_back_the_tree_exactly(prefix: Path, capsys: pytest.CaptureFixture[str],
+                                              existing: bool) -> None:
+    if existing:
+        populate(prefix)
+    before = snapshot(prefix)
+    out = ok(capsys, "--prefix", str(prefix))
+    for real in (LAUNCHER, RUNTIME, PRECREATE, CDI_SPEC, containerd.DROP_IN_PATH):
+        assert at(prefix, real).is_file() and not at(prefix, real).is_symlink(), real
+        assert f"{at(prefix, real)} (" in out
+    assert snapshot(prefix) != before
+    if existing:
+        assert f"replaced: {at(prefix, containerd.DROP_IN_PATH)} (" in out
+        assert f"replaced: {at(prefix, RUNTIME)} (" in out
+        assert (at(prefix, "/etc/containers/oci/hooks.d/other-hook.json")).read_text() == '{"version": "1.0.0"}\n'
+        assert at(prefix, "/run/cdi/amd.com-gpu.json").is_file()
+        backups = list(at(prefix, install.BACKUP_DIR).iterdir())
+        assert [b.read_text() for b in backups] == ["# the operator's own runtime\nversion = 2\n"]
+    out = ok(capsys, "--prefix", str(prefix), "--uninstall")
+    assert snapshot(prefix) == before
+    if existing:
+        assert f"restored: {at(prefix, containerd.DROP_IN_PATH)} (" in out
+        assert f"restored: {at(prefix, RUNTIME)} (the symlink to /usr/bin/runc" in out
+        assert os.stat(at(prefix, containerd.DROP_IN_PATH)).st_mtime_ns == 1_000_000_000
+    assert "kept" not in out
+
+
+def test_the_installed_files(prefix: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ok(capsys, "--prefix", str(prefix))
+    hook = json.loads(at(prefix, PRECREATE).read_text())
+    assert hook["hook"]["path"] == LAUNCHER  # the real path: --prefix never leaks into a file
+    assert hook["hook"]["args"] == ["oci-gpu-hook", "precreate"]
+    assert hook["stages"] == ["precreate"]
+    shipped = json.loads((REPO / "hooks.d" / "oci-gpu-hook-precreate.json").read_text())
+    assert {**hook, "hook": {**hook["hook"], "path": shipped["hook"]["path"]}} == shipped
+    assert os.access(at(prefix, hook["hook"]["path"]), os.X_OK)
+
+    spec = cdi.load(str(at(prefix, CDI_SPEC)))
+    cdi.validate(spec, "installed spec")
+    assert spec == cdi.generate(scan(str(EXAMPLE_SYSFS)), Config())
+
+    assert at(prefix, containerd.DROP_IN_PATH).read_text() == containerd.drop_in(RUNTIME)
+
+    for real, mode in ((LAUNCHER, 0o755), (RUNTIME, 0o755), (PRECREATE, 0o644), (CDI_SPEC, 0o644),
+                       (containerd.DROP_IN_PATH, 0o644), (MANIFEST, 0o644)):
+        assert stat.S_IMODE(os.stat(at(prefix, real)).st_mode) == mode, real
+    for path in prefix.rglob("*"):
+        if path.is_file():
+            assert str(prefix) not in path.read_text(), path
+
+
+def test_the_manifest_records_every_file_and_directory(prefix: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    populate(prefix)
+    before = set(snapshot(prefix))
+    ok(capsys, "--prefix", str(prefix))
+    manifest = json.loads(at(prefix, MANIFEST).read_text())
+
+    assert [e["path"] for e in manifest["files"]] == [LAUNCHER, RUNTIME, PRECREATE, CDI_SPEC,
+                                                      containerd.DROP_IN_PATH]
+    for entry in manifest["files"]:
+        data = at(prefix, entry["path"]).read_bytes()
+        assert entry["sha256"] == hashlib.sha256(data).hexdigest()
+        assert int(entry["mode"], 8) == stat.S_IMODE(os.stat(at(prefix, entry["path"])).st_mode)
+    by_path = {e["path"]: e for e in manifest["files"]}
+    assert by_path[RUNTIME]["backup"] == {"symlink": "/usr/bin/runc"}
+    backup = by_path[containerd.DROP_IN_PATH]["backup"]
+    assert backup["mode"] == "0600"
+    assert at(prefix, backup["path"]).read_text() == "# the operator's own runtime\nversion = 2\n"
+    # Everything new on disk is a file of the manifest, a backup, the manifest, or a directory it lists.
+    new = set(snapshot(prefix)) - before
+    listed = {e["path"] for e in manifest["files"]} | set(manifest["directories"]) | {MANIFEST, backup["path"]}
+    via_symlink = {"/run/cdi/amd.com-gpu.json": CDI_SPEC, "/run/cdi": "/var/run/cdi"}
+    assert {via_symlink.get("/" + p, "/" + p) for p in new} == listed - {RUNTIME, containerd.DROP_IN_PATH}
+    assert manifest["directories"] == ["/var/lib", "/var/lib/oci-gpu-hook", "/var/run/cdi",
+                                       "/var/lib/oci-gpu-hook/backup"]
+
+
+def test_launchers_run(prefix: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The installed launchers start (they embed this checkout's package path and this Python)."""
+    ok(capsys, "--prefix", str(prefix), "--set", "OCI_GPU_HOOK_RUNTIME=/bin/echo")
+    text = at(prefix, LAUNCHER).read_text()
+    assert text.startswith(f"#!{sys.executable} -IS\n")
+    assert repr(os.path.dirname(os.path.dirname(install.__file__))) in text  # this checkout, when editable
+    result = subprocess.run([str(at(prefix, LAUNCHER)), "--help"], capture_output=True, text=True,
+                            env=clean_env(), timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: oci-gpu-hook")
+    # The runtime shim execs the baked-in runtime (here echo) for a command it does not rewrite.
+    result = subprocess.run([str(at(prefix, RUNTIME)), "state", "ctr1"], capture_output=True, text=True,
+                            env=clean_env(), timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "state ctr1\n"
+
+
+# --- dry run, idempotence -------------------------------------------------------------------------
+
+
+def test_dry_run_writes_nothing(prefix: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    before = snapshot(prefix, identity=True)
+    out = ok(capsys, "--prefix", str(prefix), "--dry-run")
+    assert snapshot(prefix, identity=True) == before
+    assert out.startswith("dry run: nothing is written\n")
+    for real in (LAUNCHER, RUNTIME, PRECREATE, CDI_SPEC, containerd.DROP_IN_PATH):
+        assert f"new: {at(prefix, real)} (" in out
+    assert f"    {containerd.drop_in(RUNTIME).splitlines()[-1]}\n" in out  # small files: their content
+    assert f'    "path": "{LAUNCHER}",\n' in out
+    assert "(CDI spec; mode 0644)\n    (" in out  # a large one: its size and sha256
+    assert f"manifest: {at(prefix, MANIFEST)} (new)" in out
+    # The dry run said what the install then does.
+    real = ok(capsys, "--prefix", str(prefix))
+    assert [line for line in out.splitlines() if line.startswith(("new:", "directory:"))] == \
+        [line for line in real.splitlines() if line.startswith(("new:", "directory:"))]
+
+
+def test_dry_run_over_existing_files_shows_a_diff(prefix: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    populate(prefix)
+    before = snapshot(prefix, identity=True)
+    out = ok(capsys, "--prefix", str(prefix), "--dry-run")
+    assert snapshot(prefix, identity=True) == before
+    drop_in = at(prefix, containerd.DROP_IN_PATH)
+    assert f"replaced: {drop_in} (" in out
+    assert "    mode 0600 -> 0644\n" in out
+    assert f"--- {drop_in} (now)\n+++ {drop_in} (install)\n" in out
+    assert "-# the operator's own runtime\n" in out
+    assert f'+  BinaryName = "{RUNTIME}"\n' in out
+    assert f"replaced: {at(prefix, RUNTIME)} (" in out
+    assert "    now a symlink to /usr/bin/runc\n" in out
+    # And after an install: everything unchanged; an uninstall dry run changes nothing either.
+    ok(capsys, "--prefix", str(prefix))
+    installed = snapshot(prefix, identity=True)
+    out = ok(capsys, "--prefix", str(prefix), "--dry-run")
+    assert "new:" not in out and "replaced:" not in out
+    assert f"manifest: {at(prefix, MANIFEST)} (unchanged)" in out
+    out = ok(capsys, "--prefix", str(prefix), "--uninstall", "--dry-run")
+    assert f"restored: {drop_in} (" in out
+    assert snapshot(prefix, identity=True) == installed
+
+
+def test_reinstall_is_idempotent(prefix: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    populate(prefix)
+    ok(capsys, "--prefix", str(prefix))
+    first = snapshot(prefix, identity=True)
+    out = ok(capsys, "--prefix", str(prefix))
+    assert snapshot(prefix, identity=True) == first  # not even rewritten: same inodes and mtimes
+    statuses = {line.split(":")[0] for line in out.splitlines()}
+    assert statuses == {"unchanged", "manifest"}, out
+    assert f"manifest: {at(prefix, MANIFEST)} (unchanged)" in out
+
+
+def test_reinstall_updates_what_changed(prefix: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    original = snapshot(prefix)
+    ok(capsys, "--prefix", str(prefix))
+    out = ok(capsys, "--prefix", str(prefix), "--set", "OCI_GPU_HOOK_LOG_FILE=/var/log/oci-gpu-hook.log")
+    assert f"updated: {at(prefix, LAUNCHER)} (" in out
+    assert f"unchanged: {at(prefix, PRECREATE)} (" in out
+    assert "OCI_GPU_HOOK_LOG_FILE" in at(prefix, LAUNCHER).read_text()
+    assert f"manifest: {at(prefix, MANIFEST)} (updated)" in out
+    ok(capsys, "--prefix", str(prefix), "--uninstall")
+    assert snapshot(prefix) == original
+
+
+def test_switching_the_hook_stage(prefix: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    populate(prefix)
+    original = snapshot(prefix)
+    ok(capsys, "--prefix", str(prefix))
+    out = ok(capsys, "--prefix", str(prefix), "--hook", "prestart")
+    assert f"removed: {at(prefix, PRECREATE)} (no longer installed)" in out
+    assert json.loads(at(prefix, PRESTART).read_text())["stages"] == ["prestart"]
+    assert not at(prefix, PRECREATE).exists()
+    out = ok(capsys, "--prefix", str(prefix), "--hook", "none")
+    assert not at(prefix, PRESTART).exists()
+    assert [p.name for p in at(prefix, "/etc/containers/oci/hooks.d").iterdir()] == ["other-hook.json"]
+    manifest = json.loads(at(prefix, MANIFEST).read_text())
+    assert PRESTART not in {e["path"] for e in manifest["files"]}
+    ok(capsys, "--prefix", str(prefix), "--uninstall")
+    assert snapshot(prefix) == original
+
+
+def test_a_host_without_gpus_gets_no_cdi_spec(prefix: Path, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    empty = tmp_path / "sys"
+    empty.mkdir()
+    out = ok(capsys, "--prefix", str(prefix), sysfs=empty)
+    assert f"note: no GPUs under {empty}: the CDI spec {CDI_SPEC} is not written" in out
+    assert not at(prefix, CDI_SPEC).exists()
+    assert at(prefix, containerd.DROP_IN_PATH).is_file()
+    ok(capsys, "--prefix", str(prefix), "--uninstall")
+    assert snapshot(prefix) == {}
+
+
+def test_a_file_already_as_install_wants_it_is_left_in_place(prefix: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    drop_in = at(prefix, containerd.DROP_IN_PATH)
+    drop_in.parent.mkdir(parents=True)
+    drop_in.write_text(containerd.drop_in(RUNTIME))
+    drop_in.chmod(0o644)
+    original, identity = snapshot(prefix), (drop_in.stat().st_ino, drop_in.stat().st_mtime_ns)
+    out = ok(capsys, "--prefix", str(prefix))
+    assert f"unchanged: {drop_in} (containerd drop-in; it was already there and will be left by uninstall)" in out
+    out = ok(capsys, "--prefix", str(prefix), "--uninstall")
+    assert f"left: {drop_in} (" in out
+    assert snapshot(prefix) == original
+    assert (drop_in.stat().st_ino, drop_in.stat().st_mtime_ns) == identity  # never rewritten
+
+
+# --- files changed since install ------------------------------------------------------------------
+
+
+def test_uninstall_keeps_an_edited_file_and_says_so(prefix: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ok(capsys, "--prefix", str(prefix))
+    hook = at(prefix, PRECREATE)
+    hook.write_text(hook.read_text().replace('"timeout": 10', '"timeout": 30'))
+    edited = hook.read_text()
+    out = ok(capsys, "--prefix", str(prefix))  # install does not overwrite it either
+    assert f"kept: {hook} (podman precreate hook: changed since install; not overwritten" in out
+    assert hook.read_text() == edited
+    out = ok(capsys, "--prefix", str(prefix), "--uninstall")
+    assert f"kept: {hook} (changed since install: kept, not removed)" in out
+    assert f"kept: {hook.parent}/ (created by install, not empty)" in out
+    assert hook.read_text() == edited
+    assert sorted(str(p.relative_to(prefix)) for p in prefix.rglob("*")) == [
+        "etc", "etc/containers", "etc/containers/oci", "etc/containers/oci/hooks.d",
+        "etc/containers/oci/hooks.d/oci-gpu-hook-precreate.json"]
+
+
+def test_an_edited_file_that_replaced_one_keeps_the_original_too(prefix: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    populate(prefix)
+    ok(capsys, "--prefix", str(prefix))
+    drop_in = at(prefix, containerd.DROP_IN_PATH)
+    drop_in.write_text(drop_in.read_text() + "# tuned by hand\n")
+    out = ok(capsys, "--prefix", str(prefix), "--uninstall")
+    saved = at(prefix, install.BACKUP_DIR) / "etc%2Fcontainerd%2Fconf.d%2Foci-gpu-hook.toml"
+    assert f"kept: {drop_in} (changed since install: kept, not removed; what install replaced is at {saved})" in out
+    assert drop_in.read_text().endswith("# tuned by hand\n")
+    assert saved.read_text() == "# the operator's own runtime\nversion = 2\n"
+    assert not at(prefix, MANIFEST).exists()
+    # A later install and uninstall never overwrite that saved original.
+    ok(capsys, "--prefix", str(prefix))
+    assert saved.read_text() == "# the operator's own runtime\nversion = 2\n"
+    ok(capsys, "--prefix", str(prefix), "--uninstall")
+    assert drop_in.read_text().endswith("# tuned by hand\n")
+    assert saved.read_text() == "# the operator's own runtime\nversion = 2\n"
+
+
+def test_an_installed_file_removed_by_hand(prefix: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    populate(prefix)
+    original = snapshot(prefix)
+    ok(capsys, "--prefix", str(prefix))
+    at(prefix, containerd.DROP_IN_PATH).unlink()
+    at(prefix, PRECREATE).unlink()
+    out = ok(capsys, "--prefix", str(prefix), "--uninstall")
+    assert f"gone: {at(prefix, PRECREATE)} (already removed)" in out
+    assert snapshot(prefix) == original  # the replaced drop-in still comes back
+
+
+def test_a_failed_install_leaves_a_manifest_of_what_it_wrote(prefix: Path, capsys: pytest.CaptureFixture[str],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    populate(prefix)
+    original = snapshot(prefix)
+    real_write = install.write_file
+
+    def failing_write(path: str, *args: Any, **kwargs: Any) -> None:
+        if path == str(at(prefix, containerd.DROP_IN_PATH)):  # after its backup was made
+            raise HookError(f"cannot write {path}: No space left on device")
+        real_write(path, *args, **kwargs)
+
+    monkeypatch.setattr(install, "write_file", failing_write)
+    code, _out, err = run(capsys, "--prefix", str(prefix))
+    assert code == 1
+    assert err == f"oci-gpu-hook: error: cannot write {at(prefix, containerd.DROP_IN_PATH)}: No space left on device\n"
+    monkeypatch.setattr(install, "write_file", real_write)
+    ok(capsys, "--prefix", str(prefix), "--uninstall")
+    assert snapshot(prefix) == original
+
+
+# --- the template, errors -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stage", install.HOOK_STAGES)
+def test_the_built_in_template_is_the_shipped_file(stage: str, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    shipped = json.loads((REPO / "hooks.d" / f"oci-gpu-hook-{stage}.json").read_text())
+    assert install.hook_template(stage) == shipped
+    monkeypatch.setattr(install, "PACKAGE_PARENT", str(tmp_path))  # as installed from a wheel: no hooks.d/
+    assert install.hook_template(stage) == shipped
+
+
+def assert_one_error_line(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.startswith("oci-gpu-hook: error: ")
+    assert result.stderr.count("\n") == 1, result.stderr
+    return result.stderr
+
+
+def test_errors_are_one_line_and_write_nothing(prefix: Path) -> None:
+    at(prefix, containerd.DROP_IN_PATH).mkdir(parents=True)  # a directory where the drop-in goes
+    before = snapshot(prefix)
+    line = assert_one_error_line(cli_subprocess("--sysfs-root", str(EXAMPLE_SYSFS), "install", "--prefix",
+                                                str(prefix)))
+    assert f"{at(prefix, containerd.DROP_IN_PATH)} is a directory" in line
+    assert snapshot(prefix) == before
+
+    at(prefix, MANIFEST).parent.mkdir(parents=True)
+    at(prefix, MANIFEST).write_text("{not json")
+    line = assert_one_error_line(cli_subprocess("install", "--prefix", str(prefix), "--uninstall"))
+    assert f"manifest {at(prefix, MANIFEST)} is not valid JSON" in line
+    at(prefix, MANIFEST).write_text(json.dumps({"format": 1, "files": [
+        {"path": "/etc/../etc/passwd", "sha256": "0" * 64, "mode": "0644", "backup": None}], "directories": []}))
+    line = assert_one_error_line(cli_subprocess("install", "--prefix", str(prefix), "--uninstall"))
+    assert "'/etc/../etc/passwd' is not a normalized absolute path" in line
+
+    for args, message in ((["--uninstall", "--hook", "prestart"], "takes no --hook or --set"),
+                          (["--hook", "poststop"], "invalid choice: 'poststop'"),
+                          (["--set", "PATH=/bin"], "expected OCI_GPU_HOOK_NAME=VALUE"),
+                          (["--prefix", str(prefix / "absent")], "no such directory")):
+        result = cli_subprocess("--sysfs-root", str(EXAMPLE_SYSFS), "install", *args)
+        assert message in assert_one_error_line(result), args
+
+
+def test_uninstall_without_a_manifest(prefix: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = ok(capsys, "--prefix", str(prefix), "--uninstall")
+    assert out == f"nothing to uninstall: no manifest at {at(prefix, MANIFEST)}\n"
+    assert snapshot(prefix) == {}
+
+
+def test_a_lost_backup_still_takes_the_installed_file_out(prefix: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    populate(prefix)
+    ok(capsys, "--prefix", str(prefix))
+    saved = at(prefix, install.BACKUP_DIR) / "etc%2Fcontainerd%2Fconf.d%2Foci-gpu-hook.toml"
+    saved.unlink()
+    out = ok(capsys, "--prefix", str(prefix), "--uninstall")
+    drop_in = at(prefix, containerd.DROP_IN_PATH)
+    assert f"warning: cannot restore {drop_in}: its backup {saved} is unreadable (No such file or directory)" in out
+    assert f"removed: {drop_in} (installed)" in out
+    assert not drop_in.exists()
+    assert not at(prefix, install.STATE_DIR).exists()
+
+
+def test_a_note_when_containerd_does_not_import_the_drop_in(prefix: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    config = at(prefix, "/etc/containerd/config.toml")
+    config.parent.mkdir(parents=True)
+    config.write_text("version = 2\n")
+    out = ok(capsys, "--prefix", str(prefix))
+    assert f"note: {config} does not import the drop-in: add imports = " in out
+    config.write_text('version = 2\nimports = ["/etc/containerd/conf.d/*.toml"]\n')
+    assert "does not import" not in ok(capsys, "--prefix", str(prefix))

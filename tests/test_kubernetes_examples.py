@@ -1,0 +1,147 @@
+"""examples/kubernetes: the files parse, agree with each other and with the code they describe."""
+
+from __future__ import annotations
+
+import itertools
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from oci_gpu_hook import __version__
+from oci_gpu_hook.config import FIELDS
+from oci_gpu_hook.containerd import RUNTIME_NAME, drop_in
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "kubernetes"
+LAUNCHER_DIR = "/usr/local/libexec/oci-gpu-hook"
+CDI_KIND = FIELDS["cdi_kind"][0]
+
+
+def _load(name: str) -> dict[str, Any]:
+    documents = list(yaml.safe_load_all((EXAMPLES / name).read_text()))
+    assert len(documents) == 1, f"{name}: expected one document"
+    assert isinstance(documents[0], dict)
+    return documents[0]
+
+
+def _cli(*args: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "oci_gpu_hook.cli", *args], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def usage() -> str:
+    return _cli("--help")
+
+
+def _commands(usage: str) -> set[str]:
+    """The subcommand names of ``oci-gpu-hook --help`` (``  list [--json]  ...`` -> ``list``)."""
+    names = set()
+    for line in usage.splitlines():
+        match = re.match(r"  ([a-z][a-z-]*)\b", line)
+        if match:
+            names.add(match.group(1))
+            names.update(re.findall(r"\(or ([a-zA-Z-]+)\)", line))
+    return names
+
+
+def test_containerd_drop_in_is_what_the_code_writes() -> None:
+    text = (EXAMPLES / "containerd-oci-gpu.toml").read_text()
+    assert text == drop_in(f"{LAUNCHER_DIR}/oci-gpu-runtime")
+    runtime = tomllib.loads(text)["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"][RUNTIME_NAME]
+    assert runtime["runtime_type"] == "io.containerd.runc.v2"
+    assert runtime["options"]["BinaryName"] == f"{LAUNCHER_DIR}/oci-gpu-runtime"
+    assert "cdi.k8s.io/*" in runtime["container_annotations"]
+
+
+def test_runtime_class() -> None:
+    runtime_class = _load("runtimeclass.yaml")
+    assert runtime_class["apiVersion"] == "node.k8s.io/v1"
+    assert runtime_class["kind"] == "RuntimeClass"
+    assert runtime_class["metadata"]["name"] == RUNTIME_NAME
+    assert runtime_class["handler"] == RUNTIME_NAME
+
+
+def test_pod_example() -> None:
+    pod = _load("pod-example.yaml")
+    assert (pod["apiVersion"], pod["kind"]) == ("v1", "Pod")
+    assert pod["spec"]["runtimeClassName"] == _load("runtimeclass.yaml")["metadata"]["name"]
+    (container,) = pod["spec"]["containers"]
+    assert container["resources"]["limits"] == {CDI_KIND: 1}
+
+
+def _hook_command(command: list[str]) -> tuple[str, list[str]]:
+    """(subcommand, its arguments) of an ``oci-gpu-hook`` or ``python -m oci_gpu_hook.cli`` command line."""
+    for i, word in enumerate(command):
+        if word.endswith("/oci-gpu-hook") or word == "oci-gpu-hook":
+            return command[i + 1], command[i + 2:]
+        if word == "oci_gpu_hook.cli" and command[i - 1] == "-m":
+            return command[i + 1], command[i + 2:]
+    raise AssertionError(f"not an oci-gpu-hook command: {command}")
+
+
+def test_daemon_set(usage: str) -> None:
+    daemon_set = _load("daemonset.yaml")
+    assert (daemon_set["apiVersion"], daemon_set["kind"]) == ("apps/v1", "DaemonSet")
+    assert daemon_set["metadata"]["annotations"]["oci-gpu-hook/runtime-handler"] == _load("runtimeclass.yaml")[
+        "handler"]
+    pod = daemon_set["spec"]["template"]["spec"]
+    assert "hostPID" not in pod
+    assert daemon_set["spec"]["selector"]["matchLabels"].items() <= daemon_set["spec"]["template"]["metadata"][
+        "labels"].items()
+    # The DaemonSet installs on exactly the nodes where pods of the RuntimeClass may run.
+    assert pod["nodeSelector"] == _load("runtimeclass.yaml")["scheduling"]["nodeSelector"]
+
+    volumes = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
+    assert set(volumes.values()) == {"/etc/containers/oci/hooks.d", "/etc/containerd/conf.d", "/var/run/cdi", "/sys",
+                                     LAUNCHER_DIR, "/var/lib/oci-gpu-hook"}
+    containers = {c["name"]: c for c in pod["initContainers"] + pod["containers"]}
+    for container in containers.values():
+        assert container["image"] == f"registry.example/oci-gpu-hook:{__version__}"
+        for mount in container["volumeMounts"]:
+            host = volumes[mount["name"]]
+            if host == "/sys":  # the inventory reads it through OCI_GPU_HOOK_SYSFS_ROOT
+                assert mount.get("readOnly") is True
+                env = {e["name"]: e["value"] for e in container["env"]}
+                assert env["OCI_GPU_HOOK_SYSFS_ROOT"] == mount["mountPath"]
+            else:  # install writes the real paths (hook.path, BinaryName): same path inside and outside
+                assert mount["mountPath"] == host
+    header = (EXAMPLES / "daemonset.yaml").read_text().split("apiVersion")[0]
+    assert f"registry.example/oci-gpu-hook:{__version__}, is a placeholder" in header
+
+    init_commands = [_hook_command(c["command"]) for c in pod["initContainers"] if c["name"] != "copy-environment"]
+    main_commands = [_hook_command(c["command"]) for c in pod["containers"]]
+    assert [name for name, _ in init_commands] == ["install"]
+    assert [name for name, _ in main_commands] == ["watch"]
+    assert {"install", "watch"} <= _commands(usage)
+    for name, args in init_commands + main_commands:
+        assert name in _commands(usage)
+        help_text = _cli(name, "--help")
+        for flag in (a.partition("=")[0] for a in args if a.startswith("-")):
+            assert flag in help_text, f"{name} {flag} is not in its --help"
+    for _name, args in init_commands:
+        for key, value in itertools.pairwise(args):
+            if key == "--set":  # a baked default must be a real setting with a valid value
+                variable, _, setting = value.partition("=")
+                field = next(f for f, (_, _, var) in FIELDS.items() if var == variable)
+                assert field == "allow_env_requests" and setting == "false"
+    for container in containers.values():
+        if container["name"] != "copy-environment":
+            assert container["securityContext"]["privileged"] is True
+
+
+def test_contract_names_real_commands_and_settings(usage: str) -> None:
+    text = (EXAMPLES / "device-plugin-contract.md").read_text()
+    for command in re.findall(r"`oci-gpu-hook ([a-z-]+)", text):
+        assert command in _commands(usage), command
+    for setting in ("allow_env_requests", "cdi_kind", "cdi_spec", "cgroup_access", "log_file"):
+        assert setting in text and setting in FIELDS
+    assert f"`runtimeClassName: {RUNTIME_NAME}`" in text
+    assert FIELDS["cdi_spec"][0] in text
