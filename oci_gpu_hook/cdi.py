@@ -14,6 +14,7 @@ import json
 import os
 from typing import Any
 
+from oci_gpu_hook.atomic import write_atomic
 from oci_gpu_hook.config import Config
 from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.inventory import Gpu, Inventory
@@ -42,8 +43,8 @@ def generate(inventory: Inventory, config: Config) -> dict[str, Any]:
     """The CDI spec of this host (devices in index order; deterministic for golden files)."""
     devices = []
     for gpu in inventory.gpus:
-        edits = {"deviceNodes": [_node(n, config) for n in gpu.nodes]}
-        devices.extend({"name": name, "containerEdits": edits} for name in device_names(gpu))
+        devices.extend({"name": name, "containerEdits": {"deviceNodes": [_node(n, config) for n in gpu.nodes]}}
+                       for name in device_names(gpu))  # a copy each: YAML would write &anchors otherwise
     if inventory.gpus:
         every = [_node(n, config) for gpu in inventory.gpus for n in gpu.nodes]
         devices.append({"name": "all", "containerEdits": {"deviceNodes": every}})
@@ -88,21 +89,7 @@ def write(path: str, text: str) -> bool:
         os.makedirs(directory, exist_ok=True)
     except OSError as err:
         raise HookError(f"cannot create {directory}: {err.strerror}") from None
-    temp = os.path.join(directory, f".{os.path.basename(path)}.tmp.{os.getpid()}")
-    try:
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())  # a spec outlives reboots in /etc/cdi
-        os.chmod(temp, 0o644)
-        os.rename(temp, path)
-    except OSError as err:
-        try:
-            os.unlink(temp)
-        except OSError:
-            pass
-        raise HookError(f"cannot write {path}: {err.strerror}") from None
+    write_atomic(path, text, 0o644, durable=True)  # a spec in /etc/cdi outlives reboots
     return True
 
 

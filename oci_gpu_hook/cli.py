@@ -31,7 +31,8 @@ commands:
   cdi generate [--output FILE|DIR] [--format json|yaml]
                                              the CDI spec of this host's GPUs
   cdi list | cdi validate FILE...            CDI names of this host; check spec files
-  watch [--output FILE] [--debounce SECONDS] keep the CDI spec current on GPU/partition uevents
+  watch [--output FILE|DIR] [--debounce SECONDS] [--once] [--subsystems LIST]
+                                             keep the CDI spec current on GPU/partition uevents
   install [--hook precreate|prestart|none] [--set VAR=VALUE] [--prefix DIR] [--dry-run] [--uninstall]
                                              launchers, a hooks.d file, CDI spec, containerd drop-in
   validate [--config-file FILE] [SPEC ...]   check a config file and OCI config.json files

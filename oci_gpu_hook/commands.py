@@ -185,12 +185,11 @@ def cmd_launchers(args: list[str], config: Config) -> int:
     opts = parser.parse_args(args)
     defaults = launcher_defaults(opts.set, "launchers")
     os.makedirs(opts.directory, exist_ok=True)
-    from oci_gpu_hook.spec import write_atomic
+    from oci_gpu_hook.atomic import write_atomic
 
     for name, module in LAUNCHERS:
         path = os.path.join(opts.directory, name)
-        write_atomic(path, launcher_text(module, defaults))
-        os.chmod(path, 0o755)
+        write_atomic(path, launcher_text(module, defaults), 0o755)
         print(path)
     return 0
 

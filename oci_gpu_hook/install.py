@@ -43,6 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from oci_gpu_hook.atomic import fsync_dir, write_atomic
 from oci_gpu_hook.config import Config
 from oci_gpu_hook.errors import HookError
 
@@ -271,47 +272,10 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _fsync_dir(directory: str) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def write_file(path: str, data: bytes, mode: int, owner: tuple[int, int] | None = None,
                mtime_ns: int | None = None) -> None:
-    """Replace ``path`` atomically (temp file in the same directory, fsync, rename) with exactly ``mode``."""
-    directory, name = os.path.split(path)
-    temp = os.path.join(directory, f".{name}.oci-gpu-hook-install.{os.getpid()}")
-    try:
-        try:
-            os.unlink(temp)  # left over by a killed install with the same pid
-        except FileNotFoundError:
-            pass
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            if owner is not None and os.geteuid() == 0:
-                os.fchown(handle.fileno(), *owner)
-            os.fchmod(handle.fileno(), mode)  # exact, whatever the umask
-            if mtime_ns is not None:
-                os.utime(handle.fileno(), ns=(mtime_ns, mtime_ns))
-            os.fsync(handle.fileno())
-        os.rename(temp, path)
-    except OSError as err:
-        try:
-            os.unlink(temp)
-        except OSError:
-            pass
-        raise HookError(f"cannot write {path}: {err.strerror}") from None
-    _fsync_dir(directory)
+    """Replace ``path`` atomically and durably with exactly ``mode``."""
+    write_atomic(path, data, mode, owner, mtime_ns, durable=True)
 
 
 def _symlink(path: str, target: str) -> None:
@@ -331,7 +295,7 @@ def _symlink(path: str, target: str) -> None:
         except OSError:
             pass
         raise HookError(f"cannot restore the symlink {path}: {err.strerror}") from None
-    _fsync_dir(directory)
+    fsync_dir(directory)
 
 
 @dataclass
@@ -411,7 +375,7 @@ class Installer:
             except OSError as err:
                 raise HookError(f"cannot create the directory {disk}: {err.strerror}") from None
             self.manifest.directories.append(path)
-            _fsync_dir(os.path.dirname(disk))
+            fsync_dir(os.path.dirname(disk))
             print(f"directory: {disk}/ (new)")
 
     # the manifest

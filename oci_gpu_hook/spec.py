@@ -9,8 +9,6 @@ existing entry, and leaves every field it does not own as it was.
 
 from __future__ import annotations
 
-import os
-
 from oci_gpu_hook import fastjson
 from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.plan import DeviceRule, plan_for_spec
@@ -115,24 +113,3 @@ def read_text(path: str) -> str:
             return handle.read()
     except OSError as err:
         raise HookError(f"cannot read {path}: {err.strerror}") from None
-
-
-def write_atomic(path: str, text: str) -> None:
-    """Replace ``path`` by a temp file + rename in the same directory, keeping its mode."""
-    directory = os.path.dirname(os.path.abspath(path))
-    temp = os.path.join(directory, f".{os.path.basename(path)}.oci-gpu-hook.{os.getpid()}")
-    try:
-        mode = os.stat(path).st_mode & 0o7777
-    except OSError:
-        mode = 0o644
-    try:
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)  # no fsync: a bundle does not outlive a crash of the host
-        os.rename(temp, path)
-    except OSError as err:
-        try:
-            os.unlink(temp)
-        except OSError:
-            pass
-        raise HookError(f"cannot write {path}: {err.strerror}") from None

@@ -49,6 +49,7 @@ def test_generated_specs_validate_and_round_trip(host: Path) -> None:
     cdi.validate(spec, "generated")
     assert json.loads(cdi.render(spec, "json")) == spec
     assert yaml.safe_load(cdi.render(spec, "yaml")) == spec
+    assert "&id" not in cdi.render(spec, "yaml")  # plain YAML: no anchors/aliases for shared edits
     assert spec["cdiVersion"] == cdi.minimum_version(spec) == "0.5.0"  # the lowest the fields need
 
 
