@@ -87,7 +87,7 @@ def cmd_precreate(config: Config) -> int:
     """podman's precreate stage: the proposed config on stdin, the full config on stdout."""
     import time
 
-    from oci_gpu_hook.log import record
+    from oci_gpu_hook.log import record_plan
     from oci_gpu_hook.spec import rewrite_text
 
     started = time.monotonic()
@@ -95,9 +95,7 @@ def cmd_precreate(config: Config) -> int:
     new_text, plan = rewrite_text(text, config)
     sys.stdout.write(text if new_text is None else new_text)
     sys.stdout.flush()
-    if plan:
-        record(config, entry="precreate", request=plan.request.value, devices=[n.path for n in plan.nodes],
-               outcome="ok", duration_ms=round((time.monotonic() - started) * 1000, 2))
+    record_plan(config, "precreate", None, plan, started)
     return 0
 
 

@@ -64,7 +64,7 @@ def run(stdin_text: str, config: Config) -> int:
 
 
 def _apply(cid: str, pid: int, bundle: str, config: Config, started: float) -> int:
-    from oci_gpu_hook.log import record
+    from oci_gpu_hook.log import record_plan
     from oci_gpu_hook.plan import plan_for_spec
     from oci_gpu_hook.spec import read_text
 
@@ -74,6 +74,7 @@ def _apply(cid: str, pid: int, bundle: str, config: Config, started: float) -> i
         raise HookError(f"{bundle}/config.json is {err}") from None
     plan = plan_for_spec(spec, config)
     if not plan:
+        record_plan(config, "prestart", cid, plan, started)
         return 0
     rootfs = root_path(spec, bundle)
     if not os.path.exists(f"/proc/{pid}"):
@@ -89,8 +90,6 @@ def _apply(cid: str, pid: int, bundle: str, config: Config, started: float) -> i
         cgroup_result = f"allowed {len(cgroups.v1_grant(directory, plan.rules))} rules"
     else:
         cgroup_result = cgroups.v2_grant(directory, plan.rules)
-    record(config, entry="prestart", id=cid, request=plan.request.value,
-           devices=[n.path for n in plan.nodes], nodes=made, cgroup=mode, cgroup_dir=directory,
-           cgroup_result=cgroup_result, outcome="ok",
-           duration_ms=round((time.monotonic() - started) * 1000, 2))
+    record_plan(config, "prestart", cid, plan, started, nodes=made, cgroup=mode, cgroup_dir=directory,
+                cgroup_result=cgroup_result)
     return 0

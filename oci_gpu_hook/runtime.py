@@ -114,7 +114,7 @@ def _log_for_runtime(options: dict[str, str], message: str) -> None:
 def rewrite_bundle(bundle: str, config: Config, cid: str) -> None:
     """Write the plan into ``bundle``/config.json (untouched when nothing is requested)."""
     from oci_gpu_hook.atomic import write_atomic
-    from oci_gpu_hook.log import record
+    from oci_gpu_hook.log import record_plan
     from oci_gpu_hook.spec import read_text, rewrite_text
 
     started = time.monotonic()
@@ -122,10 +122,7 @@ def rewrite_bundle(bundle: str, config: Config, cid: str) -> None:
     new_text, plan = rewrite_text(read_text(path), config)
     if new_text is not None:
         write_atomic(path, new_text)
-    if plan:
-        record(config, entry="oci-gpu-runtime", id=cid, request=plan.request.value,
-               devices=[n.path for n in plan.nodes], outcome="ok",
-               duration_ms=round((time.monotonic() - started) * 1000, 2))
+    record_plan(config, "oci-gpu-runtime", cid, plan, started)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,6 +3,7 @@ through the shim and the precreate hook (the orchestrator's path), with the env-
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -27,7 +28,8 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]
     paths: dict[str, Path] = {"base": base, "rootfs": cl.make_rootfs(base / "rootfs")}
     for name, extra in (("open", ""), ("closed", "allow_env_requests = false\n")):
         config = base / f"{name}.toml"
-        config.write_text(f'sysfs_root = "{cl.SEED_SYSFS}"\n{extra}')
+        paths[f"{name}-log"] = base / f"{name}.log"
+        config.write_text(f'sysfs_root = "{cl.SEED_SYSFS}"\nlog_file = "{base / f"{name}.log"}"\n{extra}')
         hook, runtime = cl.write_launchers(base / f"bin-{name}", config)
         paths[f"{name}-hook"], paths[f"{name}-runtime"] = hook, runtime
         paths[f"{name}-hooks-dir"] = cl.write_hooks_dir(base / f"hooks-{name}", hook, config)
@@ -92,9 +94,13 @@ def test_annotation_wins_over_the_env(setup: dict[str, Path], path: str) -> None
 @PATHS
 def test_env_requests_refused_by_config(setup: dict[str, Path], path: str) -> None:
     """allow_env_requests = false: an image's AMD_VISIBLE_DEVICES=all gets nothing; annotations still work."""
+    setup["closed-log"].unlink(missing_ok=True)
     done = _via(setup, path, "closed", "-e", "AMD_VISIBLE_DEVICES=all")
     assert done.returncode == 0, done.stderr
     cl.assert_isolated(done.stdout, [], cgroup_v2=False)
+    lines = [json.loads(line) for line in setup["closed-log"].read_text().splitlines()]
+    assert [line["outcome"] for line in lines] == ["ignored"]  # said, not silently dropped
+    assert "AMD_VISIBLE_DEVICES=all ignored: allow_env_requests is off" in lines[0]["note"]
     done = _via(setup, path, "closed", "-e", "AMD_VISIBLE_DEVICES=all", "--annotation", "cdi.k8s.io/x=amd.com/gpu=4")
     assert done.returncode == 0, done.stderr
     cl.assert_isolated(done.stdout, [4], cgroup_v2=False)
