@@ -29,16 +29,39 @@ def fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
+def _temp_name(path: str) -> tuple[str, str]:
+    directory, name = os.path.split(os.path.abspath(path))
+    return directory, os.path.join(directory, f".{name}.oci-gpu-hook.{os.getpid()}.{os.urandom(4).hex()}")
+
+
+def _discard(temp: str) -> None:
+    try:
+        os.unlink(temp)
+    except OSError:
+        pass
+
+
+def symlink_atomic(path: str, target: str) -> None:
+    """Make ``path`` a symlink to ``target``, replacing whatever is there in one rename."""
+    directory, temp = _temp_name(path)
+    try:
+        os.symlink(target, temp)
+        os.rename(temp, path)
+    except OSError as err:
+        _discard(temp)
+        raise HookError(f"cannot make the symlink {path}: {err.strerror}") from None
+    fsync_dir(directory)
+
+
 def write_atomic(path: str, data: str | bytes, mode: int | None = None, owner: tuple[int, int] | None = None,
                  mtime_ns: int | None = None, *, durable: bool = False) -> None:
     """Replace ``path`` with ``data``; ``mode`` None keeps the current file's mode (0644 for a new file)."""
-    directory, name = os.path.split(os.path.abspath(path))
+    directory, temp = _temp_name(path)
     if mode is None:
         try:
             mode = os.stat(path).st_mode & 0o7777
         except OSError:
             mode = 0o644
-    temp = os.path.join(directory, f".{name}.oci-gpu-hook.{os.getpid()}.{os.urandom(4).hex()}")
     try:
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         with os.fdopen(fd, "wb") as handle:
@@ -53,10 +76,7 @@ def write_atomic(path: str, data: str | bytes, mode: int | None = None, owner: t
                 os.fsync(handle.fileno())
         os.rename(temp, path)
     except OSError as err:
-        try:
-            os.unlink(temp)
-        except OSError:
-            pass
+        _discard(temp)
         raise HookError(f"cannot write {path}: {err.strerror}") from None
     if durable:
         fsync_dir(directory)

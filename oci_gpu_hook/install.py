@@ -43,7 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from oci_gpu_hook.atomic import fsync_dir, write_atomic
+from oci_gpu_hook.atomic import fsync_dir, symlink_atomic, write_atomic
 from oci_gpu_hook.config import Config
 from oci_gpu_hook.errors import HookError
 
@@ -278,26 +278,6 @@ def write_file(path: str, data: bytes, mode: int, owner: tuple[int, int] | None 
     write_atomic(path, data, mode, owner, mtime_ns, durable=True)
 
 
-def _symlink(path: str, target: str) -> None:
-    """Make ``path`` a symlink to ``target``, atomically replacing whatever is there."""
-    directory, name = os.path.split(path)
-    temp = os.path.join(directory, f".{name}.oci-gpu-hook-install.{os.getpid()}")
-    try:
-        try:
-            os.unlink(temp)
-        except FileNotFoundError:
-            pass
-        os.symlink(target, temp)
-        os.rename(temp, path)
-    except OSError as err:
-        try:
-            os.unlink(temp)
-        except OSError:
-            pass
-        raise HookError(f"cannot restore the symlink {path}: {err.strerror}") from None
-    fsync_dir(directory)
-
-
 @dataclass
 class Current:
     """What is at a path now: nothing, a regular file (its bytes and stat), or a symlink."""
@@ -427,7 +407,7 @@ class Installer:
         disk = self.disk(real)
         if "symlink" in backup:
             if not self.dry_run:
-                _symlink(disk, backup["symlink"])
+                symlink_atomic(disk, backup["symlink"])
             self.say("restored", real, f"the symlink to {backup['symlink']} that install replaced")
             return True
         saved = self.disk(backup["path"])
