@@ -36,6 +36,9 @@ CRI = "io.containerd.grpc.v1.cri"
 
 def cri_table(main: dict[str, Any] | None, binary: str, runtime_name: str = RUNTIME_NAME) -> dict[str, Any]:
     """The CRI plugin table of ``main`` (a parsed config.toml, or None) with our runtime added."""
+    if main is not None and main.get("version", 1) != 2:
+        raise HookError(f"{MAIN_CONFIG_PATH} is a version {main.get('version', 1)} containerd config; the drop-in "
+                        "needs version 2 (convert it: `containerd config migrate` on 1.7+, or by hand)")
     cri = copy.deepcopy(((main or {}).get("plugins") or {}).get(CRI) or {})
     if not isinstance(cri, dict):
         raise HookError(f"the containerd config's plugins.\"{CRI}\" is not a table")
@@ -62,14 +65,14 @@ def drop_in(binary: str, main: dict[str, Any] | None = None, runtime_name: str =
     )
 
 
-def with_import(text: str) -> str | None:
+def with_import(text: str, where: str = MAIN_CONFIG_PATH) -> str | None:
     """The main config text with ``imports`` covering the drop-in directory; None if it has it already."""
     import tomllib
 
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
-        raise HookError(f"{MAIN_CONFIG_PATH} is not valid TOML ({err})") from None
+        raise HookError(f"{where} is not valid TOML ({err})") from None
     imports = data.get("imports", [])
     wanted = f"{DROP_IN_DIR}/*.toml"
     if wanted in imports or DROP_IN_PATH in imports:
@@ -80,7 +83,7 @@ def with_import(text: str) -> str | None:
         for i, current in enumerate(lines):
             if current.lstrip().startswith("imports") and current.split("=", 1)[0].strip() == "imports":
                 if "]" not in current:
-                    raise HookError(f"{MAIN_CONFIG_PATH}: a multi-line imports list; add {wanted} to it by hand")
+                    raise HookError(f"{where}: a multi-line imports list; add {wanted} to it by hand")
                 lines[i] = line
                 break
     else:
@@ -89,14 +92,19 @@ def with_import(text: str) -> str | None:
         lines.insert(at, line)
     result = "".join(lines)
     if tomllib.loads(result).get("imports") != [*imports, wanted]:
-        raise HookError(f"could not add imports to {MAIN_CONFIG_PATH}; add {wanted} to it by hand")
+        raise HookError(f"could not add imports to {where}; add {wanted} to it by hand")
     return result
 
 
 # --- a small TOML writer: the subset a containerd config uses -------------------------------------
 
+def _quote(text: str) -> str:
+    """A TOML basic string: JSON's escapes are TOML's; TOML also forbids a raw DEL."""
+    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
+
+
 def _key(key: str) -> str:
-    return key if key and all(c.isascii() and (c.isalnum() or c in "_-") for c in key) else json.dumps(key)
+    return key if key and all(c.isascii() and (c.isalnum() or c in "_-") for c in key) else _quote(key)
 
 
 def _value(value: Any) -> str:
@@ -107,7 +115,7 @@ def _value(value: Any) -> str:
     if isinstance(value, float) and value == value and value not in (float("inf"), float("-inf")):
         return repr(value)
     if isinstance(value, str):
-        return json.dumps(value)  # JSON string escapes are valid TOML basic-string escapes
+        return _quote(value)
     if isinstance(value, list) and not any(isinstance(v, dict) for v in value):
         return "[" + ", ".join(_value(v) for v in value) + "]"
     if isinstance(value, dict):

@@ -164,10 +164,11 @@ def containerd_items(disk: Callable[[str], str], notes: list[str]) -> list[Item]
         raise HookError(f"{main_disk} is not valid TOML ({err})") from None
     items = [Item(containerd.DROP_IN_PATH,
                   containerd.drop_in(f"{LAUNCHER_DIR}/oci-gpu-runtime", main).encode(), 0o644, "containerd drop-in")]
-    imports = f'version = 2\nimports = ["{containerd.DROP_IN_DIR}/*.toml"]\n' if text is None else \
-        containerd.with_import(text)
-    if imports is not None:
-        items.append(Item(containerd.MAIN_CONFIG_PATH, imports.encode(), mode, "containerd config (imports)"))
+    if text is None:
+        imports = f'version = 2\nimports = ["{containerd.DROP_IN_DIR}/*.toml"]\n'
+    else:  # as it is when it imports the drop-in already: still wanted, so a re-run keeps it
+        imports = containerd.with_import(text, main_disk) or text
+    items.append(Item(containerd.MAIN_CONFIG_PATH, imports.encode(), mode, "containerd config (imports)"))
     notes.append("restart containerd to load its new configuration")
     return items
 
@@ -494,6 +495,8 @@ class Installer:
         print(f"manifest: {self.disk(MANIFEST_PATH)} ({status})")
         main_config = self.disk("/etc/containerd/config.toml")
         try:
+            if self.dry_run:
+                raise OSError  # the file on disk is not what install would leave
             with open(main_config, encoding="utf-8") as handle:
                 if "conf.d" not in handle.read():
                     notes.append(f"{main_config} does not import the drop-in: add "
@@ -514,6 +517,8 @@ class Installer:
             ours = current.kind == "file" and (_sha256(current.data) == old["sha256"] or current.data == item.data)
             if as_wanted:
                 self.say("unchanged", item.path, item.what)
+                if _sha256(current.data) != old["sha256"]:
+                    entry = old  # edited since install into what is wanted now: uninstall keeps it too
             elif current.kind == "missing":
                 self.write(item, current, "new", f"{item.what}; it had been removed")
             elif ours:

@@ -2,15 +2,21 @@
 
 A private containerd (its own root, state, sockets and namespace under the
 test's temp dir) imports the busybox probe image from an OCI layout tarball
-(tests/ocilayout.py) and a conf.d holding ``oci_gpu_hook.containerd.drop_in``
-for the lean launcher.  containerd's runc shim (io.containerd.runc.v2) runs the
-launcher with containerd's environment, not ctr's, so the launcher carries
-OCI_GPU_HOOK_CONFIG (the seed host's sysfs).  Every container runs the isolation
-probe (tests/containerlib.py).  The two xfail tests show a known problem of the
-drop-in on containerd 1.x (DROP_IN_REPLACES_CRI).  Teardown removes what is left,
-stops the daemon by its PID and fails if anything under the temp dir is still
-mounted or running.  Needs root, containerd, ctr, runc and busybox; under CI=true
-a missing one fails.
+(tests/ocilayout.py).  Its configuration is made the way ``install`` makes a
+node's: a main config with CRI settings of its own (CNI, sandbox image, a runc
+runtime with options, a registry mirror) gets its ``imports`` line from
+``oci_gpu_hook.containerd.with_import`` (pointed at the test's conf.d), and
+conf.d holds ``oci_gpu_hook.containerd.drop_in`` for the lean launcher, built
+from that parsed main config.  containerd 1.x replaces the main config's whole
+CRI table with the drop-in's, so ``config dump`` and the CRI plugin's start line
+must show the host's CRI settings and the oci-gpu runtime together; a drop-in
+built without the main config shows what goes wrong otherwise.
+containerd's runc shim (io.containerd.runc.v2) runs the launcher with
+containerd's environment, not ctr's, so the launcher carries OCI_GPU_HOOK_CONFIG
+(the seed host's sysfs).  Every container runs the isolation probe
+(tests/containerlib.py).  Teardown removes what is left, stops the daemon by its
+PID and fails if anything under the temp dir is still mounted or running.  Needs
+root, containerd, ctr, runc and busybox; under CI=true a missing one fails.
 """
 
 from __future__ import annotations
@@ -24,9 +30,11 @@ import tomllib
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from oci_gpu_hook import containerd
 from oci_gpu_hook.containerd import RUNTIME_NAME, drop_in
 from tests import containerlib as cl
 from tests import ocilayout
@@ -37,7 +45,10 @@ pytestmark = pytest.mark.containers
 IMAGE = "docker.io/library/oci-gpu-hook-probe:test"
 IMAGE_ENV_ALL = "docker.io/library/oci-gpu-hook-probe:env-all"  # ships AMD_VISIBLE_DEVICES=all in its config
 CRI = "io.containerd.grpc.v1.cri"
-CNI_BIN_DIR = "/usr/lib/cni"  # what Debian's /etc/containerd/config.toml sets: must survive the drop-in
+# The main config's own CRI settings, which must survive the drop-in (Debian's config.toml sets bin_dir).
+CNI_BIN_DIR = "/usr/lib/cni"
+SANDBOX_IMAGE = "registry.example/pause:3.9"
+MIRROR = "https://mirror.registry.example"
 
 
 @dataclass
@@ -83,23 +94,53 @@ class Daemon:
         return left
 
 
-def _main_config(base: Path, conf_d: Path, socket: Path) -> str:
-    """A containerd config like a host's: its own paths, imports of conf.d, CRI settings of its own."""
+def _main_config(base: Path, socket: Path) -> str:
+    """A containerd config like a host's: its own paths and CRI settings of its own, no ``imports`` yet."""
+    cri = f'plugins."{CRI}"'
     return (
+        "# the node's containerd config\n"
         "version = 2\n"
         f'root = "{base / "root"}"\n'
-        f'state = "{base / "state"}"\n'
-        f'imports = ["{conf_d}/*.toml"]\n\n'
+        f'state = "{base / "state"}"\n\n'
         "[grpc]\n"
         f'  address = "{socket}"\n\n'
         "[ttrpc]\n"
         f'  address = "{socket}.ttrpc"\n\n'
-        f'[plugins."{CRI}".cni]\n'
-        f'  bin_dir = "{CNI_BIN_DIR}"\n'
-        f'  conf_dir = "{base / "cni"}"\n\n'
-        '[plugins."io.containerd.internal.v1.opt"]\n'
-        f'  path = "{base / "opt"}"\n'
+        "[plugins]\n"
+        f"  [{cri}]\n"
+        f'    sandbox_image = "{SANDBOX_IMAGE}"\n'
+        f"    [{cri}.cni]\n"
+        f'      bin_dir = "{CNI_BIN_DIR}"\n'
+        f'      conf_dir = "{base / "cni"}"\n'
+        f"    [{cri}.containerd]\n"
+        '      default_runtime_name = "runc"\n'
+        f"      [{cri}.containerd.runtimes.runc]\n"
+        '        runtime_type = "io.containerd.runc.v2"\n'
+        f"        [{cri}.containerd.runtimes.runc.options]\n"
+        "          SystemdCgroup = true\n"
+        f'    [{cri}.registry.mirrors."docker.io"]\n'
+        f'      endpoint = ["{MIRROR}"]\n'
+        '  [plugins."io.containerd.internal.v1.opt"]\n'
+        f'    path = "{base / "opt"}"\n'
     )
+
+
+def _write_config(base: Path, socket: Path, runtime: Path) -> Path:
+    """What ``install`` writes on a node: the main config with its imports line, and the drop-in built
+    from the parsed main config; conf.d is the test's, not /etc/containerd/conf.d."""
+    conf_d = base / "conf.d"
+    conf_d.mkdir()
+    main = _main_config(base, socket)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(containerd, "DROP_IN_DIR", str(conf_d))
+        patch.setattr(containerd, "DROP_IN_PATH", str(conf_d / "oci-gpu-hook.toml"))
+        imported = containerd.with_import(main)
+    assert imported is not None
+    assert f'imports = ["{conf_d}/*.toml"]  # added by oci-gpu-hook install\n' in imported
+    (conf_d / "oci-gpu-hook.toml").write_text(drop_in(str(runtime), tomllib.loads(main)))
+    config = base / "config.toml"
+    config.write_text(imported)
+    return config
 
 
 def _launchers(directory: Path, config: Path, body: str) -> Path:
@@ -169,12 +210,8 @@ def daemon(tmp_path_factory: pytest.TempPathFactory):
     common = f'sysfs_root = "{cl.SEED_SYSFS}"\nlog_file = "{hook_log}"\n'
     runtime = _launchers(base / "bin", base / "hook.toml", common)
     runtime_no_env = _launchers(base / "bin-no-env", base / "hook-no-env.toml", common + "allow_env_requests = false\n")
-    conf_d = base / "conf.d"
-    conf_d.mkdir()
-    (conf_d / "oci-gpu-hook.toml").write_text(drop_in(str(runtime)))
     socket = base / "c.sock"
-    config = base / "config.toml"
-    config.write_text(_main_config(base, conf_d, socket))
+    config = _write_config(base, socket, runtime)
     d = Daemon(base=base, config=config, socket=socket, namespace=f"ogh-test-{uuid.uuid4().hex[:8]}",
                runtime=runtime, runtime_no_env=runtime_no_env, hook_log=hook_log, daemon_log=base / "containerd.log")
     rootfs = cl.make_rootfs(base / "rootfs")
@@ -278,40 +315,65 @@ def test_bad_request_stops_the_task(daemon: Daemon, env: list[str], annotations:
 
 # --- the CRI drop-in --------------------------------------------------------------------------
 
-def _dump(daemon: Daemon) -> dict[str, object]:
-    done = cl.run(["containerd", "--config", str(daemon.config), "config", "dump"])
+def _dump(config: Path) -> dict[str, object]:
+    done = cl.run(["containerd", "--config", str(config), "config", "dump"])
     assert done.returncode == 0, done.stderr
     return tomllib.loads(done.stdout)
 
 
 def test_config_dump_has_the_runtime(daemon: Daemon) -> None:
-    dump = _dump(daemon)
-    assert str(daemon.base / "conf.d" / "oci-gpu-hook.toml") in dump["imports"]  # type: ignore[operator]
+    dump = _dump(daemon.config)
+    # containerd lists the main config too, in no fixed order
+    assert sorted(dump["imports"]) == sorted([str(daemon.config), str(daemon.base / "conf.d" / "oci-gpu-hook.toml")])
     runtime = dump["plugins"][CRI]["containerd"]["runtimes"][RUNTIME_NAME]  # type: ignore[index]
     assert runtime["runtime_type"] == "io.containerd.runc.v2"
     assert runtime["options"]["BinaryName"] == str(daemon.runtime)
-    assert runtime["pod_annotations"] == ["cdi.k8s.io/*"]
     assert runtime["container_annotations"] == ["cdi.k8s.io/*"]
+    assert runtime["pod_annotations"] == []  # a pod's author must not be able to ask for GPUs
 
 
-DROP_IN_REPLACES_CRI = (
-    "containerd 1.x (config version 2) merges imports per plugin: the drop-in's "
-    "plugins.\"io.containerd.grpc.v1.cri\" table replaces the main config's whole CRI section "
-    "(containerd issues #5837, #7982), so runtimes.runc and every CRI setting of the host are lost "
-    "and the CRI plugin refuses to load (default_runtime_name \"runc\" has no runtime)")
-
-
-@pytest.mark.xfail(strict=True, reason=DROP_IN_REPLACES_CRI)
-def test_drop_in_keeps_the_hosts_cri_config(daemon: Daemon) -> None:
-    cri = _dump(daemon)["plugins"][CRI]  # type: ignore[index]
+def _assert_hosts_cri_settings(cri: dict[str, Any]) -> None:
+    assert cri["sandbox_image"] == SANDBOX_IMAGE
     assert cri["cni"]["bin_dir"] == CNI_BIN_DIR
-    assert {"runc", RUNTIME_NAME} <= set(cri["containerd"]["runtimes"])
+    assert cri["registry"]["mirrors"]["docker.io"]["endpoint"] == [MIRROR]
+    assert cri["containerd"]["default_runtime_name"] == "runc"
+    runc = cri["containerd"]["runtimes"]["runc"]
+    assert runc["runtime_type"] == "io.containerd.runc.v2"
+    assert runc["options"] == {"SystemdCgroup": True}
 
 
-@pytest.mark.xfail(strict=True, reason=DROP_IN_REPLACES_CRI)
+def test_drop_in_keeps_the_hosts_cri_config(daemon: Daemon) -> None:
+    cri = _dump(daemon.config)["plugins"][CRI]  # type: ignore[index]
+    _assert_hosts_cri_settings(cri)
+    assert set(cri["containerd"]["runtimes"]) == {"runc", RUNTIME_NAME}
+
+
 def test_cri_plugin_loads_with_the_runtime(daemon: Daemon) -> None:
     log = daemon.daemon_log.read_text()
     assert f"failed to load plugin {CRI}" not in log
     started = [line for line in log.splitlines() if "Start cri plugin with config" in line]
-    assert started and f"{RUNTIME_NAME}:{{Type:io.containerd.runc.v2" in started[0]
-    assert "PodAnnotations:[cdi.k8s.io/*]" in started[0]
+    assert len(started) == 1, log[-3000:]
+    line = started[0]
+    ours = line[line.index(f"{RUNTIME_NAME}:{{Type:io.containerd.runc.v2"):]
+    assert ours.index("PodAnnotations:[] ContainerAnnotations:[cdi.k8s.io/*]") < ours.index(
+        f"BinaryName:{daemon.runtime}")
+    assert "runc:{Type:io.containerd.runc.v2" in line
+    assert "SystemdCgroup:true" in line
+    assert f"SandboxImage:{SANDBOX_IMAGE}" in line
+    assert f"NetworkPluginBinDir:{CNI_BIN_DIR}" in line
+
+
+def test_a_drop_in_without_the_main_config_loses_the_hosts_cri_config(tmp_path: Path) -> None:
+    """Why the drop-in carries the main config's CRI table: containerd 1.x replaces that whole table with
+    the drop-in's (containerd issues 5837, 7982).  Only ``config dump``: no daemon."""
+    _need("containerd")
+    runtime = tmp_path / "oci-gpu-runtime"
+    config = _write_config(tmp_path, tmp_path / "c.sock", runtime)
+    _assert_hosts_cri_settings(_dump(config)["plugins"][CRI])  # type: ignore[index]
+    (tmp_path / "conf.d" / "oci-gpu-hook.toml").write_text(drop_in(str(runtime)))  # built without the main config
+    cri = _dump(config)["plugins"][CRI]  # type: ignore[index]
+    assert cri["containerd"]["runtimes"][RUNTIME_NAME]["options"]["BinaryName"] == str(runtime)
+    assert cri["sandbox_image"] != SANDBOX_IMAGE
+    assert cri["cni"]["bin_dir"] != CNI_BIN_DIR
+    assert "docker.io" not in cri["registry"]["mirrors"]
+    assert cri["containerd"]["runtimes"]["runc"]["options"] == {}  # SystemdCgroup lost

@@ -5,9 +5,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +28,60 @@ PRECREATE = "/etc/containers/oci/hooks.d/oci-gpu-hook-precreate.json"
 PRESTART = "/etc/containers/oci/hooks.d/oci-gpu-hook-prestart.json"
 CDI_SPEC = "/var/run/cdi/amd.com-gpu.json"
 MANIFEST = "/var/lib/oci-gpu-hook/install.json"
+MAIN = containerd.MAIN_CONFIG_PATH
+CRI = "io.containerd.grpc.v1.cri"
 ROOT = os.geteuid() == 0
+
+IMPORTS_LINE = 'imports = ["/etc/containerd/conf.d/*.toml"]  # added by oci-gpu-hook install\n'
+# What install writes to /etc/containerd/config.toml on a host with /etc/containerd but no main config.
+NEW_MAIN = 'version = 2\nimports = ["/etc/containerd/conf.d/*.toml"]\n'
+# A kubeadm node's main config: CRI settings that containerd 1.x would lose to a drop-in without them.
+MAIN_CONFIG = """\
+# containerd config of a kubeadm node
+version = 2
+root = "/var/lib/containerd"
+state = "/run/containerd"
+oom_score = -999
+
+[grpc]
+  address = "/run/containerd/containerd.sock"
+
+[plugins]
+  [plugins."io.containerd.grpc.v1.cri"]
+    sandbox_image = "registry.k8s.io/pause:3.9"
+    enable_unprivileged_ports = true
+    [plugins."io.containerd.grpc.v1.cri".cni]
+      bin_dir = "/usr/lib/cni"
+      conf_dir = "/etc/cni/net.d"
+    [plugins."io.containerd.grpc.v1.cri".containerd]
+      default_runtime_name = "runc"
+      snapshotter = "overlayfs"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+        runtime_type = "io.containerd.runc.v2"
+        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+          SystemdCgroup = true
+          BinaryName = "/usr/sbin/runc"
+    [plugins."io.containerd.grpc.v1.cri".registry.mirrors."docker.io"]
+      endpoint = ["https://mirror.registry.example", "https://registry-1.docker.io"]
+    [plugins."io.containerd.grpc.v1.cri".registry.configs."mirror.registry.example".tls]
+      insecure_skip_verify = false
+  [plugins."io.containerd.internal.v1.opt"]
+    path = "/opt/containerd"
+"""
+# Debian's /etc/containerd/config.toml: a CRI table without runtimes.
+DEBIAN_MAIN_CONFIG = """\
+version = 2
+
+[plugins]
+  [plugins."io.containerd.grpc.v1.cri"]
+    [plugins."io.containerd.grpc.v1.cri".cni]
+      bin_dir = "/usr/lib/cni"
+      conf_dir = "/etc/cni/net.d"
+  [plugins."io.containerd.internal.v1.opt"]
+    path = "/var/lib/containerd/opt"
+"""
+OUR_RUNTIME = {"runtime_type": "io.containerd.runc.v2", "container_annotations": ["cdi.k8s.io/*"],
+               "options": {"BinaryName": RUNTIME}}
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -95,8 +150,45 @@ def at(prefix: Path, real: str) -> Path:
     return prefix / real.lstrip("/")
 
 
+def containerd_host(prefix: Path, main: str | None = None) -> None:
+    """/etc/containerd, and the main config ``main`` (mode 0640, its own owner and mtime) if given."""
+    at(prefix, "/etc/containerd").mkdir(parents=True, exist_ok=True)
+    if main is not None:
+        config = at(prefix, MAIN)
+        config.write_text(main)
+        config.chmod(0o640)
+        if ROOT:
+            os.chown(config, 4321, 8765)
+        os.utime(config, ns=(2_000_000_000, 2_000_000_000))
+
+
+def with_imports_line(main: str) -> str:
+    """``main`` as install must leave it: the imports line just before the first table header."""
+    head, sep, tail = main.partition("\n[")
+    return head + "\n" + IMPORTS_LINE + sep.lstrip("\n") + tail
+
+
+def drop_in_cri(prefix: Path) -> dict[str, Any]:
+    """The installed drop-in, parsed: only ``version = 2`` and the CRI table; return that table."""
+    data = tomllib.loads(at(prefix, containerd.DROP_IN_PATH).read_text())
+    assert data.keys() == {"version", "plugins"}
+    assert data["version"] == 2
+    assert list(data["plugins"]) == [CRI]
+    return data["plugins"][CRI]
+
+
+def main_cri_with_ours(main: str) -> dict[str, Any]:
+    """The CRI table of ``main`` with a runc runtime (when it has none) and our runtime added."""
+    cri = tomllib.loads(main)["plugins"][CRI]
+    runtimes = cri.setdefault("containerd", {}).setdefault("runtimes", {})
+    runtimes.setdefault("runc", {"runtime_type": "io.containerd.runc.v2"})
+    runtimes["oci-gpu"] = OUR_RUNTIME
+    return cri
+
+
 def populate(prefix: Path) -> None:
-    """A host that already has things where install writes: all of it must come back after uninstall."""
+    """A host that already has things where install writes: all of it must come back after uninstall.
+    It has /etc/containerd (with the operator's own file where the drop-in goes) but no main config."""
     hooks = at(prefix, "/etc/containers/oci/hooks.d")
     hooks.mkdir(parents=True)
     (hooks / "other-hook.json").write_text('{"version": "1.0.0"}\n')
@@ -120,34 +212,71 @@ def populate(prefix: Path) -> None:
 # --- install, then uninstall ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("existing", [False, True], ids=["empty-prefix", "populated-prefix"])
-def test_uninstall_gives_back_the_tree_exactly(prefix: Path, capsys: pytest.CaptureFixture[str],
-                                              existing: bool) -> None:
-    if existing:
+HOSTS = ["empty-prefix", "containerd-dir", "populated-prefix", "main-config"]
+
+
+def make_host(prefix: Path, host: str) -> None:
+    if host == "containerd-dir":
+        containerd_host(prefix)
+    elif host == "populated-prefix":
         populate(prefix)
+    elif host == "main-config":
+        containerd_host(prefix, MAIN_CONFIG)
+
+
+@pytest.mark.parametrize("host", HOSTS)
+def test_uninstall_gives_back_the_tree_exactly(prefix: Path, capsys: pytest.CaptureFixture[str], host: str) -> None:
+    make_host(prefix, host)
     before = snapshot(prefix)
     out = ok(capsys, "--prefix", str(prefix))
-    for real in (LAUNCHER, RUNTIME, PRECREATE, CDI_SPEC, containerd.DROP_IN_PATH):
+    written = (LAUNCHER, RUNTIME, PRECREATE, CDI_SPEC) + ((containerd.DROP_IN_PATH, MAIN) if host != "empty-prefix"
+                                                          else ())
+    for real in written:
         assert at(prefix, real).is_file() and not at(prefix, real).is_symlink(), real
         assert f"{at(prefix, real)} (" in out
     assert snapshot(prefix) != before
-    if existing:
+    if host == "empty-prefix":  # no containerd on this host: nothing of it is written, and install says so
+        assert not at(prefix, "/etc/containerd").exists()
+        assert out.endswith("note: no /etc/containerd here: containerd is not configured\n")
+        assert "restart containerd" not in out
+    else:
+        assert out.endswith("note: restart containerd to load its new configuration\n")
+    if host in ("containerd-dir", "populated-prefix"):  # no main config: a new one that imports conf.d
+        assert at(prefix, MAIN).read_text() == NEW_MAIN
+        assert f"new: {at(prefix, MAIN)} (containerd config (imports); mode 0644)" in out
+        assert drop_in_cri(prefix) == {"containerd": {"runtimes": {
+            "runc": {"runtime_type": "io.containerd.runc.v2"}, "oci-gpu": OUR_RUNTIME}}}
+    if host == "populated-prefix":
         assert f"replaced: {at(prefix, containerd.DROP_IN_PATH)} (" in out
         assert f"replaced: {at(prefix, RUNTIME)} (" in out
         assert (at(prefix, "/etc/containers/oci/hooks.d/other-hook.json")).read_text() == '{"version": "1.0.0"}\n'
         assert at(prefix, "/run/cdi/amd.com-gpu.json").is_file()
         backups = list(at(prefix, install.BACKUP_DIR).iterdir())
         assert [b.read_text() for b in backups] == ["# the operator's own runtime\nversion = 2\n"]
+    if host == "main-config":  # the host's main config: saved, and the imports line added
+        assert f"replaced: {at(prefix, MAIN)} (containerd config (imports); what was there is saved to " in out
+        assert at(prefix, MAIN).read_text() == with_imports_line(MAIN_CONFIG)
+        assert stat.S_IMODE(os.stat(at(prefix, MAIN)).st_mode) == 0o640
+        assert drop_in_cri(prefix) == main_cri_with_ours(MAIN_CONFIG)
+        backups = list(at(prefix, install.BACKUP_DIR).iterdir())
+        assert [b.read_text() for b in backups] == [MAIN_CONFIG]
     out = ok(capsys, "--prefix", str(prefix), "--uninstall")
     assert snapshot(prefix) == before
-    if existing:
+    if host == "populated-prefix":
         assert f"restored: {at(prefix, containerd.DROP_IN_PATH)} (" in out
         assert f"restored: {at(prefix, RUNTIME)} (the symlink to /usr/bin/runc" in out
         assert os.stat(at(prefix, containerd.DROP_IN_PATH)).st_mtime_ns == 1_000_000_000
+    if host in ("containerd-dir", "populated-prefix"):
+        assert f"removed: {at(prefix, MAIN)} (installed)" in out
+    if host == "main-config":
+        assert f"restored: {at(prefix, MAIN)} (the file install replaced, from " in out
+        assert at(prefix, MAIN).read_bytes() == MAIN_CONFIG.encode()  # byte for byte, mode 0640, its owner
+        assert os.stat(at(prefix, MAIN)).st_mtime_ns == 2_000_000_000
     assert "kept" not in out
 
 
 def test_the_installed_files(prefix: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    containerd_host(prefix)
     ok(capsys, "--prefix", str(prefix))
     hook = json.loads(at(prefix, PRECREATE).read_text())
     assert hook["hook"]["path"] == LAUNCHER  # the real path: --prefix never leaks into a file
@@ -161,10 +290,14 @@ def test_the_installed_files(prefix: Path, capsys: pytest.CaptureFixture[str]) -
     cdi.validate(spec, "installed spec")
     assert spec == cdi.generate(scan(str(EXAMPLE_SYSFS)), Config())
 
-    assert at(prefix, containerd.DROP_IN_PATH).read_text() == containerd.drop_in(RUNTIME)
+    assert at(prefix, containerd.DROP_IN_PATH).read_text() == containerd.drop_in(RUNTIME, None)
+    runtimes = drop_in_cri(prefix)["containerd"]["runtimes"]
+    assert runtimes == {"runc": {"runtime_type": "io.containerd.runc.v2"}, "oci-gpu": OUR_RUNTIME}
+    assert "pod_annotations" not in at(prefix, containerd.DROP_IN_PATH).read_text()
+    assert at(prefix, MAIN).read_text() == NEW_MAIN
 
     for real, mode in ((LAUNCHER, 0o755), (RUNTIME, 0o755), (PRECREATE, 0o644), (CDI_SPEC, 0o644),
-                       (containerd.DROP_IN_PATH, 0o644), (MANIFEST, 0o644)):
+                       (containerd.DROP_IN_PATH, 0o644), (MAIN, 0o644), (MANIFEST, 0o644)):
         assert stat.S_IMODE(os.stat(at(prefix, real)).st_mode) == mode, real
     for path in prefix.rglob("*"):
         if path.is_file():
@@ -178,7 +311,7 @@ def test_the_manifest_records_every_file_and_directory(prefix: Path, capsys: pyt
     manifest = json.loads(at(prefix, MANIFEST).read_text())
 
     assert [e["path"] for e in manifest["files"]] == [LAUNCHER, RUNTIME, PRECREATE, CDI_SPEC,
-                                                      containerd.DROP_IN_PATH]
+                                                      containerd.DROP_IN_PATH, MAIN]
     for entry in manifest["files"]:
         data = at(prefix, entry["path"]).read_bytes()
         assert entry["sha256"] == hashlib.sha256(data).hexdigest()
@@ -188,6 +321,7 @@ def test_the_manifest_records_every_file_and_directory(prefix: Path, capsys: pyt
     backup = by_path[containerd.DROP_IN_PATH]["backup"]
     assert backup["mode"] == "0600"
     assert at(prefix, backup["path"]).read_text() == "# the operator's own runtime\nversion = 2\n"
+    assert (by_path[MAIN]["backup"], by_path[MAIN]["mode"]) == (None, "0644")  # a new main config
     # Everything new on disk is a file of the manifest, a backup, the manifest, or a directory it lists.
     new = set(snapshot(prefix)) - before
     listed = {e["path"] for e in manifest["files"]} | set(manifest["directories"]) | {MANIFEST, backup["path"]}
@@ -218,13 +352,16 @@ def test_launchers_run(prefix: Path, capsys: pytest.CaptureFixture[str]) -> None
 
 
 def test_dry_run_writes_nothing(prefix: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    containerd_host(prefix)
     before = snapshot(prefix, identity=True)
     out = ok(capsys, "--prefix", str(prefix), "--dry-run")
     assert snapshot(prefix, identity=True) == before
     assert out.startswith("dry run: nothing is written\n")
-    for real in (LAUNCHER, RUNTIME, PRECREATE, CDI_SPEC, containerd.DROP_IN_PATH):
+    for real in (LAUNCHER, RUNTIME, PRECREATE, CDI_SPEC, containerd.DROP_IN_PATH, MAIN):
         assert f"new: {at(prefix, real)} (" in out
     assert f"    {containerd.drop_in(RUNTIME).splitlines()[-1]}\n" in out  # small files: their content
+    assert f"new: {at(prefix, MAIN)} (containerd config (imports); mode 0644)\n" + "".join(
+        f"    {line}\n" for line in NEW_MAIN.splitlines()) in out
     assert f'    "path": "{LAUNCHER}",\n' in out
     assert "(CDI spec; mode 0644)\n    (" in out  # a large one: its size and sha256
     assert f"manifest: {at(prefix, MANIFEST)} (new)" in out
@@ -236,6 +373,7 @@ def test_dry_run_writes_nothing(prefix: Path, capsys: pytest.CaptureFixture[str]
 
 def test_dry_run_over_existing_files_shows_a_diff(prefix: Path, capsys: pytest.CaptureFixture[str]) -> None:
     populate(prefix)
+    containerd_host(prefix, MAIN_CONFIG)
     before = snapshot(prefix, identity=True)
     out = ok(capsys, "--prefix", str(prefix), "--dry-run")
     assert snapshot(prefix, identity=True) == before
@@ -244,29 +382,48 @@ def test_dry_run_over_existing_files_shows_a_diff(prefix: Path, capsys: pytest.C
     assert "    mode 0600 -> 0644\n" in out
     assert f"--- {drop_in} (now)\n+++ {drop_in} (install)\n" in out
     assert "-# the operator's own runtime\n" in out
-    assert f'+  BinaryName = "{RUNTIME}"\n' in out
+    assert f'+BinaryName = "{RUNTIME}"\n' in out
+    assert '+sandbox_image = "registry.k8s.io/pause:3.9"\n' in out  # carried over from the main config
+    main = at(prefix, MAIN)
+    assert f"replaced: {main} (containerd config (imports); " in out
+    assert f"--- {main} (now)\n+++ {main} (install)\n" in out
+    assert f"+{IMPORTS_LINE}" in out
     assert f"replaced: {at(prefix, RUNTIME)} (" in out
     assert "    now a symlink to /usr/bin/runc\n" in out
-    # And after an install: everything unchanged; an uninstall dry run changes nothing either.
+    # And after an install, an uninstall dry run changes nothing either.
     ok(capsys, "--prefix", str(prefix))
     installed = snapshot(prefix, identity=True)
-    out = ok(capsys, "--prefix", str(prefix), "--dry-run")
-    assert "new:" not in out and "replaced:" not in out
-    assert f"manifest: {at(prefix, MANIFEST)} (unchanged)" in out
     out = ok(capsys, "--prefix", str(prefix), "--uninstall", "--dry-run")
     assert f"restored: {drop_in} (" in out
+    assert f"restored: {main} (" in out
     assert snapshot(prefix, identity=True) == installed
 
 
-def test_reinstall_is_idempotent(prefix: Path, capsys: pytest.CaptureFixture[str]) -> None:
+
+@pytest.mark.parametrize("host", [
+    "no-containerd",
+    "populated-prefix",
+    "main-config",
+])
+def test_reinstall_is_idempotent(prefix: Path, capsys: pytest.CaptureFixture[str], host: str) -> None:
     populate(prefix)
+    if host == "no-containerd":
+        shutil.rmtree(at(prefix, "/etc/containerd"))
+    elif host == "main-config":
+        containerd_host(prefix, MAIN_CONFIG)
     ok(capsys, "--prefix", str(prefix))
     first = snapshot(prefix, identity=True)
+    out = ok(capsys, "--prefix", str(prefix), "--dry-run")  # says it would change nothing
+    assert snapshot(prefix, identity=True) == first
+    assert out.startswith("dry run: nothing is written\n")
+    assert {line.split(":")[0] for line in out.splitlines()[1:]} == {"unchanged", "manifest", "note"}, out
+    assert f"manifest: {at(prefix, MANIFEST)} (unchanged)" in out
     out = ok(capsys, "--prefix", str(prefix))
     assert snapshot(prefix, identity=True) == first  # not even rewritten: same inodes and mtimes
     statuses = {line.split(":")[0] for line in out.splitlines()}
-    assert statuses == {"unchanged", "manifest"}, out
+    assert statuses == {"unchanged", "manifest", "note"}, out
     assert f"manifest: {at(prefix, MANIFEST)} (unchanged)" in out
+    assert "does not import" not in out
 
 
 def test_reinstall_updates_what_changed(prefix: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -302,12 +459,15 @@ def test_a_host_without_gpus_gets_no_cdi_spec(prefix: Path, tmp_path: Path,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     empty = tmp_path / "sys"
     empty.mkdir()
+    containerd_host(prefix)
+    before = snapshot(prefix)
     out = ok(capsys, "--prefix", str(prefix), sysfs=empty)
     assert f"note: no GPUs under {empty}: the CDI spec {CDI_SPEC} is not written" in out
     assert not at(prefix, CDI_SPEC).exists()
-    assert at(prefix, containerd.DROP_IN_PATH).is_file()
+    assert at(prefix, containerd.DROP_IN_PATH).is_file()  # containerd still gets its runtime
     ok(capsys, "--prefix", str(prefix), "--uninstall")
-    assert snapshot(prefix) == {}
+    assert snapshot(prefix) == before
+    assert set(before) == {"etc", "etc/containerd"}
 
 
 def test_a_file_already_as_install_wants_it_is_left_in_place(prefix: Path,
@@ -459,12 +619,107 @@ def test_a_lost_backup_still_takes_the_installed_file_out(prefix: Path, capsys: 
     assert not at(prefix, install.STATE_DIR).exists()
 
 
-def test_a_note_when_containerd_does_not_import_the_drop_in(prefix: Path,
-                                                           capsys: pytest.CaptureFixture[str]) -> None:
-    config = at(prefix, "/etc/containerd/config.toml")
-    config.parent.mkdir(parents=True)
+def test_install_adds_the_imports_line_and_notes_a_main_config_without_it(prefix: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    containerd_host(prefix, "version = 2\n")
+    config = at(prefix, MAIN)
+    out = ok(capsys, "--prefix", str(prefix))
+    assert config.read_text() == "version = 2\n" + IMPORTS_LINE
+    assert "does not import" not in out
+    # The operator takes the line out again: install keeps their file (edited since) and says what it lacks.
     config.write_text("version = 2\n")
     out = ok(capsys, "--prefix", str(prefix))
-    assert f"note: {config} does not import the drop-in: add imports = " in out
-    config.write_text('version = 2\nimports = ["/etc/containerd/conf.d/*.toml"]\n')
-    assert "does not import" not in ok(capsys, "--prefix", str(prefix))
+    assert f"kept: {config} (containerd config (imports): changed since install; not overwritten" in out
+    assert config.read_text() == "version = 2\n"
+    assert f'note: {config} does not import the drop-in: add imports = ["/etc/containerd/conf.d/*.toml"] to it\n' in out
+
+
+@pytest.mark.parametrize("main", [DEBIAN_MAIN_CONFIG, MAIN_CONFIG], ids=["debian", "kubeadm"])
+def test_the_drop_in_carries_the_main_configs_cri_table(prefix: Path, capsys: pytest.CaptureFixture[str],
+                                                        main: str) -> None:
+    containerd_host(prefix, main)
+    ok(capsys, "--prefix", str(prefix))
+    cri = drop_in_cri(prefix)
+    assert cri == main_cri_with_ours(main)
+    assert cri["cni"] == {"bin_dir": "/usr/lib/cni", "conf_dir": "/etc/cni/net.d"}
+    assert cri["containerd"]["runtimes"]["oci-gpu"] == OUR_RUNTIME  # container annotations only, never pod ones
+    if main is MAIN_CONFIG:
+        assert cri["sandbox_image"] == "registry.k8s.io/pause:3.9"
+        assert cri["registry"]["mirrors"]["docker.io"]["endpoint"][0] == "https://mirror.registry.example"
+        assert cri["containerd"]["runtimes"]["runc"]["options"] == {"SystemdCgroup": True,
+                                                                    "BinaryName": "/usr/sbin/runc"}
+    else:  # a CRI table without runtimes: runc, which default_runtime_name needs, is added
+        assert cri["containerd"]["runtimes"]["runc"] == {"runtime_type": "io.containerd.runc.v2"}
+    installed = at(prefix, MAIN).read_text()
+    assert installed == with_imports_line(main)
+    assert tomllib.loads(installed) == {**tomllib.loads(main), "imports": ["/etc/containerd/conf.d/*.toml"]}
+
+
+@pytest.mark.parametrize("imports", [
+    '["/etc/containerd/conf.d/*.toml"]',
+    '["/etc/containerd/conf.d/oci-gpu-hook.toml"]',
+    '["/etc/containerd/site.toml", "/etc/containerd/conf.d/*.toml"]',
+], ids=["conf.d-glob", "the-drop-in", "among-others"])
+def test_a_main_config_that_imports_the_drop_in_is_left_untouched(prefix: Path, capsys: pytest.CaptureFixture[str],
+                                                                  imports: str) -> None:
+    main = MAIN_CONFIG.replace("version = 2\n", f"version = 2\nimports = {imports}\n", 1)
+    containerd_host(prefix, main)
+    config = at(prefix, MAIN)
+    identity = (config.stat().st_ino, config.stat().st_mtime_ns)
+    before = snapshot(prefix)
+    out = ok(capsys, "--prefix", str(prefix))
+    assert config.read_bytes() == main.encode()
+    assert (config.stat().st_ino, config.stat().st_mtime_ns) == identity  # never rewritten
+    assert stat.S_IMODE(config.stat().st_mode) == 0o640
+    assert f"replaced: {config}" not in out and f"updated: {config}" not in out
+    assert not at(prefix, install.BACKUP_DIR).exists()
+    assert "does not import" not in out
+    assert drop_in_cri(prefix) == main_cri_with_ours(main)  # the drop-in is still built from it
+    ok(capsys, "--prefix", str(prefix), "--uninstall")
+    assert snapshot(prefix) == before
+    assert (config.stat().st_ino, config.stat().st_mtime_ns) == identity
+
+
+@pytest.mark.parametrize(("main", "message"), [
+    (MAIN_CONFIG + '[plugins."io.containerd.grpc.v1.cri"\n', "{config} is not valid TOML ("),
+    (MAIN_CONFIG + '[grpc]\n  uid = 0\n', "{config} is not valid TOML ("),  # a table declared twice
+    ('version = 2\nimports = [\n  "/etc/containerd/site.toml",\n]\n',
+     "{config}: a multi-line imports list; add /etc/containerd/conf.d/*.toml to it by hand"),
+], ids=["unclosed-table", "table-twice", "multi-line-imports"])
+def test_a_main_config_install_cannot_use_is_one_error_line_and_nothing_is_written(prefix: Path, main: str,
+                                                                                   message: str) -> None:
+    containerd_host(prefix, main)
+    before = snapshot(prefix, identity=True)
+    for dry_run in ([], ["--dry-run"]):
+        line = assert_one_error_line(cli_subprocess("--sysfs-root", str(EXAMPLE_SYSFS), "install", "--prefix",
+                                                    str(prefix), *dry_run))
+        assert line.startswith("oci-gpu-hook: error: " + message.format(config=at(prefix, MAIN))), line
+        assert snapshot(prefix, identity=True) == before
+
+
+
+def test_a_dry_run_does_not_ask_for_the_imports_line_install_adds(prefix: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    containerd_host(prefix, MAIN_CONFIG)
+    out = ok(capsys, "--prefix", str(prefix), "--dry-run")
+    assert f"+{IMPORTS_LINE}" in out
+    assert "does not import the drop-in" not in out
+
+
+
+def test_reinstall_after_editing_the_main_configs_cri_section(prefix: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    containerd_host(prefix, MAIN_CONFIG)
+    ok(capsys, "--prefix", str(prefix))
+    config = at(prefix, MAIN)
+    config.write_text(config.read_text().replace("pause:3.9", "pause:3.10"))
+    edited = config.read_text()
+    out = ok(capsys, "--prefix", str(prefix))  # what the drop-in's header asks for after such an edit
+    assert f"updated: {at(prefix, containerd.DROP_IN_PATH)} (" in out
+    assert drop_in_cri(prefix)["sandbox_image"] == "registry.k8s.io/pause:3.10"
+    assert config.read_text() == edited  # the operator's edit, and the imports line, stay
+    by_path = {e["path"]: e for e in json.loads(at(prefix, MANIFEST).read_text())["files"]}
+    assert MAIN in by_path  # the original is still accounted for ...
+    assert at(prefix, by_path[MAIN]["backup"]["path"]).read_text() == MAIN_CONFIG
+    out = ok(capsys, "--prefix", str(prefix), "--uninstall")
+    assert f"{config} (" in out  # ... and uninstall says what became of the main config

@@ -53,12 +53,19 @@ def _commands(usage: str) -> set[str]:
 
 
 def test_containerd_drop_in_is_what_the_code_writes() -> None:
+    """The example is the drop-in install writes on a node without a main config (main None)."""
     text = (EXAMPLES / "containerd-oci-gpu.toml").read_text()
-    assert text == drop_in(f"{LAUNCHER_DIR}/oci-gpu-runtime")
-    runtime = tomllib.loads(text)["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"][RUNTIME_NAME]
-    assert runtime["runtime_type"] == "io.containerd.runc.v2"
-    assert runtime["options"]["BinaryName"] == f"{LAUNCHER_DIR}/oci-gpu-runtime"
-    assert "cdi.k8s.io/*" in runtime["container_annotations"]
+    assert text == drop_in(f"{LAUNCHER_DIR}/oci-gpu-runtime", None)
+    data = tomllib.loads(text)
+    assert data.keys() == {"version", "plugins"} and data["version"] == 2
+    assert data["plugins"] == {"io.containerd.grpc.v1.cri": {"containerd": {"runtimes": {
+        "runc": {"runtime_type": "io.containerd.runc.v2"},  # what default_runtime_name needs
+        RUNTIME_NAME: {
+            "runtime_type": "io.containerd.runc.v2",
+            "container_annotations": ["cdi.k8s.io/*"],  # no pod_annotations: a pod's author could set those
+            "options": {"BinaryName": f"{LAUNCHER_DIR}/oci-gpu-runtime"},
+        },
+    }}}}
 
 
 def test_runtime_class() -> None:
@@ -100,8 +107,11 @@ def test_daemon_set(usage: str) -> None:
     assert pod["nodeSelector"] == _load("runtimeclass.yaml")["scheduling"]["nodeSelector"]
 
     volumes = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
-    assert set(volumes.values()) == {"/etc/containers/oci/hooks.d", "/etc/containerd/conf.d", "/var/run/cdi", "/sys",
+    # install reads the main config and replaces it (a rename in /etc/containerd): the whole directory.
+    assert set(volumes.values()) == {"/etc/containers/oci/hooks.d", "/etc/containerd", "/var/run/cdi", "/sys",
                                      LAUNCHER_DIR, "/var/lib/oci-gpu-hook"}
+    types = {v["hostPath"]["path"]: v["hostPath"]["type"] for v in pod["volumes"]}
+    assert types["/etc/containerd"] == "Directory"  # never create a containerd config on a node without one
     containers = {c["name"]: c for c in pod["initContainers"] + pod["containers"]}
     for container in containers.values():
         assert container["image"] == f"registry.example/oci-gpu-hook:{__version__}"
@@ -116,9 +126,13 @@ def test_daemon_set(usage: str) -> None:
     header = (EXAMPLES / "daemonset.yaml").read_text().split("apiVersion")[0]
     assert f"registry.example/oci-gpu-hook:{__version__}, is a placeholder" in header
 
+    (installer,) = (c for c in pod["initContainers"] if c["name"] == "install")
+    installed = {volumes[m["name"]] for m in installer["volumeMounts"]}
+    assert installed == set(volumes.values())  # everything install reads or writes, /etc/containerd included
+    assert not any(m.get("readOnly") for m in installer["volumeMounts"] if volumes[m["name"]] != "/sys")
     init_commands = [_hook_command(c["command"]) for c in pod["initContainers"] if c["name"] != "copy-environment"]
     main_commands = [_hook_command(c["command"]) for c in pod["containers"]]
-    assert [name for name, _ in init_commands] == ["install"]
+    assert init_commands == [("install", ["--set", "OCI_GPU_HOOK_ALLOW_ENV_REQUESTS=false"])]  # no --prefix
     assert [name for name, _ in main_commands] == ["watch"]
     assert {"install", "watch"} <= _commands(usage)
     for name, args in init_commands + main_commands:
@@ -145,3 +159,12 @@ def test_contract_names_real_commands_and_settings(usage: str) -> None:
         assert setting in text and setting in FIELDS
     assert f"`runtimeClassName: {RUNTIME_NAME}`" in text
     assert FIELDS["cdi_spec"][0] in text
+    flat = " ".join(text.split())
+    # What the drop-in passes, and how the node's own CRI settings survive it.
+    assert '`container_annotations = ["cdi.k8s.io/*"]`' in flat
+    assert "**Pod annotations are not passed.**" in flat
+    assert "`Annotations` of `ContainerAllocateResponse`" in flat
+    assert "containerd 1.6 has no CDI support of its own" in flat
+    assert 'adds `imports = ["/etc/containerd/conf.d/*.toml"]` to the main config' in flat
+    assert "after editing the CRI section of `/etc/containerd/config.toml`, run `oci-gpu-hook install` again" in flat
+    assert "known problem" not in flat
