@@ -186,6 +186,14 @@ def _stop(daemon: Daemon) -> list[str]:
             problems.append("containerd ignored SIGTERM for 20 s")
             daemon.process.kill()
             daemon.process.wait(timeout=10)
+    # containerd's runc shim makes a parent cgroup per namespace; remove the empty ones it left
+    for hierarchy in Path("/sys/fs/cgroup").iterdir():
+        group = hierarchy / daemon.namespace
+        if group.is_dir():
+            try:
+                group.rmdir()
+            except OSError as err:
+                problems.append(f"cgroup {group} not removed: {err.strerror}")
     mounted = [line for line in cl.run(["mount"]).stdout.splitlines() if str(daemon.base) in line]
     for line in reversed(mounted):
         target = line.split(" on ", 1)[1].rsplit(" type ", 1)[0]
