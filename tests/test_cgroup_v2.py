@@ -1,0 +1,89 @@
+"""cgroup v2 program swap against the real kernel, outside any container: what happens when it must not swap."""
+
+from __future__ import annotations
+
+import os
+import struct
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from oci_gpu_hook import bpf, cgroups, devicefilter
+from oci_gpu_hook.errors import HookError
+from oci_gpu_hook.plan import DeviceRule
+
+UNIFIED = Path("/sys/fs/cgroup/unified")
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not (UNIFIED / "cgroup.procs").exists(),
+                                reason="needs root and the cgroup2 hierarchy at /sys/fs/cgroup/unified")
+PLAN = (DeviceRule(True, "c", 226, 129, "rwm"),)
+
+
+@pytest.fixture
+def group() -> Iterator[Path]:
+    path = UNIFIED / f"ogh-test-{uuid.uuid4().hex[:12]}"
+    path.mkdir()
+    try:
+        yield path
+    finally:
+        path.rmdir()  # programs go with the cgroup
+
+
+def _attach(group: Path, program: bytes) -> int:
+    fd = os.open(group, os.O_RDONLY | os.O_DIRECTORY)
+    prog = bpf.prog_load(program, "foreign")
+    try:
+        bpf.prog_attach(fd, prog, bpf.F_ALLOW_MULTI)
+        return bpf.prog_info(prog).id
+    finally:
+        os.close(prog)
+        os.close(fd)
+
+
+def _attached(group: Path) -> list[int]:
+    fd = os.open(group, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        return bpf.prog_query(fd)[1]
+    finally:
+        os.close(fd)
+
+
+def test_a_program_it_cannot_read_stays_attached(group: Path) -> None:
+    """A foreign program (here: `if major == 226 allow`, written with jeq) is never replaced blind."""
+    prologue = devicefilter.build([])[:6 * 8]
+    jeq = struct.pack("=BBhi", 0x15, 4, 2, 226)  # if r4 == 226 goto +2
+    deny = struct.pack("=BBhi", 0xB4, 0, 0, 0) + struct.pack("=BBhi", 0x95, 0, 0, 0)
+    allow = struct.pack("=BBhi", 0xB4, 0, 0, 1) + struct.pack("=BBhi", 0x95, 0, 0, 0)
+    prog_id = _attach(group, prologue + jeq + deny + allow)
+    with pytest.raises(HookError, match=r"cannot read the device policy of eBPF program .* it was left in place"):
+        cgroups.v2_grant(str(group), PLAN)
+    assert _attached(group) == [prog_id]
+
+
+def test_swap_then_idempotent_then_every_program_extended(group: Path) -> None:
+    runc_like = [DeviceRule(True, "c", 1, 3, "rwm"), DeviceRule(False, "a", None, None, "rwm")]
+    first = _attach(group, devicefilter.build(runc_like))
+    second = _attach(group, devicefilter.build([DeviceRule(True, "c", None, None, "rwm"),
+                                                DeviceRule(False, "a", None, None, "rwm")]))
+    result = cgroups.v2_grant(str(group), PLAN)
+    assert f"program {first} replaced by" in result  # the one that denied renderD129
+    assert f"program {second} already grants the plan" in result
+    now = _attached(group)
+    assert second in now and first not in now and len(now) == 2
+    assert "already grants" in cgroups.v2_grant(str(group), PLAN).split(";")[0]
+    assert _attached(group) == now  # a second run swaps nothing
+    (replacement,) = [p for p in now if p != second]
+    fd = bpf.prog_fd_by_id(replacement)
+    try:
+        rules = devicefilter.decode(bpf.prog_info(fd).insns)
+    finally:
+        os.close(fd)
+    assert rules == [*PLAN, *runc_like]  # exactly old + planned
+    assert devicefilter.allows(rules, "c", 226, 129, "rw") and devicefilter.allows(rules, "c", 1, 3, "rw")
+    assert not devicefilter.allows(rules, "c", 226, 128, "rw")
+
+
+def test_no_program_means_nothing_to_add(group: Path) -> None:
+    assert "allows every device already" in cgroups.v2_grant(str(group), PLAN)
+    assert _attached(group) == []
