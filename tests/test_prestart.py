@@ -264,6 +264,16 @@ def _hook(setup: dict[str, Path], stdin: str) -> subprocess.CompletedProcess[str
     ('{"id": "x", "pid": 1, "bundle": "/nonexistent-bundle-dir"}', "cannot read /nonexistent-bundle-dir/config.json"),
 ])
 def test_bad_state_input(setup: dict[str, Path], stdin: str, message: str) -> None:
+    from oci_gpu_hook import schemas
+    from oci_gpu_hook.errors import HookError
+
+    try:  # each of these is also outside schemas/oci-state.schema.json (or not JSON at all)
+        parsed = json.loads(stdin)
+    except ValueError:
+        parsed = None
+    if parsed is not None and "nonexistent" not in stdin:
+        with pytest.raises(HookError):
+            schemas.validate(parsed, "oci-state.schema.json", "state")
     done = _hook(setup, stdin)
     assert done.returncode == 1
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("oci-gpu-hook: error: ")
@@ -314,6 +324,9 @@ def test_inspect_shows_what_the_container_may_open(setup: dict[str, Path], v2: b
     assert started.returncode == 0, errors.read_text()
     try:
         state = json.loads(cl.run(["runc", "state", bundle.name]).stdout)
+        from oci_gpu_hook import schemas
+
+        schemas.validate(state, "oci-state.schema.json", "runc state")  # what runc really hands a hook
         # v2: the cgroup2 hierarchy is mounted at /sys/fs/cgroup/unified outside the test's namespace
         target = ["--cgroup", f"/sys/fs/cgroup/unified/{bundle.name}"] if v2 else ["--pid", str(state["pid"])]
         shown = cl.run([str(setup["hook"]), "inspect", *target], env=cl.hook_env())
