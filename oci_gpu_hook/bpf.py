@@ -1,7 +1,7 @@
 """The few bpf(2) commands the cgroup v2 device filter needs, through ctypes.
 
-Only what is used: load a BPF_PROG_TYPE_CGROUP_DEVICE program, query, attach
-and detach programs on a cgroup, and read a program's info (name, translated
+Only what is used: load a BPF_PROG_TYPE_CGROUP_DEVICE program, query and
+attach programs on a cgroup, and read a program's info (name, translated
 instructions).  Every failure is an
 :class:`OSError` with the kernel's errno, plus the verifier log for loads.
 """
@@ -15,7 +15,7 @@ import struct
 SYS_BPF = {"x86_64": 321, "aarch64": 280, "ppc64le": 361, "s390x": 351, "riscv64": 280}
 
 # commands
-PROG_LOAD, PROG_ATTACH, PROG_DETACH = 5, 8, 9
+PROG_LOAD, PROG_ATTACH = 5, 8
 PROG_GET_FD_BY_ID, OBJ_GET_INFO_BY_FD, PROG_QUERY = 13, 15, 16
 
 PROG_TYPE_CGROUP_DEVICE = 15
@@ -72,10 +72,6 @@ def prog_load(insns: bytes, name: str, expected_attach_type: int = 0, license: s
 
 def prog_attach(cgroup_fd: int, prog_fd: int, flags: int, replace_fd: int = 0) -> None:
     _call(PROG_ATTACH, _attr("IIIII", cgroup_fd, prog_fd, ATTACH_CGROUP_DEVICE, flags, replace_fd))
-
-
-def prog_detach(cgroup_fd: int, prog_fd: int) -> None:
-    _call(PROG_DETACH, _attr("IIIII", cgroup_fd, prog_fd, ATTACH_CGROUP_DEVICE, 0, 0))
 
 
 def prog_query(cgroup_fd: int) -> tuple[int, list[int]]:

@@ -52,6 +52,27 @@ PODMAN_RUN = ["run", "--rm", "--net=none", "--ulimit", "nofile=1024:1024", "--ul
               "--cap-add", "MKNOD", "--tmpfs", "/tmp:rw,dev,exec"]
 
 
+def need(*tools: str) -> None:
+    """Skip without root or the tools; under CI=true that is a failure, never a silent skip."""
+    import pytest
+
+    missing = [t for t in tools if shutil.which(t) is None]
+    problem = "not root" if os.geteuid() != 0 else (f"missing {', '.join(missing)}" if missing else "")
+    if problem:
+        if os.environ.get("CI"):
+            pytest.fail(f"container tests cannot run: {problem}")
+        pytest.skip(problem)
+
+
+def hook_setup(base: Path) -> dict[str, Path]:
+    """A config (the seed host, a log file) and lean launchers that read it, under ``base``."""
+    config, log = base / "config.toml", base / "hook.log"
+    config.write_text(f'sysfs_root = "{SEED_SYSFS}"\nlog_file = "{log}"\n')
+    hook, runtime = write_launchers(base / "bin", config)
+    return {"base": base, "config": config, "log": log, "hook": hook, "runtime": runtime,
+            "rootfs": make_rootfs(base / "rootfs")}
+
+
 def make_rootfs(path: Path) -> Path:
     """A busybox rootfs with the probe at /probe.sh."""
     (path / "bin").mkdir(parents=True)

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from tests import containerlib as cl
-from tests.test_containers import _need
 
 pytestmark = pytest.mark.containers
 
@@ -23,7 +22,7 @@ CDI_DIR = Path("/var/run/cdi")
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
-    _need("runc", "podman", "busybox")
+    cl.need("runc", "podman", "busybox")
     base = tmp_path_factory.mktemp("cdi")
     paths: dict[str, Path] = {"base": base, "rootfs": cl.make_rootfs(base / "rootfs")}
     for name, extra in (("open", ""), ("closed", "allow_env_requests = false\n")):

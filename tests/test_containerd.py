@@ -38,7 +38,6 @@ from oci_gpu_hook import containerd
 from oci_gpu_hook.containerd import RUNTIME_NAME, drop_in
 from tests import containerlib as cl
 from tests import ocilayout
-from tests.test_containers import _need
 
 pytestmark = pytest.mark.containers
 
@@ -211,7 +210,7 @@ def _stop(daemon: Daemon) -> list[str]:
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory):
-    _need("containerd", "ctr", "runc", "busybox")
+    cl.need("containerd", "ctr", "runc", "busybox")
     started = time.monotonic()
     base = tmp_path_factory.mktemp("ctrd")
     hook_log = base / "hook.log"
@@ -374,7 +373,7 @@ def test_cri_plugin_loads_with_the_runtime(daemon: Daemon) -> None:
 def test_a_drop_in_without_the_main_config_loses_the_hosts_cri_config(tmp_path: Path) -> None:
     """Why the drop-in carries the main config's CRI table: containerd 1.x replaces that whole table with
     the drop-in's (containerd issues 5837, 7982).  Only ``config dump``: no daemon."""
-    _need("containerd")
+    cl.need("containerd")
     runtime = tmp_path / "oci-gpu-runtime"
     config = _write_config(tmp_path, tmp_path / "c.sock", runtime)
     _assert_hosts_cri_settings(_dump(config)["plugins"][CRI])  # type: ignore[index]

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -21,33 +19,13 @@ from tests import containerlib as cl
 pytestmark = pytest.mark.containers
 
 
-def _need(*tools: str) -> None:
-    missing = [t for t in tools if shutil.which(t) is None]
-    problem = "not root" if os.geteuid() != 0 else (f"missing {', '.join(missing)}" if missing else "")
-    if problem:
-        if os.environ.get("CI"):
-            pytest.fail(f"container tests cannot run: {problem}")
-        pytest.skip(problem)
-
-
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    _need("runc", "podman", "busybox", "unshare")
-    base = tmp_path_factory.mktemp("containers")
-    config = base / "config.toml"
-    log = base / "hook.log"
-    config.write_text(f'sysfs_root = "{cl.SEED_SYSFS}"\nlog_file = "{log}"\n')
-    hook, runtime = cl.write_launchers(base / "bin", config)
-    return {
-        "base": base,
-        "config": config,
-        "log": log,
-        "rootfs": cl.make_rootfs(base / "rootfs"),
-        "hook": hook,
-        "runtime": runtime,
-        "hooks_dir": cl.write_hooks_dir(base / "hooks.d", hook, config),
-        "empty_hooks": (base / "no-hooks").resolve(),
-    }
+    cl.need("runc", "podman", "busybox", "unshare")
+    paths = cl.hook_setup(tmp_path_factory.mktemp("containers"))
+    paths["hooks_dir"] = cl.write_hooks_dir(paths["base"] / "hooks.d", paths["hook"], paths["config"])
+    paths["empty_hooks"] = (paths["base"] / "no-hooks").resolve()
+    return paths
 
 
 def _bundle(setup: dict[str, Path], env: list[str]) -> Path:

@@ -17,26 +17,20 @@ from pathlib import Path
 import pytest
 
 from tests import containerlib as cl
-from tests.test_containers import _need
 
 pytestmark = pytest.mark.containers
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    _need("runc", "podman", "busybox", "unshare")
-    base = tmp_path_factory.mktemp("prestart")
-    config = base / "config.toml"
-    log = base / "hook.log"
-    config.write_text(f'sysfs_root = "{cl.SEED_SYSFS}"\nlog_file = "{log}"\n')
-    hook, _runtime = cl.write_launchers(base / "bin", config)
-    hooks_dir = base / "hooks.d"
+    cl.need("runc", "podman", "busybox", "unshare")
+    paths = cl.hook_setup(tmp_path_factory.mktemp("prestart"))
+    hooks_dir = paths["hooks_dir"] = paths["base"] / "hooks.d"
     hooks_dir.mkdir()
     shipped = json.loads((cl.REPO / "hooks.d" / "oci-gpu-hook-prestart.json").read_text())
-    shipped["hook"]["path"] = str(hook)
+    shipped["hook"]["path"] = str(paths["hook"])
     (hooks_dir / "oci-gpu-hook-prestart.json").write_text(json.dumps(shipped))
-    return {"base": base, "log": log, "hook": hook, "rootfs": cl.make_rootfs(base / "rootfs"),
-            "hooks_dir": hooks_dir}
+    return paths
 
 
 def _bundle(setup: dict[str, Path], env: list[str], *, args: list[str] | None = None, times: int = 1,
