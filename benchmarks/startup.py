@@ -197,7 +197,7 @@ class Bench:
             launch_env["PYTHONPATH"] = REPO
             self.notes.append(f"oci_gpu_hook is not installed for {sys.executable}; used the checkout at {REPO}")
         launchers = os.path.join(self.tmp, "launchers")
-        sh([sys.executable, "-m", "oci_gpu_hook.cli", "launchers", launchers,
+        sh([sys.executable, "-m", "oci_gpu_hook.entry.cli", "launchers", launchers,
             "--set", f"OCI_GPU_HOOK_SYSFS_ROOT={sysfs}"], env=launch_env)
         self.lean_shim = os.path.join(launchers, "oci-gpu-runtime")
         self.lean_hook = os.path.join(launchers, "oci-gpu-hook")

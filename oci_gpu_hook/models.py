@@ -14,7 +14,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from oci_gpu_hook.inventory import DeviceNode, Gpu, Inventory
+from oci_gpu_hook.core.devices import Node
+from oci_gpu_hook.inventory import Gpu, Inventory
 
 
 class ConfigModel(BaseModel):
@@ -50,7 +51,7 @@ class DeviceNodeModel(BaseModel):
     minor: int = Field(ge=0)
 
     @classmethod
-    def of(cls, node: DeviceNode) -> DeviceNodeModel:
+    def of(cls, node: Node) -> DeviceNodeModel:
         return cls(path=node.path, type=node.type, major=node.major, minor=node.minor)  # type: ignore[arg-type]
 
 

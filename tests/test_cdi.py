@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from oci_gpu_hook import cdi
+from oci_gpu_hook.appliers import cdi
 from oci_gpu_hook.config import Config
 from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.inventory import scan
@@ -36,7 +36,7 @@ def test_there_are_example_hosts() -> None:
 def test_golden_files(host: Path, fmt: str) -> None:
     """`cdi generate` output for each example host is checked in; regenerate on purpose only."""
     golden = host / "cdi" / f"amd.com-gpu.{fmt}"
-    done = subprocess.run([sys.executable, "-m", "oci_gpu_hook.cli", "--sysfs-root", str(host / "sys"), "cdi",
+    done = subprocess.run([sys.executable, "-m", "oci_gpu_hook.entry.cli", "--sysfs-root", str(host / "sys"), "cdi",
                            "generate", "--format", fmt], capture_output=True, text=True,
                           env={"PATH": os.environ["PATH"], "OCI_GPU_HOOK_CONFIG": "/dev/null"})
     assert done.returncode == 0, done.stderr
@@ -141,7 +141,7 @@ def test_write_is_atomic_and_only_on_change(tmp_path: Path) -> None:
 def test_cli_writes_into_a_cdi_directory(tmp_path: Path) -> None:
     env = {"PATH": os.environ["PATH"], "OCI_GPU_HOOK_CONFIG": "/dev/null"}
     host = REPO / "examples" / "hosts" / "seed-8x-gfx1100" / "sys"
-    base = [sys.executable, "-m", "oci_gpu_hook.cli", "--sysfs-root", str(host), "cdi"]
+    base = [sys.executable, "-m", "oci_gpu_hook.entry.cli", "--sysfs-root", str(host), "cdi"]
     done = subprocess.run([*base, "generate", "--output", str(tmp_path), "--format", "yaml"],
                           capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr
@@ -153,7 +153,7 @@ def test_cli_writes_into_a_cdi_directory(tmp_path: Path) -> None:
     assert "amd.com/gpu=1 " in listed.stdout and "amd.com/gpu=0000:23:00.0" in listed.stdout
     assert f"spec file {written}: current" in listed.stdout
     other = REPO / "examples" / "hosts" / "shuffled-4x-gfx942" / "sys"
-    stale = subprocess.run([sys.executable, "-m", "oci_gpu_hook.cli", "--sysfs-root", str(other), "cdi", "list"],
+    stale = subprocess.run([sys.executable, "-m", "oci_gpu_hook.entry.cli", "--sysfs-root", str(other), "cdi", "list"],
                            capture_output=True, text=True, env={**env, "OCI_GPU_HOOK_CDI_SPEC": str(written)})
     assert "STALE" in stale.stdout
     bad = subprocess.run([*base, "validate", str(host)], capture_output=True, text=True, env=env)

@@ -35,7 +35,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]
     paths["no-hooks"] = base / "no-hooks"
     # The spec podman reads: generated for the seed host by the CLI, into the CDI directory.
     spec = CDI_DIR / f"oci-gpu-hook-test-{uuid.uuid4().hex[:8]}.json"
-    done = subprocess.run([sys.executable, "-m", "oci_gpu_hook.cli", "--sysfs-root", str(cl.SEED_SYSFS), "cdi",
+    done = subprocess.run([sys.executable, "-m", "oci_gpu_hook.entry.cli", "--sysfs-root", str(cl.SEED_SYSFS), "cdi",
                            "generate", "--output", str(spec)], capture_output=True, text=True,
                           env={"PATH": os.environ["PATH"], "OCI_GPU_HOOK_CONFIG": "/dev/null"})
     assert done.returncode == 0, done.stderr

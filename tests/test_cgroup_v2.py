@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from oci_gpu_hook import bpf, cgroups, devicefilter
+from oci_gpu_hook.appliers import bpf, cgroups, devicefilter
+from oci_gpu_hook.core.devices import Rule as DeviceRule
+from oci_gpu_hook.core.rules import first_match
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.plan import DeviceRule
 
 UNIFIED = Path("/sys/fs/cgroup/unified")
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not (UNIFIED / "cgroup.procs").exists(),
@@ -80,8 +81,8 @@ def test_swap_then_idempotent_then_every_program_extended(group: Path) -> None:
     finally:
         os.close(fd)
     assert rules == [*PLAN, *runc_like]  # exactly old + planned
-    assert devicefilter.allows(rules, "c", 226, 129, "rw") and devicefilter.allows(rules, "c", 1, 3, "rw")
-    assert not devicefilter.allows(rules, "c", 226, 128, "rw")
+    assert first_match(rules, "c", 226, 129, "rw") and first_match(rules, "c", 1, 3, "rw")
+    assert not first_match(rules, "c", 226, 128, "rw")
 
 
 def test_no_program_means_nothing_to_add(group: Path) -> None:

@@ -31,7 +31,7 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 def cli(*args: str, stdin: str | None = None, env: dict[str, str] | None = None,
         cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "oci_gpu_hook.cli", *args], input=stdin, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "oci_gpu_hook.entry.cli", *args], input=stdin, capture_output=True,
                           text=True, env=env or clean_env(), cwd=cwd, timeout=60, check=False)
 
 

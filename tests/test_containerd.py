@@ -5,8 +5,8 @@ test's temp dir) imports the busybox probe image from an OCI layout tarball
 (tests/ocilayout.py).  Its configuration is made the way ``install`` makes a
 node's: a main config with CRI settings of its own (CNI, sandbox image, a runc
 runtime with options, a registry mirror) gets its ``imports`` line from
-``oci_gpu_hook.containerd.with_import`` (pointed at the test's conf.d), and
-conf.d holds ``oci_gpu_hook.containerd.drop_in`` for the lean launcher, built
+``oci_gpu_hook.host.containerd.with_import`` (pointed at the test's conf.d), and
+conf.d holds ``oci_gpu_hook.host.containerd.drop_in`` for the lean launcher, built
 from that parsed main config.  containerd 1.x replaces the main config's whole
 CRI table with the drop-in's, so ``config dump`` and the CRI plugin's start line
 must show the host's CRI settings and the oci-gpu runtime together; a drop-in
@@ -34,8 +34,8 @@ from typing import Any
 
 import pytest
 
-from oci_gpu_hook import containerd
-from oci_gpu_hook.containerd import RUNTIME_NAME, drop_in
+from oci_gpu_hook.host import containerd
+from oci_gpu_hook.host.containerd import RUNTIME_NAME, drop_in
 from tests import containerlib as cl
 from tests import ocilayout
 

@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from oci_gpu_hook import devicefilter as df
-from oci_gpu_hook.plan import DeviceRule
+from oci_gpu_hook.appliers import devicefilter as df
+from oci_gpu_hook.core.devices import Rule as DeviceRule
+from oci_gpu_hook.core.rules import first_match
 
 ACCESS = ["r", "w", "m", "rw", "rm", "wm", "rwm"]
 
@@ -73,7 +74,7 @@ def test_build_then_decode_round_trips(rules: list[DeviceRule]) -> None:
 def test_program_semantics_match_first_match_rules(rules: list[DeviceRule], kind: str, major: int, minor: int,
                                                    access: str) -> None:
     program = df.build(rules)
-    verdict = df.allows(rules, kind, major, minor, access)
+    verdict = first_match(rules, kind, major, minor, access)
     assert _evaluate(program, kind, major, minor, access) == (1 if verdict else 0)
 
 
@@ -86,8 +87,8 @@ def test_planned_rules_first_keep_the_old_policy() -> None:
     new = df.decode(df.build([*plan, *df.decode(df.build(old))]))
     for major, minor in [(1, 3), (1, 5), (136, 4), (226, 1), (226, 2), (226, 129), (226, 130), (8, 0)]:
         for access in ACCESS:
-            before = bool(df.allows(old, "c", major, minor, access))
-            after = bool(df.allows(new, "c", major, minor, access))
+            before = bool(first_match(old, "c", major, minor, access))
+            after = bool(first_match(new, "c", major, minor, access))
             planned = (major, minor) in ((226, 2), (226, 129))
             assert after == (before or planned), (major, minor, access)
 

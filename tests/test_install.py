@@ -15,9 +15,11 @@ from typing import Any
 
 import pytest
 
-from oci_gpu_hook import cdi, cli, containerd, install
+from oci_gpu_hook.appliers import cdi
 from oci_gpu_hook.config import Config
+from oci_gpu_hook.entry import cli
 from oci_gpu_hook.errors import HookError
+from oci_gpu_hook.host import containerd, install
 from oci_gpu_hook.inventory import scan
 
 REPO = Path(__file__).resolve().parent.parent
@@ -121,7 +123,7 @@ def ok(capsys: pytest.CaptureFixture[str], *args: str, sysfs: Path = EXAMPLE_SYS
 
 
 def cli_subprocess(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "oci_gpu_hook.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "oci_gpu_hook.entry.cli", *args], capture_output=True, text=True,
                           env=clean_env(), cwd=REPO, timeout=60, check=False)
 
 
@@ -336,7 +338,7 @@ def test_launchers_run(prefix: Path, capsys: pytest.CaptureFixture[str]) -> None
     ok(capsys, "--prefix", str(prefix), "--set", "OCI_GPU_HOOK_RUNTIME=/bin/echo")
     text = at(prefix, LAUNCHER).read_text()
     assert text.startswith(f"#!{sys.executable} -IS\n")
-    assert repr(os.path.dirname(os.path.dirname(install.__file__))) in text  # this checkout, when editable
+    assert repr(os.path.dirname(os.path.dirname(os.path.dirname(install.__file__)))) in text  # this checkout
     result = subprocess.run([str(at(prefix, LAUNCHER)), "--help"], capture_output=True, text=True,
                             env=clean_env(), timeout=60, check=False)
     assert result.returncode == 0, result.stderr

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from oci_gpu_hook.core.devices import Node as DeviceNode
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.inventory import DeviceNode, parse_pci_address, scan
+from oci_gpu_hook.inventory import parse_pci_address, scan
 from tests.fakesysfs import FakeGpu, FakeHost, build, seed_host, shuffled_host
 
 REPO = Path(__file__).resolve().parent.parent

@@ -15,7 +15,7 @@ import yaml
 
 from oci_gpu_hook import __version__
 from oci_gpu_hook.config import FIELDS
-from oci_gpu_hook.containerd import RUNTIME_NAME, drop_in
+from oci_gpu_hook.host.containerd import RUNTIME_NAME, drop_in
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "kubernetes"
 LAUNCHER_DIR = "/usr/local/libexec/oci-gpu-hook"
@@ -30,7 +30,7 @@ def _load(name: str) -> dict[str, Any]:
 
 
 def _cli(*args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "oci_gpu_hook.cli", *args], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "oci_gpu_hook.entry.cli", *args], capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0, done.stderr
     return done.stdout
@@ -85,11 +85,11 @@ def test_pod_example() -> None:
 
 
 def _hook_command(command: list[str]) -> tuple[str, list[str]]:
-    """(subcommand, its arguments) of an ``oci-gpu-hook`` or ``python -m oci_gpu_hook.cli`` command line."""
+    """(subcommand, its arguments) of an ``oci-gpu-hook`` or ``python -m oci_gpu_hook.entry.cli`` command line."""
     for i, word in enumerate(command):
         if word.endswith("/oci-gpu-hook") or word == "oci-gpu-hook":
             return command[i + 1], command[i + 2:]
-        if word == "oci_gpu_hook.cli" and command[i - 1] == "-m":
+        if word == "oci_gpu_hook.entry.cli" and command[i - 1] == "-m":
             return command[i + 1], command[i + 2:]
     raise AssertionError(f"not an oci-gpu-hook command: {command}")
 

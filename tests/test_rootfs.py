@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from oci_gpu_hook import rootfs
+from oci_gpu_hook.appliers import rootfs
 from oci_gpu_hook.config import Config
 from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.inventory import scan

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from oci_gpu_hook.runtime import bundle_dir, container_id, parse_argv
+from oci_gpu_hook.entry.runtime import bundle_dir, container_id, parse_argv
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_SYSFS = REPO / "examples" / "hosts" / "seed-8x-gfx1100" / "sys"
@@ -146,7 +146,7 @@ class Shim:
 
     def run(self, *args: str, cwd: Path | None = None, argv0: list[str] | None = None,
             **extra: str) -> subprocess.CompletedProcess[str]:
-        command = argv0 or [sys.executable, "-m", "oci_gpu_hook.runtime"]
+        command = argv0 or [sys.executable, "-m", "oci_gpu_hook.entry.runtime"]
         return subprocess.run([*command, *args], capture_output=True, text=True, env=self.env(**extra),
                               cwd=cwd or self.out, timeout=60, check=False)
 
@@ -346,7 +346,8 @@ def test_runtime_found_on_path(shim: Shim) -> None:
 
 def _launcher(tmp_path: Path) -> Path:
     launcher = tmp_path / "oci-gpu-runtime"
-    launcher.write_text(f"#!{sys.executable}\nimport sys\nfrom oci_gpu_hook.runtime import main\nsys.exit(main())\n")
+    launcher.write_text(f"#!{sys.executable}\nimport sys\n"
+                        "from oci_gpu_hook.entry.runtime import main\nsys.exit(main())\n")
     launcher.chmod(0o755)
     return launcher
 

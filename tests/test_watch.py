@@ -25,10 +25,10 @@ from typing import Any
 
 import pytest
 
-from oci_gpu_hook import watch
 from oci_gpu_hook.config import Config
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.watch import RESYNC, KernelUevents, Outcome, QueueEvents, Watcher
+from oci_gpu_hook.host import watch
+from oci_gpu_hook.host.watch import RESYNC, KernelUevents, Outcome, QueueEvents, Watcher
 from tests.fakesysfs import FakeGpu, FakeHost, build
 
 REPO = Path(__file__).resolve().parent.parent
@@ -502,7 +502,7 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "oci_gpu_hook.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "oci_gpu_hook.entry.cli", *args], capture_output=True, text=True,
                           env=env or clean_env(), cwd=REPO, timeout=60, check=False)
 
 
@@ -578,7 +578,7 @@ def test_watch_help() -> None:
 
 
 def test_importing_the_module_and_once_do_not_import_pyroute2(tmp_path: Path) -> None:
-    code = ("import sys; from oci_gpu_hook import cli; "
+    code = ("import sys; from oci_gpu_hook.entry import cli; "
             f"rc = cli.main(['--sysfs-root', {str(tmp_path)!r}, 'watch', '--once', '--output', "
             f"{str(tmp_path / 'spec.json')!r}]); "
             "assert rc == 0, rc; assert 'pyroute2' not in sys.modules, 'pyroute2 imported'")
@@ -604,7 +604,7 @@ class Watching:
     def __init__(self, args: list[str]) -> None:
         self.lines: list[str] = []
         self.changed = threading.Condition()
-        self.proc = subprocess.Popen([sys.executable, "-m", "oci_gpu_hook.cli", *args], stdin=subprocess.DEVNULL,
+        self.proc = subprocess.Popen([sys.executable, "-m", "oci_gpu_hook.entry.cli", *args], stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=clean_env(),
                                      cwd=REPO)
         self.reader = threading.Thread(target=self._read, daemon=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 
+from oci_gpu_hook.core.devices import Node
 from oci_gpu_hook.errors import HookError
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
@@ -23,30 +24,6 @@ if TYPE_CHECKING:
 
 VENDORS = {"0x1002": "amd", "0x10de": "nvidia", "0x8086": "intel"}
 HEX_DIGITS = frozenset("0123456789abcdef")
-
-
-class DeviceNode:
-    """A host device node that a container may be given: its path and number."""
-
-    __slots__ = ("major", "minor", "path", "type")
-
-    def __init__(self, path: str, type: str, major: int, minor: int) -> None:
-        self.path = path
-        self.type = type
-        self.major = major
-        self.minor = minor
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, DeviceNode) and self.key() == other.key()
-
-    def __hash__(self) -> int:
-        return hash(self.key())
-
-    def __repr__(self) -> str:
-        return f"DeviceNode({self.path!r}, {self.type!r}, {self.major}, {self.minor})"
-
-    def key(self) -> tuple[str, str, int, int]:
-        return (self.path, self.type, self.major, self.minor)
 
 
 class Gpu:
@@ -71,7 +48,7 @@ class Gpu:
 
     def __init__(self, *, index: int, vendor: str, vendor_id: str, device_id: str,
                  pci_address: str, numa_node: int | None, driver: str | None,
-                 card: DeviceNode | None, render: DeviceNode, model: str,
+                 card: Node | None, render: Node, model: str,
                  kfd_gpu_id: int | None = None, unique_id: int | None = None,
                  location_id: int | None = None, partition: int | None = None) -> None:
         self.index = index
@@ -92,7 +69,7 @@ class Gpu:
         self.partition = partition
 
     @property
-    def nodes(self) -> tuple[DeviceNode, ...]:
+    def nodes(self) -> tuple[Node, ...]:
         return (self.card, self.render) if self.card else (self.render,)
 
     @property
@@ -108,7 +85,7 @@ class Inventory:
 
     __slots__ = ("gpus", "shared_nodes", "sysfs_root")
 
-    def __init__(self, gpus: Iterable[Gpu], shared_nodes: dict[str, tuple[DeviceNode, ...]],
+    def __init__(self, gpus: Iterable[Gpu], shared_nodes: dict[str, tuple[Node, ...]],
                  sysfs_root: str) -> None:
         self.gpus = tuple(gpus)
         self.shared_nodes = shared_nodes
@@ -167,7 +144,7 @@ def _kfd_properties(node_dir: str) -> dict[str, int]:
     return props
 
 
-def _read_kfd(root: str) -> tuple[DeviceNode | None, dict[int, dict[str, int | str]]]:
+def _read_kfd(root: str) -> tuple[Node | None, dict[int, dict[str, int | str]]]:
     """The /dev/kfd node and KFD topology facts keyed by DRM render minor."""
     kfd_dir = os.path.join(root, "class", "kfd", "kfd")
     if not os.path.exists(os.path.join(kfd_dir, "dev")):
@@ -190,7 +167,7 @@ def _read_kfd(root: str) -> tuple[DeviceNode | None, dict[int, dict[str, int | s
             facts["gpu_id"] = int(gpu_id)
         facts["name"] = _read(os.path.join(node_dir, "name")) or ""
         by_render[props["drm_render_minor"]] = facts
-    return DeviceNode("/dev/kfd", "c", major, minor), by_render
+    return Node("/dev/kfd", "c", major, minor), by_render
 
 
 def scan(sysfs_root: str = "/sys") -> Inventory:
@@ -240,9 +217,9 @@ def scan(sysfs_root: str = "/sys") -> Inventory:
         card = None
         if "card" in entries:
             name, (major, minor) = entries["card"]
-            card = DeviceNode(f"/dev/dri/{name}", "c", major, minor)
+            card = Node(f"/dev/dri/{name}", "c", major, minor)
         name, (major, minor) = entries["render"]
-        render = DeviceNode(f"/dev/dri/{name}", "c", major, minor)
+        render = Node(f"/dev/dri/{name}", "c", major, minor)
         kfd = kfd_by_render.get(render_minor, {})
         device_id = (_read(os.path.join(device_dir, "device")) or "").lower()
         gpus.append(Gpu(

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 
+from oci_gpu_hook.cliparse import parser as _parser
 from oci_gpu_hook.errors import HookError
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
@@ -15,16 +15,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from oci_gpu_hook.config import Config
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise HookError(f"{self.prog}: {message} (see oci-gpu-hook {self.prog.split()[-1]} --help)")
-
-
-def _parser(name: str, description: str) -> _Parser:
-    return _Parser(prog=f"oci-gpu-hook {name}", description=description,
-                   epilog="Global options: --sysfs-root DIR, --config FILE, --debug.")
 
 
 def cmd_list(args: list[str], config: Config) -> int:
@@ -65,7 +55,7 @@ def _spec_path(target: str) -> str:
 
 
 def _load_spec(path: str) -> object:
-    from oci_gpu_hook.spec import read_text
+    from oci_gpu_hook.appliers.ocispec import read_text
 
     try:
         return json.loads(read_text(path))
@@ -79,7 +69,8 @@ def cmd_dry_run(args: list[str], config: Config) -> int:
     parser.add_argument("--diff", action="store_true", help="print a unified diff instead of the whole config")
     parser.add_argument("target", metavar="BUNDLE_DIR|CONFIG_FILE")
     opts = parser.parse_args(args)
-    from oci_gpu_hook import schemas, spec
+    from oci_gpu_hook import schemas
+    from oci_gpu_hook.appliers import ocispec as spec
     from oci_gpu_hook.plan import plan_for_spec
 
     path = _spec_path(opts.target)
@@ -138,44 +129,6 @@ def cmd_validate(args: list[str], config: Config) -> int:
     return 0
 
 
-LAUNCHER = """#!{python} -IS
-# Lean launcher written by `oci-gpu-hook launchers`: isolated mode (-I: no
-# PYTHON* variables, no user site) and no site import (-S), which saves
-# ~10 ms per container start.  The package and the site-packages of the
-# environment it was installed in are put on sys.path directly.
-import os
-import sys
-for key, value in {defaults!r}.items():
-    os.environ.setdefault(key, value)
-sys.path[:0] = {paths!r}
-from oci_gpu_hook.{module} import main
-sys.exit(main())
-"""
-
-# launcher file name -> module whose main() it runs
-LAUNCHERS = (("oci-gpu-hook", "cli"), ("oci-gpu-runtime", "runtime"))
-
-
-def launcher_defaults(items: list[str], command: str) -> dict[str, str]:
-    """``--set OCI_GPU_HOOK_VAR=VALUE`` items as the defaults a launcher bakes in."""
-    defaults = {}
-    for item in items:
-        key, eq, value = item.partition("=")
-        if not eq or not key.startswith("OCI_GPU_HOOK_"):
-            raise HookError(f"{command} --set {item!r}: expected OCI_GPU_HOOK_NAME=VALUE")
-        defaults[key] = value
-    return defaults
-
-
-def launcher_text(module: str, defaults: dict[str, str]) -> str:
-    """The lean launcher that runs ``oci_gpu_hook.<module>.main`` (shared by `launchers` and `install`)."""
-    import site
-
-    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    paths = list(dict.fromkeys([package_parent, *site.getsitepackages()]))
-    return LAUNCHER.format(python=sys.executable, paths=paths, module=module, defaults=defaults)
-
-
 def cmd_launchers(args: list[str], config: Config) -> int:
     parser = _parser("launchers", "Write lean launchers for the hooks and the runtime shim into DIR.")
     parser.add_argument("directory", metavar="DIR")
@@ -183,6 +136,8 @@ def cmd_launchers(args: list[str], config: Config) -> int:
                         help="bake a default for an OCI_GPU_HOOK_* variable into the launchers "
                              "(runtimes such as podman do not pass their environment on to the shim)")
     opts = parser.parse_args(args)
+    from oci_gpu_hook.host.launchers import LAUNCHERS, launcher_defaults, launcher_text
+
     defaults = launcher_defaults(opts.set, "launchers")
     os.makedirs(opts.directory, exist_ok=True)
     from oci_gpu_hook.atomic import write_atomic
@@ -218,7 +173,7 @@ def cmd_inspect(args: list[str], config: Config) -> int:
     target.add_argument("--pid", type=int, help="a process of the container")
     target.add_argument("--cgroup", metavar="DIR", help="a cgroup directory (v1 devices or cgroup2)")
     opts = parser.parse_args(args)
-    from oci_gpu_hook import cgroups
+    from oci_gpu_hook.appliers import cgroups
 
     if opts.pid is not None:
         mode = cgroups.mode()
@@ -234,9 +189,9 @@ def cmd_inspect(args: list[str], config: Config) -> int:
     names = _device_names(config)
 
     def show(rule: object) -> str:
-        from oci_gpu_hook.plan import DeviceRule
+        from oci_gpu_hook.core.devices import Rule
 
-        assert isinstance(rule, DeviceRule)
+        assert isinstance(rule, Rule)
         line = f"  {'allow' if rule.allow else 'deny '} {rule.v1_line()}"
         name = names.get((rule.type, rule.major, rule.minor)) if rule.major is not None else None
         return f"{line:<28}  {name}" if name else line
@@ -252,7 +207,7 @@ def cmd_inspect(args: list[str], config: Config) -> int:
         if not everything:
             print("  everything else is denied")
         return 0
-    from oci_gpu_hook import bpf, devicefilter
+    from oci_gpu_hook.appliers import bpf, devicefilter
 
     print(f"cgroup v2: {directory}")
     try:
@@ -295,7 +250,7 @@ def cmd_cdi(args: list[str], config: Config) -> int:
     check = sub.add_parser("validate", help="check CDI spec files against schemas/cdi.schema.json")
     check.add_argument("files", nargs="+", metavar="FILE")
     opts = parser.parse_args(args)
-    from oci_gpu_hook import cdi
+    from oci_gpu_hook.appliers import cdi
     from oci_gpu_hook.inventory import scan
 
     if opts.action == "validate":
@@ -347,7 +302,7 @@ COMMANDS: dict[str, Callable[[list[str], Config], int]] = {
 
 
 # Commands that live in their own modules (imported only when used): name -> module with command(args, config).
-MODULE_COMMANDS = {"watch": "oci_gpu_hook.watch", "install": "oci_gpu_hook.install"}
+MODULE_COMMANDS = {"watch": "oci_gpu_hook.host.watch", "install": "oci_gpu_hook.host.install"}
 
 
 def run(command: str, args: list[str], config: Config) -> int:

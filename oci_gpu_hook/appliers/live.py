@@ -64,9 +64,9 @@ def run(stdin_text: str, config: Config) -> int:
 
 
 def _apply(cid: str, pid: int, bundle: str, config: Config, started: float) -> int:
+    from oci_gpu_hook.appliers.ocispec import read_text
     from oci_gpu_hook.log import record_plan
     from oci_gpu_hook.plan import plan_for_spec
-    from oci_gpu_hook.spec import read_text
 
     try:
         spec = fastjson.loads(read_text(os.path.join(bundle, "config.json")))
@@ -80,8 +80,8 @@ def _apply(cid: str, pid: int, bundle: str, config: Config, started: float) -> i
     if not os.path.exists(f"/proc/{pid}"):
         raise HookError(f"container process {pid} is gone")
 
-    from oci_gpu_hook import cgroups
-    from oci_gpu_hook import rootfs as rootfs_module
+    from oci_gpu_hook.appliers import cgroups
+    from oci_gpu_hook.appliers import rootfs as rootfs_module
 
     made = rootfs_module.apply_in_container(pid, rootfs, plan)
     mode = cgroups.mode()

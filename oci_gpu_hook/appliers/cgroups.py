@@ -24,7 +24,7 @@ from oci_gpu_hook.errors import HookError
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
 
 if TYPE_CHECKING:
-    from oci_gpu_hook.plan import DeviceRule
+    from oci_gpu_hook.core.devices import Rule
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 
@@ -79,26 +79,20 @@ def container_cgroup(pid: int, cgroup_mode: str, mounts: list[tuple[str, str, st
 
 # --- cgroup v1 ----------------------------------------------------------------------------------
 
-def v1_list(cgroup_dir: str) -> list[DeviceRule]:
+def v1_list(cgroup_dir: str) -> list[Rule]:
     """``devices.list`` as rules (the allowed exceptions; ``a *:* rwm`` = everything)."""
-    from oci_gpu_hook.plan import DeviceRule
+    from oci_gpu_hook.core.devices import Rule
 
-    rules = []
     with open(os.path.join(cgroup_dir, "devices.list")) as handle:
-        for line in handle:
-            kind, number, access = line.split()
-            major, _, minor = number.partition(":")
-            rules.append(DeviceRule(True, kind, None if major == "*" else int(major),
-                                    None if minor == "*" else int(minor), access))
-    return rules
+        return [Rule.from_v1_line(True, line) for line in handle if line.strip()]
 
 
-def v1_grant(cgroup_dir: str, rules: tuple[DeviceRule, ...]) -> list[str]:
+def v1_grant(cgroup_dir: str, rules: tuple[Rule, ...]) -> list[str]:
     """Write the missing allow lines; return them."""
-    current = v1_list(cgroup_dir)
-    missing = [r for r in rules if not any(
-        r.major is not None and r.minor is not None and c.covers(r.type, r.major, r.minor)
-        and set(r.access) <= set(c.access) for c in current)]
+    from oci_gpu_hook.core.rules import Policy, grants
+
+    current = Policy.of(v1_list(cgroup_dir))
+    missing = [r for r in rules if not grants(current.allows, r)]
     written: list[str] = []
     try:
         for rule in missing:
@@ -124,9 +118,10 @@ def _write_line(path: str, line: str) -> None:
 
 # --- cgroup v2 ----------------------------------------------------------------------------------
 
-def v2_grant(cgroup_dir: str, rules: tuple[DeviceRule, ...]) -> str:
+def v2_grant(cgroup_dir: str, rules: tuple[Rule, ...]) -> str:
     """Swap each attached device program for old + ``rules``; return what was done."""
-    from oci_gpu_hook import bpf, devicefilter
+    from oci_gpu_hook.appliers import bpf, devicefilter
+    from oci_gpu_hook.core.rules import first_match, grants
 
     try:
         cgroup_fd = os.open(cgroup_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -148,7 +143,10 @@ def v2_grant(cgroup_dir: str, rules: tuple[DeviceRule, ...]) -> str:
             except devicefilter.NotDecodable as err:
                 raise HookError(f"cannot read the device policy of eBPF program {prog_id} "
                                 f"('{info.name}') on {cgroup_dir}: {err}; it was left in place") from None
-            if all(devicefilter.allows(old_rules, r.type, r.major or 0, r.minor or 0, r.access) for r in rules):
+            def old_policy(kind: str, major: int, minor: int, access: str, rules: list[Rule] = old_rules) -> bool:
+                return first_match(rules, kind, major, minor, access)
+
+            if all(grants(old_policy, r) for r in rules):
                 done.append(f"program {prog_id} already grants the plan")
                 continue
             new_fd = bpf.prog_load(devicefilter.build([*rules, *old_rules]), devicefilter.PROGRAM_NAME)

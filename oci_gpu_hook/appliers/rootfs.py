@@ -20,7 +20,8 @@ from oci_gpu_hook.errors import HookError
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
 
 if TYPE_CHECKING:
-    from oci_gpu_hook.plan import NodeEdit, Plan
+    from oci_gpu_hook.core.devices import Node
+    from oci_gpu_hook.plan import Plan
 
 CLONE_NEWNS = 0x00020000
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -76,7 +77,7 @@ def _walk(root_fd: int, directory: str) -> int:
     return fd
 
 
-def _make_node(dir_fd: int, name: str, node: NodeEdit) -> str:
+def _make_node(dir_fd: int, name: str, node: Node) -> str:
     kind = stat.S_IFCHR if node.type == "c" else stat.S_IFBLK
     rdev = os.makedev(node.major, node.minor)
     try:

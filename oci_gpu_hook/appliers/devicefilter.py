@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import struct
 
-from oci_gpu_hook.plan import DeviceRule
+from oci_gpu_hook.core.devices import Rule
 
 PROGRAM_NAME = "oci_gpu_hook"  # how our programs are recognised on a cgroup (15 chars max)
 
@@ -47,7 +47,7 @@ def _access_mask(access: str) -> int:
     return mask
 
 
-def _block(rule: DeviceRule) -> list[bytes]:
+def _block(rule: Rule) -> list[bytes]:
     """One rule; jump offsets are filled in once the block length is known (-1 = to next block)."""
     checks: list[tuple[int, int, int, int]] = []  # (code, dst, src, imm) of the mismatch jumps
     prefix: list[bytes] = []
@@ -82,7 +82,7 @@ def _block(rule: DeviceRule) -> list[bytes]:
     return out
 
 
-def build(rules: list[DeviceRule] | tuple[DeviceRule, ...]) -> bytes:
+def build(rules: list[Rule] | tuple[Rule, ...]) -> bytes:
     """The program for ``rules`` (first match wins; no match = deny)."""
     insns = [
         _insn(LDX_W, 2, 1, 0), _insn(ALU32_AND_K, 2, imm=0xFFFF),  # type
@@ -105,13 +105,13 @@ class NotDecodable(ValueError):
 _FIELDS = {0: "raw", 4: "major", 8: "minor"}
 
 
-def decode(insns: bytes) -> list[DeviceRule]:
+def decode(insns: bytes) -> list[Rule]:
     """Rules of a device program from its translated instructions (see the module doc)."""
     if not insns or len(insns) % 8:
         raise NotDecodable("no instructions to read")
     prog = [struct.unpack_from("=BBhi", insns, i) for i in range(0, len(insns), 8)]
     regs: dict[int, object] = {1: "ctx"}
-    rules: list[DeviceRule] = []
+    rules: list[Rule] = []
     cond: dict[str, object] = {}
     targets: set[int] = set()
     pc = 0
@@ -186,7 +186,7 @@ def _alu(code: int, value: object, operand: object) -> object:
     return None if folded is None else folded() & width
 
 
-def _rule(cond: dict[str, object], allow: bool) -> DeviceRule:
+def _rule(cond: dict[str, object], allow: bool) -> Rule:
     type_bits = cond.get("type")
     if type_bits is not None and type_bits not in TYPE_NAMES:
         raise NotDecodable(f"device type {type_bits}")
@@ -194,16 +194,6 @@ def _rule(cond: dict[str, object], allow: bool) -> DeviceRule:
     assert isinstance(mask, int)
     access = "".join(letter for letter in "rwm" if mask & ACCESS_BITS[letter])
     major, minor = cond.get("major"), cond.get("minor")
-    return DeviceRule(allow, TYPE_NAMES[type_bits] if isinstance(type_bits, int) else "a",
+    return Rule(allow, TYPE_NAMES[type_bits] if isinstance(type_bits, int) else "a",
                       major if isinstance(major, int) else None, minor if isinstance(minor, int) else None,
                       access)
-
-
-def allows(rules: list[DeviceRule] | tuple[DeviceRule, ...], type: str, major: int, minor: int,
-           access: str) -> bool | None:
-    """First-match verdict of a decoded program for one access; None if no rule matches."""
-    wanted = _access_mask(access)
-    for rule in rules:
-        if rule.covers(type, major, minor) and wanted & _access_mask(rule.access) == wanted:
-            return rule.allow
-    return None

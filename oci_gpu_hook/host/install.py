@@ -70,7 +70,7 @@ HOOK_TEMPLATE: dict[str, Any] = {
     "stages": ["STAGE"],
 }
 
-PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 # --- what to write -------------------------------------------------------------------------------
@@ -115,8 +115,8 @@ def hook_file(stage: str, launcher: str) -> str:
 def wanted(config: Config, hook: str, defaults: dict[str, str], notes: list[str],
            disk: Callable[[str], str]) -> list[Item]:
     """Every file this install writes, in the order it writes them."""
-    from oci_gpu_hook import cdi
-    from oci_gpu_hook.commands import LAUNCHERS, launcher_text
+    from oci_gpu_hook.appliers import cdi
+    from oci_gpu_hook.host.launchers import LAUNCHERS, launcher_text
     from oci_gpu_hook.inventory import scan
 
     items = [Item(f"{LAUNCHER_DIR}/{name}", launcher_text(module, defaults).encode(), 0o755, "launcher")
@@ -144,7 +144,7 @@ def containerd_items(disk: Callable[[str], str], notes: list[str]) -> list[Item]
     the ``imports`` line it needs; nothing on a host without /etc/containerd."""
     import tomllib
 
-    from oci_gpu_hook import containerd
+    from oci_gpu_hook.host import containerd
 
     if not os.path.isdir(disk(os.path.dirname(containerd.MAIN_CONFIG_PATH))):
         notes.append(f"no {os.path.dirname(containerd.MAIN_CONFIG_PATH)} here: containerd is not configured")
@@ -635,7 +635,8 @@ class Installer:
 
 
 def command(args: list[str], config: Config) -> int:
-    from oci_gpu_hook.commands import _parser, launcher_defaults
+    from oci_gpu_hook.cliparse import parser as _parser
+    from oci_gpu_hook.host.launchers import launcher_defaults
 
     parser = _parser("install", "Install the launchers, a podman hooks.d file, the CDI spec and the containerd "
                                 "drop-in, recorded in a manifest; or take them out again (--uninstall).")

@@ -10,8 +10,9 @@ existing entry, and leaves every field it does not own as it was.
 from __future__ import annotations
 
 from oci_gpu_hook import fastjson
+from oci_gpu_hook.core.devices import Rule
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.plan import DeviceRule, plan_for_spec
+from oci_gpu_hook.plan import plan_for_spec
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
 
@@ -79,20 +80,16 @@ def apply(spec: Any, plan: Plan) -> bool:
                 f"{entry.get('major')}:{entry.get('minor')}, not {node.type} {node.major}:{node.minor}; "
                 "refusing to replace it")
 
-    current = [DeviceRule.from_oci(entry) for entry in rules]
-    new_rules = [rule.to_oci() for rule in plan.rules if not _granted(current, rule)]
+    from oci_gpu_hook.core.rules import Policy, grants
+
+    policy = Policy.of(Rule.from_oci(entry) for entry in rules)
+    missing = [rule for rule in plan.rules if not grants(policy.allows, rule)]
+    for rule in missing:
+        policy.apply(rule)  # a HookError where runc would refuse the list with it
+    new_rules = [rule.to_oci() for rule in missing]
     devices.extend(new_devices)
     rules.extend(new_rules)
     return bool(new_devices or new_rules)
-
-
-def _granted(rules: list[DeviceRule], wanted: DeviceRule) -> bool:
-    """Is ``wanted`` already in force?  The last rule that matches a device decides (runc's order)."""
-    assert wanted.major is not None and wanted.minor is not None
-    for rule in reversed(rules):
-        if rule.covers(wanted.type, wanted.major, wanted.minor):
-            return rule.allow and set(wanted.access) <= set(rule.access)
-    return False
 
 
 def rewrite_text(text: str, config: Config, devices: str | None = None) -> tuple[str | None, Plan]:

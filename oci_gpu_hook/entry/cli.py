@@ -87,8 +87,8 @@ def cmd_precreate(config: Config) -> int:
     """podman's precreate stage: the proposed config on stdin, the full config on stdout."""
     import time
 
+    from oci_gpu_hook.appliers.ocispec import rewrite_text
     from oci_gpu_hook.log import record_plan
-    from oci_gpu_hook.spec import rewrite_text
 
     started = time.monotonic()
     text = sys.stdin.read()
@@ -114,10 +114,10 @@ def main(argv: list[str] | None = None) -> int:
             os.chdir("/")  # never work relative to a directory the container may control
             if command == "precreate":
                 return cmd_precreate(config)
-            from oci_gpu_hook import prestart
+            from oci_gpu_hook.appliers import live as prestart
 
             return prestart.run(sys.stdin.read(), config)
-        from oci_gpu_hook import commands
+        from oci_gpu_hook.entry import commands
 
         if command in (None, "-h", "--help", "help"):
             sys.stdout.write(USAGE)

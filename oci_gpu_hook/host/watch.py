@@ -14,8 +14,8 @@ render node or a compute partition appearing, disappearing or changing).
   postpone it for ever: it happens at the latest ``MAX_WAIT_FACTOR`` quiet periods
   after the first event of the burst.
 - **Regeneration**: sysfs is scanned again, the spec generated and checked
-  (:func:`oci_gpu_hook.cdi.validate`), and written atomically only when its text
-  changed (:func:`oci_gpu_hook.cdi.write`), so an unchanged spec keeps its mtime
+  (:func:`oci_gpu_hook.appliers.cdi.validate`), and written atomically only when its text
+  changed (:func:`oci_gpu_hook.appliers.cdi.write`), so an unchanged spec keeps its mtime
   and CDI consumers (containerd, CRI-O, podman watch the spec directories) see no
   spurious change.
 - **A host with no GPUs**: a CDI spec needs at least one device, so nothing is
@@ -73,7 +73,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, Protocol, TextIO
 
-from oci_gpu_hook import cdi
+from oci_gpu_hook.appliers import cdi
 from oci_gpu_hook.config import Config
 from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.log import PROGRAM
@@ -467,7 +467,7 @@ def parse_debounce(text: str) -> float:
 
 
 def command(args: list[str], config: Config) -> int:
-    from oci_gpu_hook.commands import _parser
+    from oci_gpu_hook.cliparse import parser as _parser
 
     parser = _parser("watch", "Keep the CDI spec current: regenerate it when the kernel reports a GPU or "
                               "partition appearing, disappearing or changing (uevents).")

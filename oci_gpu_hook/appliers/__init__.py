@@ -1,0 +1,1 @@
+"""Appliers: the one set of container edits put in place (spec rewrite, live hook, CDI)."""

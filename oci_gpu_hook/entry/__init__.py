@@ -1,0 +1,1 @@
+"""Entry points: the hooks, the runtime shim, and the operator commands."""
