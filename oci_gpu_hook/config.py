@@ -1,12 +1,13 @@
-"""Settings: documented defaults, then the config file, then environment variables.
+"""Settings: the one definition of the config's keys and types, and the loader every entry point uses.
 
 Precedence, lowest first: the defaults below, ``/etc/oci-gpu-hook/config.toml``
 (path overridable by ``OCI_GPU_HOOK_CONFIG``), ``OCI_GPU_HOOK_*`` environment
-variables, command-line flags.  This module is on the per-container path, so it
-imports nothing heavy: :mod:`tomllib` is loaded only when a config file exists.
-The same fields are described by the pydantic model in :mod:`oci_gpu_hook.models`
-(used by ``oci-gpu-hook validate`` and to write ``schemas/config.schema.json``);
-a test keeps the two in step.
+variables, command-line flags.  :data:`FIELDS` is the only description of the
+keys: the loader checks every value with it, ``oci-gpu-hook validate`` runs the
+same loader, and the pydantic model behind ``schemas/config.schema.json`` is
+generated from it (:mod:`oci_gpu_hook.models`).  This module is on the
+per-container path, so it imports nothing heavy: :mod:`tomllib` is loaded only
+when a config file exists.
 """
 
 from __future__ import annotations
@@ -22,39 +23,124 @@ if TYPE_CHECKING:
     from typing import Any
 
 DEFAULT_CONFIG_PATH = "/etc/oci-gpu-hook/config.toml"
-
-# name -> (default, type, environment variable or None)
-FIELDS: dict[str, tuple[Any, type, str | None]] = {
-    "sysfs_root": ("/sys", str, "OCI_GPU_HOOK_SYSFS_ROOT"),
-    "runtime": ("runc", str, "OCI_GPU_HOOK_RUNTIME"),
-    "request_env": (("AMD_VISIBLE_DEVICES",), tuple, None),
-    "allow_env_requests": (True, bool, "OCI_GPU_HOOK_ALLOW_ENV_REQUESTS"),
-    "cdi_kind": ("amd.com/gpu", str, None),
-    "cdi_spec": ("/var/run/cdi/amd.com-gpu.json", str, "OCI_GPU_HOOK_CDI_SPEC"),
-    "device_file_mode": (0o666, int, None),
-    "device_uid": (0, int, None),
-    "device_gid": (0, int, None),
-    "cgroup_access": ("rwm", str, None),
-    "log_file": ("", str, "OCI_GPU_HOOK_LOG_FILE"),
-    "debug": (False, bool, "OCI_GPU_HOOK_DEBUG"),
-}
-
 ACCESS_VALUES = ("r", "w", "m", "rw", "rm", "wm", "rwm")
+# Vendor backends: name -> (CDI kind, default request variables).  The backends themselves
+# (oci_gpu_hook.inventory.<name>) are imported only when a container asks for their kind.
+KINDS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "amd": ("amd.com/gpu", ("AMD_VISIBLE_DEVICES",)),
+    "intel": ("intel.com/gpu", ("INTEL_VISIBLE_DEVICES",)),
+}
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
 
+class Field:
+    """One key: its default, its type (``str``, ``path``, ``bool``, ``mode``, ``id``, ``access``,
+    ``kinds``, ``env_table``), its environment variable, and what it is for."""
+
+    __slots__ = ("default", "doc", "env", "type")
+
+    def __init__(self, default: Any, type: str, env: str | None, doc: str) -> None:
+        self.default = default
+        self.type = type
+        self.env = env
+        self.doc = doc
+
+
+FIELDS: dict[str, Field] = {
+    "sysfs_root": Field("/sys", "path", "OCI_GPU_HOOK_SYSFS_ROOT", "Where sysfs is read (a fake tree for tests)."),
+    "runtime": Field("runc", "path", "OCI_GPU_HOOK_RUNTIME",
+                     "The real OCI runtime that oci-gpu-runtime execs (a name on PATH or an absolute path)."),
+    "backends": Field(tuple(KINDS), "kinds", None, "The vendor backends in use (" + ", ".join(KINDS) + ")."),
+    "request_env": Field({name: list(env) for name, (_kind, env) in KINDS.items()}, "env_table", None,
+                         "Per backend, the container env variables that carry a GPU request."),
+    "allow_env_requests": Field(True, "bool", "OCI_GPU_HOOK_ALLOW_ENV_REQUESTS",
+                                "Honour GPU requests in the container's env; when off, only cdi.k8s.io "
+                                "annotations (the orchestrator's) count."),
+    "cdi_dir": Field("/var/run/cdi", "path", "OCI_GPU_HOOK_CDI_DIR",
+                     "Where the CDI spec of each kind is written (<vendor>-<class>.json)."),
+    "hook_path": Field("/usr/local/libexec/oci-gpu-hook/oci-gpu-hook", "path", "OCI_GPU_HOOK_HOOK_PATH",
+                       "The oci-gpu-hook launcher that the spec-rewrite paths and CDI specs name as the "
+                       "createRuntime hook making /dev/dri/by-path links."),
+    "mask_other_gpus": Field(False, "bool", None,
+                             "Spec-rewrite paths: add the sysfs directories of every GPU the container did not "
+                             "get to linux.maskedPaths."),
+    "device_file_mode": Field(0o666, "mode", None, "Mode of the created nodes."),
+    "device_uid": Field(0, "id", None, "Owner uid of the created nodes."),
+    "device_gid": Field(0, "id", None, "Owner gid of the created nodes."),
+    "cgroup_access": Field("rwm", "access", None, "Access granted by each device cgroup rule."),
+    "log_file": Field("", "str", "OCI_GPU_HOOK_LOG_FILE", "Append one JSON line per hook run here ('' = off)."),
+    "debug": Field(False, "bool", "OCI_GPU_HOOK_DEBUG", "Print tracebacks on internal errors."),
+}
+RENAMED = {"cdi_spec": "cdi_dir", "cdi_kind": "backends"}
+
+EXPECTED = {
+    "str": "a string",
+    "path": "a non-empty string",
+    "bool": "true or false",
+    "mode": "a file mode, 0 to 0o7777",
+    "id": "an integer, 0 to 4294967294",
+    "access": "one of " + ", ".join(ACCESS_VALUES),
+    "kinds": "a non-empty list of backend names (" + ", ".join(KINDS) + ")",
+    "env_table": "a table of backend name = a non-empty list of variable names",
+}
+
+
+def _env_name(value: Any) -> bool:
+    return (isinstance(value, str) and value != "" and value.isascii() and "=" not in value
+            and (value[0].isalpha() or value[0] == "_") and all(c.isalnum() or c == "_" for c in value))
+
+
+def check_value(name: str, value: Any, where: str) -> Any:
+    """``value`` for key ``name`` as the program uses it; a HookError naming the key and what is valid."""
+    kind = FIELDS[name].type
+    ok: Any = _BAD
+    if kind in ("str", "path"):
+        if isinstance(value, str) and "\0" not in value and (kind == "str" or value):
+            ok = value
+    elif kind == "bool":
+        if isinstance(value, bool):
+            ok = value
+        elif isinstance(value, str) and where.startswith("environment") and value.lower() in _TRUE | _FALSE:
+            ok = value.lower() in _TRUE
+    elif kind in ("mode", "id"):
+        top = 0o7777 if kind == "mode" else 4294967294
+        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= top:
+            ok = value
+    elif kind == "access":
+        if value in ACCESS_VALUES:
+            ok = value
+    elif kind == "kinds":
+        if (isinstance(value, (list, tuple)) and value and all(v in KINDS for v in value)
+                and len(set(value)) == len(value)):
+            ok = tuple(value)
+    elif kind == "env_table" and isinstance(value, dict) and all(
+            k in KINDS and isinstance(v, list) and v and all(_env_name(e) for e in v) for k, v in value.items()):
+        ok = {**FIELDS[name].default, **{k: list(v) for k, v in value.items()}}
+        names = [e for v in ok.values() for e in v]
+        if len(names) != len(set(names)):
+            ok = _BAD
+    if ok is _BAD:
+        raise HookError(f"{where}: bad value {value!r} for '{name}' (expected {EXPECTED[kind]})")
+    return ok
+
+
+_BAD = object()
+
+
 class Config:
-    """Resolved settings; one attribute per entry of :data:`FIELDS`."""
+    """Resolved settings; one attribute per entry of :data:`FIELDS`, plus where they came from."""
 
     __slots__ = (*FIELDS, "source")
 
     sysfs_root: str
     runtime: str
-    request_env: tuple[str, ...]
+    backends: tuple[str, ...]
+    request_env: dict[str, list[str]]
     allow_env_requests: bool
-    cdi_kind: str
-    cdi_spec: str
+    cdi_dir: str
+    hook_path: str
+    mask_other_gpus: bool
     device_file_mode: int
     device_uid: int
     device_gid: int
@@ -64,65 +150,43 @@ class Config:
     source: str
 
     def __init__(self, **values: Any) -> None:
-        for name, (default, _kind, _env) in FIELDS.items():
-            setattr(self, name, values.get(name, default))
+        for name, field in FIELDS.items():
+            setattr(self, name, values.get(name, field.default))
         self.source = values.get("source", "defaults")
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in FIELDS}
 
+    def cdi_kind(self, backend: str) -> str:
+        return KINDS[backend][0]
 
-def _coerce(name: str, value: Any, where: str) -> Any:
-    kind = FIELDS[name][1]
-    if kind is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
-            return value.lower() in _TRUE
-    elif kind is int:
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-            return value
-    elif kind is tuple:
-        if isinstance(value, list) and value and all(isinstance(v, str) and v for v in value):
-            return tuple(value)
-    elif kind is str and isinstance(value, str):
-        return value
-    raise HookError(f"{where}: bad value {value!r} for '{name}' (expected {_expected(name)})")
+    def cdi_spec_path(self, backend: str) -> str:
+        """``<cdi_dir>/<vendor>-<class>.json``, the file name CDI consumers expect for one kind."""
+        return os.path.join(self.cdi_dir, KINDS[backend][0].replace("/", "-") + ".json")
 
 
-def _expected(name: str) -> str:
-    kind = FIELDS[name][1]
-    return {
-        bool: "true or false",
-        int: "a non-negative integer",
-        tuple: "a non-empty list of strings",
-        str: "a string",
-    }[kind]
-
-
-def _check(config: Config) -> None:
-    if config.device_file_mode > 0o7777:
-        raise HookError(f"device_file_mode {config.device_file_mode:#o} is not a file mode (0..0o7777)")
-    if config.cgroup_access not in ACCESS_VALUES:
-        raise HookError(f"cgroup_access {config.cgroup_access!r} is not valid (one of {', '.join(ACCESS_VALUES)})")
-    config.sysfs_root = os.path.abspath(config.sysfs_root)
+def parse_file(data: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """The keys of a parsed config file, each checked; unknown keys are errors."""
+    for key in data:
+        if key not in FIELDS:
+            hint = f"; it is now '{RENAMED[key]}'" if key in RENAMED else ""
+            raise HookError(f"{where}: unknown key {key!r}{hint} (valid: {', '.join(FIELDS)})")
+    return {name: check_value(name, value, where) for name, value in data.items()}
 
 
 def load_file(path: str) -> dict[str, Any]:
-    """Read the TOML file; unknown keys and bad types are errors."""
-    import tomllib  # only when a file exists: it costs ~8 ms
+    """Read and check the TOML file."""
+    import tomllib  # only when a file exists
 
+    where = f"config file {path}"
     try:
         with open(path, "rb") as handle:
             data = tomllib.load(handle)
     except tomllib.TOMLDecodeError as err:
-        raise HookError(f"config file {path}: not valid TOML ({err})") from None
+        raise HookError(f"{where}: not valid TOML ({err})") from None
     except OSError as err:
-        raise HookError(f"config file {path}: cannot read ({err.strerror})") from None
-    unknown = sorted(set(data) - set(FIELDS))
-    if unknown:
-        raise HookError(f"config file {path}: unknown key {unknown[0]!r} (valid: {', '.join(FIELDS)})")
-    return {name: _coerce(name, value, f"config file {path}") for name, value in data.items()}
+        raise HookError(f"{where}: cannot read ({err.strerror})") from None
+    return parse_file(data, where)
 
 
 def load_config(environ: Mapping[str, str] | None = None, overrides: Mapping[str, Any] | None = None) -> Config:
@@ -134,15 +198,16 @@ def load_config(environ: Mapping[str, str] | None = None, overrides: Mapping[str
     if env.get("OCI_GPU_HOOK_CONFIG") or os.path.exists(path):
         values.update(load_file(path))
         sources.append(path)
-    for name, (_default, _kind, var) in FIELDS.items():
-        if var and env.get(var) is not None and (env[var] != "" or name == "log_file"):
-            values[name] = _coerce(name, env[var], f"environment variable {var}")
+    for name, field in FIELDS.items():
+        var = field.env
+        if var and env.get(var) is not None and (env[var] != "" or field.type == "str"):
+            values[name] = check_value(name, env[var], f"environment variable {var}")
             sources.append(var)
     for name, value in (overrides or {}).items():
         if value is not None:
-            values[name] = value
+            values[name] = check_value(name, value, f"--{name.replace('_', '-')}")
             sources.append(f"--{name.replace('_', '-')}")
     values["source"] = ", ".join(sources) or "defaults"
     config = Config(**values)
-    _check(config)
+    config.sysfs_root = os.path.abspath(config.sysfs_root)
     return config

@@ -1,8 +1,12 @@
-"""Pydantic models of the project's own config file and outputs.
+"""Pydantic models of the project's config file and outputs, for JSON schemas and ``list --json``.
 
-Off the per-container path (pydantic costs ~200 ms to import): used by
-``list --json``, ``validate`` and the tests, and to write the JSON schemas in
-``schemas/`` (``python -m oci_gpu_hook.models schemas/``).
+Off the per-container path (pydantic costs ~200 ms to import).  The config
+model is *generated* from :data:`oci_gpu_hook.config.FIELDS`, the one
+definition of the keys: it exists to write ``schemas/config.schema.json`` for
+editors and other tools; validating a file is the loader's job
+(``oci-gpu-hook validate`` runs :func:`oci_gpu_hook.config.load_file`), so the
+two can never disagree on what is accepted.  Regenerate the schemas with
+``python -m oci_gpu_hook.models schemas/``.
 """
 
 from __future__ import annotations
@@ -10,39 +14,46 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
+from oci_gpu_hook.config import ACCESS_VALUES, FIELDS, KINDS
 from oci_gpu_hook.core.devices import Node
-from oci_gpu_hook.inventory import Gpu, Inventory
+from oci_gpu_hook.inventory import Device, Inventory
+
+_ENV_NAME = "^[A-Za-z_][A-Za-z0-9_]*$"
+_KIND = Literal[tuple(KINDS)]  # type: ignore[valid-type]
 
 
-class ConfigModel(BaseModel):
-    """``/etc/oci-gpu-hook/config.toml``.  Every key is optional; unknown keys are errors."""
+def _annotation(kind: str) -> Any:
+    from typing import Annotated
 
-    model_config = ConfigDict(extra="forbid", strict=True, title="oci-gpu-hook config")
-
-    sysfs_root: str = Field("/sys", description="Where sysfs is read (a fake tree for tests).")
-    runtime: str = Field("runc", description="The real OCI runtime that oci-gpu-runtime execs.")
-    request_env: list[str] = Field(["AMD_VISIBLE_DEVICES"], min_length=1,
-                                   description="Container env variables that carry a GPU request.")
-    allow_env_requests: bool = Field(True, description="Honour GPU requests in the container's env; when off, "
-                                     "only cdi.k8s.io annotations (the orchestrator's) count.")
-    cdi_kind: str = Field("amd.com/gpu", pattern="^[A-Za-z][A-Za-z0-9_.-]*/[A-Za-z][A-Za-z0-9_.-]*$",
-                          description="CDI kind of the generated spec and of annotation requests.")
-    cdi_spec: str = Field("/var/run/cdi/amd.com-gpu.json",
-                          description="The CDI spec file that `watch` keeps current and `install` writes.")
-    device_file_mode: int = Field(0o666, ge=0, le=0o7777, description="Mode of the created nodes.")
-    device_uid: int = Field(0, ge=0, description="Owner uid of the created nodes.")
-    device_gid: int = Field(0, ge=0, description="Owner gid of the created nodes.")
-    cgroup_access: str = Field("rwm", pattern="^(r|w|m|rw|rm|wm|rwm)$",
-                               description="Access granted by each device cgroup rule.")
-    log_file: str = Field("", description="Append one JSON line per hook run here ('' = off).")
-    debug: bool = Field(False, description="Print tracebacks on internal errors.")
+    return {
+        "str": str,
+        "path": Annotated[str, Field(min_length=1)],
+        "bool": bool,
+        "mode": Annotated[int, Field(ge=0, le=0o7777)],
+        "id": Annotated[int, Field(ge=0, le=4294967294)],
+        "access": Literal[ACCESS_VALUES],  # type: ignore[valid-type]
+        "kinds": Annotated[list[_KIND], Field(min_length=1)],  # type: ignore[valid-type]
+        "env_table": dict[_KIND, Annotated[list[Annotated[str, Field(pattern=_ENV_NAME)]],  # type: ignore[valid-type]
+                                           Field(min_length=1)]],
+    }[kind]
 
 
-class DeviceNodeModel(BaseModel):
+def _default(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+ConfigModel: type[BaseModel] = create_model(  # type: ignore[call-overload]
+    "ConfigModel",
+    __config__=ConfigDict(extra="forbid", strict=True, title="oci-gpu-hook config"),
+    **{name: (_annotation(f.type), Field(_default(f.default), description=f.doc)) for name, f in FIELDS.items()},
+)
+
+
+class NodeModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     path: str
@@ -51,36 +62,39 @@ class DeviceNodeModel(BaseModel):
     minor: int = Field(ge=0)
 
     @classmethod
-    def of(cls, node: Node) -> DeviceNodeModel:
+    def of(cls, node: Node) -> NodeModel:
         return cls(path=node.path, type=node.type, major=node.major, minor=node.minor)  # type: ignore[arg-type]
 
 
-class GpuModel(BaseModel):
+class DeviceModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    kind: _KIND  # type: ignore[valid-type]
     index: int = Field(ge=0)
-    vendor: str
+    pci_address: str = Field(pattern="^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\\.[0-7]$")
+    partition: int | None = Field(ge=0, le=7)
+    drm_name: str
+    compute_mode: str | None
+    memory_mode: str | None
     vendor_id: str
     device_id: str
-    pci_address: str = Field(pattern="^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\\.[0-7]$")
-    numa_node: int | None
     driver: str | None
     model: str
-    card: DeviceNodeModel | None
-    render: DeviceNodeModel
-    kfd_gpu_id: int | None
+    numa_node: int | None
+    nodes: list[NodeModel]
+    links: list[tuple[str, str]]
     unique_id: str | None = Field(pattern="^0x[0-9a-f]{16}$")
-    location_id: int | None
-    partition: int | None
+    hive_id: int | None
+    kfd_gpu_id: int | None
 
     @classmethod
-    def of(cls, gpu: Gpu) -> GpuModel:
+    def of(cls, device: Device) -> DeviceModel:
         return cls(
-            index=gpu.index, vendor=gpu.vendor, vendor_id=gpu.vendor_id, device_id=gpu.device_id,
-            pci_address=gpu.pci_address, numa_node=gpu.numa_node, driver=gpu.driver, model=gpu.model,
-            card=DeviceNodeModel.of(gpu.card) if gpu.card else None, render=DeviceNodeModel.of(gpu.render),
-            kfd_gpu_id=gpu.kfd_gpu_id, unique_id=gpu.unique_id_hex, location_id=gpu.location_id,
-            partition=gpu.partition,
+            kind=device.kind, index=device.index, pci_address=device.pci_address, partition=device.partition,
+            drm_name=device.drm_name, compute_mode=device.compute_mode, memory_mode=device.memory_mode,
+            vendor_id=device.vendor_id, device_id=device.device_id, driver=device.driver, model=device.model,
+            numa_node=device.numa_node, nodes=[NodeModel.of(n) for n in device.nodes], links=list(device.links),
+            unique_id=device.unique_id_hex, hive_id=device.hive_id, kfd_gpu_id=device.kfd_gpu_id,
         )
 
 
@@ -90,15 +104,17 @@ class InventoryModel(BaseModel):
     model_config = ConfigDict(extra="forbid", title="oci-gpu-hook inventory")
 
     sysfs_root: str
-    gpus: list[GpuModel]
-    shared_nodes: dict[str, list[DeviceNodeModel]]
+    devices: list[DeviceModel]
+    shared_nodes: dict[str, list[NodeModel]]
+    ignored: list[tuple[str, str]]
 
     @classmethod
     def of(cls, inventory: Inventory) -> InventoryModel:
         return cls(
             sysfs_root=inventory.sysfs_root,
-            gpus=[GpuModel.of(g) for g in inventory.gpus],
-            shared_nodes={v: [DeviceNodeModel.of(n) for n in nodes] for v, nodes in inventory.shared_nodes.items()},
+            devices=[DeviceModel.of(d) for d in inventory.all_devices],
+            shared_nodes={k: [NodeModel.of(n) for n in found.shared] for k, found in inventory.kinds.items()},
+            ignored=list(inventory.ignored),
         )
 
 

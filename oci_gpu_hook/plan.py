@@ -1,14 +1,14 @@
 """One set of container edits, computed once from inventory + request + config.
 
-Every entry point applies this same value: the spec rewrite (``dry-run``,
-``precreate``, ``oci-gpu-runtime``) writes it into config.json; the live
-``prestart`` hook makes the nodes and extends the device cgroup.  Like CDI's
-container edits, it says *what* the container gets, never *how*.
+Every applier applies this value: the spec rewrite (``dry-run``, ``precreate``,
+``oci-gpu-runtime``) writes it into config.json; the live ``prestart`` hook makes
+the nodes and links and extends the device cgroup; the CDI spec carries the
+same edits per device.  It says *what* the container gets, never *how*.
 """
 
 from __future__ import annotations
 
-from oci_gpu_hook.core.devices import Node, Rule
+from oci_gpu_hook.core.edits import Edits
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
 
@@ -16,66 +16,101 @@ if TYPE_CHECKING:
     from typing import Any
 
     from oci_gpu_hook.config import Config
-    from oci_gpu_hook.inventory import Gpu, Inventory
+    from oci_gpu_hook.core.devices import Rule
+    from oci_gpu_hook.inventory import Device, Inventory
     from oci_gpu_hook.request import Request
 
 
 class Plan:
-    """The GPUs granted and the edits that grant them.  Empty = touch nothing."""
+    """The devices granted and the edits that grant them.  Empty = touch nothing."""
 
-    __slots__ = ("gpus", "nodes", "request", "rules")
+    __slots__ = ("devices", "edits", "request", "rules")
 
-    def __init__(self, request: Request, gpus: tuple[Gpu, ...], nodes: tuple[Node, ...],
-                 rules: tuple[Rule, ...]) -> None:
+    def __init__(self, request: Request, devices: tuple[Device, ...], edits: Edits, rules: tuple[Rule, ...]) -> None:
         self.request = request
-        self.gpus = gpus
-        self.nodes = nodes
+        self.devices = devices
+        self.edits = edits
         self.rules = rules
 
     def __bool__(self) -> bool:
-        return bool(self.nodes)
+        return bool(self.edits.nodes)
+
+    @property
+    def nodes(self) -> tuple[Any, ...]:
+        return self.edits.nodes
 
     def summary(self) -> str:
-        """``gpu 1 (0000:23:00.0): /dev/dri/card2 /dev/dri/renderD129 /dev/kfd``."""
-        if not self.gpus:
-            return "no GPU requested" + (f" ({self.request.note})" if self.request.note else "")
-        gpus = ", ".join(f"{g.index} ({g.pci_address})" for g in self.gpus)
-        return f"gpu {gpus}: " + " ".join(n.path for n in self.nodes)
+        """``amd 1 (0000:23:00.0): /dev/dri/card2 /dev/dri/renderD129 /dev/kfd``."""
+        if not self.devices:
+            note = self.request.note
+            return "no GPU requested" + (f" ({note})" if note else "")
+        parts = []
+        for device in self.devices:
+            part = "" if device.partition is None else f" partition {device.partition}"
+            parts.append(f"{device.kind} {device.index} ({device.pci_address}{part})")
+        return ", ".join(parts) + ": " + " ".join(n.path for n in self.edits.nodes)
+
+
+def device_edits(device: Device, config: Config) -> Edits:
+    """One device's own edits: its nodes (with the configured mode and owner) and by-path links."""
+    made = tuple(n.made(config.device_file_mode, config.device_uid, config.device_gid) for n in device.nodes)
+    return Edits(made, device.links)
+
+
+def shared_edits(inventory: Inventory, kind: str, config: Config) -> Edits:
+    """The nodes every device of ``kind`` needs (AMD: /dev/kfd)."""
+    return Edits(tuple(n.made(config.device_file_mode, config.device_uid, config.device_gid)
+                       for n in inventory.shared(kind)))
+
+
+def masked_paths(inventory: Inventory, granted: tuple[Device, ...]) -> tuple[str, ...]:
+    """The sysfs directories of every device not granted (a PCI GPU's only when none of its partitions is)."""
+    from oci_gpu_hook.inventory.sysfs import container_path
+
+    mine = {d.sysfs_dir for d in granted}
+    gpus = {d.pci_address for d in granted}
+    out = []
+    for device in inventory.all_devices:
+        if device.sysfs_dir in mine:
+            continue
+        if device.partition in (None, 0) and device.pci_address in gpus:
+            continue  # the PCI device of a GPU the container has a partition of
+        out.append(container_path(inventory.sysfs_root, device.sysfs_dir))
+    return tuple(sorted(set(out)))
 
 
 def build_plan(inventory: Inventory, request: Request, config: Config) -> Plan:
-    """Nodes (each GPU's card and render node, then the vendors' shared nodes) and one allow rule per node."""
-    wanted: list[Node] = []
-    for gpu in request.gpus:
-        wanted.extend(gpu.nodes)
-    for vendor in sorted({gpu.vendor for gpu in request.gpus}):
-        wanted.extend(inventory.shared_nodes.get(vendor, ()))
-    nodes = tuple(node_edit(n, config) for n in dict.fromkeys(wanted))
-    rules = tuple(n.rule(config.cgroup_access) for n in nodes)
-    return Plan(request, request.gpus, nodes, rules)
-
-
-def node_edit(node: Node, config: Config) -> Node:
-    """A host node as the container gets it: the configured mode and owner."""
-    return node.made(config.device_file_mode, config.device_uid, config.device_gid)
+    """Each granted device's edits, then its kind's shared nodes; one allow rule per node."""
+    devices = tuple(d for kind in request.devices for d in request.devices[kind])
+    parts = [device_edits(d, config) for d in devices]
+    for kind, chosen in request.devices.items():
+        if chosen:
+            parts.append(shared_edits(inventory, kind, config))
+    if devices and config.mask_other_gpus:
+        parts.append(Edits(masked=masked_paths(inventory, devices)))
+    edits = Edits.merged(parts)
+    return Plan(request, devices, edits, edits.rules(config.cgroup_access))
 
 
 def plan_for_spec(spec: Any, config: Config, devices: str | None = None) -> Plan:
     """The plan for a container's config.json.
 
-    ``devices`` (``dry-run --devices``) replaces the request the spec carries.
-    When nothing is requested sysfs is not even read and the plan is empty.
+    ``devices`` (``dry-run --devices``) replaces the request the spec carries.  When nothing is
+    requested sysfs is not even read and the plan is empty; otherwise only the kinds asked for are
+    scanned (so only their backends are imported), plus every kind when other GPUs are masked.
     """
-    from oci_gpu_hook.appliers.ocispec import annotations, process_env
-    from oci_gpu_hook.inventory import scan
-    from oci_gpu_hook.request import NO_GPU, Ask, Request, requested, resolve_ask
+    from oci_gpu_hook.request import Request, parse_devices_option, requested, resolve
 
     if devices is not None:
-        ask = Ask("--devices", [devices]) if devices.strip().lower() not in NO_GPU else None
+        asks = parse_devices_option(devices, config.backends)
     else:
-        ask = requested(process_env(spec), annotations(spec), config.request_env, config.cdi_kind,
-                        config.allow_env_requests)
-    if ask is None or not ask.values:
-        return Plan(Request(ask.source if ask else "env", None, (), ask.note if ask else ""), (), (), ())
-    inventory = scan(config.sysfs_root)
-    return build_plan(inventory, resolve_ask(ask, inventory), config)
+        from oci_gpu_hook.bundle import annotations, process_env
+
+        asks = requested(process_env(spec), annotations(spec), config)
+    if not any(a.values for a in asks):
+        return Plan(Request(asks), (), Edits(), ())
+    from oci_gpu_hook.inventory import scan
+
+    kinds = None if config.mask_other_gpus else [a.kind for a in asks if a.values]
+    inventory = scan(config.sysfs_root, kinds)
+    return build_plan(inventory, resolve(asks, inventory), config)

@@ -1,63 +1,77 @@
-"""What a container asked for, parsed strictly and resolved against the inventory.
+"""What a container asked for: qualified ``kind=name`` entries, parsed strictly, resolved per backend.
 
-Syntax of ``AMD_VISIBLE_DEVICES`` (and of ``dry-run --devices``):
+Sources, per kind (``amd``, ``intel``):
 
-* ``all``: every GPU of the host;
-* ``none``, ``void``, empty or unset: no GPU, and then nothing is changed at all;
-* otherwise a comma list of: indices (``1``), inclusive ranges (``0-3``), PCI
-  addresses (``0000:23:00.0`` or ``23:00.0``), unique ids (``0x3149e0fac5157acf``
-  or ``GPU-3149e0fac5157acf``).  Duplicates collapse.
+1. CDI names in ``cdi.k8s.io/<key>`` annotations (``amd.com/gpu=1,intel.com/gpu=card0``), as the
+   kubelet and device plugins write them.  When they name any device of a kind, they decide for that
+   kind and its env variables are ignored.  Names of kinds no backend serves are someone else's.
+2. The kind's env variables (``AMD_VISIBLE_DEVICES``, ``INTEL_VISIBLE_DEVICES``; the last entry wins,
+   as in runc), unless ``allow_env_requests`` is off.  At most one variable of a kind may ask.
+3. ``dry-run --devices``, which replaces both.
 
-Anything unknown, malformed or out of range is a :class:`HookError` that names
-the bad token and says what is valid: the container must not start.
-
-CDI device names of our kind (``amd.com/gpu=NAME`` in ``cdi.k8s.io/*``
-annotations) are resolved the same way: the names a generated CDI spec offers
-(index, PCI address, unique id, ``all``) are all valid entries of this syntax.
+Syntax of a value: ``all``; ``none``, ``void`` or empty (no device: nothing is changed at all); else
+a comma list of indices (``1``), inclusive ranges (``0-3``) and the backend's own forms (AMD: PCI
+addresses, unique ids; Intel: ``cardN``, PCI addresses).  Duplicates collapse.  Anything unknown,
+malformed or out of range is a :class:`HookError` naming the bad token and what is valid.
 """
 
 from __future__ import annotations
 
+from oci_gpu_hook.config import KINDS
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.inventory import HEX_DIGITS, parse_pci_address
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping, Sequence
+    from collections.abc import Mapping, Sequence
 
-    from oci_gpu_hook.inventory import Gpu, Inventory
+    from oci_gpu_hook.config import Config
+    from oci_gpu_hook.inventory import Device, Inventory
 
 NO_GPU = frozenset({"", "none", "void"})
-
-
-class Request:
-    """A resolved request: where it came from, its text, the GPUs it names, and a note for operators."""
-
-    __slots__ = ("gpus", "note", "source", "value")
-
-    def __init__(self, source: str, value: str | None, gpus: tuple[Gpu, ...], note: str = "") -> None:
-        self.source = source
-        self.value = value
-        self.gpus = gpus
-        self.note = note
-
-    def __bool__(self) -> bool:
-        return bool(self.gpus)
+CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
+BY_CDI_KIND = {cdi_kind: name for name, (cdi_kind, _env) in KINDS.items()}
 
 
 class Ask:
-    """An unresolved request: the source that decides and its entries (sysfs not read yet)."""
+    """An unresolved request of one kind: the source that decides and its entries (sysfs not read yet)."""
 
-    __slots__ = ("note", "source", "values")
+    __slots__ = ("kind", "note", "source", "values")
 
-    def __init__(self, source: str, values: list[str], note: str = "") -> None:
+    def __init__(self, kind: str, source: str, values: list[str], note: str = "") -> None:
+        self.kind = kind
         self.source = source
         self.values = values
         self.note = note
 
+    def __repr__(self) -> str:
+        return f"Ask({self.kind}: {self.source}={','.join(self.values)!r})"
 
-CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
+
+class Request:
+    """The asks of a container and, once resolved, the devices each kind's backend chose."""
+
+    __slots__ = ("asks", "devices")
+
+    def __init__(self, asks: list[Ask], devices: dict[str, tuple[Device, ...]] | None = None) -> None:
+        self.asks = asks
+        self.devices = devices or {}
+
+    def __bool__(self) -> bool:
+        return any(self.devices.values())
+
+    @property
+    def note(self) -> str:
+        return "; ".join(a.note for a in self.asks if a.note)
+
+    @property
+    def source(self) -> str:
+        return ", ".join(dict.fromkeys(a.source for a in self.asks if a.values)) or "none"
+
+    @property
+    def value(self) -> str | None:
+        entries = [f"{KINDS[a.kind][0]}={v}" for a in self.asks for v in a.values]
+        return ",".join(entries) or None
 
 
 def env_value(env: Sequence[str] | None, name: str) -> str | None:
@@ -70,12 +84,11 @@ def env_value(env: Sequence[str] | None, name: str) -> str | None:
     return value
 
 
-def cdi_names(annotations: Mapping[str, object] | None, kind: str) -> list[str]:
-    """Device names of ``kind`` in ``cdi.k8s.io/<key>`` annotations (``amd.com/gpu=1,amd.com/gpu=3``).
-
-    Names of other kinds are someone else's and are skipped; a malformed entry of our kind is an error.
-    """
-    names: list[str] = []
+def annotation_names(annotations: Mapping[str, object] | None, kinds: Sequence[str]) -> dict[str, list[str]]:
+    """Device names per backend in ``cdi.k8s.io/<key>`` annotations; a malformed entry of a served kind is an
+    error, other kinds are skipped."""
+    served = {KINDS[k][0]: k for k in kinds}
+    names: dict[str, list[str]] = {}
     for key in sorted(annotations or {}):
         value = (annotations or {})[key]
         if not key.startswith(CDI_ANNOTATION_PREFIX) or not isinstance(value, str):
@@ -83,129 +96,141 @@ def cdi_names(annotations: Mapping[str, object] | None, kind: str) -> list[str]:
         for entry in value.split(","):
             qualified = entry.strip()
             device_kind, eq, name = qualified.partition("=")
-            if device_kind == kind:
-                if not eq or not name:
-                    raise HookError(f"annotation {key}: '{qualified}' is not a CDI device name "
-                                    f"(expected {kind}=NAME, e.g. {kind}=0)")
-                names.append(name)
-            elif qualified.startswith(kind) and not eq:
+            kind = served.get(device_kind) or next((k for c, k in served.items() if qualified.startswith(c)), None)
+            if kind is None:
+                continue
+            if device_kind not in served or not eq or not name:
+                cdi_kind = KINDS[kind][0]
                 raise HookError(f"annotation {key}: '{qualified}' is not a CDI device name "
-                                f"(expected {kind}=NAME, e.g. {kind}=0)")
+                                f"(expected {cdi_kind}=NAME, e.g. {cdi_kind}=0)")
+            names.setdefault(kind, []).append(name)
     return names
 
 
-def requested(env: Sequence[str] | None, annotations: Mapping[str, object] | None, names: Iterable[str],
-              kind: str, allow_env: bool) -> Ask | None:
-    """Which source decides, without reading sysfs; None when no GPU is asked for.
-
-    Precedence: CDI names in ``cdi.k8s.io/*`` annotations (written by the orchestrator) decide when
-    there are any, and the env is then ignored.  Otherwise the env variables ``names`` (at most one
-    may ask for GPUs), unless ``allow_env`` is off: then an env request is ignored (images can ship
-    ``AMD_VISIBLE_DEVICES=all``) and only annotations count.
-    """
-    cdi = cdi_names(annotations, kind)
-    found = [(name, value) for name in names if (value := env_value(env, name)) is not None]
-    asking = [(name, value) for name, value in found if value.strip().lower() not in NO_GPU]
-    if cdi:
-        note = f"{asking[0][0]}={asking[0][1]} ignored: annotations decide" if asking else ""
-        return Ask("cdi.k8s.io annotations", cdi, note)
-    if len(asking) > 1:
-        listed = ", ".join(name for name, _ in asking)
-        raise HookError(f"the container sets more than one GPU request ({listed}); set only one")
-    if not asking:
-        return None
-    name, value = asking[0]
-    if not allow_env:
-        return Ask(name, [], f"{name}={value} ignored: allow_env_requests is off, only annotations count")
-    return Ask(name, [value])
-
-
-def resolve_ask(ask: Ask, inventory: Inventory) -> Request:
-    """The GPUs ``ask`` names, in index order; each entry follows the syntax of :func:`resolve`."""
-    chosen: dict[int, Gpu] = {}
-    for value in ask.values:
-        for gpu in resolve(value, inventory, ask.source):
-            chosen[gpu.index] = gpu
-    return Request(ask.source, ",".join(ask.values), tuple(chosen[i] for i in sorted(chosen)), ask.note)
+def requested(env: Sequence[str] | None, annotations: Mapping[str, object] | None, config: Config) -> list[Ask]:
+    """Which source decides for each kind, without reading sysfs; [] when nothing is asked for."""
+    from_annotations = annotation_names(annotations, config.backends)
+    asks = []
+    for kind in config.backends:
+        found = [(n, v) for n in config.request_env[kind] if (v := env_value(env, n)) is not None]
+        asking = [(n, v) for n, v in found if v.strip().lower() not in NO_GPU]
+        names = from_annotations.get(kind)
+        if names:
+            note = f"{asking[0][0]}={asking[0][1]} ignored: annotations decide" if asking else ""
+            asks.append(Ask(kind, "cdi.k8s.io annotations", names, note))
+            continue
+        if len(asking) > 1:
+            raise HookError(f"the container sets more than one {kind} GPU request "
+                            f"({', '.join(n for n, _ in asking)}); set only one")
+        if not asking:
+            continue
+        name, value = asking[0]
+        if not config.allow_env_requests:
+            asks.append(Ask(kind, name, [], f"{name}={value} ignored: allow_env_requests is off, "
+                                            "only annotations count"))
+        else:
+            asks.append(Ask(kind, name, [value]))
+    return asks
 
 
-def resolve(value: str | None, inventory: Inventory, source: str = "request") -> tuple[Gpu, ...]:
-    """The GPUs that ``value`` names, in index order; () for no GPU."""
+def parse_devices_option(text: str, kinds: Sequence[str]) -> list[Ask]:
+    """``dry-run --devices``: ``1,3`` (the first backend's kind), or qualified ``amd.com/gpu=1,intel.com/gpu=0``
+    entries (a bare entry after a qualified one belongs to the same kind)."""
+    values: dict[str, list[str]] = {}
+    kind = kinds[0]
+    for raw in text.split(","):
+        entry = raw.strip()
+        prefix, eq, rest = entry.partition("=")
+        if eq and (prefix in BY_CDI_KIND or prefix in KINDS):
+            kind = BY_CDI_KIND.get(prefix, prefix)
+            if kind not in kinds:
+                raise HookError(f"--devices: the {kind} backend is not in use (backends = {list(kinds)})")
+            entry = rest.strip()
+        values.setdefault(kind, []).append(entry)
+    return [Ask(k, "--devices", [",".join(v)]) for k, v in values.items()
+            if ",".join(v).strip().lower() not in NO_GPU]
+
+
+def resolve(asks: list[Ask], inventory: Inventory) -> Request:
+    """The devices each ask names, per kind in index order."""
+    devices: dict[str, tuple[Device, ...]] = {}
+    for ask in asks:
+        chosen: dict[int, Device] = {d.index: d for d in devices.get(ask.kind, ())}
+        for value in ask.values:
+            for device in select(ask.kind, value, inventory.devices(ask.kind), ask.source):
+                chosen[device.index] = device
+        devices[ask.kind] = tuple(chosen[i] for i in sorted(chosen))
+    return Request(asks, devices)
+
+
+def select(kind: str, value: str, devices: tuple[Device, ...], source: str = "request") -> tuple[Device, ...]:
+    """The devices of ``kind`` that ``value`` names, in index order; () for no device."""
+    from oci_gpu_hook.inventory import backend
+
     text = (value or "").strip()
     if text.lower() in NO_GPU:
         return ()
-    gpus = inventory.gpus
+    module = backend(kind)
     if text.lower() == "all":
-        if not gpus:
-            raise HookError(f"{source}=all: this host has no GPUs (valid: none)")
-        return gpus
-    chosen: dict[int, Gpu] = {}
-    for raw in text.split(","):
-        token = raw.strip()
-        for gpu in _match(token, inventory, source, text):
-            chosen[gpu.index] = gpu
+        if not devices:
+            raise HookError(f"{source}=all: this host has no {kind} GPUs (valid: none)")
+        return devices
+    chosen: dict[int, Device] = {}
+    try:
+        for raw in text.split(","):
+            for device in _match(raw.strip(), devices, module, kind):
+                chosen[device.index] = device
+    except _Bad as bad:
+        token, why = bad.args
+        shown = f"'{token}'" if token else "an empty entry"
+        raise HookError(f"{source}={text}: {shown} {why} ({valid_values(kind, devices)})") from None
     return tuple(chosen[i] for i in sorted(chosen))
 
 
-def valid_values(inventory: Inventory) -> str:
-    gpus = inventory.gpus
-    if not gpus:
-        return "this host has no GPUs; valid: none"
-    last = len(gpus) - 1
-    parts = ["all", "none", f"indices 0-{last}" if last else "index 0"]
-    if last:
-        parts.append(f"ranges like 0-{last}")
-    parts.append(f"PCI addresses like {gpus[0].pci_address}")
-    if gpus[0].unique_id is not None:
-        parts.append(f"unique ids like {gpus[0].unique_id_hex}")
-    return "valid: " + ", ".join(parts)
+class _Bad(Exception):
+    pass
 
 
-def _fail(source: str, text: str, token: str, why: str, inventory: Inventory) -> HookError:
-    shown = f"'{token}'" if token else "an empty entry"
-    return HookError(f"{source}={text}: {shown} {why} ({valid_values(inventory)})")
+def _match(token: str, devices: tuple[Device, ...], module: object, kind: str) -> tuple[Device, ...]:
+    lower = token.lower()
+    if lower in ("all", *NO_GPU) and token:
+        raise _Bad(token, "cannot be combined with other entries")
+    found = module.match(token, devices)  # type: ignore[attr-defined]
+    if isinstance(found, str):
+        raise _Bad(token, found)
+    if found is not None:
+        return found
+    if token.isdigit() and token.isascii():
+        return (devices[_index(token, devices, kind)],)
+    first, dash, last = token.partition("-")
+    if dash:
+        if not first or not last:
+            raise _Bad(token, "is not a valid range (expected FIRST-LAST, e.g. 0-3)")
+        start, stop = _index(first, devices, kind), _index(last, devices, kind)
+        if start > stop:
+            raise _Bad(token, "is a range that runs backwards")
+        return devices[start:stop + 1]
+    raise _Bad(token, f"is not a {kind} GPU index, range" + "".join(
+        f", {e.split(' like ')[0]}" for e in module.examples(devices)))  # type: ignore[attr-defined]
 
 
-def _index(token: str, inventory: Inventory, source: str, text: str) -> int:
+def _index(token: str, devices: tuple[Device, ...], kind: str) -> int:
     if not token.isdigit() or not token.isascii():
-        raise _fail(source, text, token, "is not a GPU index, range, PCI address or unique id", inventory)
+        raise _Bad(token, f"is not a {kind} GPU index")
     digits = token.lstrip("0") or "0"
-    if len(digits) > 9 or int(digits) >= len(inventory.gpus):  # length first: int() refuses 4300+ digits
-        raise _fail(source, text, token, f"is out of range (the host has {len(inventory.gpus)} GPUs)", inventory)
+    if len(digits) > 9 or int(digits) >= len(devices):  # length first: int() refuses 4300+ digits
+        raise _Bad(token, f"is out of range (the host has {len(devices)} {kind} GPUs)")
     return int(digits)
 
 
-def _match(token: str, inventory: Inventory, source: str, text: str) -> Iterable[Gpu]:
-    gpus = inventory.gpus
-    lower = token.lower()
-    if lower in ("all", *NO_GPU) and token:
-        raise _fail(source, text, token, "cannot be combined with other entries", inventory)
-    if token.isdigit():
-        return (gpus[_index(token, inventory, source, text)],)
-    if "-" in token and not lower.startswith("gpu-"):
-        first, _, last = token.partition("-")
-        if not first or not last:
-            raise _fail(source, text, token, "is not a valid range (expected FIRST-LAST, e.g. 0-3)", inventory)
-        start = _index(first, inventory, source, text)
-        stop = _index(last, inventory, source, text)
-        if start > stop:
-            raise _fail(source, text, token, "is a range that runs backwards", inventory)
-        return gpus[start:stop + 1]
-    if ":" in token:
-        address = lower if lower.count(":") == 2 else "0000:" + lower
-        if parse_pci_address(address) is None:
-            raise _fail(source, text, token, "is not a valid PCI address", inventory)
-        for gpu in gpus:
-            if gpu.pci_address.lower() == address:
-                return (gpu,)
-        raise _fail(source, text, token, "is not the PCI address of a GPU on this host", inventory)
-    if lower.startswith(("0x", "gpu-")):
-        digits = lower.partition("x")[2] if lower.startswith("0x") else lower[4:]
-        if not digits or not set(digits) <= HEX_DIGITS:
-            raise _fail(source, text, token, "is not a valid hex unique id", inventory)
-        wanted = int(digits, 16)
-        for gpu in gpus:
-            if gpu.unique_id == wanted:
-                return (gpu,)
-        raise _fail(source, text, token, "is not the unique id of a GPU on this host", inventory)
-    raise _fail(source, text, token, "is not a GPU index, range, PCI address or unique id", inventory)
+def valid_values(kind: str, devices: tuple[Device, ...]) -> str:
+    from oci_gpu_hook.inventory import backend
+
+    if not devices:
+        return f"this host has no {kind} GPUs; valid: none"
+    last = len(devices) - 1
+    parts = ["all", "none", f"indices 0-{last}" if last else "index 0"]
+    if last:
+        parts.append(f"ranges like 0-{last}")
+    parts.extend(backend(kind).examples(devices))
+    return "valid: " + ", ".join(parts)

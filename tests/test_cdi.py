@@ -17,35 +17,44 @@ from oci_gpu_hook.appliers import cdi
 from oci_gpu_hook.config import Config
 from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.inventory import scan
-from oci_gpu_hook.request import Ask, resolve_ask
+from oci_gpu_hook.request import select
 
 REPO = Path(__file__).resolve().parent.parent
 HOSTS = sorted(p.parent for p in (REPO / "examples" / "hosts").glob("*/sys"))
+GOLDEN = sorted((h, g.stem.replace(".com-gpu", ""), g.suffix[1:]) for h in HOSTS for g in (h / "cdi").iterdir())
 
 
-def _spec(host: Path) -> dict[str, Any]:
-    return cdi.generate(scan(str(host / "sys")), Config())
+def _spec(host: Path, kind: str = "amd") -> dict[str, Any]:
+    return cdi.generate(scan(str(host / "sys")), kind, Config())
 
 
 def test_there_are_example_hosts() -> None:
-    assert {h.name for h in HOSTS} >= {"seed-8x-gfx1100", "shuffled-4x-gfx942"}
+    assert {h.name for h in HOSTS} >= {"seed-8x-gfx1100", "shuffled-4x-gfx942", "intel-igpu-2x-gfx1100",
+                                       "mi300x-2x-cpx", "mi300x-2x-dpx-dot-naming", "intel-i915-xe"}
+    kinds = {(h.name, k) for h, k, _f in GOLDEN}
+    assert ("intel-igpu-2x-gfx1100", "intel") in kinds and ("intel-igpu-2x-gfx1100", "amd") in kinds
+    assert ("intel-i915-xe", "amd") not in kinds  # no spec for a kind without devices
 
 
-@pytest.mark.parametrize("host", HOSTS, ids=[h.name for h in HOSTS])
-@pytest.mark.parametrize("fmt", ["json", "yaml"])
-def test_golden_files(host: Path, fmt: str) -> None:
-    """`cdi generate` output for each example host is checked in; regenerate on purpose only."""
-    golden = host / "cdi" / f"amd.com-gpu.{fmt}"
-    done = subprocess.run([sys.executable, "-m", "oci_gpu_hook.entry.cli", "--sysfs-root", str(host / "sys"), "cdi",
-                           "generate", "--format", fmt], capture_output=True, text=True,
-                          env={"PATH": os.environ["PATH"], "OCI_GPU_HOOK_CONFIG": "/dev/null"})
+@pytest.mark.parametrize(("host", "kind", "fmt"), GOLDEN, ids=[f"{h.name}-{k}-{f}" for h, k, f in GOLDEN])
+def test_golden_files(host: Path, kind: str, fmt: str) -> None:
+    """`cdi generate` output for each kind of each example host is checked in; regenerate on purpose only:
+    ``oci-gpu-hook --sysfs-root HOST/sys cdi generate --kind KIND --format FMT > HOST/cdi/<vendor>-<class>.FMT``."""
+    golden = host / "cdi" / f"{Config().cdi_kind(kind).replace('/', '-')}.{fmt}"
+    env = {"PATH": os.environ["PATH"], "OCI_GPU_HOOK_CONFIG": "/dev/null"}
+    base = [sys.executable, "-m", "oci_gpu_hook.entry.cli", "--sysfs-root", str(host / "sys"), "cdi"]
+    done = subprocess.run([*base, "generate", "--kind", kind, "--format", fmt], capture_output=True, text=True,
+                          env=env)
     assert done.returncode == 0, done.stderr
     assert done.stdout == golden.read_text()
+    checked = subprocess.run([*base, "validate", str(golden)], capture_output=True, text=True, env=env)
+    assert checked.returncode == 0 and checked.stdout == f"ok: {golden}\n", checked.stderr
 
 
-@pytest.mark.parametrize("host", HOSTS, ids=[h.name for h in HOSTS])
-def test_generated_specs_validate_and_round_trip(host: Path) -> None:
-    spec = _spec(host)
+@pytest.mark.parametrize(("host", "kind"), sorted({(h, k) for h, k, _f in GOLDEN}),
+                         ids=sorted({f"{h.name}-{k}" for h, k, _f in GOLDEN}))
+def test_generated_specs_validate_and_round_trip(host: Path, kind: str) -> None:
+    spec = _spec(host, kind)
     cdi.validate(spec, "generated")
     assert json.loads(cdi.render(spec, "json")) == spec
     assert yaml.safe_load(cdi.render(spec, "yaml")) == spec
@@ -68,12 +77,15 @@ def test_seed_spec_content() -> None:
 
 def test_every_cdi_name_is_a_valid_request_for_the_same_gpu() -> None:
     """A CDI name from the spec, used in a cdi.k8s.io annotation, resolves to the same GPU's nodes."""
-    inventory = scan(str(REPO / "examples" / "hosts" / "seed-8x-gfx1100" / "sys"))
-    spec = cdi.generate(inventory, Config())
-    for device in spec["devices"]:
-        gpus = resolve_ask(Ask("cdi.k8s.io annotations", [device["name"]]), inventory).gpus
-        paths = [n.path for g in gpus for n in g.nodes]
-        assert paths == [n["path"] for n in device["containerEdits"]["deviceNodes"]]
+    for host, kind in sorted({(h, k) for h, k, _f in GOLDEN}):
+        inventory = scan(str(host / "sys"))
+        spec = cdi.generate(inventory, kind, Config())
+        for device in spec["devices"]:
+            chosen = select(kind, device["name"], inventory.devices(kind), "cdi.k8s.io annotations")
+            paths = [n.path for d in chosen for n in d.nodes]
+            assert paths == [n["path"] for n in device["containerEdits"]["deviceNodes"]], (host, device["name"])
+            links = [f"{p}={t}" for d in chosen for p, t in d.links]
+            assert device["containerEdits"]["hooks"][0]["args"][2:] == links
 
 
 def _broken(change: str) -> dict[str, Any]:
@@ -147,14 +159,17 @@ def test_cli_writes_into_a_cdi_directory(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     written = tmp_path / "amd.com-gpu.yaml"
     assert yaml.safe_load(written.read_text())["kind"] == "amd.com/gpu"
+    done = subprocess.run([*base, "generate", "--output", str(tmp_path)], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    written = tmp_path / "amd.com-gpu.json"
     listed = subprocess.run([*base, "list"], capture_output=True, text=True,
-                            env={**env, "OCI_GPU_HOOK_CDI_SPEC": str(written)})
+                            env={**env, "OCI_GPU_HOOK_CDI_DIR": str(tmp_path)})
     assert listed.returncode == 0, listed.stderr
     assert "amd.com/gpu=1 " in listed.stdout and "amd.com/gpu=0000:23:00.0" in listed.stdout
     assert f"spec file {written}: current" in listed.stdout
     other = REPO / "examples" / "hosts" / "shuffled-4x-gfx942" / "sys"
     stale = subprocess.run([sys.executable, "-m", "oci_gpu_hook.entry.cli", "--sysfs-root", str(other), "cdi", "list"],
-                           capture_output=True, text=True, env={**env, "OCI_GPU_HOOK_CDI_SPEC": str(written)})
+                           capture_output=True, text=True, env={**env, "OCI_GPU_HOOK_CDI_DIR": str(tmp_path)})
     assert "STALE" in stale.stdout
     bad = subprocess.run([*base, "validate", str(host)], capture_output=True, text=True, env=env)
     assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr

@@ -61,13 +61,22 @@ def test_list_table() -> None:
     result = cli("list")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].split()[:4] == ["INDEX", "PCI", "ADDRESS", "CARD"]
+    assert lines[0].split()[:5] == ["KIND", "INDEX", "PCI", "ADDRESS", "PARTITION"]
     rows = [line.split() for line in lines[1:9]]
-    assert [row[0] for row in rows] == [str(i) for i in range(8)]
-    assert rows[1][:6] == ["1", "0000:23:00.0", "card2", "renderD129", "0", "0x3149e0fac5157acf"]
-    assert rows[7][:5] == ["7", "0000:e3:00.0", "card8", "renderD135", "1"]
+    assert [row[1] for row in rows] == [str(i) for i in range(8)]
+    assert rows[1][:9] == ["amd", "1", "0000:23:00.0", "-", "-", "card2", "renderD129", "0", "0x3149e0fac5157acf"]
+    assert rows[7][:8] == ["amd", "7", "0000:e3:00.0", "-", "-", "card8", "renderD135", "1"]
     assert lines[9] == "shared by amd GPUs: /dev/kfd (c 234:0)"
-    assert len(lines) == 10
+    assert lines[10].startswith("ignored: 0000:c1:00.0: ast")
+    assert len(lines) == 11
+
+
+def test_list_partitions_and_other_kinds() -> None:
+    cpx = cli("list", "--sysfs-root", str(REPO / "examples" / "hosts" / "mi300x-2x-cpx" / "sys")).stdout.splitlines()
+    assert cpx[10].split()[:6] == ["amd", "9", "0000:26:00.0", "1", "(amdgpu_xcp_7)", "CPX/NPS1"]
+    mixed = cli("list", "--sysfs-root", str(REPO / "examples" / "hosts" / "intel-igpu-2x-gfx1100" / "sys"))
+    kinds = [line.split()[:2] for line in mixed.stdout.splitlines()[1:4]]
+    assert kinds == [["amd", "0"], ["amd", "1"], ["intel", "0"]]
 
 
 def test_list_global_option_after_the_command(tmp_path: Path) -> None:
@@ -84,18 +93,18 @@ def test_list_json_matches_the_schema() -> None:
     schema = json.loads((REPO / "schemas" / "inventory.schema.json").read_text())
     jsonschema.Draft202012Validator(schema).validate(data)
     assert data["sysfs_root"] == str(EXAMPLE_SYSFS)
-    assert len(data["gpus"]) == 8
-    gpu1 = data["gpus"][1]
-    assert gpu1["pci_address"] == "0000:23:00.0"
-    assert gpu1["card"] == {"path": "/dev/dri/card2", "type": "c", "major": 226, "minor": 2}
-    assert gpu1["render"] == {"path": "/dev/dri/renderD129", "type": "c", "major": 226, "minor": 129}
+    assert len(data["devices"]) == 8
+    gpu1 = data["devices"][1]
+    assert (gpu1["kind"], gpu1["index"], gpu1["pci_address"]) == ("amd", 1, "0000:23:00.0")
+    assert gpu1["nodes"] == [{"path": "/dev/dri/card2", "type": "c", "major": 226, "minor": 2},
+                             {"path": "/dev/dri/renderD129", "type": "c", "major": 226, "minor": 129}]
     assert gpu1["unique_id"] == "0x3149e0fac5157acf"
-    assert data["shared_nodes"] == {"amd": [{"path": "/dev/kfd", "type": "c", "major": 234, "minor": 0}]}
+    assert data["shared_nodes"] == {"amd": [{"path": "/dev/kfd", "type": "c", "major": 234, "minor": 0}], "intel": []}
 
 
 def test_inventory_schema_rejects_a_broken_inventory() -> None:
     data = json.loads(cli("list", "--json").stdout)
-    data["gpus"][0]["pci_address"] = "23:00.0"
+    data["devices"][0]["pci_address"] = "23:00.0"
     schema = json.loads((REPO / "schemas" / "inventory.schema.json").read_text())
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.Draft202012Validator(schema).validate(data)
@@ -113,7 +122,8 @@ def test_dry_run_bundle() -> None:
     rules = new["linux"]["resources"]["devices"]
     assert rules[0] == {"allow": False, "access": "rwm"}
     assert [(r["major"], r["minor"]) for r in rules[1:]] == [(226, 2), (226, 129), (234, 0)]
-    assert result.stderr == "# gpu 1 (0000:23:00.0): /dev/dri/card2 /dev/dri/renderD129 /dev/kfd\n"
+    assert result.stderr == "# amd 1 (0000:23:00.0): /dev/dri/card2 /dev/dri/renderD129 /dev/kfd\n"
+    assert new["hooks"]["createRuntime"][0]["args"][:2] == ["oci-gpu-hook", "links"]
     assert (EXAMPLE_BUNDLE / "config.json").read_bytes() == before
 
 
@@ -310,7 +320,7 @@ def test_bad_config_file_is_one_line(tmp_path: Path) -> None:
 
 def test_validate_good_config(tmp_path: Path) -> None:
     good = tmp_path / "config.toml"
-    good.write_text('runtime = "crun"\nrequest_env = ["AMD_VISIBLE_DEVICES"]\ndevice_file_mode = 0o660\n'
+    good.write_text('runtime = "crun"\nrequest_env = {amd = ["AMD_VISIBLE_DEVICES"]}\ndevice_file_mode = 0o660\n'
                     'cgroup_access = "rw"\ndebug = false\n')
     result = cli("validate", "--config-file", str(good), str(EXAMPLE_BUNDLE))
     assert result.returncode == 0, result.stderr
@@ -322,7 +332,8 @@ def test_validate_good_config(tmp_path: Path) -> None:
     ("colour = 'blue'\n", "colour"),
     ("device_uid = 'root'\n", "device_uid"),
     ("cgroup_access = 'rwx'\n", "cgroup_access"),
-    ("request_env = []\n", "request_env"),
+    ("request_env = {amd = []}\n", "request_env"),
+    ("request_env = {amd = ['A', '']}\n", "request_env"),
     ("device_file_mode = 0o10000\n", "device_file_mode"),
     ("debug = 'yes please'\n", "debug"),
 ])

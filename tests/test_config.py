@@ -15,10 +15,12 @@ from oci_gpu_hook.models import ConfigModel
 EXPECTED_DEFAULTS = {
     "sysfs_root": "/sys",
     "runtime": "runc",
-    "request_env": ("AMD_VISIBLE_DEVICES",),
+    "backends": ("amd", "intel"),
+    "request_env": {"amd": ["AMD_VISIBLE_DEVICES"], "intel": ["INTEL_VISIBLE_DEVICES"]},
     "allow_env_requests": True,
-    "cdi_kind": "amd.com/gpu",
-    "cdi_spec": "/var/run/cdi/amd.com-gpu.json",
+    "cdi_dir": "/var/run/cdi",
+    "hook_path": "/usr/local/libexec/oci-gpu-hook/oci-gpu-hook",
+    "mask_other_gpus": False,
     "device_file_mode": 0o666,
     "device_uid": 0,
     "device_gid": 0,
@@ -61,16 +63,20 @@ def test_default_path_is_read_when_present(tmp_path: Path, monkeypatch: pytest.M
 FULL_FILE = """
 sysfs_root = "/srv/fake/sys"
 runtime = "/usr/bin/crun"
-request_env = ["AMD_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"]
+backends = ["amd"]
 allow_env_requests = false
-cdi_kind = "example.com/accel"
-cdi_spec = "/etc/cdi/example.json"
+cdi_dir = "/etc/cdi"
+hook_path = "/opt/ogh/oci-gpu-hook"
+mask_other_gpus = true
 device_file_mode = 0o660
 device_uid = 0
 device_gid = 44
 cgroup_access = "rw"
 log_file = "/var/log/oci-gpu-hook.jsonl"
 debug = true
+
+[request_env]
+amd = ["AMD_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"]
 """
 
 
@@ -80,10 +86,12 @@ def test_file_values(tmp_path: Path) -> None:
     assert cfg.as_dict() == {
         "sysfs_root": "/srv/fake/sys",
         "runtime": "/usr/bin/crun",
-        "request_env": ("AMD_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"),
+        "backends": ("amd",),
+        "request_env": {"amd": ["AMD_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"], "intel": ["INTEL_VISIBLE_DEVICES"]},
         "allow_env_requests": False,
-        "cdi_kind": "example.com/accel",
-        "cdi_spec": "/etc/cdi/example.json",
+        "cdi_dir": "/etc/cdi",
+        "hook_path": "/opt/ogh/oci-gpu-hook",
+        "mask_other_gpus": True,
         "device_file_mode": 0o660,
         "device_uid": 0,
         "device_gid": 44,
@@ -164,6 +172,11 @@ def test_table_is_an_unknown_key(tmp_path: Path) -> None:
         load_file(write(tmp_path, '[hook]\nruntime = "runc"\n'))
 
 
+def test_renamed_key_says_its_new_name(tmp_path: Path) -> None:
+    with pytest.raises(HookError, match=r"'cdi_spec'.*now 'cdi_dir'"):
+        load_file(write(tmp_path, 'cdi_spec = "/etc/cdi/amd.json"\n'))
+
+
 @pytest.mark.parametrize(("line", "key"), [
     ("device_uid = '0'", "device_uid"),
     ("device_uid = -1", "device_uid"),
@@ -174,9 +187,21 @@ def test_table_is_an_unknown_key(tmp_path: Path) -> None:
     ("sysfs_root = 5", "sysfs_root"),
     ("runtime = ['runc']", "runtime"),
     ("request_env = 'AMD_VISIBLE_DEVICES'", "request_env"),
-    ("request_env = []", "request_env"),
-    ("request_env = ['']", "request_env"),
-    ("request_env = [1]", "request_env"),
+    ("request_env = ['AMD_VISIBLE_DEVICES']", "request_env"),
+    ("request_env = {amd = []}", "request_env"),
+    ("request_env = {amd = ['']}", "request_env"),
+    ("request_env = {amd = ['A', '']}", "request_env"),
+    ("request_env = {amd = [1]}", "request_env"),
+    ("request_env = {amd = ['A=B']}", "request_env"),
+    ("request_env = {nvidia = ['NVIDIA_VISIBLE_DEVICES']}", "request_env"),
+    ("request_env = {amd = ['X'], intel = ['X']}", "request_env"),
+    ("backends = []", "backends"),
+    ("backends = ['amd', 'amd']", "backends"),
+    ("backends = ['nvidia']", "backends"),
+    ("debug = 'yes'", "debug"),
+    ("runtime = ''", "runtime"),
+    ("hook_path = ''", "hook_path"),
+    ("device_uid = 4294967295", "device_uid"),
     ("log_file = false", "log_file"),
     ("cgroup_access = 'rwx'", "cgroup_access"),
     ("cgroup_access = ''", "cgroup_access"),
@@ -218,19 +243,36 @@ def _plain(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
 
 
-def test_fields_and_model_agree() -> None:
+def test_model_is_generated_from_the_fields() -> None:
     model_fields = ConfigModel.model_fields
     assert list(model_fields) == list(FIELDS)
-    for name, (default, _kind, _var) in FIELDS.items():
-        assert _plain(model_fields[name].default) == _plain(default), name
+    for name, field in FIELDS.items():
+        assert _plain(model_fields[name].default) == _plain(field.default), name
     assert ConfigModel().model_dump() == {k: _plain(v) for k, v in Config().as_dict().items()}
 
 
-def test_model_accepts_what_the_loader_accepts(tmp_path: Path) -> None:
+SAMPLES = [line for line, _key in [
+    ("device_uid = '0'", 0), ("device_uid = -1", 0), ("debug = 'yes'", 0), ("debug = 1", 0),
+    ("request_env = {amd = ['A', '']}", 0), ("request_env = {amd = []}", 0), ("backends = []", 0),
+    ("backends = ['nvidia']", 0), ("cgroup_access = 'rwx'", 0), ("device_file_mode = 0o10000", 0),
+    ("runtime = ''", 0), ("log_file = ''", 0), ("debug = true", 0), ("request_env = {intel = ['GPU_X']}", 0),
+    ("backends = ['intel']", 0), ("device_gid = 4294967294", 0), ("cdi_dir = '/etc/cdi'", 0),
+]]
+
+
+@pytest.mark.parametrize("line", SAMPLES)
+def test_schema_and_loader_accept_the_same_files(tmp_path: Path, line: str) -> None:
+    """The published JSON schema (generated from FIELDS) and the loader agree on what a config file may say."""
+    import json
     import tomllib
 
-    path = write(tmp_path, FULL_FILE)
-    data = tomllib.loads(FULL_FILE)
-    model = ConfigModel.model_validate(data)
-    loaded = load_config({"OCI_GPU_HOOK_CONFIG": path})
-    assert {k: _plain(v) for k, v in loaded.as_dict().items()} == model.model_dump()
+    import jsonschema
+
+    schema = json.loads((Path(__file__).resolve().parent.parent / "schemas" / "config.schema.json").read_text())
+    by_schema = jsonschema.Draft202012Validator(schema).is_valid(tomllib.loads(line))
+    try:
+        load_file(write(tmp_path, line + "\n"))
+        by_loader = True
+    except HookError:
+        by_loader = False
+    assert by_schema == by_loader, line

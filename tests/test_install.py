@@ -290,7 +290,7 @@ def test_the_installed_files(prefix: Path, capsys: pytest.CaptureFixture[str]) -
 
     spec = cdi.load(str(at(prefix, CDI_SPEC)))
     cdi.validate(spec, "installed spec")
-    assert spec == cdi.generate(scan(str(EXAMPLE_SYSFS)), Config())
+    assert spec == cdi.generate(scan(str(EXAMPLE_SYSFS)), "amd", Config())
 
     assert at(prefix, containerd.DROP_IN_PATH).read_text() == containerd.drop_in(RUNTIME, None)
     runtimes = drop_in_cri(prefix)["containerd"]["runtimes"]
@@ -365,7 +365,7 @@ def test_dry_run_writes_nothing(prefix: Path, capsys: pytest.CaptureFixture[str]
     assert f"new: {at(prefix, MAIN)} (containerd config (imports); mode 0644)\n" + "".join(
         f"    {line}\n" for line in NEW_MAIN.splitlines()) in out
     assert f'    "path": "{LAUNCHER}",\n' in out
-    assert "(CDI spec; mode 0644)\n    (" in out  # a large one: its size and sha256
+    assert "(CDI spec (amd); mode 0644)\n    (" in out  # a large one: its size and sha256
     assert f"manifest: {at(prefix, MANIFEST)} (new)" in out
     # The dry run said what the install then does.
     real = ok(capsys, "--prefix", str(prefix))
@@ -464,7 +464,7 @@ def test_a_host_without_gpus_gets_no_cdi_spec(prefix: Path, tmp_path: Path,
     containerd_host(prefix)
     before = snapshot(prefix)
     out = ok(capsys, "--prefix", str(prefix), sysfs=empty)
-    assert f"note: no GPUs under {empty}: the CDI spec {CDI_SPEC} is not written" in out
+    assert f"note: no amd GPUs under {empty}: the CDI spec {CDI_SPEC} is not written" in out
     assert not at(prefix, CDI_SPEC).exists()
     assert at(prefix, containerd.DROP_IN_PATH).is_file()  # containerd still gets its runtime
     ok(capsys, "--prefix", str(prefix), "--uninstall")

@@ -1,4 +1,4 @@
-"""The sysfs inventory: which devices are GPUs, in which order, with which nodes."""
+"""The sysfs inventory: which devices each backend claims, in which order, with which nodes and links."""
 
 from __future__ import annotations
 
@@ -7,14 +7,23 @@ from pathlib import Path
 
 import pytest
 
-from oci_gpu_hook.core.devices import Node as DeviceNode
+from oci_gpu_hook.core.devices import Node
 from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.inventory import parse_pci_address, scan
-from tests.fakesysfs import FakeGpu, FakeHost, build, seed_host, shuffled_host
+from oci_gpu_hook.inventory.amd import gfx_name
+from tests.fakesysfs import (
+    EXAMPLE_DIRS,
+    HOSTS,
+    FakeGpu,
+    FakeHost,
+    build,
+    intel_amd_host,
+    mi300x_host,
+    seed_host,
+    shuffled_host,
+)
 
 REPO = Path(__file__).resolve().parent.parent
-EXAMPLE_SYSFS = REPO / "examples" / "hosts" / "seed-8x-gfx1100" / "sys"
-
 SEED_PCI = [f"0000:{bus}:00.0" for bus in ("03", "23", "43", "63", "83", "a3", "c3", "e3")]
 
 
@@ -23,221 +32,240 @@ def seed_root(tmp_path: Path) -> Path:
     return Path(build(str(tmp_path / "sys"), seed_host()))
 
 
+def _root(tmp_path: Path, host: FakeHost) -> str:
+    return build(str(tmp_path / "sys"), host)
+
+
 # --- the seed host ----------------------------------------------------------
 
 
 def test_seed_host_has_eight_gpus_in_pci_order(seed_root: Path) -> None:
     inv = scan(str(seed_root))
-    assert [g.index for g in inv.gpus] == list(range(8))
-    assert [g.pci_address for g in inv.gpus] == SEED_PCI
+    amd = inv.devices("amd")
+    assert [g.index for g in amd] == list(range(8))
+    assert [g.pci_address for g in amd] == SEED_PCI
+    assert inv.devices("intel") == ()
 
 
-def test_seed_host_nodes_are_read_from_sysfs(seed_root: Path) -> None:
+def test_seed_host_nodes_links_and_kfd_are_read_from_sysfs(seed_root: Path) -> None:
     inv = scan(str(seed_root))
-    for i, gpu in enumerate(inv.gpus):
-        assert gpu.card == DeviceNode(f"/dev/dri/card{i + 1}", "c", 226, i + 1)
-        assert gpu.render == DeviceNode(f"/dev/dri/renderD{128 + i}", "c", 226, 128 + i)
+    for i, gpu in enumerate(inv.devices("amd")):
+        assert gpu.card == Node(f"/dev/dri/card{i + 1}", "c", 226, i + 1)
+        assert gpu.render == Node(f"/dev/dri/renderD{128 + i}", "c", 226, 128 + i)
         assert gpu.nodes == (gpu.card, gpu.render)
-
-
-def test_seed_host_shares_kfd_read_from_sysfs(seed_root: Path) -> None:
-    inv = scan(str(seed_root))
-    assert inv.shared_nodes == {"amd": (DeviceNode("/dev/kfd", "c", 234, 0),)}
+        assert gpu.links == ((f"/dev/dri/by-path/pci-{SEED_PCI[i]}-card", f"../card{i + 1}"),
+                             (f"/dev/dri/by-path/pci-{SEED_PCI[i]}-render", f"../renderD{128 + i}"))
+    assert inv.shared("amd") == (Node("/dev/kfd", "c", 234, 0),)
     assert inv.sysfs_root == str(seed_root)
 
 
-def test_seed_host_pci_facts(seed_root: Path) -> None:
+def test_seed_host_facts(seed_root: Path) -> None:
+    """The seed's GPUs are Radeon Pro W7900D: PCI 0x744b, gfx1100 (gfx_target_version 110000)."""
     inv = scan(str(seed_root))
-    for i, gpu in enumerate(inv.gpus):
-        assert gpu.vendor == "amd"
-        assert gpu.vendor_id == "0x1002"
-        assert gpu.device_id == "0x744c"
-        assert gpu.driver == "amdgpu"
+    for i, gpu in enumerate(inv.devices("amd")):
+        assert (gpu.kind, gpu.vendor_id, gpu.device_id, gpu.driver) == ("amd", "0x1002", "0x744b", "amdgpu")
         assert gpu.numa_node == (0 if i < 4 else 1)
         assert gpu.model == "gfx1100"
-        assert gpu.partition is None
+        assert gpu.partition is None and gpu.compute_mode is None
+    assert inv.devices("amd")[1].unique_id_hex == "0x3149e0fac5157acf"
+    assert inv.ignored == [("0000:c1:00.0", "ast, 0x1a03: no render node (a display-only device)")]
 
 
-def test_seed_host_kfd_facts(seed_root: Path) -> None:
-    host = seed_host()
-    inv = scan(str(seed_root))
-    ids = [g.unique_id for g in inv.gpus]
-    assert len(set(ids)) == 8
-    assert ids == [g.unique_id for g in host.gpus]
-    # the seed document's GPU 1
-    assert inv.gpus[1].unique_id == 0x3149E0FAC5157ACF
-    assert inv.gpus[1].unique_id_hex == "0x3149e0fac5157acf"
-    assert [g.kfd_gpu_id for g in inv.gpus] == [50000 + 1111 * i for i in range(8)]
-    for gpu in inv.gpus:
-        bus = int(gpu.pci_address.split(":")[1], 16)
-        assert gpu.location_id == bus << 8
+@pytest.mark.parametrize(("version", "name"), [(110000, "gfx1100"), (90402, "gfx942"), (90010, "gfx90a"),
+                                               (90500, "gfx950"), (0, ""), (None, "")])
+def test_gfx_name(version: int | None, name: str) -> None:
+    assert gfx_name(version) == name
 
 
-def test_checked_in_example_scans_like_the_seed(seed_root: Path) -> None:
-    fresh = scan(str(seed_root))
-    example = scan(str(EXAMPLE_SYSFS))
-    assert len(example.gpus) == 8
-    for a, b in zip(fresh.gpus, example.gpus, strict=True):
-        assert (a.index, a.pci_address, a.card, a.render, a.unique_id, a.kfd_gpu_id, a.numa_node) == (
-            b.index, b.pci_address, b.card, b.render, b.unique_id, b.kfd_gpu_id, b.numa_node)
-    assert example.shared_nodes == fresh.shared_nodes
-
-
-# --- the shuffled host --------------------------------------------------------
-
-
-def test_shuffled_host_index_follows_pci_address(tmp_path: Path) -> None:
-    inv = scan(build(str(tmp_path / "sys"), shuffled_host()))
-    assert [g.pci_address for g in inv.gpus] == ["0000:0a:00.0", "0000:1b:00.0", "0000:8c:00.0", "0000:c1:00.0"]
-    # card/render numbers follow probe order, not PCI order
-    assert [g.card.path for g in inv.gpus if g.card] == [
-        "/dev/dri/card2", "/dev/dri/card4", "/dev/dri/card3", "/dev/dri/card1"]
-    assert [g.render.minor for g in inv.gpus] == [129, 131, 130, 128]
-    # unique ids were assigned by PCI position
-    assert [g.unique_id for g in inv.gpus] == [0xABC0, 0xABC1, 0xABC2, 0xABC3]
-    # KFD node n (gpu_id 1000+n) is the n-th probed GPU, matched by render minor
-    assert [g.kfd_gpu_id for g in inv.gpus] == [1002, 1004, 1003, 1001]
-    assert all(g.model == "gfx942" for g in inv.gpus)
-
-
-def test_shuffled_host_bmc_vga_is_not_a_gpu(tmp_path: Path) -> None:
-    inv = scan(build(str(tmp_path / "sys"), shuffled_host()))
-    assert len(inv.gpus) == 4
-    assert "0000:02:00.0" not in [g.pci_address for g in inv.gpus]
-    assert all(g.card is None or g.card.path != "/dev/dri/card0" for g in inv.gpus)
-    assert all(g.vendor == "amd" for g in inv.gpus)
+def test_shuffled_host_index_follows_pci_address_not_probe_order(tmp_path: Path) -> None:
+    inv = scan(_root(tmp_path, shuffled_host()))
+    amd = inv.devices("amd")
+    assert [g.pci_address for g in amd] == ["0000:0a:00.0", "0000:1b:00.0", "0000:8c:00.0", "0000:c1:00.0"]
+    assert [os.path.basename(g.render.path) for g in amd] == ["renderD129", "renderD131", "renderD130",
+                                                               "renderD128"]
 
 
 def test_index_sorts_by_domain_then_bus_device_function(tmp_path: Path) -> None:
-    pcis = ["0001:01:00.0", "0000:ff:00.0", "0000:10:01.0", "0000:10:00.1", "0000:10:00.0"]
+    pcis = ["0001:00:00.0", "0000:ff:00.0", "0000:10:01.0", "0000:10:00.1"]
     host = FakeHost(gpus=[FakeGpu(pci=p, card=i, render=128 + i) for i, p in enumerate(pcis)])
-    inv = scan(build(str(tmp_path / "sys"), host))
-    assert [g.pci_address for g in inv.gpus] == sorted(pcis, key=parse_pci_address)
-    assert [g.pci_address for g in inv.gpus] == [
-        "0000:10:00.0", "0000:10:00.1", "0000:10:01.0", "0000:ff:00.0", "0001:01:00.0"]
+    inv = scan(_root(tmp_path, host))
+    assert [g.pci_address for g in inv.devices("amd")] == sorted(pcis, key=parse_pci_address)
 
 
 def test_gpu_without_card_node_is_still_a_gpu(tmp_path: Path) -> None:
-    host = FakeHost(gpus=[FakeGpu(pci="0000:41:00.0", card=None, render=128)])
-    inv = scan(build(str(tmp_path / "sys"), host))
-    assert len(inv.gpus) == 1
-    assert inv.gpus[0].card is None
-    assert inv.gpus[0].nodes == (DeviceNode("/dev/dri/renderD128", "c", 226, 128),)
+    inv = scan(_root(tmp_path, FakeHost(gpus=[FakeGpu(pci="0000:41:00.0", card=None, render=128)])))
+    assert inv.devices("amd")[0].nodes == (Node("/dev/dri/renderD128", "c", 226, 128),)
 
 
-# --- hosts with nothing -------------------------------------------------------
-
-
-def test_empty_directory_has_no_gpus(tmp_path: Path) -> None:
-    inv = scan(str(tmp_path))
-    assert inv.gpus == ()
-    assert inv.shared_nodes == {}
-
-
-def test_empty_class_drm_has_no_gpus(tmp_path: Path) -> None:
+def test_empty_hosts(tmp_path: Path) -> None:
+    assert scan(str(tmp_path)).all_devices == ()
     (tmp_path / "class" / "drm").mkdir(parents=True)
-    inv = scan(str(tmp_path))
-    assert inv.gpus == ()
-    assert inv.shared_nodes == {}
+    assert scan(str(tmp_path)).all_devices == ()
 
 
-def test_missing_root_has_no_gpus(tmp_path: Path) -> None:
-    inv = scan(str(tmp_path / "does-not-exist"))
-    assert inv.gpus == ()
+def test_missing_root_is_an_error_not_an_empty_host(tmp_path: Path) -> None:
+    with pytest.raises(HookError, match="is not a directory"):
+        scan(str(tmp_path / "nope"))
 
 
-def test_unlistable_drm_is_an_error(tmp_path: Path) -> None:
-    (tmp_path / "class").mkdir()
-    (tmp_path / "class" / "drm").write_text("not a directory\n")
-    with pytest.raises(HookError, match="drm"):
-        scan(str(tmp_path))
-
-
-def test_host_without_kfd(tmp_path: Path) -> None:
+def test_amdgpu_without_kfd_is_no_compute_device(tmp_path: Path) -> None:
     host = seed_host()
     host.kfd = False
-    inv = scan(build(str(tmp_path / "sys"), host))
-    assert len(inv.gpus) == 8
-    assert inv.shared_nodes == {}
-    for gpu in inv.gpus:
-        assert gpu.kfd_gpu_id is None
-        assert gpu.unique_id is None
-        assert gpu.location_id is None
-        assert gpu.model == "pci 0x1002:0x744c"
+    inv = scan(_root(tmp_path, host))
+    assert inv.devices("amd") == () and inv.shared("amd") == ()
+    assert len([r for _n, r in inv.ignored if "KFD" in r]) == 8
 
 
-def test_unknown_unique_id_zero_is_none(tmp_path: Path) -> None:
-    host = FakeHost(gpus=[FakeGpu(pci="0000:41:00.0", card=1, render=128, unique_id=None)])
-    inv = scan(build(str(tmp_path / "sys"), host))
-    assert inv.gpus[0].unique_id is None
-    assert inv.gpus[0].unique_id_hex is None
+def test_unique_id_zero_and_negative_numa_are_none(tmp_path: Path) -> None:
+    host = FakeHost(gpus=[FakeGpu(pci="0000:41:00.0", card=1, render=128, unique_id=None, numa_node=-1)])
+    gpu = scan(_root(tmp_path, host)).devices("amd")[0]
+    assert gpu.unique_id is None and gpu.numa_node is None
 
 
-def test_negative_numa_node_is_none(tmp_path: Path) -> None:
-    host = FakeHost(gpus=[FakeGpu(pci="0000:41:00.0", card=1, render=128, numa_node=-1)])
-    inv = scan(build(str(tmp_path / "sys"), host))
-    assert inv.gpus[0].numa_node is None
+# --- device numbers come from sysfs; a half-removed device ------------------------
 
 
-# --- device numbers come from sysfs -------------------------------------------
-
-
-@pytest.mark.parametrize("content", ["garbage\n", "226\n", "226:\n", ":129\n", "a:b\n", "", "226:12x\n"])
-def test_malformed_render_dev_file_names_the_file(tmp_path: Path, content: str) -> None:
-    root = Path(build(str(tmp_path / "sys"), seed_host()))
-    dev = root / "class" / "drm" / "renderD129" / "dev"
+@pytest.mark.parametrize("content", ["garbage\n", "226\n", "226:\n", ":129\n", "a:b\n", "", "226:12x\n", "²:1\n"])
+def test_unreadable_dev_file_stops_the_per_container_scan(seed_root: Path, content: str) -> None:
+    dev = seed_root / "class" / "drm" / "renderD129" / "dev"
     dev.write_text(content)  # follows the class symlink into devices/
     with pytest.raises(HookError) as info:
-        scan(str(root))
-    message = str(info.value)
-    assert str(dev) in message or os.path.realpath(dev) in message
-    assert "MAJOR:MINOR" in message
+        scan(str(seed_root))
+    assert "renderD129" in str(info.value) and "MAJOR:MINOR" in str(info.value)
+    lenient = scan(str(seed_root), strict=False)  # operator commands: listed as ignored
+    assert [g.pci_address for g in lenient.devices("amd")] == [p for p in SEED_PCI if p != "0000:23:00.0"]
+    assert any(name == "0000:23:00.0" and "renderD129" in why for name, why in lenient.ignored)
 
 
-def test_malformed_kfd_dev_file_names_the_file(tmp_path: Path) -> None:
-    root = Path(build(str(tmp_path / "sys"), seed_host()))
-    dev = root / "class" / "kfd" / "kfd" / "dev"
-    dev.write_text("kfd\n")
-    with pytest.raises(HookError) as info:
-        scan(str(root))
-    message = str(info.value)
-    assert str(dev) in message or os.path.realpath(dev) in message
+def test_dangling_drm_link_is_never_a_crash(seed_root: Path) -> None:
+    """A GPU half removed: /sys/class/drm/renderD129 points at a directory that is gone."""
+    target = seed_root / "class" / "drm" / "renderD129"
+    real = Path(os.path.realpath(target))
+    for child in real.iterdir():
+        child.unlink()
+    real.rmdir()
+    with pytest.raises(HookError, match="is gone"):
+        scan(str(seed_root))
+    assert len(scan(str(seed_root), strict=False).devices("amd")) == 7
 
 
 @pytest.mark.parametrize("major", [235, 509, 1])
 def test_non_default_kfd_major_is_read(tmp_path: Path, major: int) -> None:
     host = seed_host()
     host.kfd_major = major
-    inv = scan(build(str(tmp_path / "sys"), host))
-    assert inv.shared_nodes["amd"] == (DeviceNode("/dev/kfd", "c", major, 0),)
+    assert scan(_root(tmp_path, host)).shared("amd") == (Node("/dev/kfd", "c", major, 0),)
 
 
-def test_drm_numbers_are_read_not_computed(tmp_path: Path) -> None:
-    root = Path(build(str(tmp_path / "sys"), seed_host()))
-    (root / "class" / "drm" / "renderD129" / "dev").write_text("511:77\n")
-    (root / "class" / "drm" / "card2" / "dev").write_text("510:3\n")
-    inv = scan(str(root))
-    assert inv.gpus[1].render == DeviceNode("/dev/dri/renderD129", "c", 511, 77)
-    assert inv.gpus[1].card == DeviceNode("/dev/dri/card2", "c", 510, 3)
+def test_drm_numbers_are_read_not_computed(seed_root: Path) -> None:
+    (seed_root / "class" / "drm" / "card2" / "dev").write_text("510:3\n")
+    gpu = scan(str(seed_root)).devices("amd")[1]
+    assert gpu.card == Node("/dev/dri/card2", "c", 510, 3)
 
 
-def test_connector_entries_are_ignored(tmp_path: Path) -> None:
-    root = Path(build(str(tmp_path / "sys"), seed_host()))
-    drm = root / "class" / "drm"
+def test_connectors_and_control_links_are_not_nodes(seed_root: Path) -> None:
+    drm = seed_root / "class" / "drm"
     assert (drm / "card1-DP-1").exists()
-    # a connector that even carries an unreadable dev file must not be looked at
-    connector = root / "devices" / "pci0000:23" / "0000:23:00.0" / "drm" / "card2" / "card2-HDMI-A-1"
+    assert any(p.name.startswith("controlD") for p in Path(os.path.realpath(drm / "card2")).parent.iterdir())
+    connector = Path(os.path.realpath(drm / "card2")) / "card2-HDMI-A-1"
     connector.mkdir()
     (connector / "dev").write_text("not a number\n")
     os.symlink(os.path.relpath(connector, drm), drm / "card2-HDMI-A-1")
-    inv = scan(str(root))
-    assert len(inv.gpus) == 8
-    paths = [n.path for g in inv.gpus for n in g.nodes]
-    assert all("-" not in os.path.basename(p) for p in paths)
-    assert len(paths) == 16
+    inv = scan(str(seed_root))
+    paths = [n.path for g in inv.devices("amd") for n in g.nodes]
+    assert len(paths) == 16 and all("-" not in os.path.basename(p) for p in paths)
 
 
-# --- the checked-in example tree ----------------------------------------------
+# --- several vendors --------------------------------------------------------------
+
+
+def test_intel_igpu_probed_first_is_not_an_amd_gpu(tmp_path: Path) -> None:
+    inv = scan(_root(tmp_path, intel_amd_host()))
+    amd, intel = inv.devices("amd"), inv.devices("intel")
+    assert [(g.index, g.pci_address, g.render.minor) for g in amd] == [(0, "0000:03:00.0", 129),
+                                                                         (1, "0000:23:00.0", 130)]
+    assert [(g.index, g.pci_address, g.render.minor, g.driver) for g in intel] == [
+        (0, "0000:00:02.0", 128, "i915")]
+    assert inv.shared("intel") == () and inv.shared("amd") == (Node("/dev/kfd", "c", 234, 0),)
+    only_amd = scan(str(tmp_path / "sys"), ["amd"])
+    assert list(only_amd.kinds) == ["amd"] and only_amd.devices("amd") == tuple(
+        d for d in only_amd.devices("amd"))
+
+
+def test_xe_and_i915(tmp_path: Path) -> None:
+    inv = scan(_root(tmp_path, HOSTS["intel-xe"]()))
+    assert [(g.index, g.driver, os.path.basename(g.card.path)) for g in inv.devices("intel")] == [
+        (0, "i915", "card0"), (1, "xe", "card1")]
+    assert inv.devices("amd") == ()
+
+
+def test_other_vendors_and_drivers_are_ignored(tmp_path: Path) -> None:
+    host = FakeHost(kfd=False, gpus=[
+        FakeGpu(pci="0000:01:00.0", card=0, render=128, vendor="0x10de", device="0x2330", driver="nvidia"),
+        FakeGpu(pci="0000:02:00.0", card=1, render=129, vendor="0x8086", device="0x56a0", driver="vfio-pci"),
+        FakeGpu(pci="0000:03:00.0", card=2, render=130, vendor="0x1af4", device="0x1050", driver="virtio-pci"),
+    ])
+    inv = scan(_root(tmp_path, host))
+    assert inv.all_devices == ()
+    assert [name for name, _why in inv.ignored] == ["0000:01:00.0", "0000:02:00.0", "0000:03:00.0"]
+    assert all("no backend claims it" in why for _name, why in inv.ignored)
+
+
+# --- compute partitions -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sep", ["_", "."])
+def test_cpx_gives_sixteen_partitions_in_toolkit_order(tmp_path: Path, sep: str) -> None:
+    inv = scan(_root(tmp_path, mi300x_host("CPX", sep)))
+    amd = inv.devices("amd")
+    assert len(amd) == 16
+    assert [(d.pci_address, d.partition) for d in amd] == [
+        (f"0000:{bus}:00.0", p) for bus in ("05", "26") for p in range(8)]
+    assert [d.render.minor for d in amd] == list(range(128, 144))
+    assert amd[0].drm_name == "0000:05:00.0" and amd[1].drm_name == f"amdgpu_xcp{sep}0"
+    assert amd[9].drm_name == f"amdgpu_xcp{sep}7"
+    assert {(d.compute_mode, d.memory_mode, d.model, d.device_id) for d in amd} == {
+        ("CPX", "NPS1", "gfx942", "0x74a1")}
+    assert [d.numa_node for d in amd] == [0] * 8 + [1] * 8  # a partition has its GPU's NUMA node
+    assert amd[3].links == ((f"/dev/dri/by-path/platform-amdgpu_xcp{sep}2-card", "../card4"),
+                            (f"/dev/dri/by-path/platform-amdgpu_xcp{sep}2-render", "../renderD131"))
+    assert amd[8].links[0] == ("/dev/dri/by-path/pci-0000:26:00.0-card", "../card9")
+    assert len({d.unique_id for d in amd[:8]}) == 1 and amd[0].unique_id != amd[8].unique_id
+    assert [name for name, _why in inv.ignored] == ["0000:02:00.0"]  # the BMC only
+
+
+def test_dpx_counts_only_partitions_with_a_kfd_node(tmp_path: Path) -> None:
+    inv = scan(_root(tmp_path, mi300x_host("DPX", ".")))
+    amd = inv.devices("amd")
+    assert [(d.pci_address, d.partition, d.render.minor) for d in amd] == [
+        ("0000:05:00.0", 0, 128), ("0000:05:00.0", 1, 129), ("0000:26:00.0", 0, 136), ("0000:26:00.0", 1, 137)]
+    invalid = sorted(why.split()[0] for _name, why in inv.ignored if "no KFD topology node" in why)
+    assert invalid == sorted(f"renderD{m}" for m in [*range(130, 136), *range(138, 144)])
+
+
+def test_partitions_are_grouped_by_kfd_location_not_unique_id(tmp_path: Path) -> None:
+    """Some systems give partitions distinct unique ids: grouping must follow domain + location_id."""
+    host = mi300x_host("QPX")
+    root = _root(tmp_path, host)
+    nodes = Path(root) / "devices" / "virtual" / "kfd" / "kfd" / "topology" / "nodes"
+    for node in nodes.iterdir():
+        props = (node / "properties").read_text()
+        if "unique_id" in props and "drm_render_minor 0\n" not in props:
+            minor = int(props.split("drm_render_minor ")[1].split()[0])
+            (node / "properties").write_text(props.replace("unique_id ", f"unique_id {minor}0", 1))
+    amd = scan(root).devices("amd")
+    assert [(d.pci_address, d.partition) for d in amd] == [
+        (f"0000:{bus}:00.0", p) for bus in ("05", "26") for p in range(4)]
+
+
+def test_partition_without_its_pci_gpu_is_ignored(tmp_path: Path) -> None:
+    root = Path(_root(tmp_path, mi300x_host("CPX")))
+    (Path(os.path.realpath(root / "class" / "drm" / "card9")).parent.parent / "driver").unlink()  # GPU 1 unbound
+    inv = scan(str(root), strict=False)
+    assert [d.pci_address for d in inv.devices("amd")] == ["0000:05:00.0"] * 8
+    assert sum("is no amdgpu PCI device here" in why for _n, why in inv.ignored) == 7
+
+
+# --- the checked-in example trees -----------------------------------------------------
 
 
 def _tree(root: Path) -> dict[str, tuple[str, str]]:
@@ -255,11 +283,11 @@ def _tree(root: Path) -> dict[str, tuple[str, str]]:
     return entries
 
 
-def test_checked_in_example_tree_is_a_fresh_build(tmp_path: Path) -> None:
-    fresh = _tree(Path(build(str(tmp_path / "sys"), seed_host())))
-    checked_in = _tree(EXAMPLE_SYSFS)
+@pytest.mark.parametrize("name", sorted(EXAMPLE_DIRS))
+def test_checked_in_example_trees_are_fresh_builds(tmp_path: Path, name: str) -> None:
+    """Regenerate: rm -rf examples/hosts/DIR/sys && python -m tests.fakesysfs examples/hosts/DIR/sys NAME."""
+    fresh = _tree(Path(build(str(tmp_path / "sys"), HOSTS[name]())))
+    checked_in = _tree(REPO / "examples" / "hosts" / EXAMPLE_DIRS[name] / "sys")
     assert sorted(checked_in) == sorted(fresh)
     for rel, value in fresh.items():
         assert checked_in[rel] == value, rel
-    assert any(kind == "link" for kind, _ in fresh.values())
-    assert len(fresh) > 100

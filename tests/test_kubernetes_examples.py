@@ -14,12 +14,12 @@ import pytest
 import yaml
 
 from oci_gpu_hook import __version__
-from oci_gpu_hook.config import FIELDS
+from oci_gpu_hook.config import FIELDS, KINDS
 from oci_gpu_hook.host.containerd import RUNTIME_NAME, drop_in
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "kubernetes"
 LAUNCHER_DIR = "/usr/local/libexec/oci-gpu-hook"
-CDI_KIND = FIELDS["cdi_kind"][0]
+CDI_KIND = KINDS["amd"][0]
 
 
 def _load(name: str) -> dict[str, Any]:
@@ -144,7 +144,7 @@ def test_daemon_set(usage: str) -> None:
         for key, value in itertools.pairwise(args):
             if key == "--set":  # a baked default must be a real setting with a valid value
                 variable, _, setting = value.partition("=")
-                field = next(f for f, (_, _, var) in FIELDS.items() if var == variable)
+                field = next(f for f, spec in FIELDS.items() if spec.env == variable)
                 assert field == "allow_env_requests" and setting == "false"
     for container in containers.values():
         if container["name"] != "copy-environment":
@@ -155,10 +155,10 @@ def test_contract_names_real_commands_and_settings(usage: str) -> None:
     text = (EXAMPLES / "device-plugin-contract.md").read_text()
     for command in re.findall(r"`oci-gpu-hook ([a-z-]+)", text):
         assert command in _commands(usage), command
-    for setting in ("allow_env_requests", "cdi_kind", "cdi_spec", "cgroup_access", "log_file"):
+    for setting in ("allow_env_requests", "cdi_dir", "cgroup_access", "log_file"):
         assert setting in text and setting in FIELDS
     assert f"`runtimeClassName: {RUNTIME_NAME}`" in text
-    assert FIELDS["cdi_spec"][0] in text
+    assert FIELDS["cdi_dir"].default in text
     flat = " ".join(text.split())
     # What the drop-in passes, and how the node's own CRI settings survive it.
     assert '`container_annotations = ["cdi.k8s.io/*"]`' in flat

@@ -13,14 +13,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from oci_gpu_hook import inventory as inventory_module
-from oci_gpu_hook.appliers.ocispec import apply, process_env, rewrite_text
+from oci_gpu_hook.appliers.ocispec import apply as apply_edits
+from oci_gpu_hook.appliers.ocispec import rewrite_text
+from oci_gpu_hook.bundle import process_env
 from oci_gpu_hook.config import Config
 from oci_gpu_hook.core.devices import Rule as DeviceRule
 from oci_gpu_hook.core.rules import Policy, grants
 from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.inventory import Inventory, scan
 from oci_gpu_hook.plan import build_plan, plan_for_spec
-from oci_gpu_hook.request import Request
+from oci_gpu_hook.request import Ask, Request
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_SYSFS = REPO / "examples" / "hosts" / "seed-8x-gfx1100" / "sys"
@@ -32,6 +34,11 @@ GPU1_NODES = [
     {"path": "/dev/dri/renderD129", "type": "c", "major": 226, "minor": 129, "fileMode": 438, "uid": 0, "gid": 0},
     {"path": "/dev/kfd", "type": "c", "major": 234, "minor": 0, "fileMode": 438, "uid": 0, "gid": 0},
 ]
+HOOK_PATH = "/usr/local/libexec/oci-gpu-hook/oci-gpu-hook"
+GPU1_LINKS_HOOK = {"path": HOOK_PATH, "args": ["oci-gpu-hook", "links",
+                                               "/dev/dri/by-path/pci-0000:23:00.0-card=../card2",
+                                               "/dev/dri/by-path/pci-0000:23:00.0-render=../renderD129"],
+                   "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"], "timeout": 10}
 GPU1_RULES = [
     {"allow": True, "type": "c", "major": 226, "minor": 2, "access": "rwm"},
     {"allow": True, "type": "c", "major": 226, "minor": 129, "access": "rwm"},
@@ -46,6 +53,15 @@ def seed() -> Inventory:
 
 def config(**values: Any) -> Config:
     return Config(**{"sysfs_root": str(EXAMPLE_SYSFS), **values})
+
+
+def req(*indices: int) -> Request:
+    amd = seed().devices("amd")
+    return Request([Ask("amd", NAME, [",".join(map(str, indices))])], {"amd": tuple(amd[i] for i in indices)})
+
+
+def apply(spec: Any, plan: Any) -> bool:
+    return apply_edits(spec, plan, config())
 
 
 def spec_with(env: list[str] | None = None, linux: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -67,19 +83,20 @@ def rewrite(spec: Any, cfg: Config | None = None, devices: str | None = None) ->
 
 def test_build_plan_for_gpu1() -> None:
     inv = seed()
-    request = Request(NAME, "1", (inv.gpus[1],))
-    plan = build_plan(inv, request, config())
+    plan = build_plan(inv, req(1), config())
     assert plan
-    assert plan.gpus == (inv.gpus[1],)
+    assert plan.devices == (inv.devices("amd")[1],)
     assert [n.to_oci() for n in plan.nodes] == GPU1_NODES
     assert [r.to_oci() for r in plan.rules] == GPU1_RULES
     assert len(plan.rules) == len(plan.nodes)
-    assert plan.summary() == "gpu 1 (0000:23:00.0): /dev/dri/card2 /dev/dri/renderD129 /dev/kfd"
+    assert plan.summary() == "amd 1 (0000:23:00.0): /dev/dri/card2 /dev/dri/renderD129 /dev/kfd"
+    assert plan.edits.links == (("/dev/dri/by-path/pci-0000:23:00.0-card", "../card2"),
+                                ("/dev/dri/by-path/pci-0000:23:00.0-render", "../renderD129"))
 
 
 def test_build_plan_shares_kfd_once() -> None:
     inv = seed()
-    plan = build_plan(inv, Request(NAME, "0,7", (inv.gpus[0], inv.gpus[7])), config())
+    plan = build_plan(inv, req(0, 7), config())
     assert [n.path for n in plan.nodes] == [
         "/dev/dri/card1", "/dev/dri/renderD128", "/dev/dri/card8", "/dev/dri/renderD135", "/dev/kfd"]
     assert [r.v1_line() for r in plan.rules] == ["c 226:1 rwm", "c 226:128 rwm", "c 226:8 rwm", "c 226:135 rwm",
@@ -89,13 +106,13 @@ def test_build_plan_shares_kfd_once() -> None:
 def test_build_plan_uses_config() -> None:
     inv = seed()
     cfg = config(device_file_mode=0o600, device_uid=10, device_gid=44, cgroup_access="rw")
-    plan = build_plan(inv, Request(NAME, "1", (inv.gpus[1],)), cfg)
+    plan = build_plan(inv, req(1), cfg)
     assert {(n.file_mode, n.uid, n.gid) for n in plan.nodes} == {(0o600, 10, 44)}
     assert {r.access for r in plan.rules} == {"rw"}
 
 
 def test_empty_plan() -> None:
-    plan = build_plan(seed(), Request(NAME, "none", ()), config())
+    plan = build_plan(seed(), Request([]), config())
     assert not plan
     assert plan.nodes == () and plan.rules == ()
     assert plan.summary() == "no GPU requested"
@@ -132,6 +149,7 @@ def test_example_bundle_rewrite_adds_exactly_the_plan() -> None:
     expected = copy.deepcopy(original)
     expected["linux"]["devices"] = GPU1_NODES
     expected["linux"]["resources"]["devices"] = original["linux"]["resources"]["devices"] + GPU1_RULES
+    expected["hooks"] = {"createRuntime": [GPU1_LINKS_HOOK]}  # the by-path links, which the spec cannot express
     assert new == expected
     # key order of everything that was there is kept
     assert list(new)[: len(original)] == list(original)
@@ -205,10 +223,22 @@ def test_fields_it_does_not_own_are_preserved() -> None:
     added_rules = new["linux"]["resources"]["devices"][2:]
     assert added_devices == GPU1_NODES
     assert added_rules == GPU1_RULES
+    assert new["hooks"] == {**spec["hooks"], "createRuntime": [GPU1_LINKS_HOOK]}
     stripped = copy.deepcopy(new)
     del stripped["linux"]["devices"][1:]
     del stripped["linux"]["resources"]["devices"][2:]
+    del stripped["hooks"]["createRuntime"]
     assert stripped == spec
+
+
+def test_mask_other_gpus_masks_every_other_gpu_sysfs_dir() -> None:
+    new, _ = rewrite(spec_with([f"{NAME}=1"]), config(mask_other_gpus=True))
+    masked = new["linux"]["maskedPaths"]
+    assert len(masked) == 7 and all(m.startswith("/sys/devices/pci0000:") for m in masked)
+    assert not any("0000:23:00.0" in m for m in masked)
+    assert any(m.endswith("/0000:e3:00.0") for m in masked)
+    again, _ = rewrite(new, config(mask_other_gpus=True))
+    assert again is None
 
 
 def test_existing_entries_are_never_removed_or_widened() -> None:
@@ -379,7 +409,7 @@ def test_rewrite_twice_equals_rewrite_once(gpus: set[int], rules: list[dict[str,
         assert "punch a hole" in str(err)
         assert any("minor" not in r and r.get("type") == "c" for r in rules)  # only a wildcard exception can
         return
-    assert [g.index for g in plan.gpus] == sorted(gpus)
+    assert [g.index for g in plan.devices] == sorted(gpus)
     if not gpus:
         assert once is None
         return

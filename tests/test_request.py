@@ -1,4 +1,4 @@
-"""AMD_VISIBLE_DEVICES: every documented syntax, every error, and properties over arbitrary text."""
+"""Requests: AMD_VISIBLE_DEVICES syntax, every error, sources per kind, and properties over arbitrary text."""
 
 from __future__ import annotations
 
@@ -9,9 +9,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from oci_gpu_hook.config import Config
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.inventory import Inventory, scan
-from oci_gpu_hook.request import Request, cdi_names, env_value, requested, resolve, resolve_ask, valid_values
+from oci_gpu_hook.inventory import Device, Inventory, scan
+from oci_gpu_hook.request import (
+    Request,
+    annotation_names,
+    env_value,
+    parse_devices_option,
+    requested,
+    select,
+    valid_values,
+)
+from oci_gpu_hook.request import resolve as resolve_asks
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_SYSFS = REPO / "examples" / "hosts" / "seed-8x-gfx1100" / "sys"
@@ -23,6 +33,10 @@ GPU5_UID = "3149e0fac5157acb"
 @functools.cache
 def seed() -> Inventory:
     return scan(str(EXAMPLE_SYSFS))
+
+
+def resolve(value: str | None, inventory: Inventory, source: str = NAME) -> tuple[Device, ...]:
+    return select("amd", value or "", inventory.devices("amd"), source)
 
 
 def indices(value: str | None) -> list[int]:
@@ -97,8 +111,8 @@ def test_whitespace_around_tokens(value: str) -> None:
 
 def test_result_is_the_inventory_gpus() -> None:
     inv = seed()
-    assert resolve("all", inv) == inv.gpus
-    assert resolve("5", inv)[0] is inv.gpus[5]
+    assert resolve("all", inv) == inv.devices("amd")
+    assert resolve("5", inv)[0] is inv.devices("amd")[5]
 
 
 # --- errors -------------------------------------------------------------------
@@ -157,12 +171,19 @@ def test_malformed_range_is_named_not_called_empty(value: str) -> None:
     assert "valid:" in message
 
 
-@pytest.mark.parametrize("value", ["9" * 5000, "0-" + "9" * 5000, "1," + "1" * 4301])
+@pytest.mark.parametrize("value", ["9" * 5000, "0-" + "9" * 5000, "1," + "1" * 4301, "1" * 9, "123456789"])
 def test_huge_index_is_a_hook_error(value: str) -> None:
-    # int() refuses decimal strings over 4300 digits with ValueError; that must not escape
+    # int() refuses decimal strings over 4300 digits with ValueError; that must not escape.  More than 8
+    # digits is a hex unique id to AMD's toolkit, and so here.
     message = error(value)
-    assert "out of range" in message
+    assert "out of range" in message or "unique id" in message
     assert "valid:" in message
+
+
+@pytest.mark.parametrize("value", [GPU1_UID, GPU1_UID.upper(), "0x0000" + GPU1_UID, GPU1_UID.lstrip("0")])
+def test_bare_hex_longer_than_8_digits_is_a_unique_id(value: str) -> None:
+    """AMD's toolkit: a unique id as 0x..., GPU-..., or bare hex longer than 8 digits, zero padding optional."""
+    assert indices(value) == [1]
 
 
 def test_out_of_range_says_what_is_valid() -> None:
@@ -172,7 +193,7 @@ def test_out_of_range_says_what_is_valid() -> None:
 
 
 def test_valid_values_lists_the_host() -> None:
-    text = valid_values(seed())
+    text = valid_values("amd", seed().devices("amd"))
     assert text.startswith("valid: all, none, indices 0-7")
     assert "unique ids like 0x" in text
 
@@ -184,16 +205,24 @@ def test_no_gpus_host(tmp_path: Path) -> None:
         with pytest.raises(HookError) as info:
             resolve(value, empty, NAME)
         assert "valid:" in str(info.value)
-        assert "no GPUs" in str(info.value)
+        assert "no amd GPUs" in str(info.value)
 
 
 # --- the environment ----------------------------------------------------------
 
 
-def from_env(env: list, names: tuple[str, ...], inventory: object) -> Request:
-    """The env path of requested() + resolve_ask(), as the spec-rewrite paths take it."""
-    ask = requested(env, None, names, KIND, True)
-    return resolve_ask(ask, inventory) if ask else Request("env", None, ())  # type: ignore[arg-type]
+def config(names: tuple[str, ...] = (NAME,), allow_env: bool = True) -> Config:
+    return Config(request_env={"amd": list(names), "intel": ["INTEL_VISIBLE_DEVICES"]},
+                  allow_env_requests=allow_env)
+
+
+def from_env(env: list, names: tuple[str, ...], inventory: Inventory) -> Request:
+    """The env path of requested() + resolve(), as the spec-rewrite paths take it."""
+    return resolve_asks(requested(env, None, config(names)), inventory)
+
+
+def amd(request: Request) -> list[int]:
+    return [d.index for d in request.devices.get("amd", ())]
 
 
 def test_env_value_last_entry_wins() -> None:
@@ -214,18 +243,18 @@ def test_env_value_keeps_everything_after_the_first_equals() -> None:
 def test_from_env_uses_the_last_entry() -> None:
     request = from_env([f"{NAME}=1", f"{NAME}=2,3"], (NAME,), seed())
     assert request.source == NAME
-    assert request.value == "2,3"
-    assert [g.index for g in request.gpus] == [2, 3]
+    assert request.value == "amd.com/gpu=2,3"
+    assert amd(request) == [2, 3]
     assert request
 
     request = from_env([f"{NAME}=1", f"{NAME}=none"], (NAME,), seed())
-    assert request.gpus == ()
+    assert amd(request) == []
     assert not request
 
 
 def test_from_env_without_request() -> None:
     request = from_env(["PATH=/bin"], (NAME,), seed())
-    assert request.gpus == ()
+    assert amd(request) == []
     assert request.value is None
 
 
@@ -241,41 +270,46 @@ def test_cdi_names_from_annotations() -> None:
         "io.kubernetes.pod.name": "amd.com/gpu=7",  # not a CDI annotation
         "cdi.k8s.io/z": "amd.com/gpu=all",
     }
-    assert cdi_names(annotations, KIND) == ["1", "0000:43:00.0", "all"]
-    ask = requested([], annotations, (NAME,), KIND, True)
-    assert ask is not None and ask.source == "cdi.k8s.io annotations"
-    assert [g.index for g in resolve_ask(ask, seed()).gpus] == list(range(8))
+    assert annotation_names(annotations, ["amd", "intel"]) == {"amd": ["1", "0000:43:00.0", "all"]}
+    asks = requested([], annotations, config())
+    assert [(a.kind, a.source) for a in asks] == [("amd", "cdi.k8s.io annotations")]
+    assert amd(resolve_asks(asks, seed())) == list(range(8))
 
 
-@pytest.mark.parametrize("value", ["amd.com/gpu", "amd.com/gpu=", "amd.com/gpu=1,amd.com/gpu"])
-def test_malformed_cdi_name_of_our_kind_is_an_error(value: str) -> None:
+def test_annotations_of_two_kinds_give_two_asks() -> None:
+    asks = requested(["INTEL_VISIBLE_DEVICES=0"], {"cdi.k8s.io/a": "amd.com/gpu=1,intel.com/gpu=card0"}, config())
+    assert [(a.kind, a.values) for a in asks] == [("amd", ["1"]), ("intel", ["card0"])]
+    assert "ignored" in asks[1].note
+
+
+@pytest.mark.parametrize("value", ["amd.com/gpu", "amd.com/gpu=", "amd.com/gpu=1,amd.com/gpu", "amd.com/gpux=1"])
+def test_malformed_cdi_name_of_a_served_kind_is_an_error(value: str) -> None:
     with pytest.raises(HookError, match="is not a CDI device name"):
-        cdi_names({"cdi.k8s.io/x": value}, KIND)
+        annotation_names({"cdi.k8s.io/x": value}, ["amd"])
 
 
 def test_unknown_cdi_device_is_an_error_naming_it() -> None:
-    ask = requested([], {"cdi.k8s.io/x": "amd.com/gpu=9"}, (NAME,), KIND, True)
+    asks = requested([], {"cdi.k8s.io/x": "amd.com/gpu=9"}, config())
     with pytest.raises(HookError, match=r"'9' is out of range.*valid:"):
-        resolve_ask(ask, seed())  # type: ignore[arg-type]
+        resolve_asks(asks, seed())
 
 
 def test_annotations_decide_over_the_env() -> None:
-    ask = requested([f"{NAME}=all"], {"cdi.k8s.io/x": "amd.com/gpu=3"}, (NAME,), KIND, True)
-    assert ask is not None
-    request = resolve_ask(ask, seed())
-    assert [g.index for g in request.gpus] == [3]
+    asks = requested([f"{NAME}=all"], {"cdi.k8s.io/x": "amd.com/gpu=3"}, config())
+    request = resolve_asks(asks, seed())
+    assert amd(request) == [3]
     assert "ignored" in request.note
 
 
 def test_env_requests_can_be_refused() -> None:
-    ask = requested([f"{NAME}=all"], {}, (NAME,), KIND, False)
-    assert ask is not None and ask.values == [] and "allow_env_requests" in ask.note
-    ask = requested([f"{NAME}=all"], {"cdi.k8s.io/x": "amd.com/gpu=2"}, (NAME,), KIND, False)
-    assert ask is not None and [g.index for g in resolve_ask(ask, seed()).gpus] == [2]
+    asks = requested([f"{NAME}=all"], {}, config(allow_env=False))
+    assert len(asks) == 1 and asks[0].values == [] and "allow_env_requests" in asks[0].note
+    asks = requested([f"{NAME}=all"], {"cdi.k8s.io/x": "amd.com/gpu=2"}, config(allow_env=False))
+    assert amd(resolve_asks(asks, seed())) == [2]
 
 
 def test_nothing_asked() -> None:
-    assert requested([f"{NAME}=void"], {"cdi.k8s.io/x": "nvidia.com/gpu=0"}, (NAME,), KIND, True) is None
+    assert requested([f"{NAME}=void"], {"cdi.k8s.io/x": "nvidia.com/gpu=0"}, config()) == []
 
 
 def test_two_request_variables_is_an_error() -> None:
@@ -286,21 +320,25 @@ def test_two_request_variables_is_an_error() -> None:
     assert "ROCR_VISIBLE_DEVICES" in str(info.value)
 
 
-def test_env_value_is_kept_in_the_request() -> None:
-    request = from_env([f"{NAME}=1"], (NAME,), seed())
-    assert (request.source, request.value) == (NAME, "1")
-
-
 def test_second_request_variable_set_to_none_is_fine() -> None:
     names = (NAME, "ROCR_VISIBLE_DEVICES")
     request = from_env([f"{NAME}=none", "ROCR_VISIBLE_DEVICES=2"], names, seed())
     assert request.source == "ROCR_VISIBLE_DEVICES"
-    assert [g.index for g in request.gpus] == [2]
+    assert amd(request) == [2]
 
 
 def test_error_names_the_variable() -> None:
     with pytest.raises(HookError, match=r"^ROCR_VISIBLE_DEVICES=9: '9'"):
         from_env(["ROCR_VISIBLE_DEVICES=9"], ("ROCR_VISIBLE_DEVICES",), seed())
+
+
+def test_devices_option_takes_qualified_names() -> None:
+    asks = parse_devices_option("amd.com/gpu=1,amd.com/gpu=3,intel.com/gpu=card0", ["amd", "intel"])
+    assert [(a.kind, a.values) for a in asks] == [("amd", ["1,3"]), ("intel", ["card0"])]
+    assert [(a.kind, a.values) for a in parse_devices_option("0-2", ["amd", "intel"])] == [("amd", ["0-2"])]
+    assert parse_devices_option("none", ["amd"]) == []
+    with pytest.raises(HookError, match="not in use"):
+        parse_devices_option("intel.com/gpu=0", ["amd"])
 
 
 # --- properties -----------------------------------------------------------------

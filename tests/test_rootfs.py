@@ -13,7 +13,7 @@ from oci_gpu_hook.config import Config
 from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.inventory import scan
 from oci_gpu_hook.plan import Plan, build_plan
-from oci_gpu_hook.request import Request
+from oci_gpu_hook.request import Ask, Request
 from tests.containerlib import SEED_SYSFS
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mknod needs root")
@@ -21,14 +21,15 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mknod needs root")
 
 def _plan(indices: list[int], **config: object) -> Plan:
     inventory = scan(str(SEED_SYSFS))
-    gpus = tuple(inventory.gpus[i] for i in indices)
-    return build_plan(inventory, Request("test", ",".join(map(str, indices)), gpus), Config(**config))
+    gpus = tuple(inventory.devices("amd")[i] for i in indices)
+    request = Request([Ask("amd", "test", [",".join(map(str, indices))])], {"amd": gpus})
+    return build_plan(inventory, request, Config(**config))
 
 
 def _make(root: Path, plan: Plan) -> list[str]:
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        return rootfs.make_nodes(fd, plan)
+        return rootfs.make_nodes(fd, plan.edits)
     finally:
         os.close(fd)
 
@@ -71,3 +72,19 @@ def test_symlinked_directories_are_never_followed(tmp_path: Path, component: str
     with pytest.raises(HookError, match=f"refusing to use /{component} .* it is a symlink"):
         _make(root, _plan([1]))
     assert list(escape.iterdir()) == []
+
+
+@pytest.mark.parametrize(("link", "target"), [
+    ("/dev/dri/by-path/../../etc/x", "../card1"), ("/etc/passwd", "../card1"), ("/dev/dri/by-path/a", "/etc/shadow"),
+    ("/dev/dri/by-path/a", "../../etc"), ("/dev/dri/by-path/a", "../card1/x"), ("/dev/dri/by-path/a/b", "../card1"),
+])
+def test_only_by_path_links_to_dri_nodes_are_made(tmp_path: Path, link: str, target: str) -> None:
+    from oci_gpu_hook.core.edits import Edits
+
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with pytest.raises(HookError, match="refusing the link"):
+            rootfs.make_nodes(fd, Edits(links=((link, target),)))
+    finally:
+        os.close(fd)
+    assert list(tmp_path.iterdir()) == []

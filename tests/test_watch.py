@@ -58,10 +58,20 @@ def drm_events(action: str, gpu: FakeGpu) -> list[dict[str, Any]]:
             uevent(action, "drm", devpath(gpu, f"renderD{gpu.render}"))]
 
 
+def kfd_nodes(root: Path) -> Path:
+    return root / "devices" / "virtual" / "kfd" / "kfd" / "topology" / "nodes"
+
+
 def plug(root: Path, gpu: FakeGpu, scratch: Path) -> None:
-    """Add one GPU's sysfs directories (PCI device, drm entries, class links) to an existing tree."""
+    """Add one GPU's sysfs directories (PCI device, drm entries, class links, its KFD node) to an existing tree."""
     part = scratch / f"plug-{gpu.pci}"
-    build(str(part), FakeHost(gpus=[gpu], kfd=False))
+    build(str(part), FakeHost(gpus=[gpu], cpu_nodes=0))
+    node = kfd_nodes(part) / "0"
+    node.rename(kfd_nodes(part) / str(1 + max(int(n.name) for n in kfd_nodes(root).iterdir())))
+    for name in ("dev", "uevent"):
+        (part / "devices" / "virtual" / "kfd" / "kfd" / name).unlink()
+    (part / "class" / "kfd" / "kfd").unlink()
+    (root / "bus" / "pci" / "drivers" / gpu.driver / gpu.pci).unlink(missing_ok=True)
     shutil.copytree(part, root, symlinks=True, dirs_exist_ok=True)
     shutil.rmtree(part)
 
@@ -73,6 +83,9 @@ def unplug(root: Path, gpu: FakeGpu) -> None:
         (drm / name).unlink(missing_ok=True)
     bus = gpu.pci.split(":")[1]
     shutil.rmtree(root / "devices" / f"pci{gpu.pci[:4]}:{bus}" / gpu.pci)
+    for node in kfd_nodes(root).iterdir():  # the driver takes its KFD node away too
+        if f"drm_render_minor {gpu.render}\n" in (node / "properties").read_text():
+            shutil.rmtree(node)
 
 
 def device_names(path: Path) -> set[str]:
@@ -123,11 +136,11 @@ class Setup:
         self.tmp = tmp_path
         self.root = Path(build(str(tmp_path / "sys"), host))
         self.spec = tmp_path / "cdi" / f"amd.com-gpu.{fmt}"
-        self.config = Config(sysfs_root=str(self.root), cdi_spec=str(self.spec), debug=debug)
+        self.config = Config(sysfs_root=str(self.root), cdi_dir=str(tmp_path / "cdi"), backends=("amd",), debug=debug)
         self.clock = Clock()
         self.source = Script(self.clock)
         self.log = io.StringIO()
-        self.watcher = Watcher(self.config, str(self.spec), self.source, fmt=fmt, subsystems=subsystems,
+        self.watcher = Watcher(self.config, [("amd", str(self.spec), fmt)], self.source, subsystems=subsystems,
                                debounce=debounce, clock=self.clock, stream=self.log)
 
     def drain(self) -> None:
@@ -377,7 +390,7 @@ def test_run_from_a_queue_and_stop(tmp_path: Path) -> None:
     spec = tmp_path / "spec.json"
     source = QueueEvents()
     log = io.StringIO()
-    watcher = Watcher(Config(sysfs_root=str(root)), str(spec), source, debounce=0.05, stream=log)
+    watcher = Watcher(Config(sysfs_root=str(root)), [("amd", str(spec), "json")], source, debounce=0.05, stream=log)
     result: list[int] = []
     thread = threading.Thread(target=lambda: result.append(watcher.run()))
     thread.start()
@@ -398,7 +411,8 @@ def test_run_from_a_queue_and_stop(tmp_path: Path) -> None:
 
 def test_stop_before_run_writes_nothing(tmp_path: Path) -> None:
     log = io.StringIO()
-    watcher = Watcher(Config(sysfs_root=str(tmp_path)), str(tmp_path / "spec.json"), QueueEvents(), stream=log)
+    watcher = Watcher(Config(sysfs_root=str(tmp_path)), [("amd", str(tmp_path / "spec.json"), "json")], QueueEvents(),
+                      stream=log)
     watcher.stop("SIGTERM")
     assert watcher.run() == 0
     assert log.getvalue().count("\n") == 1 and "stopping on SIGTERM" in log.getvalue()
@@ -412,7 +426,8 @@ def test_user_namespace_warning(tmp_path: Path) -> None:
     assert "user namespace" in (watch.user_namespace_warning(str(uid_map)) or "")
     assert watch.user_namespace_warning(str(tmp_path / "missing")) is None
     log = io.StringIO()
-    watcher = Watcher(Config(sysfs_root=str(tmp_path)), str(tmp_path / "spec.json"), QueueEvents(), stream=log)
+    watcher = Watcher(Config(sysfs_root=str(tmp_path)), [("amd", str(tmp_path / "spec.json"), "json")], QueueEvents(),
+                      stream=log)
     threading.Timer(0.2, watcher.stop, ("test",)).start()
     assert watcher.run("warning: test") == 0
     assert [line.split(" watch: ", 1)[1].split(" ")[0] for line in log.getvalue().splitlines()] == [
@@ -524,10 +539,15 @@ def test_once_into_a_directory_and_the_config_default(tmp_path: Path) -> None:
     result = cli("--sysfs-root", root, "watch", "--once", "--output", str(tmp_path / "cdi"))
     assert result.returncode == 0, result.stderr
     assert device_names(tmp_path / "cdi" / "amd.com-gpu.json") == {"0", "0000:03:00.0", "0x00000000000000a1", "all"}
-    default = tmp_path / "default" / "spec.yaml"
-    result = cli("--sysfs-root", root, "watch", "--once", env=clean_env(OCI_GPU_HOOK_CDI_SPEC=str(default)))
+    default = tmp_path / "default"
+    result = cli("--sysfs-root", root, "watch", "--once", env=clean_env(OCI_GPU_HOOK_CDI_DIR=str(default)))
     assert result.returncode == 0, result.stderr
-    assert default.read_text().startswith("cdiVersion: 0.5.0\n")
+    assert json.loads((default / "amd.com-gpu.json").read_text())["cdiVersion"] == "0.5.0"
+    assert "no intel GPUs under" in result.stderr and not (default / "intel.com-gpu.json").exists()
+    yaml_file = tmp_path / "spec.yaml"
+    result = cli("--sysfs-root", root, "watch", "--once", "--output", str(yaml_file))
+    assert result.returncode == 0, result.stderr
+    assert yaml_file.read_text().startswith("cdiVersion: 0.5.0\n")
 
 
 def test_once_without_gpus_is_not_an_error(tmp_path: Path) -> None:

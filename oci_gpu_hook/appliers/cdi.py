@@ -1,11 +1,15 @@
-"""CDI specs: the plan's container edits for every GPU, as a spec file podman, containerd and CRI-O read.
+"""CDI specs: the plan's container edits for every device of one kind, as a spec file podman,
+containerd and CRI-O read.
 
-One CDI device per GPU, under its index and, as alternative names (CDI has no
-aliases, so each is a device with the same edits), its PCI address and unique
-id; plus ``all``.  Each device's edits are that GPU's nodes; the nodes its
-vendor shares (``/dev/kfd``) are the spec-wide edits, which apply whenever any
-device of the spec is used.  The edits are built from the same node model the
-plan uses, so the CDI path gives a container the same view as the hooks.
+One spec per kind (``amd.com/gpu``, ``intel.com/gpu``), in ``cdi_dir`` as
+``<vendor>-<class>.json``.  One CDI device per device under its index; the
+backend's other names (AMD: each GPU's PCI address and unique id, naming all its
+partitions; Intel: ``cardN`` and the PCI address) are devices with the same
+edits (CDI has no aliases); plus ``all``.  Each device's edits are the plan's
+:func:`~oci_gpu_hook.plan.device_edits` (its nodes, and the ``createRuntime``
+hook that makes its ``/dev/dri/by-path`` links); the kind's shared nodes
+(``/dev/kfd``) are the spec-wide edits, which apply whenever any device of the
+spec is used.  So the CDI path gives a container the same view as the hooks.
 """
 
 from __future__ import annotations
@@ -14,46 +18,49 @@ import json
 import os
 from typing import Any
 
+from oci_gpu_hook.appliers.ocispec import links_hook
 from oci_gpu_hook.atomic import write_atomic
 from oci_gpu_hook.config import Config
+from oci_gpu_hook.core.edits import Edits
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.inventory import Gpu, Inventory
-from oci_gpu_hook.plan import node_edit
+from oci_gpu_hook.inventory import Device, Inventory, backend
+from oci_gpu_hook.plan import device_edits, shared_edits
 
 # Device names starting with a digit need CDI 0.5.0 (specs-go/version.go: requiresV050); nothing
-# else used here needs more, and nothing later is needed.
+# else used here needs more.
 CDI_VERSION = "0.5.0"
 
 
-def _node(node: Any, config: Config) -> dict[str, Any]:
-    edit = node_edit(node, config)
-    return {"path": edit.path, "type": edit.type, "major": edit.major, "minor": edit.minor,
-            "fileMode": edit.file_mode, "permissions": config.cgroup_access, "uid": edit.uid, "gid": edit.gid}
+def _edits(edits: Edits, config: Config) -> dict[str, Any]:
+    out: dict[str, Any] = {"deviceNodes": [n.to_cdi(config.cgroup_access) for n in edits.nodes]}
+    if edits.links:
+        hook = links_hook(edits.links, config.hook_path)
+        out["hooks"] = [{"hookName": "createRuntime", **hook}]
+    return out
 
 
-def device_names(gpu: Gpu) -> list[str]:
-    """The CDI names of one GPU: index, PCI address, unique id (all valid request entries)."""
-    names = [str(gpu.index), gpu.pci_address]
-    if gpu.unique_id_hex:
-        names.append(gpu.unique_id_hex)
+def device_names(devices: tuple[Device, ...], kind: str) -> list[tuple[str, tuple[Device, ...]]]:
+    """Every CDI name of ``kind`` on this host with the devices it stands for: indices, then the backend's
+    other names (all valid request entries)."""
+    names = [(str(d.index), (d,)) for d in devices]
+    names.extend(backend(kind).aliases(devices))
     return names
 
 
-def generate(inventory: Inventory, config: Config) -> dict[str, Any]:
-    """The CDI spec of this host (devices in index order; deterministic for golden files)."""
-    devices = []
-    for gpu in inventory.gpus:
-        devices.extend({"name": name, "containerEdits": {"deviceNodes": [_node(n, config) for n in gpu.nodes]}}
-                       for name in device_names(gpu))  # a copy each: YAML would write &anchors otherwise
-    if inventory.gpus:
-        every = [_node(n, config) for gpu in inventory.gpus for n in gpu.nodes]
-        devices.append({"name": "all", "containerEdits": {"deviceNodes": every}})
-    shared = []
-    for vendor in sorted({gpu.vendor for gpu in inventory.gpus}):
-        shared.extend(_node(n, config) for n in inventory.shared_nodes.get(vendor, ()))
-    spec: dict[str, Any] = {"cdiVersion": CDI_VERSION, "kind": config.cdi_kind, "devices": devices}
-    if shared:
-        spec["containerEdits"] = {"deviceNodes": shared}
+def generate(inventory: Inventory, kind: str, config: Config) -> dict[str, Any]:
+    """The CDI spec of ``kind`` on this host (devices in index order; deterministic for golden files)."""
+    devices = inventory.devices(kind)
+    entries = []
+    for name, chosen in device_names(devices, kind):
+        edits = Edits.merged([device_edits(d, config) for d in chosen])
+        entries.append({"name": name, "containerEdits": _edits(edits, config)})
+    if devices:
+        edits = Edits.merged([device_edits(d, config) for d in devices])
+        entries.append({"name": "all", "containerEdits": _edits(edits, config)})
+    spec: dict[str, Any] = {"cdiVersion": CDI_VERSION, "kind": config.cdi_kind(kind), "devices": entries}
+    shared = shared_edits(inventory, kind, config)
+    if shared.nodes:
+        spec["containerEdits"] = _edits(shared, config)
     return spec
 
 
@@ -67,11 +74,9 @@ def render(spec: dict[str, Any], fmt: str) -> str:
     raise HookError(f"unknown format {fmt!r} (valid: json, yaml)")
 
 
-def output_path(target: str, config: Config, fmt: str) -> str:
-    """A directory (``/etc/cdi``, ``/var/run/cdi``) gets ``<vendor>-<class>.<fmt>``; a file is used as is."""
-    if os.path.isdir(target):
-        return os.path.join(target, config.cdi_kind.replace("/", "-") + "." + fmt)
-    return target
+def file_name(config: Config, kind: str, fmt: str) -> str:
+    """``amd.com-gpu.json``: the name a kind's spec has in a CDI directory."""
+    return config.cdi_kind(kind).replace("/", "-") + "." + fmt
 
 
 def write(path: str, text: str) -> bool:

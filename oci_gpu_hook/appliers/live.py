@@ -19,7 +19,6 @@ from oci_gpu_hook.errors import HookError
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
 
 if TYPE_CHECKING:
-    from typing import Any
 
     from oci_gpu_hook.config import Config
 
@@ -44,14 +43,6 @@ def parse_state(text: str) -> tuple[str, int, str]:
     return cid, pid, bundle
 
 
-def root_path(spec: Any, bundle: str) -> str:
-    root = spec.get("root") if isinstance(spec, dict) else None
-    path = root.get("path") if isinstance(root, dict) else None
-    if not isinstance(path, str) or not path:
-        raise HookError(f"{bundle}/config.json has no root.path")
-    return os.path.normpath(os.path.join(bundle, path))
-
-
 def run(stdin_text: str, config: Config) -> int:
     """Apply the plan of the container described by the state JSON ``stdin_text``."""
     started = time.monotonic()
@@ -64,14 +55,11 @@ def run(stdin_text: str, config: Config) -> int:
 
 
 def _apply(cid: str, pid: int, bundle: str, config: Config, started: float) -> int:
-    from oci_gpu_hook.appliers.ocispec import read_text
+    from oci_gpu_hook.bundle import loads, read_text, root_path
     from oci_gpu_hook.log import record_plan
     from oci_gpu_hook.plan import plan_for_spec
 
-    try:
-        spec = fastjson.loads(read_text(os.path.join(bundle, "config.json")))
-    except ValueError as err:
-        raise HookError(f"{bundle}/config.json is {err}") from None
+    spec = loads(read_text(os.path.join(bundle, "config.json")))
     plan = plan_for_spec(spec, config)
     if not plan:
         record_plan(config, "prestart", cid, plan, started)
@@ -83,7 +71,7 @@ def _apply(cid: str, pid: int, bundle: str, config: Config, started: float) -> i
     from oci_gpu_hook.appliers import cgroups
     from oci_gpu_hook.appliers import rootfs as rootfs_module
 
-    made = rootfs_module.apply_in_container(pid, rootfs, plan)
+    made = rootfs_module.apply_in_container(pid, rootfs, plan.edits)
     mode = cgroups.mode()
     directory = cgroups.container_cgroup(pid, mode)
     if mode == "v1":
@@ -92,4 +80,29 @@ def _apply(cid: str, pid: int, bundle: str, config: Config, started: float) -> i
         cgroup_result = cgroups.v2_grant(directory, plan.rules)
     record_plan(config, "prestart", cid, plan, started, nodes=made, cgroup=mode, cgroup_dir=directory,
                 cgroup_result=cgroup_result)
+    return 0
+
+
+def run_links(stdin_text: str, args: list[str]) -> int:
+    """``oci-gpu-hook links PATH=TARGET...``: the createRuntime hook that the spec-rewrite paths and the CDI
+    specs add, making ``/dev/dri/by-path`` links in the container (the OCI spec has no field for them)."""
+    from oci_gpu_hook.appliers import rootfs as rootfs_module
+    from oci_gpu_hook.bundle import loads, read_text, root_path
+    from oci_gpu_hook.core.edits import Edits, check_link
+
+    links = []
+    for arg in args:
+        path, eq, target = arg.partition("=")
+        if not eq:
+            raise HookError(f"links: {arg!r} is not PATH=TARGET")
+        check_link(path, target)
+        links.append((path, target))
+    cid, pid, bundle = parse_state(stdin_text)
+    try:
+        spec = loads(read_text(os.path.join(bundle, "config.json")))
+        if links:
+            rootfs_module.apply_in_container(pid, root_path(spec, bundle), Edits(links=tuple(links)))
+    except HookError as err:
+        err.container_id = cid
+        raise
     return 0

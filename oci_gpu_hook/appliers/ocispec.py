@@ -1,15 +1,21 @@
-"""The spec-rewrite applier: a plan written into an OCI config.json.
+"""The spec-rewrite applier: a plan's edits written into an OCI config.json.
 
 Nodes go to ``linux.devices`` and one allow rule per node to
 ``linux.resources.devices``; runc or crun then create the nodes and program
 the device cgroup themselves (v1 or v2), and the rules survive ``runc update``
-and systemd reloads.  The rewrite is idempotent, never removes or widens an
-existing entry, and leaves every field it does not own as it was.
+and systemd reloads.  The ``/dev/dri/by-path`` links, which the OCI spec cannot
+express, are made by a ``createRuntime`` hook (``oci-gpu-hook links``, the
+configured ``hook_path``) that gets them as arguments; masked paths go to
+``linux.maskedPaths``.  The rewrite is idempotent, never removes or widens an
+existing entry, and leaves every field it does not own as it was.  Rules are
+checked with runc's own emulator (:mod:`oci_gpu_hook.core.rules`): a grant runc
+would refuse (a hole in an operator's wildcard deny) is refused here, first.
 """
 
 from __future__ import annotations
 
 from oci_gpu_hook import fastjson
+from oci_gpu_hook.bundle import check_object, field, loads
 from oci_gpu_hook.core.devices import Rule
 from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.plan import plan_for_spec
@@ -22,55 +28,33 @@ if TYPE_CHECKING:
     from oci_gpu_hook.config import Config
     from oci_gpu_hook.plan import Plan
 
-
-def _field(parent: dict[str, Any], key: str, kind: type, where: str, create: bool) -> Any:
-    value = parent.get(key)
-    if value is None:
-        if not create:
-            return None
-        value = parent[key] = kind()
-    if not isinstance(value, kind):
-        raise HookError(f"config.json: {where} is not {'a list' if kind is list else 'an object'}")
-    return value
+LINKS_COMMAND = "links"
+HOOK_ENV = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
 
 
-def _check_object(spec: Any) -> dict[str, Any]:
-    if not isinstance(spec, dict):
-        raise HookError("config.json: the top level is not a JSON object")
-    return spec
+def links_hook(links: tuple[tuple[str, str], ...], hook_path: str) -> dict[str, Any]:
+    """The ``createRuntime`` hook that makes ``links`` inside the container (also used in CDI specs)."""
+    return {"path": hook_path, "args": ["oci-gpu-hook", LINKS_COMMAND, *(f"{p}={t}" for p, t in links)],
+            "env": list(HOOK_ENV), "timeout": 10}
 
 
-def process_env(spec: Any) -> list[str]:
-    """``process.env`` of the spec (empty when absent)."""
-    process = _field(_check_object(spec), "process", dict, "process", create=False)
-    env = _field(process, "env", list, "process.env", create=False) if process else None
-    if env and not all(isinstance(entry, str) for entry in env):
-        raise HookError("config.json: process.env holds a value that is not a string")
-    return env or []
-
-
-def annotations(spec: Any) -> dict[str, Any]:
-    """``annotations`` of the spec (empty when absent)."""
-    return _field(_check_object(spec), "annotations", dict, "annotations", create=False) or {}
-
-
-def apply(spec: Any, plan: Plan) -> bool:
+def apply(spec: Any, plan: Plan, config: Config) -> bool:
     """Write ``plan`` into ``spec`` in place; return whether anything changed."""
     if not plan:
         return False
-    spec = _check_object(spec)
-    linux = _field(spec, "linux", dict, "linux", create=True)
-    devices = _field(linux, "devices", list, "linux.devices", create=True)
-    resources = _field(linux, "resources", dict, "linux.resources", create=True)
-    rules = _field(resources, "devices", list, "linux.resources.devices", create=True)
-    if not all(isinstance(entry, dict) for entry in devices + rules):
-        raise HookError("config.json: linux.devices or linux.resources.devices holds a non-object entry")
+    spec = check_object(spec)
+    linux = field(spec, "linux", dict, "linux", create=True)
+    devices = field(linux, "devices", list, "linux.devices", create=True)
+    resources = field(linux, "resources", dict, "linux.resources", create=True)
+    rules = field(resources, "devices", list, "linux.resources.devices", create=True)
+    if not all(isinstance(entry, dict) for entry in devices):
+        raise HookError("config.json: linux.devices holds a non-object entry")
     if not all(isinstance(entry.get("path"), str) for entry in devices):
         raise HookError("config.json: linux.devices has an entry without a string 'path'")
 
     existing = {entry.get("path"): entry for entry in devices}
     new_devices = []
-    for node in plan.nodes:
+    for node in plan.edits.nodes:
         entry = existing.get(node.path)
         if entry is None:
             new_devices.append(node.to_oci())
@@ -86,27 +70,52 @@ def apply(spec: Any, plan: Plan) -> bool:
     missing = [rule for rule in plan.rules if not grants(policy.allows, rule)]
     for rule in missing:
         policy.apply(rule)  # a HookError where runc would refuse the list with it
-    new_rules = [rule.to_oci() for rule in missing]
+    changed = bool(new_devices or missing)
     devices.extend(new_devices)
-    rules.extend(new_rules)
-    return bool(new_devices or new_rules)
+    rules.extend(rule.to_oci() for rule in missing)
+    changed |= _add_links_hook(spec, plan, config)
+    changed |= _add_masked(linux, plan.edits.masked)
+    changed |= _add_env(spec, plan.edits.env)
+    return changed
+
+
+def _add_links_hook(spec: dict[str, Any], plan: Plan, config: Config) -> bool:
+    links = plan.edits.links
+    if not links:
+        return False
+    hooks = field(spec, "hooks", dict, "hooks", create=True)
+    stage = field(hooks, "createRuntime", list, "hooks.createRuntime", create=True)
+    wanted = links_hook(links, config.hook_path)
+    if any(isinstance(h, dict) and h.get("path") == wanted["path"] and h.get("args") == wanted["args"] for h in stage):
+        return False
+    stage.append(wanted)
+    return True
+
+
+def _add_masked(linux: dict[str, Any], masked: tuple[str, ...]) -> bool:
+    if not masked:
+        return False
+    paths = field(linux, "maskedPaths", list, "linux.maskedPaths", create=True)
+    new = [m for m in masked if m not in paths]
+    paths.extend(new)
+    return bool(new)
+
+
+def _add_env(spec: dict[str, Any], env: tuple[str, ...]) -> bool:
+    if not env:
+        return False
+    process = field(spec, "process", dict, "process", create=True)
+    current = field(process, "env", list, "process.env", create=True)
+    names = {e.partition("=")[0] for e in current if isinstance(e, str)}
+    new = [e for e in env if e.partition("=")[0] not in names]
+    current.extend(new)
+    return bool(new)
 
 
 def rewrite_text(text: str, config: Config, devices: str | None = None) -> tuple[str | None, Plan]:
     """Parse a config.json, apply its plan; return the new text (None if unchanged) and the plan."""
-    try:
-        spec = fastjson.loads(text)
-    except ValueError as err:
-        raise HookError(f"config.json is {err}") from None
+    spec = loads(text)
     plan = plan_for_spec(spec, config, devices)
-    if not apply(spec, plan):
+    if not apply(spec, plan, config):
         return None, plan
     return fastjson.dumps(spec), plan
-
-
-def read_text(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return handle.read()
-    except OSError as err:
-        raise HookError(f"cannot read {path}: {err.strerror}") from None

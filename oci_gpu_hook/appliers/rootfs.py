@@ -15,13 +15,14 @@ from __future__ import annotations
 import os
 import stat
 
+from oci_gpu_hook.core.edits import check_link
 from oci_gpu_hook.errors import HookError
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
 
 if TYPE_CHECKING:
     from oci_gpu_hook.core.devices import Node
-    from oci_gpu_hook.plan import Plan
+    from oci_gpu_hook.core.edits import Edits
 
 CLONE_NEWNS = 0x00020000
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -108,20 +109,10 @@ def _make_symlink(dir_fd: int, name: str, target: str, shown: str) -> None:
         raise HookError(f"{shown} already points to {current!r}, not {target!r}")
 
 
-def by_path_links(plan: Plan) -> list[tuple[str, str]]:
-    """``/dev/dri/by-path/pci-<address>-card`` and ``-render`` symlinks, as udev makes them on the host."""
-    links = []
-    for gpu in plan.gpus:
-        for kind, node in (("card", gpu.card), ("render", gpu.render)):
-            if node is not None and node.path.startswith("/dev/dri/"):
-                links.append((f"/dev/dri/by-path/pci-{gpu.pci_address}-{kind}", "../" + node.path[9:]))
-    return links
-
-
-def make_nodes(root_fd: int, plan: Plan) -> list[str]:
-    """Create the plan's nodes and by-path links under the rootfs ``root_fd``; return what was done."""
+def make_nodes(root_fd: int, edits: Edits) -> list[str]:
+    """Create the nodes and by-path links of ``edits`` under the rootfs ``root_fd``; return what was done."""
     done = []
-    for node in plan.nodes:
+    for node in edits.nodes:
         directory, _, name = node.path.rpartition("/")
         if not name or not node.path.startswith("/"):
             raise HookError(f"refusing device path {node.path!r}")
@@ -130,7 +121,8 @@ def make_nodes(root_fd: int, plan: Plan) -> list[str]:
             done.append(f"{node.path} {_make_node(dir_fd, name, node)}")
         finally:
             os.close(dir_fd)
-    for link, target in by_path_links(plan):
+    for link, target in edits.links:
+        check_link(link, target)
         directory, _, name = link.rpartition("/")
         dir_fd = _walk(root_fd, directory)
         try:
@@ -156,8 +148,8 @@ def _setns(ns_fd: int, pid: int) -> None:
         raise HookError(f"cannot enter the mount namespace of process {pid}: {err.strerror}") from None
 
 
-def apply_in_container(pid: int, rootfs: str, plan: Plan) -> list[str]:
-    """Enter ``pid``'s mount namespace in a child process and make the nodes under ``rootfs``."""
+def apply_in_container(pid: int, rootfs: str, edits: Edits) -> list[str]:
+    """Enter ``pid``'s mount namespace in a child process and make the nodes and links under ``rootfs``."""
     try:
         ns_fd = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
     except OSError as err:
@@ -175,7 +167,7 @@ def apply_in_container(pid: int, rootfs: str, plan: Plan) -> list[str]:
                 root_fd = os.open(rootfs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             except OSError as err:
                 raise HookError(f"cannot open the container's rootfs {rootfs}: {err.strerror}") from None
-            message = "ok\n" + "\n".join(make_nodes(root_fd, plan))
+            message = "ok\n" + "\n".join(make_nodes(root_fd, edits))
             code = 0
         except HookError as err:
             message = str(err)

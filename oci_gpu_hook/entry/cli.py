@@ -27,6 +27,7 @@ commands:
                                              print the rewritten config.json; change nothing
   precreate                                  podman precreate hook: config on stdin, config on stdout
   prestart (or createRuntime)                live hook: state on stdin; nodes and device cgroup rules
+  links PATH=TARGET...                       createRuntime hook: /dev/dri/by-path links in the container
   inspect (--pid PID | --cgroup DIR)         what a cgroup lets its processes open
   cdi generate [--output FILE|DIR] [--format json|yaml]
                                              the CDI spec of this host's GPUs
@@ -39,7 +40,7 @@ commands:
   launchers DIR                              write lean launchers (python -I -S) for hooks and the shim
 """
 
-HOT_COMMANDS = frozenset({"precreate", "prestart", "createRuntime"})
+HOT_COMMANDS = frozenset({"precreate", "prestart", "createRuntime", "links"})
 
 
 def split_globals(argv: list[str]) -> tuple[dict[str, Any], list[str]]:
@@ -108,15 +109,19 @@ def main(argv: list[str] | None = None) -> int:
         overrides, rest = split_globals(args)
         command = rest[0] if rest else None
         if command in HOT_COMMANDS:
-            if len(rest) > 1:
+            if len(rest) > 1 and command != "links":
                 raise _usage_error(f"{command} takes no arguments")
-            config = load(overrides)
             os.chdir("/")  # never work relative to a directory the container may control
+            if command == "links":  # needs no config: the links are its arguments
+                from oci_gpu_hook.appliers import live
+
+                return live.run_links(sys.stdin.read(), rest[1:])
+            config = load(overrides)
             if command == "precreate":
                 return cmd_precreate(config)
-            from oci_gpu_hook.appliers import live as prestart
+            from oci_gpu_hook.appliers import live
 
-            return prestart.run(sys.stdin.read(), config)
+            return live.run(sys.stdin.read(), config)
         from oci_gpu_hook.entry import commands
 
         if command in (None, "-h", "--help", "help"):

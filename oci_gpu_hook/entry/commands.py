@@ -7,6 +7,7 @@ import os
 import sys
 
 from oci_gpu_hook.cliparse import parser as _parser
+from oci_gpu_hook.config import KINDS
 from oci_gpu_hook.errors import HookError
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
@@ -18,35 +19,39 @@ if TYPE_CHECKING:
 
 
 def cmd_list(args: list[str], config: Config) -> int:
-    parser = _parser("list", "List the host's GPUs in index order (PCI address order).")
+    parser = _parser("list", "List the host's GPUs and compute partitions, per kind, in each vendor's index order.")
     parser.add_argument("--json", action="store_true", help="print JSON (schemas/inventory.schema.json)")
     opts = parser.parse_args(args)
     from oci_gpu_hook.inventory import scan
 
-    inventory = scan(config.sysfs_root)
+    inventory = scan(config.sysfs_root, config.backends, strict=False)
     if opts.json:
         from oci_gpu_hook.models import InventoryModel
 
         print(InventoryModel.of(inventory).model_dump_json(indent=2))
         return 0
-    rows = [("INDEX", "PCI ADDRESS", "CARD", "RENDER", "NUMA", "UNIQUE ID", "MODEL")]
-    for gpu in inventory.gpus:
+    rows = [("KIND", "INDEX", "PCI ADDRESS", "PARTITION", "MODE", "CARD", "RENDER", "NUMA", "UNIQUE ID", "MODEL")]
+    for device in inventory.all_devices:
+        card, render = device.card, device.render
+        mode = "/".join(m for m in (device.compute_mode, device.memory_mode) if m) or "-"
         rows.append((
-            str(gpu.index), gpu.pci_address,
-            os.path.basename(gpu.card.path) if gpu.card else "-",
-            os.path.basename(gpu.render.path),
-            "-" if gpu.numa_node is None else str(gpu.numa_node),
-            gpu.unique_id_hex or "-",
-            f"{gpu.model} ({gpu.vendor} {gpu.device_id})",
+            device.kind, str(device.index), device.pci_address,
+            "-" if device.partition is None else f"{device.partition} ({device.drm_name})",
+            mode, os.path.basename(card.path) if card else "-", os.path.basename(render.path) if render else "-",
+            "-" if device.numa_node is None else str(device.numa_node), device.unique_id_hex or "-",
+            f"{device.model} ({device.vendor_id}:{device.device_id})",
         ))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
-    if not inventory.gpus:
+    if not inventory.all_devices:
         print(f"(no GPUs under {inventory.sysfs_root})")
-    for vendor, nodes in sorted(inventory.shared_nodes.items()):
-        shared = ", ".join(f"{n.path} ({n.type} {n.major}:{n.minor})" for n in nodes)
-        print(f"shared by {vendor} GPUs: {shared}")
+    for kind, found in inventory.kinds.items():
+        if found.shared:
+            shared = ", ".join(f"{n.path} ({n.type} {n.major}:{n.minor})" for n in found.shared)
+            print(f"shared by {kind} GPUs: {shared}")
+    for name, reason in inventory.ignored:
+        print(f"ignored: {name}: {reason}")
     return 0
 
 
@@ -55,7 +60,7 @@ def _spec_path(target: str) -> str:
 
 
 def _load_spec(path: str) -> object:
-    from oci_gpu_hook.appliers.ocispec import read_text
+    from oci_gpu_hook.bundle import read_text
 
     try:
         return json.loads(read_text(path))
@@ -70,7 +75,7 @@ def cmd_dry_run(args: list[str], config: Config) -> int:
     parser.add_argument("target", metavar="BUNDLE_DIR|CONFIG_FILE")
     opts = parser.parse_args(args)
     from oci_gpu_hook import schemas
-    from oci_gpu_hook.appliers import ocispec as spec
+    from oci_gpu_hook.appliers import ocispec
     from oci_gpu_hook.plan import plan_for_spec
 
     path = _spec_path(opts.target)
@@ -78,7 +83,7 @@ def cmd_dry_run(args: list[str], config: Config) -> int:
     schemas.validate(original, "oci-config.schema.json", path)
     rewritten = json.loads(json.dumps(original))
     plan = plan_for_spec(rewritten, config, opts.devices)
-    spec.apply(rewritten, plan)
+    ocispec.apply(rewritten, plan, config)
     schemas.validate(rewritten, "oci-config.schema.json", f"{path} (rewritten)")
     print(f"# {plan.summary()}", file=sys.stderr)
     new_text = json.dumps(rewritten, indent=2) + "\n"
@@ -100,25 +105,12 @@ def cmd_validate(args: list[str], config: Config) -> int:
                         help="config file to check (default: OCI_GPU_HOOK_CONFIG or /etc/oci-gpu-hook/config.toml)")
     parser.add_argument("specs", nargs="*", metavar="BUNDLE_DIR|CONFIG_FILE")
     opts = parser.parse_args(args)
-    from pydantic import ValidationError
-
     from oci_gpu_hook import schemas
-    from oci_gpu_hook.config import DEFAULT_CONFIG_PATH
-    from oci_gpu_hook.models import ConfigModel
+    from oci_gpu_hook.config import DEFAULT_CONFIG_PATH, load_file
 
     config_path = opts.config_file or os.environ.get("OCI_GPU_HOOK_CONFIG") or DEFAULT_CONFIG_PATH
     if os.path.exists(config_path) or opts.config_file:
-        import tomllib
-
-        try:
-            with open(config_path, "rb") as handle:
-                ConfigModel.model_validate(tomllib.load(handle))
-        except (OSError, tomllib.TOMLDecodeError) as err:
-            raise HookError(f"config file {config_path}: {err}") from None
-        except ValidationError as err:
-            first = err.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
-            raise HookError(f"config file {config_path}: {where}: {first['msg']}") from None
+        load_file(config_path)  # the very loader every container start runs
         print(f"ok: config file {config_path}")
     else:
         print(f"ok: no config file at {config_path} (defaults apply)")
@@ -154,16 +146,17 @@ def _device_names(config: Config) -> dict[tuple[str, int, int], str]:
     from oci_gpu_hook.inventory import scan
 
     try:
-        inventory = scan(config.sysfs_root)
+        inventory = scan(config.sysfs_root, config.backends, strict=False)
     except HookError:
         return {}
     names = {}
-    for gpu in inventory.gpus:
-        for node in gpu.nodes:
-            names[(node.type, node.major, node.minor)] = f"GPU {gpu.index} {node.path} ({gpu.pci_address})"
-    for vendor, nodes in inventory.shared_nodes.items():
-        for node in nodes:
-            names[(node.type, node.major, node.minor)] = f"{node.path} (all {vendor} GPUs)"
+    for device in inventory.all_devices:
+        part = "" if device.partition is None else f" partition {device.partition}"
+        for node in device.nodes:
+            names[node.number] = f"{device.kind} {device.index} {node.path} ({device.pci_address}{part})"
+    for kind, found in inventory.kinds.items():
+        for node in found.shared:
+            names[node.number] = f"{node.path} (all {kind} GPUs)"
     return names
 
 
@@ -238,15 +231,16 @@ def cmd_inspect(args: list[str], config: Config) -> int:
 
 
 def cmd_cdi(args: list[str], config: Config) -> int:
-    parser = _parser("cdi", "CDI specs of this host's GPUs, for podman, containerd and CRI-O.")
+    parser = _parser("cdi", "CDI specs of this host's GPUs (one per kind), for podman, containerd and CRI-O.")
     sub = parser.add_subparsers(dest="action", required=True, metavar="generate|list|validate")
-    gen = sub.add_parser("generate", help="print (or write) the CDI spec of this host")
-    gen.add_argument("--output", metavar="FILE|DIR",
-                     help="write it atomically (mode 0644) to FILE, or to DIR/<vendor>-<class>.<format> "
-                          "(/etc/cdi, /var/run/cdi); default: print it")
+    gen = sub.add_parser("generate", help="print (or write) the CDI spec of each kind on this host")
+    gen.add_argument("--output", metavar="DIR|FILE",
+                     help="write atomically (mode 0644) into DIR as <vendor>-<class>.<format> (/etc/cdi, "
+                          "/var/run/cdi), or to FILE with --kind; default: print")
+    gen.add_argument("--kind", choices=list(KINDS), help="only this kind (default: every kind with devices)")
     gen.add_argument("--format", choices=("json", "yaml"), default=None,
                      help="default: from the output file's extension, else json")
-    sub.add_parser("list", help="the CDI names of this host's GPUs, and whether the installed spec is current")
+    sub.add_parser("list", help="the CDI names of this host's devices, and whether the installed specs are current")
     check = sub.add_parser("validate", help="check CDI spec files against schemas/cdi.schema.json")
     check.add_argument("files", nargs="+", metavar="FILE")
     opts = parser.parse_args(args)
@@ -258,36 +252,42 @@ def cmd_cdi(args: list[str], config: Config) -> int:
             cdi.validate(cdi.load(path), path)
             print(f"ok: {path}")
         return 0
-    inventory = scan(config.sysfs_root)
-    spec = cdi.generate(inventory, config)
+    inventory = scan(config.sysfs_root, config.backends, strict=False)
     if opts.action == "list":
-        for gpu in inventory.gpus:
-            names = cdi.device_names(gpu)
-            nodes = " ".join(os.path.basename(n.path) for n in gpu.nodes)
-            print(f"{config.cdi_kind}={names[0]:<3} {nodes:<22} also: "
-                  + ", ".join(f"{config.cdi_kind}={n}" for n in names[1:]))
-        if inventory.gpus:
-            print(f"{config.cdi_kind}=all")
-        else:
-            print(f"(no GPUs under {inventory.sysfs_root}: the spec would have no devices)")
-        installed = config.cdi_spec
-        if not os.path.exists(installed):
-            print(f"spec file {installed}: missing (oci-gpu-hook cdi generate --output {installed})")
-        else:
-            current = cdi.load(installed) == spec
-            print(f"spec file {installed}: {'current' if current else 'STALE: differs from this host'}")
+        for kind in config.backends:
+            cdi_kind = config.cdi_kind(kind)
+            devices = inventory.devices(kind)
+            for name, chosen in cdi.device_names(devices, kind):
+                nodes = " ".join(os.path.basename(n.path) for d in chosen for n in d.nodes)
+                print(f"{cdi_kind}={name:<20} {nodes}")
+            if devices:
+                print(f"{cdi_kind}=all")
+            installed = config.cdi_spec_path(kind)
+            if not os.path.exists(installed):
+                state = f"missing (oci-gpu-hook cdi generate --output {config.cdi_dir})" if devices else "none"
+            else:
+                spec = cdi.generate(inventory, kind, config)
+                state = "current" if cdi.load(installed) == spec else "STALE: differs from this host"
+            print(f"spec file {installed}: {state}")
         return 0
-    if not inventory.gpus:
+    kinds = [opts.kind] if opts.kind else [k for k in config.backends if inventory.devices(k)]
+    if not kinds or not any(inventory.devices(k) for k in kinds):
         raise HookError(f"no GPUs under {inventory.sysfs_root}: a CDI spec needs at least one device")
-    fmt = opts.format or ("yaml" if (opts.output or "").endswith((".yaml", ".yml")) else "json")
-    cdi.validate(spec, "generated CDI spec")
-    text = cdi.render(spec, fmt)
-    if not opts.output:
-        sys.stdout.write(text)
-        return 0
-    path = cdi.output_path(opts.output, config, fmt)
-    changed = cdi.write(path, text)
-    print(f"{'wrote' if changed else 'unchanged'}: {path}", file=sys.stderr)
+    if opts.output and not opts.kind and not os.path.isdir(opts.output):
+        raise HookError(f"--output {opts.output}: not a directory (a file needs --kind)")
+    for kind in kinds:
+        spec = cdi.generate(inventory, kind, config)
+        fmt = opts.format or ("yaml" if (opts.output or "").endswith((".yaml", ".yml")) else "json")
+        cdi.validate(spec, f"generated CDI spec of {kind}")
+        text = cdi.render(spec, fmt)
+        if not opts.output:
+            sys.stdout.write(text)
+            continue
+        path = opts.output
+        if os.path.isdir(path):
+            path = os.path.join(path, cdi.file_name(config, kind, fmt))
+        changed = cdi.write(path, text)
+        print(f"{'wrote' if changed else 'unchanged'}: {path}", file=sys.stderr)
     return 0
 
 

@@ -113,8 +113,9 @@ def _log_for_runtime(options: dict[str, str], message: str) -> None:
 
 def rewrite_bundle(bundle: str, config: Config, cid: str) -> None:
     """Write the plan into ``bundle``/config.json (untouched when nothing is requested)."""
-    from oci_gpu_hook.appliers.ocispec import read_text, rewrite_text
+    from oci_gpu_hook.appliers.ocispec import rewrite_text
     from oci_gpu_hook.atomic import write_atomic
+    from oci_gpu_hook.bundle import read_text
     from oci_gpu_hook.log import record_plan
 
     started = time.monotonic()

@@ -6,7 +6,8 @@ What it writes (real paths; ``--prefix DIR`` puts each of them under DIR):
 - the podman hooks.d file of the chosen stage (``--hook precreate|prestart|none``) in
   :data:`HOOKS_DIR`, the shipped ``hooks.d/`` template with ``hook.path`` set to the installed
   launcher;
-- the CDI spec of this host at ``config.cdi_spec`` (skipped, with a note, on a host without GPUs);
+- the CDI spec of each kind with devices in ``cdi_dir`` (``<vendor>-<class>.json``; none for a kind
+  without devices);
 - on a host with /etc/containerd: the containerd drop-in at :data:`containerd.DROP_IN_PATH`
   (``BinaryName`` the installed ``oci-gpu-runtime``; built from the node's main config, see
   :mod:`containerd`) and the main config with the ``imports`` line that loads it (the original is
@@ -125,16 +126,20 @@ def wanted(config: Config, hook: str, defaults: dict[str, str], notes: list[str]
     if hook != "none":
         items.append(Item(f"{HOOKS_DIR}/oci-gpu-hook-{hook}.json", hook_file(hook, hook_launcher).encode(), 0o644,
                           f"podman {hook} hook"))
-    inventory = scan(config.sysfs_root)
-    if not os.path.isabs(config.cdi_spec):
-        raise HookError(f"cdi_spec {config.cdi_spec!r} is not an absolute path")
-    if inventory.gpus:
-        spec = cdi.generate(inventory, config)
-        cdi.validate(spec, "generated CDI spec")
-        fmt = "yaml" if config.cdi_spec.endswith((".yaml", ".yml")) else "json"
-        items.append(Item(os.path.normpath(config.cdi_spec), cdi.render(spec, fmt).encode(), 0o644, "CDI spec"))
-    else:
-        notes.append(f"no GPUs under {inventory.sysfs_root}: the CDI spec {config.cdi_spec} is not written")
+    inventory = scan(config.sysfs_root, config.backends, strict=False)
+    if not os.path.isabs(config.cdi_dir):
+        raise HookError(f"cdi_dir {config.cdi_dir!r} is not an absolute path")
+    if config.hook_path != hook_launcher:
+        notes.append(f"hook_path is {config.hook_path}, not the launcher installed here ({hook_launcher}): "
+                     "the CDI specs and rewritten specs name hook_path")
+    for kind in config.backends:
+        path = os.path.normpath(config.cdi_spec_path(kind))
+        if inventory.devices(kind):
+            spec = cdi.generate(inventory, kind, config)
+            cdi.validate(spec, f"generated CDI spec of {kind}")
+            items.append(Item(path, cdi.render(spec, "json").encode(), 0o644, f"CDI spec ({kind})"))
+        else:
+            notes.append(f"no {kind} GPUs under {inventory.sysfs_root}: the CDI spec {path} is not written")
     items.extend(containerd_items(disk, notes))
     return items
 

@@ -76,6 +76,7 @@ from typing import Any, NamedTuple, Protocol, TextIO
 from oci_gpu_hook.appliers import cdi
 from oci_gpu_hook.config import Config
 from oci_gpu_hook.errors import HookError
+from oci_gpu_hook.inventory import Inventory
 from oci_gpu_hook.log import PROGRAM
 
 DEFAULT_SUBSYSTEMS = ("drm", "kfd")
@@ -264,38 +265,46 @@ def output_format(path: str) -> str:
     raise HookError(f"--output {path}: a CDI spec file ends in .json or .yaml (CDI consumers read only those)")
 
 
-def resolve_output(target: str, config: Config) -> tuple[str, str]:
-    """The spec file and its format; a directory gets ``<vendor>-<class>.json`` as ``cdi generate`` names it.
+def resolve_targets(target: str | None, config: Config, kind: str | None = None) -> list[tuple[str, str, str]]:
+    """(kind, spec file, format) for each kind kept current: a directory (default ``cdi_dir``) gets one
+    ``<vendor>-<class>.json`` per backend, as ``cdi generate`` names them; a file needs one kind.
 
-    The file's directory is created if missing (``/var/run/cdi`` is a tmpfs); one that
-    cannot be created or written is a HookError.
+    Directories are created if missing (``/var/run/cdi`` is a tmpfs); one that cannot be created or
+    written is a HookError.
     """
-    if os.path.isdir(target):
-        target = cdi.output_path(target, config, "json")
-    fmt = output_format(target)
-    path = os.path.abspath(target)
-    directory = os.path.dirname(path)
-    if os.path.lexists(directory) and not os.path.isdir(directory):
-        raise HookError(f"--output {target}: {directory} is not a directory")
-    try:
-        os.makedirs(directory, exist_ok=True)
-    except OSError as err:
-        raise HookError(f"--output {target}: cannot create {directory}: {err.strerror}") from None
-    if not os.access(directory, os.W_OK | os.X_OK):
-        raise HookError(f"--output {target}: cannot write into {directory}")
-    return path, fmt
+    kinds = [kind] if kind else list(config.backends)
+    target = target or config.cdi_dir
+    if os.path.isdir(target) or target.endswith("/") or target == config.cdi_dir:
+        targets = [(k, os.path.join(os.path.abspath(target), cdi.file_name(config, k, "json")), "json")
+                   for k in kinds]
+    else:  # a file holds one kind: the one its name says (intel.com-gpu.json), else the first backend
+        named = [k for k in kinds if os.path.basename(target).startswith(cdi.file_name(config, k, ""))]
+        targets = [((named or kinds)[0], os.path.abspath(target), output_format(target))]
+    for _kind, path, _fmt in targets:
+        directory = os.path.dirname(path)
+        if os.path.lexists(directory) and not os.path.isdir(directory):
+            raise HookError(f"--output {target}: {directory} is not a directory")
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError as err:
+            raise HookError(f"--output {target}: cannot create {directory}: {err.strerror}") from None
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise HookError(f"--output {target}: cannot write into {directory}")
+    return targets
+
+
+OUTCOME_WEIGHT = {"failed": 4, "wrote": 3, "removed": 2, "unchanged": 1, "none": 0}
 
 
 class Watcher:
     """Regenerates the CDI spec at ``output`` when a watched uevent comes from ``source``."""
 
-    def __init__(self, config: Config, output: str, source: EventSource | None = None, *, fmt: str = "json",
+    def __init__(self, config: Config, targets: list[tuple[str, str, str]], source: EventSource | None = None, *,
                  subsystems: tuple[str, ...] = DEFAULT_SUBSYSTEMS, debounce: float = DEFAULT_DEBOUNCE,
                  clock: Callable[[], float] = time.monotonic, stream: TextIO | None = None) -> None:
         self.config = config
-        self.output = output
+        self.targets = targets
         self.source = source if source is not None else QueueEvents()
-        self.fmt = fmt
         self.subsystems = frozenset(subsystems)
         self.subsystem_list = tuple(subsystems)
         self.debounce = debounce
@@ -319,38 +328,50 @@ class Watcher:
     # --- regeneration ---------------------------------------------------------
 
     def generate(self) -> Outcome:
-        """Scan, generate, validate, write when changed (or remove the stale spec); HookError on failure."""
+        """Scan, generate, validate, write each kind's spec when changed (or remove a stale one)."""
         from oci_gpu_hook.inventory import scan
 
-        inventory = scan(self.config.sysfs_root)
-        if not inventory.gpus:
-            return self._no_gpus(inventory.sysfs_root)
-        spec = cdi.generate(inventory, self.config)
-        cdi.validate(spec, "generated CDI spec")
-        gpus = len(inventory.gpus)
-        counts = f"({len(spec['devices'])} devices, {gpus} GPU{'s' if gpus != 1 else ''})"
-        if cdi.write(self.output, cdi.render(spec, self.fmt)):
-            return Outcome("wrote", f"wrote {self.output} {counts}")
-        return Outcome("unchanged", f"unchanged {self.output} {counts}")
+        inventory = scan(self.config.sysfs_root, [kind for kind, _path, _fmt in self.targets], strict=False)
+        outcomes = [self._one(inventory, kind, path, fmt) for kind, path, fmt in self.targets]
+        if len(outcomes) == 1:
+            return outcomes[0]
+        worst = max(outcomes, key=lambda o: OUTCOME_WEIGHT[o.kind])
+        return Outcome(worst.kind, "; ".join(o.text for o in outcomes))
 
-    def _no_gpus(self, sysfs_root: str) -> Outcome:
-        prefix = f"no GPUs under {sysfs_root}: nothing written (a CDI spec needs a device)"
-        if not os.path.lexists(self.output):
+    def _one(self, inventory: Inventory, kind: str, path: str, fmt: str) -> Outcome:
+        devices = inventory.devices(kind)
+        if not devices:
+            return self._no_gpus(inventory.sysfs_root, kind, path)
+        spec = cdi.generate(inventory, kind, self.config)
+        cdi.validate(spec, f"generated CDI spec of {kind}")
+        modes = sorted({"/".join(m for m in (d.compute_mode, d.memory_mode) if m) for d in devices} - {""})
+        counts = (f"({len(spec['devices'])} devices, {len(devices)} GPU{'s' if len(devices) != 1 else ''}"
+                  f"{', mode ' + ' '.join(modes) if modes else ''})")
+        if cdi.write(path, cdi.render(spec, fmt)):
+            return Outcome("wrote", f"wrote {path} {counts}")
+        return Outcome("unchanged", f"unchanged {path} {counts}")
+
+    def _no_gpus(self, sysfs_root: str, kind: str, path: str) -> Outcome:
+        what = "GPUs" if len(self.targets) == 1 else f"{kind} GPUs"
+        prefix = f"no {what} under {sysfs_root}: nothing written (a CDI spec needs a device)"
+        if len(self.targets) > 1:
+            prefix += f" to {path}"
+        if not os.path.lexists(path):
             return Outcome("none", prefix)
         try:
-            existing = cdi.load(self.output)
+            existing = cdi.load(path)
         except HookError as err:
-            return Outcome("none", f"{prefix}; left {self.output} alone ({err})")
-        if existing.get("kind") != self.config.cdi_kind:
-            return Outcome("none", f"{prefix}; left {self.output} alone (kind {existing.get('kind')!r}, "
-                                   f"not {self.config.cdi_kind!r})")
+            return Outcome("none", f"{prefix}; left {path} alone ({err})")
+        cdi_kind = self.config.cdi_kind(kind)
+        if existing.get("kind") != cdi_kind:
+            return Outcome("none", f"{prefix}; left {path} alone (kind {existing.get('kind')!r}, not {cdi_kind!r})")
         try:
-            os.unlink(self.output)
+            os.unlink(path)
         except FileNotFoundError:
             return Outcome("none", prefix)
         except OSError as err:
-            raise HookError(f"no GPUs, but cannot remove the stale spec {self.output}: {err.strerror}") from None
-        return Outcome("removed", f"{prefix}; removed the stale spec {self.output}")
+            raise HookError(f"no {kind} GPUs, but cannot remove the stale spec {path}: {err.strerror}") from None
+        return Outcome("removed", f"{prefix}; removed the stale spec {path}")
 
     def regenerate(self, reason: str) -> Outcome:
         """:meth:`generate`, with any failure logged instead of raised; one log line either way."""
@@ -412,7 +433,7 @@ class Watcher:
 
     def listening_line(self) -> str:
         return (f"listening for kernel uevents of {', '.join(self.subsystem_list)} "
-                f"(debounce {self.debounce:g} s, spec {self.output})")
+                f"(debounce {self.debounce:g} s, specs {', '.join(path for _k, path, _f in self.targets)})")
 
     def run(self, warning: str | None = None) -> int:
         """Write the spec once, then regenerate after each burst of relevant events until :meth:`stop`."""
@@ -471,9 +492,11 @@ def command(args: list[str], config: Config) -> int:
 
     parser = _parser("watch", "Keep the CDI spec current: regenerate it when the kernel reports a GPU or "
                               "partition appearing, disappearing or changing (uevents).")
-    parser.add_argument("--output", metavar="FILE|DIR", default=None,
-                        help=f"the spec file, .json or .yaml (a directory gets <vendor>-<class>.json); "
-                             f"default: cdi_spec from the config ({config.cdi_spec})")
+    parser.add_argument("--output", metavar="DIR|FILE", default=None,
+                        help=f"a directory gets one <vendor>-<class>.json per kind; a file (.json or .yaml) holds "
+                             f"one kind's spec (--kind, else the kind its name says, else the first backend); "
+                             f"default: cdi_dir from the config ({config.cdi_dir})")
+    parser.add_argument("--kind", choices=list(config.backends), help="keep only this kind's spec current")
     parser.add_argument("--debounce", metavar="SECONDS", default=str(DEFAULT_DEBOUNCE),
                         help="quiet period after an event before regenerating (default %(default)s)")
     parser.add_argument("--once", action="store_true", help="regenerate once and exit (no uevent socket)")
@@ -482,16 +505,16 @@ def command(args: list[str], config: Config) -> int:
     opts = parser.parse_args(args)
     debounce = parse_debounce(opts.debounce)
     subsystems = parse_subsystems(opts.subsystems)
-    output, fmt = resolve_output(opts.output or config.cdi_spec, config)
+    targets = resolve_targets(opts.output, config, opts.kind)
 
     if opts.once:
-        watcher = Watcher(config, output, fmt=fmt, subsystems=subsystems, debounce=debounce)
+        watcher = Watcher(config, targets, subsystems=subsystems, debounce=debounce)
         outcome = watcher.generate()  # a failure is the one error line and exit 1
         watcher.log(f"once: {outcome.text}")
         return 0
 
     source = KernelUevents()
-    watcher = Watcher(config, output, source, fmt=fmt, subsystems=subsystems, debounce=debounce)
+    watcher = Watcher(config, targets, source, subsystems=subsystems, debounce=debounce)
 
     def on_signal(number: int, _frame: object) -> None:
         watcher.stop(signal.Signals(number).name)

@@ -1,0 +1,196 @@
+"""AMD GPUs and compute partitions (amdgpu + KFD), numbered as AMD's container toolkit numbers them.
+
+A device is a DRM device bound to ``amdgpu`` (a PCI GPU, or one of its compute
+partitions) whose render minor has a KFD topology node.  Facts (sources in
+``../shared/reference/gpu-sysfs-layouts.md``):
+
+* Partition 0 of a GPU is the PCI device's own card and render node; partitions
+  1..7 are platform devices ``amdgpu_xcp_N`` (kernel 6.11 and later) or
+  ``amdgpu_xcp.N`` (older kernels, DKMS builds), each with its own nodes, no
+  ``driver`` link and no ``vendor`` file.  All seven exist in every mode; only
+  those with a KFD node are valid.  A render node without one opens with ENOENT
+  on real hardware: it is never counted or granted, and is listed as ignored.
+* Partitions are grouped to their GPU by the KFD node's ``domain`` and
+  ``location_id`` (bus << 8 | device << 3 | function, the partition index ORed
+  into the low three bits), never by ``unique_id`` (some systems give
+  partitions distinct ones) and never by DRM or KFD numbering (probe order).
+* Index order: GPUs by PCI address; within a GPU, partitions by render minor.
+* ``/dev/kfd`` (dynamic major, from ``class/kfd/kfd/dev``) is shared by all.
+
+Request entries beyond indices and ranges: a PCI address (``0000:23:00.0`` or
+``23:00.0``) or a unique id (``0x3149e0fac5157acf``, ``GPU-3149e0fac5157acf``,
+or bare hex longer than 8 digits, zero padding optional, as AMD's toolkit
+reads it) names every partition of its GPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+from oci_gpu_hook.core.devices import Node
+from oci_gpu_hook.inventory import Device
+from oci_gpu_hook.inventory.sysfs import HEX_DIGITS, driver, numa_node, parse_pci_address, read, read_dev
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
+
+if TYPE_CHECKING:
+    from oci_gpu_hook.inventory.sysfs import DrmDevice
+
+NAME = "amd"
+DRIVER = "amdgpu"
+XCP_PREFIXES = ("amdgpu_xcp_", "amdgpu_xcp.")
+
+
+def _properties(node_dir: str) -> dict[str, int]:
+    props: dict[str, int] = {}
+    for line in (read(os.path.join(node_dir, "properties")) or "").splitlines():
+        key, _, value = line.partition(" ")
+        value = value.strip()
+        if value.isdigit() and value.isascii():
+            props[key] = int(value)
+    return props
+
+
+def kfd_topology(root: str) -> tuple[Node | None, dict[int, dict[str, int]]]:
+    """The /dev/kfd node, and the KFD GPU nodes' properties (plus ``gpu_id``) by DRM render minor."""
+    kfd_dir = os.path.join(root, "class", "kfd", "kfd")
+    number = read_dev(os.path.join(kfd_dir, "dev"))
+    if number is None:
+        return None, {}
+    nodes_dir = os.path.join(kfd_dir, "topology", "nodes")
+    try:
+        names = os.listdir(nodes_dir)
+    except OSError:
+        names = []
+    by_render: dict[int, dict[str, int]] = {}
+    for name in names:
+        node_dir = os.path.join(nodes_dir, name)
+        gpu_id = read(os.path.join(node_dir, "gpu_id"))
+        if not gpu_id or not gpu_id.isdigit() or int(gpu_id) == 0:
+            continue  # a CPU node (libhsakmt's test), or unreadable
+        props = _properties(node_dir)
+        if "drm_render_minor" not in props or "location_id" not in props:
+            continue
+        props["gpu_id"] = int(gpu_id)
+        by_render[props["drm_render_minor"]] = props
+    return Node("/dev/kfd", "c", number[0], number[1]), by_render
+
+
+def gfx_name(version: int | None) -> str:
+    """KFD's gfx_target_version (major*10000 + minor*100 + stepping) as ``gfx1100``, ``gfx942``, ``gfx90a``."""
+    if not version:
+        return ""
+    return f"gfx{version // 10000}{(version // 100) % 100:x}{version % 100:x}"
+
+
+def _is_partition_device(device: DrmDevice) -> bool:
+    return device.pci is None and any(
+        device.name.startswith(p) and device.name[len(p):].isdigit() for p in XCP_PREFIXES)
+
+
+def discover(root: str, drm: list[DrmDevice]) -> tuple[list[Device], tuple[Node, ...], dict[str, str]]:
+    """AMD devices (unordered), the shared nodes, and every DRM device looked at -> '' or why it is not one."""
+    seen: dict[str, str] = {}
+    gpus = {}  # (domain, bus << 5 | device) -> the PCI DrmDevice of an amdgpu GPU
+    candidates = []
+    for device in drm:
+        if device.pci is not None and driver(device.directory) == DRIVER:
+            domain, bus, slot, _fn = device.pci
+            gpus[(domain, bus << 5 | slot)] = device
+            candidates.append(device)
+        elif _is_partition_device(device):
+            candidates.append(device)
+    if not candidates:
+        return [], (), seen
+    kfd, by_render = kfd_topology(root)
+    found: list[tuple[tuple[int, int, int, int], int, Device]] = []
+    for device in candidates:
+        if device.problem:
+            seen[device.directory] = device.problem
+            continue
+        if device.render is None:
+            seen[device.directory] = "amdgpu device without a render node"
+            continue
+        props = by_render.get(device.render.minor) if kfd else None
+        if props is None:
+            seen[device.directory] = (f"{os.path.basename(device.render.path)} has no KFD topology node: not a valid "
+                                      "compute device or partition in this mode (it would open with ENOENT)")
+            continue
+        location = props["location_id"]
+        parent = gpus.get((props.get("domain", 0), location >> 3))
+        if parent is None or parent.pci is None:
+            seen[device.directory] = f"KFD location {location:#x} is no amdgpu PCI device here"
+            continue
+        partitioned = os.path.exists(os.path.join(parent.directory, "current_compute_partition"))
+        unique_id = props.get("unique_id") or _pci_unique_id(parent.directory)
+        found.append((parent.pci, device.render.minor, Device(
+            kind=NAME, nodes=device.nodes, links=device.links(), pci_address=parent.name,
+            sysfs_dir=device.directory, drm_name=device.name, numa_node=numa_node(parent.directory),
+            model=gfx_name(props.get("gfx_target_version")) or "amdgpu",
+            vendor_id="0x1002", device_id=(read(os.path.join(parent.directory, "device")) or "").lower(),
+            driver=DRIVER, partition=location & 7 if partitioned else None, unique_id=unique_id or None,
+            compute_mode=read(os.path.join(parent.directory, "current_compute_partition")) if partitioned else None,
+            memory_mode=read(os.path.join(parent.directory, "current_memory_partition")) if partitioned else None,
+            hive_id=props.get("hive_id") or None, kfd_gpu_id=props.get("gpu_id"),
+        )))
+        seen[device.directory] = ""
+    found.sort(key=lambda item: (item[0], item[1]))
+    devices = [device for _pci, _minor, device in found]
+    return devices, ((kfd,) if devices and kfd else ()), seen
+
+
+def _pci_unique_id(directory: str) -> int | None:
+    text = read(os.path.join(directory, "unique_id"))
+    return int(text, 16) if text and set(text.lower()) <= HEX_DIGITS else None
+
+
+def _whole_gpus(devices: tuple[Device, ...], chosen: list[Device]) -> tuple[Device, ...]:
+    """Every partition of the GPUs ``chosen`` belong to."""
+    addresses = {d.pci_address for d in chosen}
+    return tuple(d for d in devices if d.pci_address in addresses)
+
+
+def match(token: str, devices: tuple[Device, ...]) -> tuple[Device, ...] | str | None:
+    """The devices an AMD-specific entry names; None when ``token`` is not of these forms; a str saying why
+    when it is of one of them and names nothing."""
+    lower = token.lower()
+    if ":" in token:
+        address = lower if lower.count(":") == 2 else "0000:" + lower
+        if parse_pci_address(address) is None:
+            return "is not a valid PCI address"
+        chosen = [d for d in devices if d.pci_address == address]
+        return _whole_gpus(devices, chosen) if chosen else "is not the PCI address of an AMD GPU on this host"
+    if lower.startswith(("0x", "gpu-")):
+        digits = lower[2:] if lower.startswith("0x") else lower[4:]
+    elif len(lower) > 8 and set(lower) <= HEX_DIGITS:
+        digits = lower  # AMD's toolkit: more than 8 hex digits (all-digit ones too) is a unique id
+    else:
+        return None
+    if not digits or not set(digits) <= HEX_DIGITS or len(digits.lstrip("0")) > 16:
+        return "is not a valid hex unique id"
+    wanted = int(digits, 16)
+    chosen = [d for d in devices if d.unique_id == wanted]
+    return _whole_gpus(devices, chosen) if chosen else "is not the unique id of an AMD GPU on this host"
+
+
+def aliases(devices: tuple[Device, ...]) -> list[tuple[str, tuple[Device, ...]]]:
+    """CDI names besides the indices: each GPU by PCI address and by unique id (all its partitions)."""
+    out: list[tuple[str, tuple[Device, ...]]] = []
+    for address in dict.fromkeys(d.pci_address for d in devices):
+        gpu = tuple(d for d in devices if d.pci_address == address)
+        out.append((address, gpu))
+        unique = {d.unique_id for d in gpu if d.unique_id is not None}
+        if len(unique) == 1:
+            out.append((f"0x{unique.pop():016x}", gpu))
+    return out
+
+
+def examples(devices: tuple[Device, ...]) -> list[str]:
+    """What else is valid, for error messages."""
+    if not devices:
+        return []
+    first = devices[0]
+    out = [f"PCI addresses like {first.pci_address}"]
+    if first.unique_id is not None:
+        out.append(f"unique ids like {first.unique_id_hex}")
+    return out
