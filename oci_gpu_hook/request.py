@@ -210,8 +210,7 @@ def _match(token: str, devices: tuple[Device, ...], module: object, kind: str) -
         if start > stop:
             raise _Bad(token, "is a range that runs backwards")
         return devices[start:stop + 1]
-    raise _Bad(token, f"is not a {kind} GPU index, range" + "".join(
-        f", {e.split(' like ')[0]}" for e in module.examples(devices)))  # type: ignore[attr-defined]
+    raise _Bad(token, f"is not a GPU index, range, {module.FORMS}")  # type: ignore[attr-defined]
 
 
 def _index(token: str, devices: tuple[Device, ...], kind: str) -> int:

@@ -67,14 +67,16 @@ def need(*tools: str) -> None:
 def hook_setup(base: Path) -> dict[str, Path]:
     """A config (the seed host, a log file) and lean launchers that read it, under ``base``."""
     config, log = base / "config.toml", base / "hook.log"
-    config.write_text(f'sysfs_root = "{SEED_SYSFS}"\nlog_file = "{log}"\n')
+    hook_path = base / "bin" / "oci-gpu-hook"
+    config.write_text(f'sysfs_root = "{SEED_SYSFS}"\nlog_file = "{log}"\nhook_path = "{hook_path}"\n')
     hook, runtime = write_launchers(base / "bin", config)
     return {"base": base, "config": config, "log": log, "hook": hook, "runtime": runtime,
             "rootfs": make_rootfs(base / "rootfs")}
 
 
 def make_rootfs(path: Path) -> Path:
-    """A busybox rootfs with the probe at /probe.sh."""
+    """A busybox rootfs with the probe of the seed host at /probe.sh, and one per example host at
+    /probe-<host>.sh (every DRM minor of that host, and its kfd)."""
     (path / "bin").mkdir(parents=True)
     for name in ("dev", "proc", "sys", "tmp", "etc"):
         (path / name).mkdir()
@@ -82,7 +84,9 @@ def make_rootfs(path: Path) -> Path:
     shutil.copy(busybox, path / "bin" / "busybox")
     for applet in ("sh", "head", "cat", "ls", "mknod", "echo", "true", "sleep", "readlink"):
         (path / "bin" / applet).symlink_to("busybox")
-    for name, script in (("probe.sh", PROBE), ("wide.sh", WIDE_PROBE)):
+    scripts = [("probe.sh", PROBE), ("wide.sh", WIDE_PROBE)]
+    scripts += [(f"probe-{name}.sh", probe_script(host_model(name))) for name in HOST_NAMES]
+    for name, script in scripts:
         (path / name).write_text(script)
         (path / name).chmod(0o755)
     return path
@@ -109,10 +113,20 @@ def container_id() -> str:
     return f"ogh-test-{uuid.uuid4().hex[:12]}"
 
 
+def _quoted(argv: list[str]) -> str:
+    return " ".join("'" + a.replace("'", "'\\''") + "'" for a in argv)
+
+
 def cgroup2_wrap(argv: list[str]) -> list[str]:
     """Run ``argv`` in a private mount namespace with cgroup2 over /sys/fs/cgroup: runc then uses eBPF."""
-    quoted = " ".join("'" + a.replace("'", "'\\''") + "'" for a in argv)
-    return ["unshare", "-m", "sh", "-c", f"mount -t cgroup2 none /sys/fs/cgroup && exec {quoted}"]
+    return ["unshare", "-m", "sh", "-c", f"mount -t cgroup2 none /sys/fs/cgroup && exec {_quoted(argv)}"]
+
+
+def private_cdi(argv: list[str], cdi_dir: Path) -> list[str]:
+    """Run ``argv`` (podman) in a private mount namespace whose /run/cdi (= /var/run/cdi) is a tmpfs holding the
+    specs of ``cdi_dir``: podman 4.3 reads specs only from /etc/cdi and /var/run/cdi, and tests never write there."""
+    return ["unshare", "-m", "sh", "-c",
+            f"mount -t tmpfs none /run/cdi && cp {cdi_dir}/*.json /run/cdi/ && exec {_quoted(argv)}"]
 
 
 def run(argv: list[str], *, env: dict[str, str] | None = None, stdin: str | None = None,
@@ -272,3 +286,92 @@ def parse_wide(output: str) -> dict[tuple[str, int, int], str]:
         kind, major, minor = device.split(":")
         results[(kind, int(major), int(minor))] = result
     return results
+
+
+# --- every example host: an independent model of what each request must give -----------------------
+
+HOST_NAMES = ("seed", "shuffled", "intel-amd", "mi300x-cpx", "mi300x-dpx-dot", "intel-xe")
+
+
+@dataclass
+class ModelDevice:
+    card: int
+    render: int
+    link: str  # the by-path prefix: pci-<address> or platform-<name>
+
+
+@dataclass
+class HostModel:
+    """What a fake host has, worked out from the fixture definition (tests/fakesysfs.py) alone, by the rules
+    of the vendors' toolkits, without the inventory code under test."""
+
+    name: str
+    sysfs: Path
+    minors: list[int]  # every DRM minor on the host, valid or not
+    kfd: tuple[int, int] | None
+    devices: dict[str, list[ModelDevice]]
+
+
+def host_model(name: str) -> HostModel:
+    from tests.fakesysfs import EXAMPLE_DIRS, HOSTS
+
+    host = HOSTS[name]()
+    minors: list[int] = []
+    amd: list[tuple[tuple[int, ...], int, ModelDevice]] = []
+    intel: list[tuple[tuple[int, ...], ModelDevice]] = []
+    for gpu in host.gpus:
+        minors += [m for m in (gpu.card, gpu.render) if m is not None]
+        minors += [m + 1 + k for m in (gpu.card, gpu.render) if m is not None for k in range(gpu.xcps)]
+        if gpu.render is None or gpu.card is None:
+            continue
+        pci = tuple(int(x, 16) for x in gpu.pci.replace(".", ":").split(":"))
+        if gpu.driver == "amdgpu" and host.kfd:
+            for part in range(gpu.valid_partitions):
+                link = f"pci-{gpu.pci}" if part == 0 else f"platform-amdgpu_xcp{gpu.xcp_sep}{gpu.xcp_first + part - 1}"
+                amd.append((pci, gpu.render + part, ModelDevice(gpu.card + part, gpu.render + part, link)))
+        elif gpu.driver in ("i915", "xe"):
+            intel.append((pci, ModelDevice(gpu.card, gpu.render, f"pci-{gpu.pci}")))
+    devices = {"amd": [d for _p, _r, d in sorted(amd, key=lambda x: (x[0], x[1]))],
+               "intel": [d for _p, d in sorted(intel, key=lambda x: x[0])]}
+    return HostModel(name, REPO / "examples" / "hosts" / EXAMPLE_DIRS[name] / "sys", sorted(minors),
+                     (host.kfd_major, 0) if host.kfd and devices["amd"] else None, devices)
+
+
+def probe_script(model: HostModel) -> str:
+    kfd = model.kfd or (KFD[0], KFD[1])
+    head = PROBE[:PROBE.index("for m in")]  # the probe function, the cgroup, node and link listings
+    minors = " ".join(map(str, model.minors))
+    return head + f"""for m in {minors}; do
+  mknod /tmp/p$m c 226 $m && probe "c 226:$m" /tmp/p$m
+done
+mknod /tmp/kfd c {kfd[0]} {kfd[1]} && probe "c {kfd[0]}:{kfd[1]}" /tmp/kfd
+echo done
+"""
+
+
+def assert_granted(output: str, model: HostModel, granted: dict[str, list[int]], *, links: bool = True,
+                   cgroup_v2: bool | None = None) -> ProbeResult:
+    """Exactly the devices ``granted`` (kind -> indices) are in the container and open (ENXIO); every other DRM
+    minor of the host, valid or not, is refused (EPERM); /dev/kfd goes with any AMD device; by-path links."""
+    result = ProbeResult.parse(output)
+    mine = [model.devices[kind][i] for kind, indices in granted.items() for i in indices]
+    nodes = {"/dev/null": "OPEN"}
+    expect_links = {}
+    for device in mine:
+        nodes[f"/dev/dri/card{device.card}"] = nodes[f"/dev/dri/renderD{device.render}"] = "ENXIO"
+        expect_links[f"/dev/dri/by-path/{device.link}-card"] = f"../card{device.card}"
+        expect_links[f"/dev/dri/by-path/{device.link}-render"] = f"../renderD{device.render}"
+    amd = bool(granted.get("amd"))
+    if amd:
+        nodes["/dev/kfd"] = "ENXIO"
+    allowed = {m for d in mine for m in (d.card, d.render)}
+    access = {(226, m): ("ENXIO" if m in allowed else "EPERM") for m in model.minors}
+    kfd = model.kfd or KFD
+    access[kfd] = "ENXIO" if amd else "EPERM"
+    assert result.nodes == nodes, f"nodes in the container: {result.nodes}, expected {nodes}"
+    assert result.access == access, f"device access: {result.access}, expected {access}"
+    if links:
+        assert result.links == expect_links, f"by-path links: {result.links}, expected {expect_links}"
+    if cgroup_v2 is not None:
+        assert result.cgroup_v2 == cgroup_v2, f"/proc/self/cgroup: {result.cgroups}"
+    return result

@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +16,6 @@ from tests import containerlib as cl
 
 pytestmark = pytest.mark.containers
 
-CDI_DIR = Path("/var/run/cdi")
 
 
 @pytest.fixture(scope="module")
@@ -28,28 +26,29 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]
     for name, extra in (("open", ""), ("closed", "allow_env_requests = false\n")):
         config = base / f"{name}.toml"
         paths[f"{name}-log"] = base / f"{name}.log"
-        config.write_text(f'sysfs_root = "{cl.SEED_SYSFS}"\nlog_file = "{base / f"{name}.log"}"\n{extra}')
+        config.write_text(f'sysfs_root = "{cl.SEED_SYSFS}"\nlog_file = "{base / f"{name}.log"}"\n'
+                          f'hook_path = "{base / f"bin-{name}" / "oci-gpu-hook"}"\n{extra}')
         hook, runtime = cl.write_launchers(base / f"bin-{name}", config)
         paths[f"{name}-hook"], paths[f"{name}-runtime"] = hook, runtime
         paths[f"{name}-hooks-dir"] = cl.write_hooks_dir(base / f"hooks-{name}", hook, config)
     paths["no-hooks"] = base / "no-hooks"
     # The spec podman reads: generated for the seed host by the CLI, into the CDI directory.
-    spec = CDI_DIR / f"oci-gpu-hook-test-{uuid.uuid4().hex[:8]}.json"
-    done = subprocess.run([sys.executable, "-m", "oci_gpu_hook.entry.cli", "--sysfs-root", str(cl.SEED_SYSFS), "cdi",
-                           "generate", "--output", str(spec)], capture_output=True, text=True,
-                          env={"PATH": os.environ["PATH"], "OCI_GPU_HOOK_CONFIG": "/dev/null"})
+    # podman 4.3 reads specs only from /etc/cdi and /var/run/cdi: each podman call below runs in a private
+    # mount namespace with a tmpfs over /run/cdi holding this spec, so the host's directories are never touched.
+    paths["cdi"] = base / "cdi"
+    paths["cdi"].mkdir()
+    done = subprocess.run([sys.executable, "-m", "oci_gpu_hook.entry.cli", "cdi", "generate", "--output",
+                           str(paths["cdi"])], capture_output=True, text=True,
+                          env={"PATH": os.environ["PATH"], "OCI_GPU_HOOK_CONFIG": str(base / "open.toml")})
     assert done.returncode == 0, done.stderr
-    try:
-        yield paths
-    finally:
-        spec.unlink(missing_ok=True)
+    yield paths
 
 
 def _podman(setup: dict[str, Path], *options: str, runtime: str = "runc",
             hooks: Path | None = None) -> subprocess.CompletedProcess[str]:
     argv = [*cl.PODMAN, f"--runtime={runtime}", f"--hooks-dir={hooks or setup['no-hooks']}", *cl.PODMAN_RUN,
             *options, "--rootfs", str(setup["rootfs"]), "/bin/sh", "/probe.sh"]
-    return cl.run(argv, env=cl.hook_env())
+    return cl.run(cl.private_cdi(argv, setup["cdi"]), env=cl.hook_env())
 
 
 @pytest.mark.parametrize(("device", "gpus"), [

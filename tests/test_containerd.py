@@ -214,7 +214,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory):
     started = time.monotonic()
     base = tmp_path_factory.mktemp("ctrd")
     hook_log = base / "hook.log"
-    common = f'sysfs_root = "{cl.SEED_SYSFS}"\nlog_file = "{hook_log}"\n'
+    common = f'sysfs_root = "{cl.SEED_SYSFS}"\nlog_file = "{hook_log}"\nhook_path = "{base / "bin" / "oci-gpu-hook"}"\n'
     runtime = _launchers(base / "bin", base / "hook.toml", common)
     runtime_no_env = _launchers(base / "bin-no-env", base / "hook-no-env.toml", common + "allow_env_requests = false\n")
     socket = base / "c.sock"
@@ -301,7 +301,7 @@ def test_allow_env_requests(daemon: Daemon, runtime: str, image: str, env: list[
 @pytest.mark.parametrize(("env", "annotations", "message"), [
     (["AMD_VISIBLE_DEVICES=9"], {}, "oci-gpu-hook: error: AMD_VISIBLE_DEVICES=9: '9' is out of range"),
     ([], {"cdi.k8s.io/test": "amd.com/gpu=9"},  # as examples/kubernetes/device-plugin-contract.md quotes it
-     "oci-gpu-hook: error: cdi.k8s.io annotations=9: '9' is out of range (the host has 8 GPUs) (valid: all, none, "
+     "oci-gpu-hook: error: cdi.k8s.io annotations=9: '9' is out of range (the host has 8 amd GPUs) (valid: all, none, "
      "indices 0-7, "),
     ([], {"cdi.k8s.io/test": "amd.com/gpu=nine"}, "oci-gpu-hook: error: cdi.k8s.io annotations=nine: 'nine' is not"),
     ([], {"cdi.k8s.io/test": "amd.com/gpu"}, "oci-gpu-hook: error: annotation cdi.k8s.io/test: 'amd.com/gpu' is not"),

@@ -154,4 +154,4 @@ def test_podman_runtime_shim_refuses_bad_request(setup: dict[str, Path]) -> None
     assert done.returncode != 0
     assert "done" not in done.stdout
     # The shim's one line reaches the podman user through runc's --log file.
-    assert "oci-gpu-hook: error: AMD_VISIBLE_DEVICES=nine: 'nine' is not a GPU index" in done.stderr
+    assert "oci-gpu-hook: error: AMD_VISIBLE_DEVICES=nine: 'nine' is not a GPU index" in done.stderr, done.stderr

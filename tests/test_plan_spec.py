@@ -34,7 +34,7 @@ GPU1_NODES = [
     {"path": "/dev/dri/renderD129", "type": "c", "major": 226, "minor": 129, "fileMode": 438, "uid": 0, "gid": 0},
     {"path": "/dev/kfd", "type": "c", "major": 234, "minor": 0, "fileMode": 438, "uid": 0, "gid": 0},
 ]
-HOOK_PATH = "/usr/local/libexec/oci-gpu-hook/oci-gpu-hook"
+HOOK_PATH = "/bin/sh"  # any executable: the rewrite checks that the runtime could run it
 GPU1_LINKS_HOOK = {"path": HOOK_PATH, "args": ["oci-gpu-hook", "links",
                                                "/dev/dri/by-path/pci-0000:23:00.0-card=../card2",
                                                "/dev/dri/by-path/pci-0000:23:00.0-render=../renderD129"],
@@ -52,7 +52,7 @@ def seed() -> Inventory:
 
 
 def config(**values: Any) -> Config:
-    return Config(**{"sysfs_root": str(EXAMPLE_SYSFS), **values})
+    return Config(**{"sysfs_root": str(EXAMPLE_SYSFS), "hook_path": HOOK_PATH, **values})
 
 
 def req(*indices: int) -> Request:

@@ -135,7 +135,7 @@ def test_podman_prestart_bad_request(setup: dict[str, Path]) -> None:
     done = cl.run(argv, env=cl.hook_env())
     assert done.returncode != 0
     assert "done" not in done.stdout
-    assert "'GPU-0123' is not the unique id of a GPU on this host" in done.stderr
+    assert "'GPU-0123' is not the unique id of an AMD GPU on this host" in done.stderr
 
 
 # --- v2 equivalence -----------------------------------------------------------------------------
@@ -330,7 +330,7 @@ def test_inspect_shows_what_the_container_may_open(setup: dict[str, Path], v2: b
         assert {("c", "226:2"), ("c", "226:129"), ("c", "234:0"), ("c", "1:3")} <= allowed
         assert not any(w[2].startswith("226:") for w in lines if w and w[0] == "allow" and w[2] not in (
             "226:2", "226:129"))
-        assert "GPU 1 /dev/dri/renderD129 (0000:23:00.0)" in shown.stdout
+        assert "amd 1 /dev/dri/renderD129 (0000:23:00.0)" in shown.stdout
         if v2:
             assert "program" in shown.stdout and "'oci_gpu_hook'" in shown.stdout
             assert ["deny", "a", "*:*", "rwm"] in lines

@@ -137,6 +137,7 @@ class Shim:
         env.update({
             "OCI_GPU_HOOK_CONFIG": os.devnull,
             "OCI_GPU_HOOK_SYSFS_ROOT": str(EXAMPLE_SYSFS),
+            "OCI_GPU_HOOK_HOOK_PATH": "/bin/sh",
             "OCI_GPU_HOOK_RUNTIME": str(self.runtime),
             "FAKE_RUNTIME_OUT": str(self.out),
             "FAKE_BUNDLE": str(self.bundle),

@@ -512,6 +512,7 @@ def test_event_summary_falls_back_to_the_header() -> None:
 def clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OCI_GPU_HOOK_")}
     env["OCI_GPU_HOOK_CONFIG"] = os.devnull
+    env["OCI_GPU_HOOK_CDI_DIR"] = "/nonexistent/oci-gpu-hook-tests/cdi"  # a test that writes specs names its own
     env.update(extra)
     return env
 

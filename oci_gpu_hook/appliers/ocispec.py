@@ -14,6 +14,8 @@ would refuse (a hole in an operator's wildcard deny) is refused here, first.
 
 from __future__ import annotations
 
+import os
+
 from oci_gpu_hook import fastjson
 from oci_gpu_hook.bundle import check_object, field, loads
 from oci_gpu_hook.core.devices import Rule
@@ -38,10 +40,14 @@ def links_hook(links: tuple[tuple[str, str], ...], hook_path: str) -> dict[str, 
             "env": list(HOOK_ENV), "timeout": 10}
 
 
-def apply(spec: Any, plan: Plan, config: Config) -> bool:
-    """Write ``plan`` into ``spec`` in place; return whether anything changed."""
+def apply(spec: Any, plan: Plan, config: Config, check_hook: bool = True) -> bool:
+    """Write ``plan`` into ``spec`` in place; return whether anything changed.  ``check_hook``: refuse to name
+    a links hook that the runtime could not run (``dry-run`` only warns)."""
     if not plan:
         return False
+    if check_hook and plan.edits.links and not os.access(config.hook_path, os.X_OK):
+        raise HookError(f"hook_path {config.hook_path} is not an executable file: the createRuntime hook that makes "
+                        "/dev/dri/by-path links would fail (install the launchers, or set hook_path)")
     spec = check_object(spec)
     linux = field(spec, "linux", dict, "linux", create=True)
     devices = field(linux, "devices", list, "linux.devices", create=True)

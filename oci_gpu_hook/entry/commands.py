@@ -83,7 +83,10 @@ def cmd_dry_run(args: list[str], config: Config) -> int:
     schemas.validate(original, "oci-config.schema.json", path)
     rewritten = json.loads(json.dumps(original))
     plan = plan_for_spec(rewritten, config, opts.devices)
-    ocispec.apply(rewritten, plan, config)
+    ocispec.apply(rewritten, plan, config, check_hook=False)
+    if plan.edits.links and not os.access(config.hook_path, os.X_OK):
+        print(f"# note: hook_path {config.hook_path} is not executable here; the links hook would fail",
+              file=sys.stderr)
     schemas.validate(rewritten, "oci-config.schema.json", f"{path} (rewritten)")
     print(f"# {plan.summary()}", file=sys.stderr)
     new_text = json.dumps(rewritten, indent=2) + "\n"

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 NAME = "amd"
 DRIVER = "amdgpu"
 XCP_PREFIXES = ("amdgpu_xcp_", "amdgpu_xcp.")
+FORMS = "PCI address or unique id"  # request entries besides indices and ranges
 
 
 def _properties(node_dir: str) -> dict[str, int]:

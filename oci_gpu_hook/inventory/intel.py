@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 NAME = "intel"
 VENDOR = "0x8086"
 DRIVERS = ("i915", "xe")
+FORMS = "card name (cardN) or PCI address"  # request entries besides indices and ranges
 
 
 def discover(root: str, drm: list[DrmDevice]) -> tuple[list[Device], tuple[Node, ...], dict[str, str]]:
