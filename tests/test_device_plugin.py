@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -22,6 +23,7 @@ import pytest
 
 from oci_gpu_hook.appliers import cdi
 from oci_gpu_hook.config import load_config
+from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.host.deviceplugin import server
 from oci_gpu_hook.host.deviceplugin.devices import PluginDevice, plugin_devices, resource_for
 from oci_gpu_hook.inventory import scan
@@ -218,6 +220,8 @@ def test_half_removed_gpu_is_unhealthy_never_a_crash(node: Node) -> None:
     node.kubelet.devices("amd.com/gpu", lambda d: len(d) == 8)
     _remove_gpu(node.sysfs, "0000:a3:00.0", leave_links=True)
     assert os.path.islink(node.sysfs / "class/drm/card6") and not os.path.exists(node.sysfs / "class/drm/card6")
+    with pytest.raises(HookError, match="cannot read a device number"):  # today's inventory refuses the host
+        scan(str(node.sysfs))
     devices = node.kubelet.devices("amd.com/gpu", lambda d: d["0000:a3:00.0"].health == "Unhealthy", timeout=5)
     assert sum(h == "Healthy" for h in _health(devices).values()) == 7
     (answer,) = node.kubelet.allocate("amd.com/gpu", ["0000:c3:00.0"]).container_responses
@@ -295,3 +299,38 @@ def test_preferred_allocation_over_the_wire_keeps_numa(node: Node) -> None:
     assert sorted(node.kubelet.preferred("amd.com/gpu", available, [], 3)) == [SEED_IDS[i] for i in (4, 5, 6)]
     # must include GPU 0 (NUMA 0): the other comes from NUMA 0 too.
     assert node.kubelet.preferred("amd.com/gpu", available, [SEED_IDS[0]], 2) == [SEED_IDS[0], SEED_IDS[1]]
+
+
+# --- the command itself ------------------------------------------------------------------------------
+
+def test_the_command_serves_registers_and_stops_on_sigterm(tmp_path: Path) -> None:
+    sysfs = fakesysfs.build(str(tmp_path / "sys"), fakesysfs.seed_host())
+    directory = tmp_path / "device-plugins"
+    kubelet = FakeKubelet(str(directory))
+    kubelet.start()
+    stderr = tmp_path / "stderr"
+    with open(stderr, "w") as err:
+        process = subprocess.Popen([sys.executable, "-m", "oci_gpu_hook.entry.cli", "device-plugin", "--kubelet-dir",
+                                    str(directory), "--sysfs-root", sysfs, "--rescan-interval", "0.5"],
+                                   stdout=subprocess.DEVNULL, stderr=err, env={**os.environ, "PYTHONPATH": str(
+                                       Path(__file__).resolve().parent.parent)})
+    try:
+        devices = kubelet.devices("amd.com/gpu", lambda d: len(d) == 8, timeout=30)
+        assert sorted(devices) == SEED_IDS
+        (answer,) = kubelet.allocate("amd.com/gpu", [SEED_IDS[5]]).container_responses
+        assert dict(answer.annotations) == {"cdi.k8s.io/oci-gpu-hook_gpu": "amd.com/gpu=5"}
+        kubelet.restart()
+        assert len(kubelet.devices("amd.com/gpu", lambda d: len(d) == 8, timeout=10)) == 8
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=20) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        kubelet.stop()
+    lines = stderr.read_text().splitlines()
+    assert not (directory / "oci-gpu-hook-gpu.sock").exists()  # removed on the way out
+    assert any("oci-gpu-hook device-plugin: serving in" in line for line in lines), lines
+    assert sum("registered amd.com/gpu at" in line for line in lines) == 2, lines
+    assert any("allocate amd.com/gpu: 0000:a3:00.0 -> amd.com/gpu=5" in line for line in lines), lines
+    assert "Traceback" not in stderr.read_text()
