@@ -26,6 +26,7 @@ from oci_gpu_hook.config import load_config
 from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.host.deviceplugin import server
 from oci_gpu_hook.host.deviceplugin.devices import PluginDevice, plugin_devices, resource_for
+from oci_gpu_hook.host.watch import QueueEvents
 from oci_gpu_hook.inventory import scan
 from tests import fakesysfs
 from tests.fakekubelet import FakeKubelet
@@ -239,6 +240,35 @@ def test_gpu_that_comes_back_is_healthy_again_under_the_same_id(tmp_path: Path) 
         shutil.copytree(backup, started.sysfs, symlinks=True)
         devices = started.kubelet.devices("amd.com/gpu", lambda d: d["0000:e3:00.0"].health == "Healthy", timeout=5)
         assert set(_health(devices).values()) == {"Healthy"} and len(devices) == 8
+
+
+def test_uevent_brings_the_rescan_forward(tmp_path: Path) -> None:
+    """With a 60 s rescan interval, a drm uevent makes the plugin notice the removal at once."""
+    events = QueueEvents()
+    sysfs = Path(fakesysfs.build(str(tmp_path / "sys"), fakesysfs.seed_host()))
+    directory = tmp_path / "device-plugins"
+    kubelet = FakeKubelet(str(directory))
+    kubelet.start()
+    logs: list[str] = []
+    manager = server.Manager(str(directory), server.Tracker(str(sysfs), "single", log=logs.append),
+                             rescan_interval=60, poll_interval=0.1, log=logs.append, events=events, uevent_delay=0.2)
+    thread = threading.Thread(target=manager.run, daemon=True)
+    thread.start()
+    try:
+        kubelet.devices("amd.com/gpu", lambda d: len(d) == 8)
+        _remove_gpu(sysfs, "0000:23:00.0")
+        events.put({"ACTION": "add", "SUBSYSTEM": "pci", "DEVPATH": "/devices/unrelated"})  # not a GPU's: ignored
+        time.sleep(0.5)
+        assert kubelet.devices("amd.com/gpu")["0000:23:00.0"].health == "Healthy"
+        started = time.monotonic()
+        events.put({"ACTION": "remove", "SUBSYSTEM": "drm", "DEVNAME": "dri/card2"})
+        kubelet.devices("amd.com/gpu", lambda d: d["0000:23:00.0"].health == "Unhealthy", timeout=5)
+        assert time.monotonic() - started < 2
+        assert any(line.startswith("uevent remove drm dri/card2: amd.com/gpu 0000:23:00.0") for line in logs), logs
+    finally:
+        manager.stop()
+        thread.join(10)
+        kubelet.stop()
 
 
 def test_default_rescan_reports_a_vanished_gpu_within_30_seconds() -> None:

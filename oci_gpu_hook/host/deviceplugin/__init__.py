@@ -42,6 +42,8 @@ def command(args: list[str], config: Config) -> int:
                         help="how often sysfs is read again for health (default %(default)s)")
     parser.add_argument("--device-specs", action="store_true",
                         help="also answer Allocate with the device nodes (for nodes with neither CDI nor the shim)")
+    parser.add_argument("--no-uevents", action="store_true",
+                        help="do not listen for drm/kfd uevents (rescan only every --rescan-interval)")
     parser.add_argument("--list", action="store_true", help="print the devices as they would be advertised; exit")
     opts = parser.parse_args(args)
     interval = _seconds(opts.rescan_interval, "--rescan-interval", 0.1, 3600)
@@ -60,7 +62,19 @@ def command(args: list[str], config: Config) -> int:
             print(f"{device.resource}  {device.id}  {server.CDI_KIND}={device.cdi_name}  numa {numa}  "
                   f"hive {device.hive if device.hive is not None else '-'}")
         return 0
-    manager = server.Manager(opts.kubelet_dir, tracker, device_specs=opts.device_specs, rescan_interval=interval)
+    events = None
+    if not opts.no_uevents:
+        from oci_gpu_hook.host.watch import KernelUevents
+
+        events = KernelUevents()
+        try:
+            events.start()
+        except HookError as err:  # e.g. no netlink here: the periodic rescan still notices everything
+            server.log_line(f"{err}; rescanning every {interval:g} s only")
+            events.close()
+            events = None
+    manager = server.Manager(opts.kubelet_dir, tracker, device_specs=opts.device_specs, rescan_interval=interval,
+                             events=events)
 
     def on_signal(number: int, _frame: object) -> None:
         manager.stop()
@@ -71,3 +85,5 @@ def command(args: list[str], config: Config) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if events is not None:
+            events.close()

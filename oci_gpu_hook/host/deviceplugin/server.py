@@ -8,7 +8,8 @@ default) and, when its socket is gone or ``kubelet.sock`` is a new file,
 serves again on a fresh socket and registers again.
 
 The devices come from :func:`~oci_gpu_hook.host.deviceplugin.devices.plugin_devices`,
-rescanned periodically and before every Allocate.  A device seen once stays in
+rescanned periodically (every 10 s by default: a GPU gone without a uevent is
+noticed then), shortly after each drm/kfd uevent, and before every Allocate.  A device seen once stays in
 the list: Unhealthy while it is missing from sysfs, Healthy again when it comes
 back under the same ID.
 
@@ -37,6 +38,7 @@ from oci_gpu_hook.host.deviceplugin import api_pb2 as api
 from oci_gpu_hook.host.deviceplugin import api_pb2_grpc as api_grpc
 from oci_gpu_hook.host.deviceplugin.allocation import preferred
 from oci_gpu_hook.host.deviceplugin.devices import CDI_KIND, PluginDevice, plugin_devices
+from oci_gpu_hook.host.watch import RESYNC, EventSource
 
 VERSION = "v1beta1"
 DEFAULT_DIR = "/var/lib/kubelet/device-plugins"
@@ -44,6 +46,7 @@ KUBELET_SOCKET = "kubelet.sock"
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
 ANNOTATION_PREFIX = "cdi.k8s.io/oci-gpu-hook_"
 PROGRAM = "oci-gpu-hook device-plugin"
+UEVENT_SUBSYSTEMS = ("drm", "kfd")
 
 Log = Callable[[str], None]
 Scan = Callable[[str, str], list[PluginDevice]]
@@ -276,8 +279,12 @@ class Manager:
     """Serve and register an endpoint per resource name; re-serve and re-register after a kubelet restart."""
 
     def __init__(self, directory: str, tracker: Tracker, *, device_specs: bool = False, rescan_interval: float = 10.0,
-                 poll_interval: float = 1.0, always: tuple[str, ...] = ("amd.com/gpu",), log: Log = log_line) -> None:
+                 poll_interval: float = 1.0, always: tuple[str, ...] = ("amd.com/gpu",), log: Log = log_line,
+                 events: EventSource | None = None, uevent_delay: float = 0.5) -> None:
         self.directory = os.path.abspath(directory)
+        self.events = events  # GPU/partition uevents (oci_gpu_hook.host.watch): a rescan soon after each
+        self.uevent_delay = uevent_delay
+        self.rescan_reason = "rescan"
         self.tracker = tracker
         self.device_specs = device_specs
         self.rescan_interval = rescan_interval
@@ -296,7 +303,8 @@ class Manager:
     def step(self) -> None:
         now = time.monotonic()
         if now >= self.next_rescan:
-            self.tracker.rescan("rescan")
+            self.tracker.rescan(self.rescan_reason)
+            self.rescan_reason = "rescan"
             self.next_rescan = now + self.rescan_interval
         kubelet = _identity(os.path.join(self.directory, KUBELET_SOCKET))
         for resource in sorted(set(self.always) | self.tracker.resources()):
@@ -330,12 +338,30 @@ class Manager:
         try:
             while not self.stopping:
                 self.step()
-                deadline = time.monotonic() + self.poll_interval
-                while not self.stopping and time.monotonic() < deadline:
-                    time.sleep(min(0.1, self.poll_interval))
+                self._wait(self.poll_interval)
         finally:
             self.close()
         return 0
+
+    def _wait(self, seconds: float) -> None:
+        """Sleep until the next step, 0.1 s at a time; a drm/kfd uevent brings the next rescan forward."""
+        deadline = time.monotonic() + seconds
+        while not self.stopping:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            if self.events is None:
+                time.sleep(min(0.1, left))
+                continue
+            event = self.events.poll(min(0.1, left))
+            if event is None:
+                continue
+            if RESYNC in event or event.get("SUBSYSTEM") in UEVENT_SUBSYSTEMS:
+                soon = time.monotonic() + self.uevent_delay  # a quiet moment: one rescan for a burst
+                if soon < self.next_rescan:
+                    self.next_rescan = soon
+                    name = event.get("DEVNAME") or event.get("DEVPATH") or ""
+                    self.rescan_reason = f"uevent {event.get('ACTION', 'resync')} {event.get('SUBSYSTEM', '')} {name}"
 
     def stop(self) -> None:
         """End :meth:`run` within 0.1 s; safe to call from a signal handler (a flag, no lock)."""
