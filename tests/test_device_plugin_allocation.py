@@ -59,7 +59,7 @@ def test_hive_before_numa_spread() -> None:
     available = ids(devices)
     assert sorted(preferred(devices, available, [], 2)) in (["0000:05:00.0", "0000:45:00.0"],
                                                            ["0000:26:00.0", "0000:65:00.0"])  # one NUMA node
-    assert sorted(preferred(devices, available, ["0000:05:00.0", "0000:65:00.0"][:1], 2)) == [
+    assert sorted(preferred(devices, available, ["0000:05:00.0"], 2)) == [
         "0000:05:00.0", "0000:45:00.0"]
     # NUMA 0 has only the hive GPU left: a pair in the hive beats a pair across hive and no hive.
     available = ["0000:05:00.0", "0000:26:00.0", "0000:65:00.0"]
@@ -143,3 +143,22 @@ def test_adapter_reads_partition_attributes_when_the_inventory_has_them(tmp_path
     devices = plugin_devices(root, "mixed")
     assert [d.id for d in devices[:2]] == ["0000:03:00.0", "0000:23:00.0/p1"]
     assert {d.resource for d in devices} == {"amd.com/dpx_nps1"} and {d.hive for d in devices} == {0xABC}
+
+
+def test_adapter_reads_xgmi_hives_from_the_kfd_topology(tmp_path: Path) -> None:
+    """4 GPUs: two in hive 0x5a5a (KFD hive_id, decimal in properties), two in none (hive_id 0)."""
+    host = fakesysfs.FakeHost(gpus=[fakesysfs.FakeGpu(pci=f"0000:{b}:00.0", card=i + 1, render=128 + i,
+                                                      numa_node=0) for i, b in enumerate(("05", "26", "45", "65"))])
+    root = Path(fakesysfs.build(str(tmp_path / "sys"), host))
+    for node in (root / "devices/virtual/kfd/kfd/topology/nodes").iterdir():
+        props = node / "properties"
+        render = next((int(line.split()[1]) for line in props.read_text().splitlines()
+                       if line.startswith("drm_render_minor ")), None)
+        hive = 0x5A5A if render in (129, 130) else 0
+        props.write_text(props.read_text() + f"hive_id {hive}\n")
+    devices = plugin_devices(str(root))
+    assert {d.id: d.hive for d in devices} == {"0000:05:00.0": None, "0000:26:00.0": 0x5A5A,
+                                               "0000:45:00.0": 0x5A5A, "0000:65:00.0": None}
+    # A pair on this one NUMA node stays in the hive (PCI order alone would add 05).
+    assert sorted(preferred(devices, ids(devices), ["0000:45:00.0"], 2)) == ["0000:26:00.0", "0000:45:00.0"]
+    assert sorted(preferred(devices, ids(devices), [], 2)) == ["0000:26:00.0", "0000:45:00.0"]

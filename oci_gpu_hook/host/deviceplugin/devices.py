@@ -3,7 +3,8 @@
 :func:`plugin_devices` is the only place that reads the inventory's API, so
 that a change there (compute partitions as their own devices) is a change here
 only.  Attributes that today's ``Gpu`` may lack (``partition``,
-``compute_mode``, ``memory_mode``, ``hive_id``) are read with ``getattr``.
+``compute_mode``, ``memory_mode``, ``hive_id``) are read with ``getattr``; the
+XGMI hive falls back to the KFD topology's ``hive_id`` (:func:`kfd_hives`).
 
 Device IDs are derived from what identifies the hardware, never from list
 positions: the PCI address of the GPU (``0000:05:00.0``) for a whole GPU and
@@ -83,24 +84,50 @@ def _scan(sysfs_root: str) -> object:
             return scan(view)
 
 
+def kfd_hives(sysfs_root: str) -> dict[int, int]:
+    """XGMI hive ids by DRM render minor, from the KFD topology's node properties (``hive_id``, 0 when the GPU
+    is in no hive), for an inventory that does not report them itself."""
+    nodes = os.path.join(sysfs_root, "class", "kfd", "kfd", "topology", "nodes")
+    hives: dict[int, int] = {}
+    try:
+        names = os.listdir(nodes)
+    except OSError:
+        return hives
+    for name in names:
+        try:
+            with open(os.path.join(nodes, name, "properties")) as handle:
+                props = dict(line.split(None, 1) for line in handle.read().splitlines() if " " in line)
+        except (OSError, ValueError):
+            continue  # a node the cgroup hides (EPERM), or one going away
+        render, hive = props.get("drm_render_minor", "").strip(), props.get("hive_id", "").strip()
+        if render.isdigit() and hive.isdigit() and int(render) and int(hive):
+            hives[int(render)] = int(hive)
+    return hives
+
+
 def plugin_devices(sysfs_root: str, strategy: str = "single") -> list[PluginDevice]:
     """The adapter over the inventory: every GPU or compute partition of ``sysfs_root`` as the plugin
     advertises it.  A device that cannot be read is left out (the tracker then reports it Unhealthy)."""
     inventory = _scan(sysfs_root)
     shared = tuple(node.path for node in getattr(inventory, "shared_nodes", {}).get("amd", ()))
     found = []
+    hives: dict[int, int] | None = None
     for gpu in getattr(inventory, "gpus", ()):
         if getattr(gpu, "vendor", "amd") != "amd":
             continue
         partition = getattr(gpu, "partition", None)
         pci = str(gpu.pci_address)
         nodes = tuple(node.path for node in gpu.nodes)
+        hive = getattr(gpu, "hive_id", None)
+        if hive is None:
+            hives = kfd_hives(sysfs_root) if hives is None else hives
+            hive = hives.get(gpu.render.minor)
         found.append(PluginDevice(
             id=device_id(pci, partition),
             cdi_name=str(gpu.index),
             resource=resource_for(strategy, getattr(gpu, "compute_mode", None), getattr(gpu, "memory_mode", None)),
             numa=gpu.numa_node,
-            hive=_positive(getattr(gpu, "hive_id", None)),
+            hive=_positive(hive),
             parent=pci,
             partition=partition,
             host_nodes=nodes + shared,

@@ -91,8 +91,9 @@ class Tracker:
         with self.scan_lock:
             try:
                 found = self.scan(self.sysfs_root, self.strategy)
-            except (HookError, OSError) as err:
-                message = f"rescan ({reason}) failed, keeping the last device list: {err}"
+            except Exception as err:  # sysfs changing under the scan must not end the plugin
+                detail = str(err) if isinstance(err, (HookError, OSError)) else f"{type(err).__name__}: {err}"
+                message = f"rescan ({reason}) failed, keeping the last device list: {detail}"
                 if message != self.last_error:
                     self.log(message)
                 self.last_error = message
@@ -314,23 +315,30 @@ class Manager:
             if not endpoint.alive():
                 if endpoint.server is not None:
                     self.log(f"{endpoint.path} is gone (kubelet restart?): serving {resource} again")
-                endpoint.start()
                 self.registered.pop(resource, None)
+                try:
+                    endpoint.start()
+                except HookError as err:
+                    self._failed(resource, f"{err} (retrying)")
+                    continue
             if kubelet is None or self.registered.get(resource) == kubelet:
                 continue
             try:
                 register(self.directory, endpoint.name, resource)
             except grpc.RpcError as err:
-                message = f"registering {resource} at {self.directory}/{KUBELET_SOCKET} failed: {err.code().name}: " \
-                          f"{err.details()} (retrying)"
-                if self.failures.get(resource) != message:
-                    self.log(message)
-                self.failures[resource] = message
+                self._failed(resource, f"registering {resource} at {self.directory}/{KUBELET_SOCKET} failed: "
+                                       f"{err.code().name}: {err.details()} (retrying)")
                 continue
             self.failures.pop(resource, None)
             self.registered[resource] = kubelet
             self.log(f"registered {resource} at {self.directory}/{KUBELET_SOCKET}, endpoint {endpoint.name}, "
                      f"{len(self.tracker.of(resource))} device(s)")
+
+    def _failed(self, resource: str, message: str) -> None:
+        """Log a failure once (not at every retry)."""
+        if self.failures.get(resource) != message:
+            self.log(message)
+        self.failures[resource] = message
 
     def run(self) -> int:
         self.log(f"serving in {self.directory} (sysfs {self.tracker.sysfs_root}, strategy {self.tracker.strategy}, "
