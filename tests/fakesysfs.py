@@ -68,10 +68,11 @@ def _symlink(target_abs: str, link: str) -> None:
 
 
 def _pci_dir(root: str, gpu: FakeGpu) -> str:
-    domain, bus, _rest = gpu.pci.split(":")
-    parts = [os.path.join(root, "devices"), f"pci{domain}:{bus}"]
-    for depth in range(gpu.bridges):  # a switch: upstream and downstream ports above the GPU
-        parts.append(f"{domain}:{bus}:0{depth}.0")
+    domain, bus_text, _rest = gpu.pci.split(":")
+    bus = int(bus_text, 16)
+    parts = [os.path.join(root, "devices"), f"pci{domain}:{bus - gpu.bridges:02x}"]
+    for depth in range(gpu.bridges):  # a switch: upstream and downstream ports, each on the bus above the GPU's
+        parts.append(f"{domain}:{bus - gpu.bridges + depth:02x}:00.0")
     parts.append(gpu.pci)
     return os.path.join(*parts)
 

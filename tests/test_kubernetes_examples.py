@@ -20,6 +20,7 @@ from oci_gpu_hook.host.containerd import RUNTIME_NAME, drop_in
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "kubernetes"
 LAUNCHER_DIR = "/usr/local/libexec/oci-gpu-hook"
 CDI_KIND = KINDS["amd"][0]
+DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 
 
 def _load(name: str) -> dict[str, Any]:
@@ -109,7 +110,7 @@ def test_daemon_set(usage: str) -> None:
     volumes = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
     # install reads the main config and replaces it (a rename in /etc/containerd): the whole directory.
     assert set(volumes.values()) == {"/etc/containers/oci/hooks.d", "/etc/containerd", "/var/run/cdi", "/sys",
-                                     LAUNCHER_DIR, "/var/lib/oci-gpu-hook"}
+                                     LAUNCHER_DIR, "/var/lib/oci-gpu-hook", DEVICE_PLUGIN_DIR}
     types = {v["hostPath"]["path"]: v["hostPath"]["type"] for v in pod["volumes"]}
     assert types["/etc/containerd"] == "Directory"  # never create a containerd config on a node without one
     containers = {c["name"]: c for c in pod["initContainers"] + pod["containers"]}
@@ -128,13 +129,14 @@ def test_daemon_set(usage: str) -> None:
 
     (installer,) = (c for c in pod["initContainers"] if c["name"] == "install")
     installed = {volumes[m["name"]] for m in installer["volumeMounts"]}
-    assert installed == set(volumes.values())  # everything install reads or writes, /etc/containerd included
+    # everything install reads or writes, /etc/containerd included; the kubelet's directory is the plugin's
+    assert installed == set(volumes.values()) - {DEVICE_PLUGIN_DIR}
     assert not any(m.get("readOnly") for m in installer["volumeMounts"] if volumes[m["name"]] != "/sys")
     init_commands = [_hook_command(c["command"]) for c in pod["initContainers"] if c["name"] != "copy-environment"]
     main_commands = [_hook_command(c["command"]) for c in pod["containers"]]
     assert init_commands == [("install", ["--set", "OCI_GPU_HOOK_ALLOW_ENV_REQUESTS=false"])]  # no --prefix
-    assert [name for name, _ in main_commands] == ["watch"]
-    assert {"install", "watch"} <= _commands(usage)
+    assert main_commands == [("watch", []), ("device-plugin", ["--resource-strategy=mixed"])]
+    assert {"install", "watch", "device-plugin"} <= _commands(usage)
     for name, args in init_commands + main_commands:
         assert name in _commands(usage)
         help_text = _cli(name, "--help")
@@ -147,8 +149,28 @@ def test_daemon_set(usage: str) -> None:
                 field = next(f for f, spec in FIELDS.items() if spec.env == variable)
                 assert field == "allow_env_requests" and setting == "false"
     for container in containers.values():
-        if container["name"] != "copy-environment":
+        if container["name"] not in ("copy-environment", "device-plugin"):
             assert container["securityContext"]["privileged"] is True
+    # The device plugin reads sysfs and writes its sockets where the kubelet looks: no privileges needed.
+    plugin = containers["device-plugin"]
+    assert plugin["securityContext"] == {"privileged": False, "allowPrivilegeEscalation": False,
+                                         "capabilities": {"drop": ["ALL"]}}
+    mounts = {volumes[m["name"]]: m for m in plugin["volumeMounts"]}
+    assert mounts.keys() == {"/sys", DEVICE_PLUGIN_DIR}
+    assert mounts[DEVICE_PLUGIN_DIR]["mountPath"] == DEVICE_PLUGIN_DIR  # the --kubelet-dir default
+    assert f"(default {DEVICE_PLUGIN_DIR})" in " ".join(_cli("device-plugin", "--help").split())
+    assert types[DEVICE_PLUGIN_DIR] == "Directory"  # the kubelet makes it; a node without one runs no plugin
+
+
+def test_partition_pod_example() -> None:
+    from oci_gpu_hook.host.deviceplugin.devices import resource_for
+
+    pod = _load("pod-partition.yaml")
+    assert (pod["apiVersion"], pod["kind"]) == ("v1", "Pod")
+    assert pod["spec"]["runtimeClassName"] == RUNTIME_NAME
+    (container,) = pod["spec"]["containers"]
+    # the name the plugin gives a CPX/NPS1 partition under the DaemonSet's --resource-strategy=mixed
+    assert container["resources"]["limits"] == {resource_for("mixed", "CPX", "NPS1"): 1}
 
 
 def test_contract_names_real_commands_and_settings(usage: str) -> None:

@@ -36,6 +36,7 @@ commands:
                                              keep the CDI spec current on GPU/partition uevents
   install [--hook precreate|prestart|none] [--set VAR=VALUE] [--prefix DIR] [--dry-run] [--uninstall]
                                              launchers, a hooks.d file, CDI spec, containerd drop-in
+  device-plugin [--kubelet-dir DIR] [--resource-strategy single|mixed] [--device-specs]  kubelet device plugin
   validate [--config-file FILE] [SPEC ...]   check a config file and OCI config.json files
   launchers DIR                              write lean launchers (python -I -S) for hooks and the shim
 """

@@ -306,6 +306,7 @@ COMMANDS: dict[str, Callable[[list[str], Config], int]] = {
 
 # Commands that live in their own modules (imported only when used): name -> module with command(args, config).
 MODULE_COMMANDS = {"watch": "oci_gpu_hook.host.watch", "install": "oci_gpu_hook.host.install"}
+MODULE_COMMANDS["device-plugin"] = "oci_gpu_hook.host.deviceplugin"
 
 
 def run(command: str, args: list[str], config: Config) -> int:

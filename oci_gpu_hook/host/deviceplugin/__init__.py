@@ -1,0 +1,89 @@
+"""``oci-gpu-hook device-plugin``: a kubelet device plugin for the host's AMD GPUs and compute partitions.
+
+Operator side only: it needs ``grpcio`` and ``protobuf`` (the ``device-plugin``
+extra), which nothing on a container's start path imports.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+
+if TYPE_CHECKING:
+    from oci_gpu_hook.config import Config
+
+
+def _seconds(text: str, what: str, low: float, high: float) -> float:
+    from oci_gpu_hook.errors import HookError
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not low <= value <= high:
+        raise HookError(f"{what} {text!r}: expected seconds, {low:g} to {high:g}")
+    return value
+
+
+def command(args: list[str], config: Config) -> int:
+    import signal
+
+    from oci_gpu_hook.cliparse import parser as _parser
+    from oci_gpu_hook.errors import HookError
+    from oci_gpu_hook.host.deviceplugin.devices import STRATEGIES
+
+    parser = _parser("device-plugin", "Advertise the host's AMD GPUs and compute partitions to the kubelet "
+                                      "(device plugin API v1beta1); Allocate answers with CDI names.")
+    parser.add_argument("--kubelet-dir", metavar="DIR", default="/var/lib/kubelet/device-plugins",
+                        help="the kubelet's device-plugins directory, with kubelet.sock (default %(default)s)")
+    parser.add_argument("--resource-strategy", choices=STRATEGIES, default="single",
+                        help="single: everything is amd.com/gpu; mixed: partitions as amd.com/<compute>_<memory> "
+                             "(amd.com/cpx_nps1), whole GPUs as amd.com/gpu (default %(default)s)")
+    parser.add_argument("--rescan-interval", metavar="SECONDS", default="10",
+                        help="how often sysfs is read again for health (default %(default)s)")
+    parser.add_argument("--device-specs", action="store_true",
+                        help="also answer Allocate with the device nodes (for nodes with neither CDI nor the shim)")
+    parser.add_argument("--no-uevents", action="store_true",
+                        help="do not listen for drm/kfd uevents (rescan only every --rescan-interval)")
+    parser.add_argument("--list", action="store_true", help="print the devices as they would be advertised; exit")
+    opts = parser.parse_args(args)
+    interval = _seconds(opts.rescan_interval, "--rescan-interval", 0.1, 3600)
+    try:
+        from oci_gpu_hook.host.deviceplugin import server
+    except ImportError as err:
+        raise HookError(f"device-plugin needs grpcio and protobuf ({err}): "
+                        "pip install 'oci-gpu-hook[device-plugin]'") from None
+
+    tracker = server.Tracker(config.sysfs_root, opts.resource_strategy)
+    if opts.list:
+        from oci_gpu_hook.host.deviceplugin.devices import plugin_devices
+
+        for device in plugin_devices(config.sysfs_root, opts.resource_strategy):
+            numa = "-" if device.numa is None else str(device.numa)
+            print(f"{device.resource}  {device.id}  {server.CDI_KIND}={device.cdi_name}  numa {numa}  "
+                  f"hive {device.hive if device.hive is not None else '-'}")
+        return 0
+    events = None
+    if not opts.no_uevents:
+        from oci_gpu_hook.host.watch import KernelUevents
+
+        events = KernelUevents()
+        try:
+            events.start()
+        except HookError as err:  # e.g. no netlink here: the periodic rescan still notices everything
+            server.log_line(f"{err}; rescanning every {interval:g} s only")
+            events.close()
+            events = None
+    manager = server.Manager(opts.kubelet_dir, tracker, device_specs=opts.device_specs, rescan_interval=interval,
+                             events=events)
+
+    def on_signal(number: int, _frame: object) -> None:
+        manager.stop()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return manager.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if events is not None:
+            events.close()

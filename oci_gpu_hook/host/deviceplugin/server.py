@@ -1,0 +1,382 @@
+"""The kubelet device plugin (API v1beta1): endpoints, registration, the device tracker.
+
+One gRPC endpoint per resource name, each on its own Unix socket in the
+kubelet's device-plugins directory, registered at ``kubelet.sock`` there.  A
+starting kubelet empties that directory, its plugins' sockets included, and
+creates a new ``kubelet.sock``: :class:`Manager` checks once a second (by
+default) and, when its socket is gone or ``kubelet.sock`` is a new file,
+serves again on a fresh socket and registers again.
+
+The devices come from :func:`~oci_gpu_hook.host.deviceplugin.devices.plugin_devices`,
+rescanned periodically (every 10 s by default: a GPU gone without a uevent is
+noticed then), shortly after each drm/kfd uevent, and before every Allocate.  A device seen once stays in
+the list: Unhealthy while it is missing from sysfs, Healthy again when it comes
+back under the same ID.
+
+Allocate answers each container with the CDI names of its devices, both in
+``cdi_devices`` (kubelet passes them in the CRI's CDI field, which containerd
+1.7+ with CDI enabled and CRI-O apply) and in one container annotation,
+``cdi.k8s.io/oci-gpu-hook_<resource>`` (which containerd 1.6 copies into
+config.json for the ``oci-gpu`` RuntimeClass, where ``oci-gpu-runtime`` applies
+it).  ``--device-specs`` adds the nodes as device specs, for nodes with neither.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from dataclasses import replace
+
+import grpc
+
+from oci_gpu_hook.errors import HookError
+from oci_gpu_hook.host.deviceplugin import api_pb2 as api
+from oci_gpu_hook.host.deviceplugin import api_pb2_grpc as api_grpc
+from oci_gpu_hook.host.deviceplugin.allocation import preferred
+from oci_gpu_hook.host.deviceplugin.devices import CDI_KIND, PluginDevice, plugin_devices
+from oci_gpu_hook.host.watch import RESYNC, EventSource
+
+VERSION = "v1beta1"
+DEFAULT_DIR = "/var/lib/kubelet/device-plugins"
+KUBELET_SOCKET = "kubelet.sock"
+HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
+ANNOTATION_PREFIX = "cdi.k8s.io/oci-gpu-hook_"
+PROGRAM = "oci-gpu-hook device-plugin"
+UEVENT_SUBSYSTEMS = ("drm", "kfd")
+
+Log = Callable[[str], None]
+Scan = Callable[[str, str], list[PluginDevice]]
+
+
+def log_line(message: str) -> None:
+    now = time.time()
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
+    sys.stderr.write(f"{stamp} {PROGRAM}: {' '.join(message.split())}\n")
+    sys.stderr.flush()
+
+
+def short_name(resource: str) -> str:
+    """``amd.com/cpx_nps1`` -> ``cpx_nps1``: the socket and annotation suffix."""
+    return resource.rpartition("/")[2]
+
+
+def annotation_key(resource: str) -> str:
+    return ANNOTATION_PREFIX + short_name(resource)
+
+
+def _order(device: PluginDevice) -> tuple[str, int]:
+    return device.parent, device.partition or 0
+
+
+class Tracker:
+    """The devices of the host, by ID; every device seen since start stays, Unhealthy while missing."""
+
+    def __init__(self, sysfs_root: str, strategy: str, scan: Scan = plugin_devices, log: Log = log_line) -> None:
+        self.sysfs_root = sysfs_root
+        self.strategy = strategy
+        self.scan = scan
+        self.log = log
+        self.devices: dict[str, PluginDevice] = {}
+        self.generation = 0
+        self.changed = threading.Condition()
+        self.scan_lock = threading.Lock()
+        self.last_error: str | None = None
+
+    def rescan(self, reason: str) -> bool:
+        """Read sysfs again; True when anything the plugin advertises changed.  Never raises for sysfs."""
+        with self.scan_lock:
+            try:
+                found = self.scan(self.sysfs_root, self.strategy)
+            except Exception as err:  # sysfs changing under the scan must not end the plugin
+                detail = str(err) if isinstance(err, (HookError, OSError)) else f"{type(err).__name__}: {err}"
+                message = f"rescan ({reason}) failed, keeping the last device list: {detail}"
+                if message != self.last_error:
+                    self.log(message)
+                self.last_error = message
+                return False
+            self.last_error = None
+            current = {d.id: d for d in found}
+            for device_id, old in self.devices.items():
+                if device_id not in current:
+                    current[device_id] = replace(old, healthy=False)
+            with self.changed:
+                if current == self.devices:
+                    return False
+                for device_id in sorted(current):
+                    old, new = self.devices.get(device_id), current[device_id]
+                    if old is None or old.healthy != new.healthy:
+                        state = HEALTHY if new.healthy else f"{UNHEALTHY} (gone from sysfs)"
+                        self.log(f"{reason}: {new.resource} {device_id} (CDI {CDI_KIND}={new.cdi_name}) {state}")
+                self.devices = current
+                self.generation += 1
+                self.changed.notify_all()
+                return True
+
+    def resources(self) -> set[str]:
+        with self.changed:
+            return {d.resource for d in self.devices.values()}
+
+    def of(self, resource: str) -> list[PluginDevice]:
+        with self.changed:
+            return sorted((d for d in self.devices.values() if d.resource == resource), key=_order)
+
+    def wait(self, generation: int, timeout: float) -> int:
+        """Block until the generation differs from ``generation`` or ``timeout`` passes; return the current one."""
+        with self.changed:
+            self.changed.wait_for(lambda: self.generation != generation, timeout)
+            return self.generation
+
+
+def device_list(devices: list[PluginDevice]) -> api.ListAndWatchResponse:
+    response = api.ListAndWatchResponse()
+    for device in devices:
+        entry = response.devices.add(ID=device.id, health=HEALTHY if device.healthy else UNHEALTHY)
+        if device.numa is not None:
+            entry.topology.nodes.add(ID=device.numa)
+    return response
+
+
+class Servicer(api_grpc.DevicePluginServicer):
+    """The DevicePlugin service of one resource name."""
+
+    def __init__(self, resource: str, tracker: Tracker, *, device_specs: bool = False, log: Log = log_line,
+                 stream_poll: float = 0.5) -> None:
+        self.resource = resource
+        self.tracker = tracker
+        self.device_specs = device_specs
+        self.log = log
+        self.stream_poll = stream_poll
+        self.stopping = threading.Event()
+
+    def GetDevicePluginOptions(self, request: api.Empty, context: grpc.ServicerContext) -> api.DevicePluginOptions:
+        return api.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
+
+    def ListAndWatch(self, request: api.Empty, context: grpc.ServicerContext) -> Iterator[api.ListAndWatchResponse]:
+        generation = -1
+        sent: list[tuple[str, bool, int | None]] | None = None
+        while context.is_active() and not self.stopping.is_set():
+            generation = self.tracker.wait(generation, self.stream_poll)
+            devices = self.tracker.of(self.resource)
+            state = [(d.id, d.healthy, d.numa) for d in devices]
+            if state != sent:
+                sent = state
+                yield device_list(devices)
+
+    def GetPreferredAllocation(self, request: api.PreferredAllocationRequest,
+                               context: grpc.ServicerContext) -> api.PreferredAllocationResponse:
+        devices = [d for d in self.tracker.of(self.resource) if d.healthy]
+        response = api.PreferredAllocationResponse()
+        for container in request.container_requests:
+            ids = preferred(devices, list(container.available_deviceIDs), list(container.must_include_deviceIDs),
+                            container.allocation_size)
+            response.container_responses.add(deviceIDs=ids)
+        return response
+
+    def _device(self, device_id: str, context: grpc.ServicerContext) -> PluginDevice:
+        devices = {d.id: d for d in self.tracker.of(self.resource)}
+        device = devices.get(device_id)
+        if device is None:
+            known = ", ".join(sorted(devices)) or "none"
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"unknown device ID {device_id!r} for resource {self.resource} (known: {known})")
+        assert device is not None
+        if not device.healthy:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"device {device_id!r} ({self.resource}) is gone from sysfs: it cannot be allocated")
+        return device
+
+    def Allocate(self, request: api.AllocateRequest, context: grpc.ServicerContext) -> api.AllocateResponse:
+        self.tracker.rescan("allocate")  # CDI index names follow the host as it is now
+        response = api.AllocateResponse()
+        for container in request.container_requests:
+            devices = [self._device(i, context) for i in dict.fromkeys(container.devices_ids)]
+            devices.sort(key=lambda d: int(d.cdi_name) if d.cdi_name.isdigit() else -1)
+            names = [f"{CDI_KIND}={d.cdi_name}" for d in devices]
+            answer = response.container_responses.add()
+            for name in names:
+                answer.cdi_devices.add(name=name)
+            if names:
+                answer.annotations[annotation_key(self.resource)] = ",".join(names)
+            if self.device_specs:
+                for path in dict.fromkeys(p for d in devices for p in d.host_nodes):
+                    answer.devices.add(container_path=path, host_path=path, permissions="rw")
+            self.log(f"allocate {self.resource}: {', '.join(d.id for d in devices)} -> {', '.join(names)}")
+        return response
+
+    def PreStartContainer(self, request: api.PreStartContainerRequest,
+                          context: grpc.ServicerContext) -> api.PreStartContainerResponse:
+        return api.PreStartContainerResponse()
+
+
+def _identity(path: str) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_ctime_ns
+
+
+class Endpoint:
+    """One resource's gRPC server on ``<dir>/oci-gpu-hook-<name>.sock``."""
+
+    def __init__(self, directory: str, resource: str, make_servicer: Callable[[], Servicer]) -> None:
+        self.directory = directory
+        self.resource = resource
+        self.name = f"oci-gpu-hook-{short_name(resource)}.sock"
+        self.path = os.path.join(directory, self.name)
+        self.make_servicer = make_servicer
+        self.server: grpc.Server | None = None
+        self.servicer: Servicer | None = None
+        self.identity: tuple[int, int, int] | None = None
+
+    def start(self) -> None:
+        self.stop()
+        try:
+            os.unlink(self.path)  # a socket left by an earlier run
+        except FileNotFoundError:
+            pass
+        except OSError as err:
+            raise HookError(f"cannot remove {self.path}: {err.strerror}") from None
+        self.servicer = self.make_servicer()
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="device-plugin"))
+        api_grpc.add_DevicePluginServicer_to_server(self.servicer, server)
+        if not server.add_insecure_port(f"unix://{self.path}"):
+            raise HookError(f"cannot listen on {self.path}")
+        server.start()
+        self.server = server
+        self.identity = _identity(self.path)
+
+    def alive(self) -> bool:
+        return self.server is not None and self.identity is not None and _identity(self.path) == self.identity
+
+    def stop(self) -> None:
+        if self.servicer is not None:
+            self.servicer.stopping.set()
+        if self.server is not None:
+            self.server.stop(grace=0.5).wait()
+            if self.identity is not None and _identity(self.path) == self.identity:
+                try:
+                    os.unlink(self.path)
+                except OSError:
+                    pass
+        self.server = self.servicer = self.identity = None
+
+
+def register(directory: str, endpoint: str, resource: str, timeout: float = 5.0) -> None:
+    """Register at the kubelet (grpc.RpcError when it refuses or is not there)."""
+    socket = os.path.join(os.path.abspath(directory), KUBELET_SOCKET)
+    with grpc.insecure_channel(f"unix://{socket}") as channel:
+        api_grpc.RegistrationStub(channel).Register(api.RegisterRequest(
+            version=VERSION, endpoint=endpoint, resource_name=resource,
+            options=api.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True),
+        ), timeout=timeout)
+
+
+class Manager:
+    """Serve and register an endpoint per resource name; re-serve and re-register after a kubelet restart."""
+
+    def __init__(self, directory: str, tracker: Tracker, *, device_specs: bool = False, rescan_interval: float = 10.0,
+                 poll_interval: float = 1.0, always: tuple[str, ...] = ("amd.com/gpu",), log: Log = log_line,
+                 events: EventSource | None = None, uevent_delay: float = 0.5) -> None:
+        self.directory = os.path.abspath(directory)
+        self.events = events  # GPU/partition uevents (oci_gpu_hook.host.watch): a rescan soon after each
+        self.uevent_delay = uevent_delay
+        self.rescan_reason = "rescan"
+        self.tracker = tracker
+        self.device_specs = device_specs
+        self.rescan_interval = rescan_interval
+        self.poll_interval = poll_interval
+        self.always = always
+        self.log = log
+        self.endpoints: dict[str, Endpoint] = {}
+        self.registered: dict[str, tuple[int, int, int]] = {}  # resource -> the kubelet.sock it registered at
+        self.failures: dict[str, str] = {}
+        self.next_rescan = 0.0
+        self.stopping = False
+
+    def _servicer(self, resource: str) -> Callable[[], Servicer]:
+        return lambda: Servicer(resource, self.tracker, device_specs=self.device_specs, log=self.log)
+
+    def step(self) -> None:
+        now = time.monotonic()
+        if now >= self.next_rescan:
+            self.tracker.rescan(self.rescan_reason)
+            self.rescan_reason = "rescan"
+            self.next_rescan = now + self.rescan_interval
+        kubelet = _identity(os.path.join(self.directory, KUBELET_SOCKET))
+        for resource in sorted(set(self.always) | self.tracker.resources()):
+            endpoint = self.endpoints.get(resource)
+            if endpoint is None:
+                endpoint = self.endpoints[resource] = Endpoint(self.directory, resource, self._servicer(resource))
+            if not endpoint.alive():
+                if endpoint.server is not None:
+                    self.log(f"{endpoint.path} is gone (kubelet restart?): serving {resource} again")
+                self.registered.pop(resource, None)
+                try:
+                    endpoint.start()
+                except HookError as err:
+                    self._failed(resource, f"{err} (retrying)")
+                    continue
+            if kubelet is None or self.registered.get(resource) == kubelet:
+                continue
+            try:
+                register(self.directory, endpoint.name, resource)
+            except grpc.RpcError as err:
+                self._failed(resource, f"registering {resource} at {self.directory}/{KUBELET_SOCKET} failed: "
+                                       f"{err.code().name}: {err.details()} (retrying)")
+                continue
+            self.failures.pop(resource, None)
+            self.registered[resource] = kubelet
+            self.log(f"registered {resource} at {self.directory}/{KUBELET_SOCKET}, endpoint {endpoint.name}, "
+                     f"{len(self.tracker.of(resource))} device(s)")
+
+    def _failed(self, resource: str, message: str) -> None:
+        """Log a failure once (not at every retry)."""
+        if self.failures.get(resource) != message:
+            self.log(message)
+        self.failures[resource] = message
+
+    def run(self) -> int:
+        self.log(f"serving in {self.directory} (sysfs {self.tracker.sysfs_root}, strategy {self.tracker.strategy}, "
+                 f"rescan every {self.rescan_interval:g} s)")
+        try:
+            while not self.stopping:
+                self.step()
+                self._wait(self.poll_interval)
+        finally:
+            self.close()
+        return 0
+
+    def _wait(self, seconds: float) -> None:
+        """Sleep until the next step, 0.1 s at a time; a drm/kfd uevent brings the next rescan forward."""
+        deadline = time.monotonic() + seconds
+        while not self.stopping:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            if self.events is None:
+                time.sleep(min(0.1, left))
+                continue
+            event = self.events.poll(min(0.1, left))
+            if event is None:
+                continue
+            if RESYNC in event or event.get("SUBSYSTEM") in UEVENT_SUBSYSTEMS:
+                soon = time.monotonic() + self.uevent_delay  # a quiet moment: one rescan for a burst
+                if soon < self.next_rescan:
+                    self.next_rescan = soon
+                    name = event.get("DEVNAME") or event.get("DEVPATH") or ""
+                    self.rescan_reason = f"uevent {event.get('ACTION', 'resync')} {event.get('SUBSYSTEM', '')} {name}"
+
+    def stop(self) -> None:
+        """End :meth:`run` within 0.1 s; safe to call from a signal handler (a flag, no lock)."""
+        self.stopping = True
+
+    def close(self) -> None:
+        for endpoint in self.endpoints.values():
+            endpoint.stop()
+        self.endpoints.clear()
+        self.registered.clear()

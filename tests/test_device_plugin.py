@@ -1,0 +1,366 @@
+"""oci-gpu-hook device-plugin against a fake kubelet speaking the real v1beta1 protocol over Unix sockets.
+
+Fixture hosts are fake sysfs trees (tests/fakesysfs.py) in temp dirs; the
+kubelet's directory is a temp dir too.  Compute partitions come from a stand-in
+for the inventory adapter until the inventory lists them (see ``cpx_devices``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+
+from oci_gpu_hook.appliers import cdi
+from oci_gpu_hook.config import load_config
+from oci_gpu_hook.errors import HookError
+from oci_gpu_hook.host.deviceplugin import server
+from oci_gpu_hook.host.deviceplugin.devices import PluginDevice, plugin_devices, resource_for
+from oci_gpu_hook.host.watch import QueueEvents
+from oci_gpu_hook.inventory import scan
+from tests import fakesysfs
+from tests.fakekubelet import FakeKubelet
+
+SEED_IDS = [f"0000:{bus}:00.0" for bus in fakesysfs.SEED_BUSES]
+
+
+@dataclass
+class Node:
+    sysfs: Path
+    kubelet: FakeKubelet
+    manager: server.Manager
+    tracker: server.Tracker
+    logs: list[str]
+
+
+def _start(tmp_path: Path, *, strategy: str = "single", scan_fn: server.Scan = plugin_devices,
+           rescan: float = 0.3, device_specs: bool = False, sysfs: Path | None = None) -> Iterator[Node]:
+    if sysfs is None:
+        sysfs = Path(fakesysfs.build(str(tmp_path / "sys"), fakesysfs.seed_host()))
+    directory = tmp_path / "device-plugins"
+    kubelet = FakeKubelet(str(directory))
+    kubelet.start()
+    logs: list[str] = []
+    tracker = server.Tracker(str(sysfs), strategy, scan_fn, log=logs.append)
+    manager = server.Manager(str(directory), tracker, device_specs=device_specs, rescan_interval=rescan,
+                             poll_interval=0.1, log=logs.append)
+    thread = threading.Thread(target=manager.run, daemon=True)
+    thread.start()
+    try:
+        yield Node(sysfs, kubelet, manager, tracker, logs)
+    finally:
+        manager.stop()
+        thread.join(10)
+        kubelet.stop()
+        assert not thread.is_alive()
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Node]:
+    yield from _start(tmp_path)
+
+
+def _health(devices: dict[str, object]) -> dict[str, str]:
+    return {i: d.health for i, d in devices.items()}  # type: ignore[attr-defined]
+
+
+# --- registration, ListAndWatch, Allocate on 8 whole GPUs ----------------------------------------
+
+def test_registers_and_lists_every_gpu_with_its_numa_node(node: Node) -> None:
+    plugin = node.kubelet.plugin("amd.com/gpu")
+    (request,) = node.kubelet.registrations
+    assert (request.version, request.resource_name, request.endpoint) == ("v1beta1", "amd.com/gpu",
+                                                                          "oci-gpu-hook-gpu.sock")
+    assert request.options.get_preferred_allocation_available and not request.options.pre_start_required
+    assert plugin.options.get_preferred_allocation_available  # what GetDevicePluginOptions answered
+    devices = node.kubelet.devices("amd.com/gpu", lambda d: len(d) == 8)
+    assert sorted(devices) == SEED_IDS  # IDs are PCI addresses, not positions
+    assert set(_health(devices).values()) == {"Healthy"}
+    assert {i: [n.ID for n in d.topology.nodes] for i, d in devices.items()} == {
+        i: [0 if n < 4 else 1] for n, i in enumerate(SEED_IDS)}
+    assert (node.sysfs.parent / "device-plugins" / "oci-gpu-hook-gpu.sock").is_socket()
+
+
+def test_allocate_answers_with_cdi_names_and_the_annotation(node: Node) -> None:
+    node.kubelet.devices("amd.com/gpu", lambda d: len(d) == 8)
+    response = node.kubelet.allocate("amd.com/gpu", ["0000:83:00.0", "0000:63:00.0"], ["0000:03:00.0"])
+    first, second = response.container_responses
+    assert [c.name for c in first.cdi_devices] == ["amd.com/gpu=3", "amd.com/gpu=4"]
+    assert dict(first.annotations) == {"cdi.k8s.io/oci-gpu-hook_gpu": "amd.com/gpu=3,amd.com/gpu=4"}
+    assert not first.envs and not first.devices and not first.mounts  # never only an env variable
+    assert [c.name for c in second.cdi_devices] == ["amd.com/gpu=0"]
+    assert dict(second.annotations) == {"cdi.k8s.io/oci-gpu-hook_gpu": "amd.com/gpu=0"}
+    # The same IDs always give the same names, whatever their order.
+    again = node.kubelet.allocate("amd.com/gpu", ["0000:63:00.0", "0000:83:00.0"]).container_responses[0]
+    assert again == first
+
+
+def test_cdi_names_are_the_devices_of_the_generated_spec(node: Node) -> None:
+    """Each name the plugin returns is a device of ``cdi generate``'s spec with that GPU's nodes."""
+    config = load_config({}, {"sysfs_root": str(node.sysfs)})
+    inventory = scan(str(node.sysfs))
+    spec = cdi.generate(inventory, "amd", config)
+    edits = {d["name"]: sorted(n["path"] for n in d["containerEdits"]["deviceNodes"]) for d in spec["devices"]}
+    by_pci = {g.pci_address: g for g in inventory.devices("amd")}
+    node.kubelet.devices("amd.com/gpu", lambda d: len(d) == 8)
+    for device_id in SEED_IDS:
+        (name,) = node.kubelet.allocate("amd.com/gpu", [device_id]).container_responses[0].cdi_devices
+        kind, _, device = name.name.partition("=")
+        assert kind == spec["kind"] == "amd.com/gpu"
+        assert edits[device] == sorted(n.path for n in by_pci[device_id].nodes)
+
+
+def test_unknown_device_id_is_invalid_argument(node: Node) -> None:
+    node.kubelet.devices("amd.com/gpu", lambda d: len(d) == 8)
+    with pytest.raises(grpc.RpcError) as caught:
+        node.kubelet.allocate("amd.com/gpu", ["0000:03:00.0", "0000:24:00.0"])
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "unknown device ID '0000:24:00.0' for resource amd.com/gpu" in caught.value.details()
+    assert "0000:03:00.0" in caught.value.details()  # the known IDs are listed
+
+
+def test_pre_start_container_is_a_no_op(node: Node) -> None:
+    plugin = node.kubelet.plugin("amd.com/gpu")
+    from oci_gpu_hook.host.deviceplugin import api_pb2 as api
+
+    assert plugin.stub.PreStartContainer(api.PreStartContainerRequest(devices_ids=[SEED_IDS[0]]), timeout=5) \
+        == api.PreStartContainerResponse()
+
+
+def test_device_specs_for_nodes_without_cdi_or_shim(tmp_path: Path) -> None:
+    for started in _start(tmp_path, device_specs=True):
+        started.kubelet.devices("amd.com/gpu", lambda d: len(d) == 8)
+        (answer,) = started.kubelet.allocate("amd.com/gpu", ["0000:23:00.0"]).container_responses
+        assert [(d.host_path, d.container_path, d.permissions) for d in answer.devices] == [
+            ("/dev/dri/card2", "/dev/dri/card2", "rw"), ("/dev/dri/renderD129", "/dev/dri/renderD129", "rw"),
+            ("/dev/kfd", "/dev/kfd", "rw")]
+        assert [c.name for c in answer.cdi_devices] == ["amd.com/gpu=1"]  # the CDI names stay
+
+
+# --- kubelet restart -------------------------------------------------------------------------------
+
+def test_kubelet_restart_reregisters_on_a_fresh_endpoint(node: Node) -> None:
+    node.kubelet.devices("amd.com/gpu", lambda d: len(d) == 8)
+    socket = node.sysfs.parent / "device-plugins" / "oci-gpu-hook-gpu.sock"
+    started = time.monotonic()
+    node.kubelet.restart()  # empties the directory (our socket too), new kubelet.sock
+    assert node.kubelet.generation == 2
+    devices = node.kubelet.devices("amd.com/gpu", lambda d: len(d) == 8, timeout=5)
+    took = time.monotonic() - started
+    assert sorted(devices) == SEED_IDS
+    assert len(node.kubelet.registrations) == 2
+    assert socket.is_socket()  # served again (the inode number may be reused: not compared)
+    response = node.kubelet.allocate("amd.com/gpu", ["0000:c3:00.0"])
+    assert [c.name for c in response.container_responses[0].cdi_devices] == ["amd.com/gpu=6"]
+    assert took < 3, took
+    assert any("gone (kubelet restart?)" in line for line in node.logs), node.logs
+
+
+def test_registers_once_the_kubelet_appears(tmp_path: Path) -> None:
+    """A plugin started before the kubelet serves, retries, and registers when kubelet.sock appears."""
+    sysfs = fakesysfs.build(str(tmp_path / "sys"), fakesysfs.seed_host())
+    directory = tmp_path / "device-plugins"
+    directory.mkdir()
+    logs: list[str] = []
+    manager = server.Manager(str(directory), server.Tracker(sysfs, "single", log=logs.append), poll_interval=0.1,
+                             log=logs.append)
+    thread = threading.Thread(target=manager.run, daemon=True)
+    thread.start()
+    kubelet = FakeKubelet(str(directory))
+    try:
+        time.sleep(0.5)
+        assert not any(line.startswith("registered") for line in logs)
+        kubelet.start()
+        assert len(kubelet.devices("amd.com/gpu", lambda d: len(d) == 8, timeout=5)) == 8
+    finally:
+        manager.stop()
+        thread.join(10)
+        kubelet.stop()
+
+
+# --- health ----------------------------------------------------------------------------------------
+
+def _remove_gpu(sysfs: Path, pci: str, *, leave_links: bool = False) -> None:
+    """Take a GPU out of the fake sysfs: its device directory, and (unless leave_links) its class/drm links."""
+    device = next(sysfs.glob(f"devices/**/{pci}"))
+    for name in [p.name for p in (device / "drm").iterdir() if p.name.startswith(("card", "renderD"))]:
+        link = sysfs / "class" / "drm" / name
+        if link.is_symlink() and not leave_links:
+            link.unlink()
+    shutil.rmtree(device)
+
+
+def test_removed_gpu_turns_unhealthy_within_the_rescan_interval(node: Node) -> None:
+    node.kubelet.devices("amd.com/gpu", lambda d: len(d) == 8)
+    started = time.monotonic()
+    _remove_gpu(node.sysfs, "0000:43:00.0")
+    devices = node.kubelet.devices("amd.com/gpu", lambda d: d["0000:43:00.0"].health == "Unhealthy", timeout=5)
+    assert time.monotonic() - started < 2  # rescan every 0.3 s here (10 s by default)
+    assert {i for i, h in _health(devices).items() if h == "Unhealthy"} == {"0000:43:00.0"}
+    with pytest.raises(grpc.RpcError) as caught:
+        node.kubelet.allocate("amd.com/gpu", ["0000:43:00.0"])
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "gone from sysfs" in caught.value.details()
+    # The GPUs after it moved up one index: the names follow, the IDs stay.
+    (answer,) = node.kubelet.allocate("amd.com/gpu", ["0000:63:00.0"]).container_responses
+    assert [c.name for c in answer.cdi_devices] == ["amd.com/gpu=2"]
+
+
+def test_half_removed_gpu_is_unhealthy_never_a_crash(node: Node) -> None:
+    """Dangling /sys/class/drm links (the device directory is gone first) make the inventory fail to read
+    that GPU; the plugin reports it Unhealthy and keeps serving the others."""
+    node.kubelet.devices("amd.com/gpu", lambda d: len(d) == 8)
+    _remove_gpu(node.sysfs, "0000:a3:00.0", leave_links=True)
+    assert os.path.islink(node.sysfs / "class/drm/card6") and not os.path.exists(node.sysfs / "class/drm/card6")
+    with pytest.raises(HookError, match="cannot read a device number"):  # today's inventory refuses the host
+        scan(str(node.sysfs))
+    devices = node.kubelet.devices("amd.com/gpu", lambda d: d["0000:a3:00.0"].health == "Unhealthy", timeout=5)
+    assert sum(h == "Healthy" for h in _health(devices).values()) == 7
+    (answer,) = node.kubelet.allocate("amd.com/gpu", ["0000:c3:00.0"]).container_responses
+    assert [c.name for c in answer.cdi_devices] == ["amd.com/gpu=5"]
+
+
+def test_gpu_that_comes_back_is_healthy_again_under_the_same_id(tmp_path: Path) -> None:
+    backup = tmp_path / "backup"
+    for started in _start(tmp_path):
+        started.kubelet.devices("amd.com/gpu", lambda d: len(d) == 8)
+        shutil.copytree(started.sysfs, backup, symlinks=True)
+        _remove_gpu(started.sysfs, "0000:e3:00.0")
+        started.kubelet.devices("amd.com/gpu", lambda d: d["0000:e3:00.0"].health == "Unhealthy", timeout=5)
+        shutil.rmtree(started.sysfs)
+        shutil.copytree(backup, started.sysfs, symlinks=True)
+        devices = started.kubelet.devices("amd.com/gpu", lambda d: d["0000:e3:00.0"].health == "Healthy", timeout=5)
+        assert set(_health(devices).values()) == {"Healthy"} and len(devices) == 8
+
+
+def test_uevent_brings_the_rescan_forward(tmp_path: Path) -> None:
+    """With a 60 s rescan interval, a drm uevent makes the plugin notice the removal at once."""
+    events = QueueEvents()
+    sysfs = Path(fakesysfs.build(str(tmp_path / "sys"), fakesysfs.seed_host()))
+    directory = tmp_path / "device-plugins"
+    kubelet = FakeKubelet(str(directory))
+    kubelet.start()
+    logs: list[str] = []
+    manager = server.Manager(str(directory), server.Tracker(str(sysfs), "single", log=logs.append),
+                             rescan_interval=60, poll_interval=0.1, log=logs.append, events=events, uevent_delay=0.2)
+    thread = threading.Thread(target=manager.run, daemon=True)
+    thread.start()
+    try:
+        kubelet.devices("amd.com/gpu", lambda d: len(d) == 8)
+        _remove_gpu(sysfs, "0000:23:00.0")
+        events.put({"ACTION": "add", "SUBSYSTEM": "pci", "DEVPATH": "/devices/unrelated"})  # not a GPU's: ignored
+        time.sleep(0.5)
+        assert kubelet.devices("amd.com/gpu")["0000:23:00.0"].health == "Healthy"
+        started = time.monotonic()
+        events.put({"ACTION": "remove", "SUBSYSTEM": "drm", "DEVNAME": "dri/card2"})
+        kubelet.devices("amd.com/gpu", lambda d: d["0000:23:00.0"].health == "Unhealthy", timeout=5)
+        assert time.monotonic() - started < 2
+        assert any(line.startswith("uevent remove drm dri/card2: amd.com/gpu 0000:23:00.0") for line in logs), logs
+    finally:
+        manager.stop()
+        thread.join(10)
+        kubelet.stop()
+
+
+def test_default_rescan_reports_a_vanished_gpu_within_30_seconds() -> None:
+    """Without uevents, the periodic rescan is what notices: every 10 s by default (the CLI's too)."""
+    manager = server.Manager("/nonexistent", server.Tracker("/nonexistent", "single"))
+    assert manager.rescan_interval == 10.0 <= 30 and manager.poll_interval == 1.0
+    done = subprocess.run([sys.executable, "-m", "oci_gpu_hook.entry.cli", "device-plugin", "--help"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "(default 10)" in done.stdout
+
+
+# --- partitions, mixed strategy, preferred allocation over the wire -----------------------------------
+
+def cpx_devices(strategy: str) -> list[PluginDevice]:
+    """Two MI300X in CPX/NPS1 (8 partitions each, one XGMI hive, NUMA 0 and 1) and one gfx1100 whole GPU,
+    as the adapter will report them once the inventory lists partitions."""
+    found = []
+    for gpu, (pci, numa) in enumerate((("0000:05:00.0", 0), ("0000:26:00.0", 1))):
+        for part in range(8):
+            found.append(PluginDevice(
+                id=pci if part == 0 else f"{pci}/p{part}", cdi_name=str(gpu * 8 + part),
+                resource=resource_for(strategy, "CPX", "NPS1"), numa=numa, hive=0x1234, parent=pci,
+                partition=part))
+    found.append(PluginDevice(id="0000:c1:00.0", cdi_name="16", resource=resource_for(strategy, None, None),
+                              numa=1, hive=None, parent="0000:c1:00.0", partition=None))
+    return found
+
+
+def test_mixed_strategy_serves_one_endpoint_per_resource(tmp_path: Path) -> None:
+    for started in _start(tmp_path, strategy="mixed", scan_fn=lambda _root, strategy: cpx_devices(strategy)):
+        partitions = started.kubelet.devices("amd.com/cpx_nps1", lambda d: len(d) == 16)
+        whole = started.kubelet.devices("amd.com/gpu", lambda d: len(d) == 1)
+        assert sorted(whole) == ["0000:c1:00.0"]
+        assert "0000:05:00.0/p3" in partitions and "0000:26:00.0" in partitions
+        assert {r.resource_name: r.endpoint for r in started.kubelet.registrations} == {
+            "amd.com/cpx_nps1": "oci-gpu-hook-cpx_nps1.sock", "amd.com/gpu": "oci-gpu-hook-gpu.sock"}
+        (answer,) = started.kubelet.allocate("amd.com/cpx_nps1", ["0000:26:00.0/p2", "0000:26:00.0/p1"]) \
+            .container_responses
+        assert dict(answer.annotations) == {"cdi.k8s.io/oci-gpu-hook_cpx_nps1": "amd.com/gpu=9,amd.com/gpu=10"}
+        with pytest.raises(grpc.RpcError) as caught:  # a device of another resource is not this endpoint's
+            started.kubelet.allocate("amd.com/gpu", ["0000:26:00.0/p1"])
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        # Two partitions: from one GPU, the one on whose NUMA node the must-include device is.
+        ids = started.kubelet.preferred("amd.com/cpx_nps1", sorted(partitions), ["0000:26:00.0/p5"], 2)
+        assert ids[0] == "0000:26:00.0/p5" and ids[1].startswith("0000:26:00.0")
+
+
+def test_single_strategy_puts_partitions_under_amd_com_gpu(tmp_path: Path) -> None:
+    for started in _start(tmp_path, scan_fn=lambda _root, strategy: cpx_devices(strategy)):
+        assert len(started.kubelet.devices("amd.com/gpu", lambda d: len(d) == 17)) == 17
+        assert [r.resource_name for r in started.kubelet.registrations] == ["amd.com/gpu"]
+
+
+def test_preferred_allocation_over_the_wire_keeps_numa(node: Node) -> None:
+    node.kubelet.devices("amd.com/gpu", lambda d: len(d) == 8)
+    # 3 GPUs from [0, 4, 5, 6, 1]: NUMA 1 holds 4, 5, 6.
+    available = [SEED_IDS[i] for i in (0, 4, 5, 6, 1)]
+    assert sorted(node.kubelet.preferred("amd.com/gpu", available, [], 3)) == [SEED_IDS[i] for i in (4, 5, 6)]
+    # must include GPU 0 (NUMA 0): the other comes from NUMA 0 too.
+    assert node.kubelet.preferred("amd.com/gpu", available, [SEED_IDS[0]], 2) == [SEED_IDS[0], SEED_IDS[1]]
+
+
+# --- the command itself ------------------------------------------------------------------------------
+
+def test_the_command_serves_registers_and_stops_on_sigterm(tmp_path: Path) -> None:
+    sysfs = fakesysfs.build(str(tmp_path / "sys"), fakesysfs.seed_host())
+    directory = tmp_path / "device-plugins"
+    kubelet = FakeKubelet(str(directory))
+    kubelet.start()
+    stderr = tmp_path / "stderr"
+    with open(stderr, "w") as err:
+        process = subprocess.Popen([sys.executable, "-m", "oci_gpu_hook.entry.cli", "device-plugin", "--kubelet-dir",
+                                    str(directory), "--sysfs-root", sysfs, "--rescan-interval", "0.5"],
+                                   stdout=subprocess.DEVNULL, stderr=err, env={**os.environ, "PYTHONPATH": str(
+                                       Path(__file__).resolve().parent.parent)})
+    try:
+        devices = kubelet.devices("amd.com/gpu", lambda d: len(d) == 8, timeout=30)
+        assert sorted(devices) == SEED_IDS
+        (answer,) = kubelet.allocate("amd.com/gpu", [SEED_IDS[5]]).container_responses
+        assert dict(answer.annotations) == {"cdi.k8s.io/oci-gpu-hook_gpu": "amd.com/gpu=5"}
+        kubelet.restart()
+        assert len(kubelet.devices("amd.com/gpu", lambda d: len(d) == 8, timeout=10)) == 8
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=20) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        kubelet.stop()
+    lines = stderr.read_text().splitlines()
+    assert not (directory / "oci-gpu-hook-gpu.sock").exists()  # removed on the way out
+    assert any("oci-gpu-hook device-plugin: serving in" in line for line in lines), lines
+    assert sum("registered amd.com/gpu at" in line for line in lines) == 2, lines
+    assert any("allocate amd.com/gpu: 0000:a3:00.0 -> amd.com/gpu=5" in line for line in lines), lines
+    assert "Traceback" not in stderr.read_text()
