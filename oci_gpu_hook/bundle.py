@@ -49,6 +49,18 @@ def annotations(spec: Any) -> dict[str, Any]:
     return field(check_object(spec), "annotations", dict, "annotations", create=False) or {}
 
 
+def spec_device_numbers(spec: Any) -> set[tuple[str, int, int]]:
+    """(type, major, minor) of every well-formed ``linux.devices`` entry the spec already carries."""
+    linux = check_object(spec).get("linux")
+    devices = linux.get("devices") if isinstance(linux, dict) else None
+    found = set()
+    for entry in devices if isinstance(devices, list) else ():
+        if isinstance(entry, dict) and entry.get("type") in ("c", "b", "u") and all(
+                isinstance(entry.get(k), int) and not isinstance(entry.get(k), bool) for k in ("major", "minor")):
+            found.add(("c" if entry["type"] == "u" else entry["type"], entry["major"], entry["minor"]))
+    return found
+
+
 def root_path(spec: Any, bundle: str) -> str:
     """``root.path``, made absolute against the bundle as the runtime does."""
     root = check_object(spec).get("root")

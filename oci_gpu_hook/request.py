@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 NO_GPU = frozenset({"", "none", "void"})
 CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
+CDI_SOURCE = "cdi.k8s.io annotations"
 BY_CDI_KIND = {cdi_kind: name for name, (cdi_kind, _env) in KINDS.items()}
 
 
@@ -117,7 +118,7 @@ def requested(env: Sequence[str] | None, annotations: Mapping[str, object] | Non
         names = from_annotations.get(kind)
         if names:
             note = f"{asking[0][0]}={asking[0][1]} ignored: annotations decide" if asking else ""
-            asks.append(Ask(kind, "cdi.k8s.io annotations", names, note))
+            asks.append(Ask(kind, CDI_SOURCE, names, note))
             continue
         if len(asking) > 1:
             raise HookError(f"the container sets more than one {kind} GPU request "

@@ -111,3 +111,14 @@ def test_unknown_cdi_device_stops_the_container(setup: dict[str, Path], path: st
     assert "done" not in done.stdout
     if path == "shim":
         assert "'8' is out of range" in done.stderr
+
+
+@PATHS
+def test_image_env_cannot_widen_a_cdi_grant(setup: dict[str, Path], path: str) -> None:
+    """The default install (podman hook or shim + CDI spec): `--device amd.com/gpu=1` from an image whose env says
+    AMD_VISIBLE_DEVICES=all gives GPU 1 only; the env request is logged as ignored."""
+    done = _via(setup, path, "open", "--device", "amd.com/gpu=1", "--env", "AMD_VISIBLE_DEVICES=all")
+    assert done.returncode == 0, done.stderr
+    cl.assert_isolated(done.stdout, [1], cgroup_v2=False)
+    lines = [json.loads(line) for line in setup["open-log"].read_text().splitlines()]
+    assert any("an image's env cannot add to them" in line.get("note", "") for line in lines)

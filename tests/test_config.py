@@ -276,3 +276,10 @@ def test_schema_and_loader_accept_the_same_files(tmp_path: Path, line: str) -> N
     except HookError:
         by_loader = False
     assert by_schema == by_loader, line
+
+
+def test_example_config_lists_every_key_with_its_default() -> None:
+    example = Path(__file__).resolve().parent.parent / "examples" / "config.toml"
+    values = load_file(str(example))
+    assert list(values) == list(FIELDS) or set(values) == set(FIELDS)
+    assert {k: _plain(v) for k, v in values.items()} == {k: _plain(f.default) for k, f in FIELDS.items()}

@@ -163,8 +163,9 @@ def test_rewrite_is_idempotent() -> None:
     assert once is not None
     twice, plan = rewrite_text(once, config())
     assert twice is None
-    assert plan  # the request is still there; there is just nothing left to add
-    assert apply(json.loads(once), plan) is False
+    assert not plan and "cannot add to them" in plan.request.note  # its GPU is in the spec: the env adds nothing
+    _, explicit = rewrite_text(once, config(), "1")  # the operator's --devices still plans it, and finds it done
+    assert explicit and apply(json.loads(once), explicit) is False
 
 
 @pytest.mark.parametrize("env", [
@@ -248,7 +249,8 @@ def test_existing_entries_are_never_removed_or_widened() -> None:
     spec = spec_with([f"{NAME}=1"], {"devices": [copy.deepcopy(narrow_node)],
                                      "resources": {"devices": [{"allow": False, "access": "rwm"},
                                                                copy.deepcopy(narrow_rule)]}})
-    new, _ = rewrite(spec)
+    assert rewrite(spec)[0] is None  # the env cannot widen what the spec grants; the operator's --devices can
+    new, _ = rewrite(spec, devices="1")
     devices = new["linux"]["devices"]
     rules = new["linux"]["resources"]["devices"]
     assert devices[0] == narrow_node
@@ -262,7 +264,7 @@ def test_existing_device_with_other_numbers_is_an_error() -> None:
     spec = spec_with([f"{NAME}=1"], {"devices": [{"path": "/dev/dri/renderD129", "type": "c", "major": 226,
                                                   "minor": 130}]})
     with pytest.raises(HookError) as info:
-        rewrite(spec)
+        rewrite(spec, devices="1")
     assert "/dev/dri/renderD129" in str(info.value)
     assert "226:130" in str(info.value)
 
@@ -348,7 +350,7 @@ def test_wrong_shapes_are_hook_errors(spec: Any) -> None:
 def test_malformed_existing_entries_are_hook_errors(linux: dict[str, Any]) -> None:
     # wrong-typed fields inside existing entries are a bad config.json, not an internal error
     with pytest.raises(HookError):
-        rewrite(spec_with([f"{NAME}=1"], linux))
+        rewrite(spec_with([f"{NAME}=1"], linux), devices="1")
 
 
 def test_process_env_shapes() -> None:
@@ -427,3 +429,42 @@ def test_rewrite_twice_equals_rewrite_once(gpus: set[int], rules: list[dict[str,
     final = Policy.of(DeviceRule.from_oci(r) for r in new["linux"]["resources"]["devices"])
     for node in plan.nodes:
         assert grants(final.allows, node.rule("rwm"))
+
+
+def test_env_request_beside_devices_of_its_kind_adds_nothing() -> None:
+    """CDI/--device put GPU 1's nodes in the spec; the image's AMD_VISIBLE_DEVICES=all is then ignored."""
+    linux = {"devices": [dict(GPU1_NODES[0]), dict(GPU1_NODES[1])]}
+    new, plan = rewrite(spec_with([f"{NAME}=all"], linux))
+    assert new is None and not plan
+    assert "cannot add to them" in plan.request.note
+    # devices of no GPU (a fuse node) do not count
+    new, plan = rewrite(spec_with([f"{NAME}=1"], {"devices": [{"path": "/dev/fuse", "type": "c", "major": 10,
+                                                                "minor": 229}]}))
+    assert [d.index for d in plan.devices] == [1]
+    # the orchestrator's annotations still decide
+    spec = spec_with([f"{NAME}=all"], linux)
+    spec["annotations"] = {"cdi.k8s.io/x": "amd.com/gpu=2"}
+    _, plan = rewrite(spec)
+    assert [d.index for d in plan.devices] == [2]
+
+
+def test_per_container_path_imports_only_the_requested_backends(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    host = REPO / "examples" / "hosts" / "intel-igpu-2x-gfx1100" / "sys"
+    for env, wanted in ((["AMD_VISIBLE_DEVICES=0"], {"amd"}), (["INTEL_VISIBLE_DEVICES=0"], {"intel"}),
+                        (["PATH=/bin"], set())):
+        code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); sys.argv = ['oci-gpu-hook', 'precreate']; "
+                "from oci_gpu_hook.entry.cli import main; "
+                "rc = main(); print(sorted(m for m in sys.modules if m.startswith('oci_gpu_hook.inventory')), "
+                "file=sys.stderr); sys.exit(rc)")
+        done = subprocess.run([sys.executable, "-I", "-S", "-c", code], input=json.dumps(spec_with(env)),
+                              capture_output=True, text=True, cwd=REPO,
+                              env={"OCI_GPU_HOOK_CONFIG": "/dev/null",
+                                   "OCI_GPU_HOOK_SYSFS_ROOT": str(host), "OCI_GPU_HOOK_HOOK_PATH": HOOK_PATH})
+        assert done.returncode == 0, done.stderr
+        loaded = eval(done.stderr.strip().splitlines()[-1])
+        backends = {m.rsplit(".", 1)[1] for m in loaded} - {"inventory", "sysfs"}
+        assert backends == wanted, (env, loaded)
+        assert ("oci_gpu_hook.inventory" in loaded) == bool(wanted)  # no request: sysfs is not even read

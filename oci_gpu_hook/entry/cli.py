@@ -112,12 +112,13 @@ def main(argv: list[str] | None = None) -> int:
         if command in HOT_COMMANDS:
             if len(rest) > 1 and command != "links":
                 raise _usage_error(f"{command} takes no arguments")
-            os.chdir("/")  # never work relative to a directory the container may control
             if command == "links":  # needs no config: the links are its arguments
                 from oci_gpu_hook.appliers import live
 
+                os.chdir("/")
                 return live.run_links(sys.stdin.read(), rest[1:])
             config = load(overrides)
+            os.chdir("/")  # never work relative to a directory the container may control
             if command == "precreate":
                 return cmd_precreate(config)
             from oci_gpu_hook.appliers import live
