@@ -198,7 +198,8 @@ class Bench:
             self.notes.append(f"oci_gpu_hook is not installed for {sys.executable}; used the checkout at {REPO}")
         launchers = os.path.join(self.tmp, "launchers")
         sh([sys.executable, "-m", "oci_gpu_hook.entry.cli", "launchers", launchers,
-            "--set", f"OCI_GPU_HOOK_SYSFS_ROOT={sysfs}"], env=launch_env)
+            "--set", f"OCI_GPU_HOOK_SYSFS_ROOT={sysfs}",
+            "--set", f"OCI_GPU_HOOK_HOOK_PATH={os.path.join(launchers, 'oci-gpu-hook')}"], env=launch_env)
         self.lean_shim = os.path.join(launchers, "oci-gpu-runtime")
         self.lean_hook = os.path.join(launchers, "oci-gpu-hook")
         self.hook_log = os.path.join(self.tmp, "prestart-sanity.log")

@@ -49,6 +49,26 @@ def annotations(spec: Any) -> dict[str, Any]:
     return field(check_object(spec), "annotations", dict, "annotations", create=False) or {}
 
 
+def device_rules(spec: Any, create: bool = False) -> list[Any]:
+    """``linux.resources.devices`` (the list itself; made when ``create``), every entry an object."""
+    linux = field(check_object(spec), "linux", dict, "linux", create=create) or {}
+    resources = field(linux, "resources", dict, "linux.resources", create=create) or {}
+    rules = field(resources, "devices", list, "linux.resources.devices", create=create)
+    if rules is None:
+        return []
+    if not all(isinstance(entry, dict) for entry in rules):
+        raise HookError("config.json: linux.resources.devices holds a non-object entry")
+    return rules
+
+
+def spec_policy(spec: Any) -> Any:
+    """runc's reading of the container's device rules (:class:`oci_gpu_hook.core.rules.Policy`)."""
+    from oci_gpu_hook.core.devices import Rule
+    from oci_gpu_hook.core.rules import Policy
+
+    return Policy.of(Rule.from_oci(entry) for entry in device_rules(spec))
+
+
 def spec_device_numbers(spec: Any) -> set[tuple[str, int, int]]:
     """(type, major, minor) of every well-formed ``linux.devices`` entry the spec already carries."""
     linux = check_object(spec).get("linux")

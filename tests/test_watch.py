@@ -723,3 +723,18 @@ def test_sigint_exits_0(tmp_path: Path) -> None:
         assert len(run.lines) == index + 2
     finally:
         run.kill()
+
+
+def test_a_compute_mode_change_rewrites_the_spec_and_says_the_mode(tmp_path: Path) -> None:
+    """CPX -> DPX on an MI300X host: the partitions change, the spec is rewritten, the line names the mode."""
+    from tests.fakesysfs import mi300x_host
+
+    setup = Setup(tmp_path, mi300x_host("CPX"))
+    first = setup.watcher.regenerate("start")
+    assert first.kind == "wrote" and "16 GPUs, mode CPX/NPS1" in first.text
+    shutil.rmtree(setup.root)
+    build(str(setup.root), mi300x_host("DPX"))
+    second = setup.watcher.regenerate("change drm")
+    assert second.kind == "wrote" and "4 GPUs, mode DPX/NPS1" in second.text
+    assert device_names(setup.spec) == {"0", "1", "2", "3", "0000:05:00.0", "0000:26:00.0", "0xe3a9b1d2c4f56070",
+                                        "0xe3a9b1d2c4f56071", "all"}

@@ -25,6 +25,7 @@ TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms
 
 if TYPE_CHECKING:
     from oci_gpu_hook.core.devices import Rule
+    from oci_gpu_hook.core.rules import Policy
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 
@@ -87,12 +88,23 @@ def v1_list(cgroup_dir: str) -> list[Rule]:
         return [Rule.from_v1_line(True, line) for line in handle if line.strip()]
 
 
-def v1_grant(cgroup_dir: str, rules: tuple[Rule, ...]) -> list[str]:
-    """Write the missing allow lines; return them."""
+def v1_grant(cgroup_dir: str, rules: tuple[Rule, ...], spec_policy: Policy) -> list[str]:
+    """Write the missing allow lines; return them.
+
+    ``devices.list`` is exact in default-deny mode (runc's normal case), but in default-allow mode it shows
+    ``a *:* rwm`` alone and hides every deny exception: what is missing is then taken from the container's
+    own rules (``spec_policy``, runc's reading of ``linux.resources.devices``), and a cgroup whose mode
+    disagrees with them is refused.  In default-deny mode the result is read back: a grant the kernel did
+    not take is an error, never reported as done.
+    """
     from oci_gpu_hook.core.rules import Policy, grants
 
     current = Policy.of(v1_list(cgroup_dir))
-    missing = [r for r in rules if not grants(current.allows, r)]
+    if current.default_allow != spec_policy.default_allow:
+        raise HookError(f"the devices cgroup {cgroup_dir} is {'allow' if current.default_allow else 'deny'}-by-default "
+                        "but the container's config.json says otherwise; refusing to guess its policy")
+    known = spec_policy if current.default_allow else current
+    missing = [r for r in rules if not grants(known.allows, r)]
     written: list[str] = []
     try:
         for rule in missing:
@@ -105,6 +117,12 @@ def v1_grant(cgroup_dir: str, rules: tuple[Rule, ...]) -> list[str]:
             except OSError:
                 pass
         raise HookError(f"cannot allow devices in {cgroup_dir}: {err.strerror}") from None
+    if not current.default_allow:
+        after = Policy.of(v1_list(cgroup_dir))
+        refused = [r.v1_line() for r in rules if not grants(after.allows, r)]
+        if refused:
+            raise HookError(f"the kernel did not grant {', '.join(refused)} in {cgroup_dir} "
+                            "(does a parent cgroup deny it?)")
     return written
 
 

@@ -70,12 +70,20 @@ def _apply(cid: str, pid: int, bundle: str, config: Config, started: float) -> i
 
     from oci_gpu_hook.appliers import cgroups
     from oci_gpu_hook.appliers import rootfs as rootfs_module
+    from oci_gpu_hook.bundle import spec_policy
 
+    # The same outcome as the spec-rewrite paths for the same config: runc's reading of the container's own
+    # rules, with the plan's added, or the one line runc would give (a hole in an operator's wildcard deny).
+    policy = spec_policy(spec)
+    trial = policy.copy()
+    for rule in plan.rules:
+        trial.apply(rule)
     made = rootfs_module.apply_in_container(pid, rootfs, plan.edits)
     mode = cgroups.mode()
     directory = cgroups.container_cgroup(pid, mode)
     if mode == "v1":
-        cgroup_result = f"allowed {len(cgroups.v1_grant(directory, plan.rules))} rules"
+        written = cgroups.v1_grant(directory, plan.rules, policy)
+        cgroup_result = f"allowed {len(written)} rules" if written else "already allowed"
     else:
         cgroup_result = cgroups.v2_grant(directory, plan.rules)
     record_plan(config, "prestart", cid, plan, started, nodes=made, cgroup=mode, cgroup_dir=directory,

@@ -17,8 +17,7 @@ from __future__ import annotations
 import os
 
 from oci_gpu_hook import fastjson
-from oci_gpu_hook.bundle import check_object, field, loads
-from oci_gpu_hook.core.devices import Rule
+from oci_gpu_hook.bundle import check_object, device_rules, field, loads, spec_policy
 from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.plan import plan_for_spec
 
@@ -49,10 +48,9 @@ def apply(spec: Any, plan: Plan, config: Config, check_hook: bool = True) -> boo
         raise HookError(f"hook_path {config.hook_path} is not an executable file: the createRuntime hook that makes "
                         "/dev/dri/by-path links would fail (install the launchers, or set hook_path)")
     spec = check_object(spec)
-    linux = field(spec, "linux", dict, "linux", create=True)
+    rules = device_rules(spec, create=True)
+    linux = spec["linux"]
     devices = field(linux, "devices", list, "linux.devices", create=True)
-    resources = field(linux, "resources", dict, "linux.resources", create=True)
-    rules = field(resources, "devices", list, "linux.resources.devices", create=True)
     if not all(isinstance(entry, dict) for entry in devices):
         raise HookError("config.json: linux.devices holds a non-object entry")
     if not all(isinstance(entry.get("path"), str) for entry in devices):
@@ -70,9 +68,9 @@ def apply(spec: Any, plan: Plan, config: Config, check_hook: bool = True) -> boo
                 f"{entry.get('major')}:{entry.get('minor')}, not {node.type} {node.major}:{node.minor}; "
                 "refusing to replace it")
 
-    from oci_gpu_hook.core.rules import Policy, grants
+    from oci_gpu_hook.core.rules import grants
 
-    policy = Policy.of(Rule.from_oci(entry) for entry in rules)
+    policy = spec_policy(spec)
     missing = [rule for rule in plan.rules if not grants(policy.allows, rule)]
     for rule in missing:
         policy.apply(rule)  # a HookError where runc would refuse the list with it

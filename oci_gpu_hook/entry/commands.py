@@ -198,8 +198,11 @@ def cmd_inspect(args: list[str], config: Config) -> int:
             rules = cgroups.v1_list(directory)
         except OSError as err:
             raise HookError(f"cannot read {directory}/devices.list: {err.strerror}") from None
-        everything = any(r.type == "a" and r.major is None and r.minor is None and r.access == "rwm" for r in rules)
-        print("  every device is allowed (a *:* rwm)" if everything else "\n".join(show(r) for r in rules))
+        from oci_gpu_hook.core.rules import Policy
+
+        everything = Policy.of(rules).default_allow  # devices.list shows "a *:* rwm" alone in default-allow mode
+        print("  every device is allowed (a *:* rwm), except what devices.deny took away (v1 does not show it)"
+              if everything else "\n".join(show(r) for r in rules))
         if not everything:
             print("  everything else is denied")
         return 0
