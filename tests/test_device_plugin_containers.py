@@ -94,3 +94,54 @@ def test_allocate_response_through_containerd(daemon: test_containerd.Daemon, ku
     (entry,) = daemon.log_entries(cid)
     assert (entry["outcome"], entry["source"]) == ("ok", "cdi.k8s.io annotations"), entry
     assert entry["request"] == annotations["cdi.k8s.io/oci-gpu-hook_gpu"], entry
+
+
+@pytest.fixture(scope="module")
+def cpx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]:
+    """The plugin (mixed strategy) on the MI300X CPX example host, and a shim configured for that host."""
+    cl.need("runc", "busybox", "unshare")
+    base = tmp_path_factory.mktemp("plugin-cpx")
+    model = cl.host_model("mi300x-cpx")
+    config = base / "config.toml"
+    config.write_text(f'sysfs_root = "{model.sysfs}"\nhook_path = "{base / "bin" / "oci-gpu-hook"}"\n')
+    _hook, runtime = cl.write_launchers(base / "bin", config)
+    directory = base / "device-plugins"
+    fake = FakeKubelet(str(directory))
+    fake.start()
+    manager = server.Manager(str(directory), server.Tracker(str(model.sysfs), "mixed", log=lambda _m: None),
+                             poll_interval=0.1, log=lambda _m: None)
+    thread = threading.Thread(target=manager.run, daemon=True)
+    thread.start()
+    try:
+        fake.devices("amd.com/cpx_nps1", lambda d: len(d) == 16)
+        yield {"kubelet": fake, "model": model, "runtime": runtime, "rootfs": cl.make_rootfs(base / "rootfs"),
+               "base": base}
+    finally:
+        manager.stop()
+        thread.join(10)
+        fake.stop()
+
+
+@pytest.mark.parametrize("v2", [False, True], ids=["cgroup-v1", "cgroup-v2"])
+@pytest.mark.parametrize(("ids", "indices"), [
+    (["0000:26:00.0/p3"], [11]),
+    (["0000:05:00.0", "0000:05:00.0/p7"], [0, 7]),
+], ids=["one-partition", "two-partitions"])
+def test_allocated_partitions_through_the_shim(cpx: dict[str, object], v2: bool, ids: list[str],
+                                               indices: list[int]) -> None:
+    """A CPX partition allocated by the kubelet reaches the container, with its by-path link, and nothing else:
+    every other partition's and GPU's minor, valid or not, is refused."""
+    kubelet = cpx["kubelet"]
+    assert isinstance(kubelet, FakeKubelet)
+    (answer,) = kubelet.allocate("amd.com/cpx_nps1", ids).container_responses
+    annotations = dict(answer.annotations)
+    assert annotations == {"cdi.k8s.io/oci-gpu-hook_cpx_nps1": ",".join(f"amd.com/gpu={i}" for i in indices)}
+    bundle = cl.make_bundle(Path(str(cpx["base"])) / cl.container_id(), Path(str(cpx["rootfs"])), [],
+                            ["/bin/sh", "/probe-mi300x-cpx.sh"])
+    cl.edit_spec(bundle, lambda spec: spec.setdefault("annotations", {}).update(annotations))
+    argv = [str(cpx["runtime"]), "run", "--bundle", str(bundle), bundle.name]
+    done = cl.run(cl.cgroup2_wrap(argv) if v2 else argv, env=cl.hook_env())
+    assert done.returncode == 0, done.stderr
+    model = cpx["model"]
+    assert isinstance(model, cl.HostModel)
+    cl.assert_granted(done.stdout, model, {"amd": indices}, cgroup_v2=v2)
