@@ -180,6 +180,7 @@ class Bench:
         # (the console-script shim has no baked defaults), and runc found the same way by everyone.
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("OCI_GPU_HOOK_")}
         self.env["OCI_GPU_HOOK_SYSFS_ROOT"] = sysfs
+        self.env["OCI_GPU_HOOK_HOOK_PATH"] = os.path.join(self.tmp, "launchers", "oci-gpu-hook")  # by-path links hook
         self.env.setdefault("PATH", SAFE_PATH)
 
         busybox = next((p for p in ("/bin/busybox", "/usr/bin/busybox") if os.access(p, os.X_OK)), None)
@@ -199,7 +200,7 @@ class Bench:
         launchers = os.path.join(self.tmp, "launchers")
         sh([sys.executable, "-m", "oci_gpu_hook.entry.cli", "launchers", launchers,
             "--set", f"OCI_GPU_HOOK_SYSFS_ROOT={sysfs}",
-            "--set", f"OCI_GPU_HOOK_HOOK_PATH={os.path.join(launchers, 'oci-gpu-hook')}"], env=launch_env)
+            "--set", f"OCI_GPU_HOOK_HOOK_PATH={self.env['OCI_GPU_HOOK_HOOK_PATH']}"], env=launch_env)
         self.lean_shim = os.path.join(launchers, "oci-gpu-runtime")
         self.lean_hook = os.path.join(launchers, "oci-gpu-hook")
         self.hook_log = os.path.join(self.tmp, "prestart-sanity.log")
