@@ -13,6 +13,7 @@ with env requests off, as on a Kubernetes node.  Needs root, runc, busybox
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,22 +32,29 @@ SEED_IDS = [f"0000:{bus}:00.0" for bus in cl.SEED_PCI]
 daemon = test_containerd.daemon  # the same private containerd 1.6 (a fixture of this module too)
 
 
-@pytest.fixture(scope="module")
-def kubelet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeKubelet]:
-    directory = tmp_path_factory.mktemp("kubelet") / "device-plugins"
+@contextlib.contextmanager
+def plugin(directory: Path, sysfs: Path, strategy: str, resource: str, count: int) -> Iterator[FakeKubelet]:
+    """The plugin on ``sysfs`` behind a fake kubelet in ``directory``, once it advertises ``count`` devices."""
     fake = FakeKubelet(str(directory))
     fake.start()
-    manager = server.Manager(str(directory), server.Tracker(str(cl.SEED_SYSFS), "single", log=lambda _m: None),
+    manager = server.Manager(str(directory), server.Tracker(str(sysfs), strategy, log=lambda _m: None),
                              poll_interval=0.1, log=lambda _m: None)
     thread = threading.Thread(target=manager.run, daemon=True)
     thread.start()
     try:
-        fake.devices("amd.com/gpu", lambda d: len(d) == 8)
+        fake.devices(resource, lambda d: len(d) == count)
         yield fake
     finally:
         manager.stop()
         thread.join(10)
         fake.stop()
+
+
+@pytest.fixture(scope="module")
+def kubelet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeKubelet]:
+    with plugin(tmp_path_factory.mktemp("kubelet") / "device-plugins", cl.SEED_SYSFS, "single", "amd.com/gpu",
+                8) as fake:
+        yield fake
 
 
 @pytest.fixture(scope="module")
@@ -105,21 +113,9 @@ def cpx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]
     config = base / "config.toml"
     config.write_text(f'sysfs_root = "{model.sysfs}"\nhook_path = "{base / "bin" / "oci-gpu-hook"}"\n')
     _hook, runtime = cl.write_launchers(base / "bin", config)
-    directory = base / "device-plugins"
-    fake = FakeKubelet(str(directory))
-    fake.start()
-    manager = server.Manager(str(directory), server.Tracker(str(model.sysfs), "mixed", log=lambda _m: None),
-                             poll_interval=0.1, log=lambda _m: None)
-    thread = threading.Thread(target=manager.run, daemon=True)
-    thread.start()
-    try:
-        fake.devices("amd.com/cpx_nps1", lambda d: len(d) == 16)
+    with plugin(base / "device-plugins", model.sysfs, "mixed", "amd.com/cpx_nps1", 16) as fake:
         yield {"kubelet": fake, "model": model, "runtime": runtime, "rootfs": cl.make_rootfs(base / "rootfs"),
                "base": base}
-    finally:
-        manager.stop()
-        thread.join(10)
-        fake.stop()
 
 
 @pytest.mark.parametrize("v2", [False, True], ids=["cgroup-v1", "cgroup-v2"])
