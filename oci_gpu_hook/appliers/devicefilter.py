@@ -102,6 +102,14 @@ def _access_mask(access: str) -> int:
     return mask
 
 
+def _number_check(reg: int, number: int) -> tuple[int, int, int, int]:
+    """``if reg != number``: runc's 64-bit jne, whose immediate is sign-extended, cannot say 2**31 and up
+    (it would compare with 0xffffffff8xxxxxxx and never match); those take the 32-bit jne."""
+    if number < 1 << 31:
+        return (0x55, reg, 0, number)
+    return (0x56, reg, 0, number - (1 << 32))
+
+
 def _block(rule: Rule) -> list[bytes]:
     """One rule; jump offsets are filled in once the block length is known (-1 = to next block)."""
     checks: list[tuple[int, int, int, int]] = []  # (code, dst, src, imm) of the mismatch jumps
@@ -116,9 +124,9 @@ def _block(rule: Rule) -> list[bytes]:
     else:
         prefix_at = -1
     if rule.major is not None:
-        checks.append((0x55, 4, 0, rule.major))
+        checks.append(_number_check(4, rule.major))
     if rule.minor is not None:
-        checks.append((0x55, 5, 0, rule.minor))
+        checks.append(_number_check(5, rule.minor))
     tail = [_insn(ALU32_MOV_K, 0, imm=1 if rule.allow else 0), _insn(EXIT)]
     out: list[bytes] = []
     # Lay out the block, then set each jump to skip the rest of it.
