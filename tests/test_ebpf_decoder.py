@@ -266,6 +266,8 @@ def test_hostile_programs_are_refused_or_exact(name: str, hardened: bool) -> Non
 
 @pytest.mark.parametrize(("program", "rules"), [
     (FIELD_TWICE, [Rule(False, "a", None, None, "rwm")]),  # the dead block is no rule at all
+    (b"".join([*PROLOGUE, i(0x55, 4, off=0, imm=1), *DENY]),  # ... and as the verifier leaves it
+     [Rule(False, "a", None, None, "rwm")]),
     (WIDE_TYPE, [Rule(True, "a", None, None, "rwm")]),  # the whole word is never 2: the deny never matches
     (EXACT_BY_ORDER, [Rule(True, "c", 226, None, "rwm"), Rule(False, "a", None, None, "rwm")]),
     (DEFAULT_ALLOW, [Rule(False, "c", 226, None, "rwm"), Rule(True, "a", None, None, "rwm")]),

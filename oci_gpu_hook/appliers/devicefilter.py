@@ -617,6 +617,9 @@ def _propose(prog: list[tuple[int, int, int, int, int]]) -> list[Rule]:
             if kind == "ja":
                 resume, pc = pc + 1, pc + 1 + insn[3]
                 continue
+            if insn[3] == 0:  # goes on either way (the verifier leaves these when it drops dead code)
+                pc += 1
+                continue
             if region is not None:
                 region = _split(insn, regs, region, pc)[1]
             jumps.append((pc + 1 + insn[3], list(regs)))

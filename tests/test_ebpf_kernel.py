@@ -1,0 +1,252 @@
+"""The v2 swap against the real kernel, with net.core.bpf_jit_harden 0, 1 and 2.
+
+Each test attaches hand-written or runc-shaped device programs to a fresh cgroup2 group, runs the hook's
+``v2_grant`` and probes what the kernel then enforces: a process moved into the group opens device nodes
+(EPERM = denied; ENXIO or success = allowed, see testing-here.md) and makes them (mknod = access m).
+Nothing outside the grant may go from denied to allowed, nothing may go from allowed to denied, and a
+refusal leaves exactly the programs that were attached.  The same probes hold the user-space interpreter
+(``devicefilter.run`` on the kernel's own read-back) to the kernel's verdicts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from oci_gpu_hook.appliers import bpf, cgroups
+from oci_gpu_hook.appliers import devicefilter as df
+from oci_gpu_hook.core.devices import Rule
+from oci_gpu_hook.core.rules import first_match
+from oci_gpu_hook.errors import HookError
+from tests import test_ebpf_decoder as programs
+
+UNIFIED = Path("/sys/fs/cgroup/unified")
+HARDEN = Path("/proc/sys/net/core/bpf_jit_harden")
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not (UNIFIED / "cgroup.procs").exists(),
+                                reason="needs root and the cgroup2 hierarchy at /sys/fs/cgroup/unified")
+
+PLAN = (Rule(True, "c", 226, 129, "rwm"), Rule(True, "c", 234, 0, "rw"))
+# Majors without a driver here (open gives ENXIO when allowed), /dev/null, and numbers around the
+# hostile programs' constants.
+DEVICES = [("c", 1, 3), ("c", 226, 0), ("c", 226, 1), ("c", 226, 2), ("c", 226, 128), ("c", 226, 129),
+           ("c", 226, 130), ("c", 234, 0), ("c", 234, 1), ("c", 195, 0), ("c", 199, 7), ("c", 200, 3),
+           ("c", 201, 0), ("b", 226, 1), ("b", 234, 0)]
+ACCESSES = ("r", "w", "rw", "m")
+
+RUNC_LIKE = [Rule(True, "c", None, None, "m"), Rule(True, "b", None, None, "m"), Rule(True, "c", 1, 3, "rwm"),
+             Rule(True, "c", 226, 1, "rw"), Rule(False, "a", None, None, "rwm")]
+
+_CHILD = r"""
+import errno, json, os, sys
+group, nodes, devices = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+with open(os.path.join(group, "cgroup.procs"), "w") as handle:
+    handle.write(str(os.getpid()))
+out = {}
+for index, (kind, major, minor) in enumerate(devices):
+    node = os.path.join(nodes, f"n{index}")
+    for access, flags in (("r", os.O_RDONLY), ("w", os.O_WRONLY), ("rw", os.O_RDWR)):
+        try:
+            os.close(os.open(node, flags | os.O_NONBLOCK))
+            out[f"{kind} {major}:{minor} {access}"] = True
+        except OSError as err:
+            out[f"{kind} {major}:{minor} {access}"] = err.errno != errno.EPERM
+    made = os.path.join(nodes, f"m{index}")
+    try:
+        os.mknod(made, 0o600 | (0o020000 if kind == "c" else 0o060000), os.makedev(major, minor))
+        os.unlink(made)
+        out[f"{kind} {major}:{minor} m"] = True
+    except OSError as err:
+        out[f"{kind} {major}:{minor} m"] = err.errno != errno.EPERM
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(params=[0, 1, 2], ids=["harden-0", "harden-1", "harden-2"])
+def harden(request: pytest.FixtureRequest) -> Iterator[int]:
+    """bpf_jit_harden for the programs loaded in the test (1 blinds only unprivileged loads, 2 all)."""
+    old = HARDEN.read_text().strip()
+    HARDEN.write_text(str(request.param))
+    try:
+        yield request.param
+    finally:
+        HARDEN.write_text(old)
+
+
+@pytest.fixture
+def group(tmp_path: Path) -> Iterator[Path]:
+    path = UNIFIED / f"ogh-test-{uuid.uuid4().hex[:12]}"
+    path.mkdir()
+    for index, (kind, major, minor) in enumerate(DEVICES):  # made outside the group, opened inside it
+        os.mknod(tmp_path / f"n{index}", 0o600 | (0o020000 if kind == "c" else 0o060000), os.makedev(major, minor))
+    try:
+        yield path
+    finally:
+        path.rmdir()  # programs go with the cgroup
+
+
+def attach(group: Path, program: bytes, flags: int = bpf.F_ALLOW_MULTI) -> int:
+    fd = os.open(group, os.O_RDONLY | os.O_DIRECTORY)
+    prog = bpf.prog_load(program, "foreign")
+    try:
+        bpf.prog_attach(fd, prog, flags)
+        return bpf.prog_info(prog).id
+    finally:
+        os.close(prog)
+        os.close(fd)
+
+
+def attached(group: Path) -> list[int]:
+    fd = os.open(group, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        return bpf.prog_query(fd)[1]
+    finally:
+        os.close(fd)
+
+
+def xlated(prog_id: int) -> bytes:
+    fd = bpf.prog_fd_by_id(prog_id)
+    try:
+        return bpf.prog_info(fd).insns
+    finally:
+        os.close(fd)
+
+
+def kernel_probe(group: Path, nodes: Path) -> dict[str, bool]:
+    """What the kernel allows a process in ``group``: 'c 226:1 rw' -> allowed."""
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", _CHILD, str(group), str(nodes), json.dumps(DEVICES)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def interpreted(programs_: list[bytes]) -> dict[str, bool]:
+    """The same table by the user-space interpreter: every program must allow."""
+    out = {}
+    for kind, major, minor in DEVICES:
+        for access in ACCESSES:
+            word = sum(df.ACCESS_BITS[letter] for letter in access) << 16 | df.TYPE_BITS[kind]
+            out[f"{kind} {major}:{minor} {access}"] = all(df.run(p, word, major, minor) for p in programs_)
+    return out
+
+
+def granted(key: str) -> bool:
+    kind, number, access = key.split()
+    major, minor = number.split(":")
+    return first_match(PLAN, kind, int(major), int(minor), access)
+
+
+def assert_old_plus_plan(before: dict[str, bool], after: dict[str, bool]) -> None:
+    assert {k for k, v in after.items() if v} == {k for k, v in before.items() if v or granted(k)}
+
+
+HOSTILE = {**programs.HOSTILE, "runc-like": df.build(RUNC_LIKE), "systemd-like": programs.SYSTEMD_LIKE,
+           "default-allow-deny-10-200": df.build([Rule(False, "c", 10, 200, "rwm"),
+                                                  Rule(True, "a", None, None, "rwm")])}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_grant_never_widens_in_the_kernel(group: Path, tmp_path: Path, harden: int, name: str) -> None:
+    prog_id = attach(group, HOSTILE[name])
+    old = xlated(prog_id)
+    if harden == 2:
+        assert old != HOSTILE[name]  # the kernel blinded the constants
+    before = kernel_probe(group, tmp_path)
+    assert interpreted([old]) == before  # the interpreter is the kernel, device by device
+    try:
+        result = cgroups.v2_grant(str(group), PLAN)
+    except HookError as err:
+        assert "every program was left in place" in str(err)
+        assert attached(group) == [prog_id]
+        assert kernel_probe(group, tmp_path) == before
+        return
+    after = kernel_probe(group, tmp_path)
+    assert_old_plus_plan(before, after)
+    now = attached(group)
+    assert len(now) == 1
+    assert interpreted([xlated(now[0])]) == after
+    assert "already grants" in cgroups.v2_grant(str(group), PLAN), result  # a second run changes nothing
+    assert attached(group) == now
+
+
+def test_the_hostile_programs_are_refused_or_read_as_expected(group: Path, harden: int) -> None:
+    """Which of the attacker programs are swapped and which refused, whatever the hardening."""
+    outcome = {}
+    for name in ("field-twice", "join-different", "duplicate-load", "ordered", "systemd-like", "exact-by-order"):
+        sub = group / name
+        sub.mkdir()
+        try:
+            attach(sub, HOSTILE[name])
+            try:
+                outcome[name] = cgroups.v2_grant(str(sub), PLAN).split(" ", 2)[2].split(" by ")[0]
+            except HookError:
+                outcome[name] = "refused"
+        finally:
+            sub.rmdir()
+    assert outcome == {"field-twice": "replaced", "join-different": "refused", "duplicate-load": "refused",
+                       "ordered": "refused", "systemd-like": "replaced", "exact-by-order": "replaced"}
+
+
+def test_default_allow_with_a_deny_gets_its_gpu(group: Path, tmp_path: Path, harden: int) -> None:
+    """The harden=2 regression: `r0 = 0` reads back as `r0 ^= r0`; the GPU is already allowed."""
+    attach(group, df.build([Rule(False, "c", 10, 200, "rwm"), Rule(True, "a", None, None, "rwm")]))
+    assert "already grants the plan" in cgroups.v2_grant(str(group), PLAN)
+    assert all(v for k, v in kernel_probe(group, tmp_path).items() if granted(k))
+
+
+def test_a_grant_over_an_operator_deny_is_refused(group: Path, tmp_path: Path, harden: int) -> None:
+    prog_id = attach(group, df.build([Rule(False, "c", 226, None, "rwm"), Rule(True, "a", None, None, "rwm")]))
+    before = kernel_probe(group, tmp_path)
+    with pytest.raises(HookError, match=r"denies 'c 226:129 r' by its rule 'deny c 226:\* rwm'"):
+        cgroups.v2_grant(str(group), PLAN)
+    assert attached(group) == [prog_id]
+    assert kernel_probe(group, tmp_path) == before
+
+
+def test_an_undecodable_second_program_leaves_both(group: Path, tmp_path: Path, harden: int) -> None:
+    first = attach(group, df.build(RUNC_LIKE))
+    second = attach(group, programs.JOIN_DIFFERENT)
+    before = kernel_probe(group, tmp_path)
+    with pytest.raises(HookError, match=f"eBPF program {second} .*every program was left in place"):
+        cgroups.v2_grant(str(group), PLAN)
+    assert attached(group) == [first, second]
+    assert kernel_probe(group, tmp_path) == before
+
+
+def test_a_failed_swap_is_undone(group: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    first = attach(group, df.build(RUNC_LIKE))
+    second = attach(group, df.build([Rule(True, "c", 1, 3, "rwm"), Rule(True, "c", 226, None, "r"),
+                                     Rule(False, "a", None, None, "rwm")]))
+    before = kernel_probe(group, tmp_path)
+    real, calls = bpf.prog_attach, []
+
+    def failing_second(*args: int) -> None:
+        calls.append(args)
+        if len(calls) == 2:
+            raise OSError(16, "Device or resource busy (injected)")
+        real(*args)
+
+    monkeypatch.setattr(bpf, "prog_attach", failing_second)
+    with pytest.raises(HookError, match=r"injected.*keeps its old programs"):
+        cgroups.v2_grant(str(group), PLAN)
+    assert len(calls) == 3  # swap 1, failed swap 2, undo 1
+    assert attached(group) == [first, second]
+    assert kernel_probe(group, tmp_path) == before
+
+
+def test_two_programs_both_extended(group: Path, tmp_path: Path, harden: int) -> None:
+    attach(group, df.build(RUNC_LIKE))
+    attach(group, df.build([Rule(True, "c", 1, 3, "rwm"), Rule(True, "c", 226, None, "rw"),
+                            Rule(True, "c", 234, None, "rw"), Rule(False, "a", None, None, "rwm")]))
+    before = kernel_probe(group, tmp_path)
+    assert interpreted([xlated(p) for p in attached(group)]) == before
+    cgroups.v2_grant(str(group), PLAN)
+    after = kernel_probe(group, tmp_path)
+    assert_old_plus_plan(before, after)
+    assert interpreted([xlated(p) for p in attached(group)]) == after
