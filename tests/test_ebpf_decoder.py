@@ -234,6 +234,10 @@ JOIN_DIFFERENT = asm(PROLOGUE, [jne(5, 7), i(0xBC, 4, 5), jne(2, 2), *DENY],  # 
                      [jne(4, 226), *ALLOW], DENY)
 WIDE_TYPE = asm([i(0x61, 2, 1, 0), i(0x61, 4, 1, 4), i(0x61, 5, 1, 8)],  # type compared without `& 0xffff`
                 [jne(2, 2), jne(4, 226), *DENY], [i(0xB4, 0, imm=1), i(0x95)])
+TWICE_TWO_LOADS = asm(PROLOGUE, [i(0x61, 6, 1, 4), jne(2, 2), jne(4, 999), jne(6, 226), *ALLOW],  # major twice
+                      DENY)  # never matches; a reader keeping the last test sees `allow c 226:* rwm`
+RELOAD_AFTER_JUMP = asm(PROLOGUE, [i(0xBC, 4, 5), jne(2, 1), i(0x61, 4, 1, 4), *DENY],  # r4 = minor at the jump,
+                        [jne(4, 226), *ALLOW], DENY)  # major on the fall-through: `allow 226:*` if misread
 BLOCK_AND_CHAR = asm(PROLOGUE, [("j", 0x25, 2, 0, 2, "next"), ("j", 0x15, 2, 0, 0, "next"), jne(4, 226), *DENY],
                      ALLOW)  # types 1 and 2 but not the others: no rule type says that
 JSET_MINOR = asm(PROLOGUE, [("j", 0x45, 5, 0, 0x80, "next"), jne(4, 226), *ALLOW], DENY)
@@ -251,6 +255,7 @@ SYSTEMD_LIKE = asm(PROLOGUE,
 
 HOSTILE = {"field-twice": FIELD_TWICE, "duplicate-load": DUPLICATE_LOAD, "join-different": JOIN_DIFFERENT,
            "wide-type": WIDE_TYPE, "block-and-char": BLOCK_AND_CHAR,
+           "twice-two-loads": TWICE_TWO_LOADS, "reload-after-jump": RELOAD_AFTER_JUMP,
            "jset-minor": JSET_MINOR, "ordered": ORDERED, "exact-by-order": EXACT_BY_ORDER,
            "jmp32-signed": JMP32_SIGNED, "not-next-block": NOT_NEXT_BLOCK}
 
@@ -268,7 +273,10 @@ def test_hostile_programs_are_refused_or_exact(name: str, hardened: bool) -> Non
     (FIELD_TWICE, [Rule(False, "a", None, None, "rwm")]),  # the dead block is no rule at all
     (b"".join([*PROLOGUE, i(0x55, 4, off=0, imm=1), *DENY]),  # ... and as the verifier leaves it
      [Rule(False, "a", None, None, "rwm")]),
-    (WIDE_TYPE, [Rule(True, "a", None, None, "rwm")]),  # the whole word is never 2: the deny never matches
+    (WIDE_TYPE, [Rule(True, "a", None, None, "rwm")]),
+    (TWICE_TWO_LOADS, [Rule(False, "a", None, None, "rwm")]),
+    (RELOAD_AFTER_JUMP, [Rule(False, "b", None, None, "rwm"), Rule(True, "a", None, 226, "rwm"),
+                         Rule(False, "a", None, None, "rwm")]),  # the whole word is never 2: the deny never matches
     (EXACT_BY_ORDER, [Rule(True, "c", 226, None, "rwm"), Rule(False, "a", None, None, "rwm")]),
     (DEFAULT_ALLOW, [Rule(False, "c", 226, None, "rwm"), Rule(True, "a", None, None, "rwm")]),
     (SYSTEMD_LIKE, [Rule(True, "c", 1, 3, "rw"), Rule(True, "c", 136, None, "rwm"),

@@ -383,7 +383,17 @@ def _split(insn: tuple[int, int, int, int, int], regs: list[Value], region: Regi
     return ((words, major, yes) if yes else None), ((words, major, no) if no else None)
 
 
+_CUTS: dict[tuple[Intervals, int, int], tuple[Intervals, Intervals]] = {}
+
+
 def _cut(intervals: Intervals, code: int, k: int) -> tuple[Intervals, Intervals]:
+    key = (intervals, code, k)
+    if key not in _CUTS:
+        _CUTS[key] = _cut_now(intervals, code, k)
+    return _CUTS[key]
+
+
+def _cut_now(intervals: Intervals, code: int, k: int) -> tuple[Intervals, Intervals]:
     """Split u32 intervals by ``v OP k``: constant on each piece between k, k+1 and 2**31 (module doc)."""
     points = sorted({k & U32, (k + 1) & U32, 1 << 31})
     yes: list[tuple[int, int]] = []
