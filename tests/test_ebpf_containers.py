@@ -8,15 +8,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests import containerlib as cl
+from tests import test_ebpf_kernel
 
 pytestmark = pytest.mark.containers
-HARDEN = Path("/proc/sys/net/core/bpf_jit_harden")
 
 
 @pytest.fixture(scope="module")
@@ -25,14 +24,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return cl.hook_setup(tmp_path_factory.mktemp("ebpf-containers"))
 
 
-@pytest.fixture(params=[0, 1, 2], ids=["harden-0", "harden-1", "harden-2"])
-def harden(request: pytest.FixtureRequest) -> Iterator[int]:
-    old = HARDEN.read_text().strip()
-    HARDEN.write_text(str(request.param))
-    try:
-        yield request.param
-    finally:
-        HARDEN.write_text(old)
+harden = test_ebpf_kernel.harden  # bpf_jit_harden 0, 1, 2, restored afterwards
 
 
 def _run(setup: dict[str, Path], devices: list[dict[str, object]], args: list[str] | None = None):

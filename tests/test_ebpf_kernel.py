@@ -26,6 +26,7 @@ from oci_gpu_hook.core.devices import Rule
 from oci_gpu_hook.core.rules import first_match
 from oci_gpu_hook.errors import HookError
 from tests import test_ebpf_decoder as programs
+from tests.test_cgroup_v2 import attach, attached
 
 UNIFIED = Path("/sys/fs/cgroup/unified")
 HARDEN = Path("/proc/sys/net/core/bpf_jit_harden")
@@ -89,25 +90,6 @@ def group(tmp_path: Path) -> Iterator[Path]:
         yield path
     finally:
         path.rmdir()  # programs go with the cgroup
-
-
-def attach(group: Path, program: bytes, flags: int = bpf.F_ALLOW_MULTI) -> int:
-    fd = os.open(group, os.O_RDONLY | os.O_DIRECTORY)
-    prog = bpf.prog_load(program, "foreign")
-    try:
-        bpf.prog_attach(fd, prog, flags)
-        return bpf.prog_info(prog).id
-    finally:
-        os.close(prog)
-        os.close(fd)
-
-
-def attached(group: Path) -> list[int]:
-    fd = os.open(group, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        return bpf.prog_query(fd)[1]
-    finally:
-        os.close(fd)
 
 
 def xlated(prog_id: int) -> bytes:

@@ -410,6 +410,16 @@ def _cut_now(intervals: Intervals, code: int, k: int) -> tuple[Intervals, Interv
     return tuple(yes), tuple(no)
 
 
+def _run_to_jump(prog: list[tuple[int, int, int, int, int]], pc: int, regs: list[Value]) -> int:
+    """Execute the ALU and load instructions from ``pc`` on; the index of the next JMP-class one."""
+    while pc < len(prog):
+        if prog[pc][0] & 0x07 in (0x05, 0x06):
+            return pc
+        _step(prog[pc], regs, pc)
+        pc += 1
+    raise NotDecodable("the program runs off its end")
+
+
 def _verdict(value: Value, pc: int) -> int | tuple[int, ...]:
     if isinstance(value, int) and value in (0, 1):
         return value
@@ -427,6 +437,9 @@ def _leaves(insns: bytes) -> list[Leaf]:
     """(words, majors, minors, verdict) regions, one per path, that partition the input space."""
     if insns in _LEAVES:
         return _LEAVES[insns]
+    if len(_LEAVES) > 16 or len(_TAKEN) + len(_LIFTED) + len(_CUTS) > 50_000:  # memos for one hook run
+        for memo in (_LEAVES, _TAKEN, _LIFTED, _CUTS):
+            memo.clear()
     prog = _parse(insns)
     leaves: list[Leaf] = []
     budget = STEP_BUDGET
@@ -434,16 +447,11 @@ def _leaves(insns: bytes) -> list[Leaf]:
     while stack:
         pc, regs, region = stack.pop()
         while True:
-            budget -= 1
+            start, pc = pc, _run_to_jump(prog, pc, regs)
+            budget -= pc - start + 1
             if budget < 0:
                 raise NotDecodable("too many paths to check")
-            if pc >= len(prog):
-                raise NotDecodable("the program runs off its end")
             insn = prog[pc]
-            if insn[0] & 0x07 not in (0x05, 0x06):
-                _step(insn, regs, pc)
-                pc += 1
-                continue
             kind = _jump_kind(insn[0], insn[3], pc)
             if kind == "exit":
                 leaves.append((*region, _verdict(regs[0], pc)))
@@ -612,13 +620,8 @@ def _propose(prog: list[tuple[int, int, int, int, int]]) -> list[Rule]:
         jumps: list[tuple[int, list[Value]]] = []  # each mismatch jump: where to, registers there
         resume = -1  # after a `ja` to a shared verdict: where the next block starts
         while True:
-            if pc >= len(prog):
-                raise NotDecodable("the program runs off its end")
+            pc = _run_to_jump(prog, pc, regs)
             insn = prog[pc]
-            if insn[0] & 0x07 not in (0x05, 0x06):
-                _step(insn, regs, pc)
-                pc += 1
-                continue
             kind = _jump_kind(insn[0], insn[3], pc)
             if kind == "exit":
                 break
