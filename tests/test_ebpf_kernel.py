@@ -10,6 +10,7 @@ refusal leaves exactly the programs that were attached.  The same probes hold th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -19,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
 
 from oci_gpu_hook.appliers import bpf, cgroups
 from oci_gpu_hook.appliers import devicefilter as df
@@ -82,10 +84,20 @@ def harden(request: pytest.FixtureRequest) -> Iterator[int]:
 
 @pytest.fixture
 def group(tmp_path: Path) -> Iterator[Path]:
+    make_nodes(tmp_path)
+    with new_group() as path:
+        yield path
+
+
+def make_nodes(directory: Path) -> None:
+    for index, (kind, major, minor) in enumerate(DEVICES):  # made outside the group, opened inside it
+        os.mknod(directory / f"n{index}", 0o600 | (0o020000 if kind == "c" else 0o060000), os.makedev(major, minor))
+
+
+@contextlib.contextmanager
+def new_group() -> Iterator[Path]:
     path = UNIFIED / f"ogh-test-{uuid.uuid4().hex[:12]}"
     path.mkdir()
-    for index, (kind, major, minor) in enumerate(DEVICES):  # made outside the group, opened inside it
-        os.mknod(tmp_path / f"n{index}", 0o600 | (0o020000 if kind == "c" else 0o060000), os.makedev(major, minor))
     try:
         yield path
     finally:
@@ -232,3 +244,69 @@ def test_two_programs_both_extended(group: Path, tmp_path: Path, harden: int) ->
     after = kernel_probe(group, tmp_path)
     assert_old_plus_plan(before, after)
     assert interpreted([xlated(p) for p in attached(group)]) == after
+
+
+LOADED: list[bytes] = []
+
+
+def reachable_only(program: bytes) -> bytes:
+    """The program without the instructions no path reaches (the verifier refuses those), jumps re-aimed."""
+    insns = programs.insns_of(program)
+    seen, todo = set(), [0]
+    while todo:
+        pc = todo.pop()
+        if pc in seen or pc >= len(insns):
+            continue
+        seen.add(pc)
+        code, off = insns[pc][0], insns[pc][3]
+        if code == df.EXIT:
+            continue
+        if code & 0x07 in (0x05, 0x06):
+            todo.append(pc + 1 + off)
+            if code == df.JA:
+                continue
+        todo.append(pc + 1)
+    kept = sorted(seen)
+    where = {pc: n for n, pc in enumerate(kept)}
+    out = []
+    for n, pc in enumerate(kept):
+        code, dst, src, off, imm = insns[pc]
+        if code & 0x07 in (0x05, 0x06) and code != df.EXIT:
+            off = where[pc + 1 + off] - n - 1
+        out.append(programs.i(code, dst, src, off, imm))
+    return b"".join(out)
+
+
+@pytest.mark.parametrize("harden", [0, 2], indirect=True, ids=["harden-0", "harden-2"])
+@settings(max_examples=40, deadline=None, database=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(programs.programs(ax=9))
+def test_random_programs_interpreter_and_swap_in_the_kernel(tmp_path: Path, harden: int, program: bytes) -> None:
+    """Random programs of many shapes that the verifier takes: the interpreter (on what we wrote and on the
+    kernel's read-back) gives the kernel's verdict on every probe, and the hook's swap adds exactly the plan."""
+    if not (tmp_path / "n0").exists():
+        make_nodes(tmp_path)
+    with new_group() as group:
+        program = reachable_only(program)
+        try:
+            prog_id = attach(group, program)
+        except OSError:
+            return  # the verifier refused it (mostly unreachable code): nothing to compare
+        LOADED.append(program)
+        before = kernel_probe(group, tmp_path)
+        assert interpreted([program]) == interpreted([xlated(prog_id)]) == before
+        try:
+            cgroups.v2_grant(str(group), PLAN)
+        except HookError:
+            assert attached(group) == [prog_id]
+            assert kernel_probe(group, tmp_path) == before
+            return
+        after = kernel_probe(group, tmp_path)
+        assert_old_plus_plan(before, after)
+
+
+def test_random_programs_reached_the_kernel() -> None:
+    """The random test above is not vacuous (runs after it, in file order)."""
+    if not LOADED:
+        pytest.skip("the random kernel test did not run")
+    assert len(LOADED) >= 20, len(LOADED)

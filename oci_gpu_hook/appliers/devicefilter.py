@@ -52,11 +52,24 @@ Comparing two programs (or a program and a rule list) then needs only one
 point per cell of the common refinement of their leaves (plus the rules'
 constants): both are constant on each such cell.  ``first_match`` compares a
 rule's major/minor to the device by equality only, so it too is constant on
-every cell.  Refused outright: backward jumps (no loops), calls, loads other
-than the context fields (W at 0/4/8; H/B inside access_type on little-endian
-machines), stores, ``r10``, signed div/mod and sign-extending moves, byte
-swaps, exits whose r0 is not 0 or 1, and programs whose exploration exceeds
-a step budget.
+every cell.  Constants come from ALU immediates and plain 64-bit loads
+(``ld_imm64`` with src 0), blinded or not.  Refused outright: backward jumps
+(no loops), calls, loads other than the context fields (W at 0/4/8; H/B
+inside access_type on little-endian machines), stores, ``r10``, signed
+div/mod and sign-extending moves, byte swaps, exits whose r0 is not 0 or 1,
+and programs whose exploration exceeds a step budget.
+
+Hardening.  With ``net.core.bpf_jit_harden`` (1: unprivileged loads, 2: all)
+the kernel's read-back is the blinded program (kernel/bpf/core.c,
+``bpf_jit_blind_insn``): ``OP dst, imm`` becomes ``mov ax, imm^rnd; xor ax,
+rnd; OP dst, ax`` for ALU32/ALU64 add/sub/mul/div/mod/and/or/xor/mov and for
+every conditional JMP/JMP32 (in the width of the original), ``mov dst, 0``
+becomes ``dst ^= dst``, and ``ld_imm64`` becomes mov/xor/lsh/mov then
+mov/xor/or through ax (register 11).  Nothing special-cases these: they are
+ordinary instructions of the subset, executed exactly; ``x ^= x`` and ``x -=
+x`` are 0 even when x was never set.  The verifier's own rewrites (dead code
+removed, ``if ... goto +0`` left behind, div-by-zero guards) are read the
+same way.
 """
 
 from __future__ import annotations
@@ -87,6 +100,7 @@ LDX_W = 0x61
 ALU32_AND_K, ALU32_RSH_K, ALU32_MOV_K, ALU32_MOV_X = 0x54, 0x74, 0xB4, 0xBC
 ALU64_MOV_K, ALU64_MOV_X = 0xB7, 0xBF
 JA, EXIT = 0x05, 0x95
+LD_IMM64 = 0x18
 REG_AX = 11  # the kernel's auxiliary register, used by constant blinding
 
 U32, U64 = (1 << 32) - 1, (1 << 64) - 1
@@ -413,8 +427,15 @@ def _cut_now(intervals: Intervals, code: int, k: int) -> tuple[Intervals, Interv
 def _run_to_jump(prog: list[tuple[int, int, int, int, int]], pc: int, regs: list[Value]) -> int:
     """Execute the ALU and load instructions from ``pc`` on; the index of the next JMP-class one."""
     while pc < len(prog):
-        if prog[pc][0] & 0x07 in (0x05, 0x06):
+        code, dst, src, _off, imm = prog[pc]
+        if code & 0x07 in (0x05, 0x06):
             return pc
+        if code == LD_IMM64:  # two slots: the low and the high half of a 64-bit constant
+            if src or pc + 1 >= len(prog) or prog[pc + 1][0]:
+                raise NotDecodable(f"a 64-bit load that is not a plain constant at {pc}")
+            regs[dst] = imm & U32 | (prog[pc + 1][4] & U32) << 32
+            pc += 2
+            continue
         _step(prog[pc], regs, pc)
         pc += 1
     raise NotDecodable("the program runs off its end")
@@ -487,6 +508,9 @@ def run(insns: bytes, access_type: int, major: int, minor: int) -> int:
         elif cls in (0x04, 0x07):
             operand = regs[src] if code & 0x08 else imm
             regs[dst] = _alu(code, regs[dst], operand)
+        elif code == LD_IMM64:
+            regs[dst] = imm & U32 | (prog[pc + 1][4] & U32) << 32
+            pc += 1
         elif code == EXIT:
             return regs[0]
         elif code == JA or _cond(code, regs[dst], regs[src] if code & 0x08 else imm):
