@@ -54,5 +54,6 @@ def test_gpu_behind_an_operator_deny_is_refused(setup: dict[str, Path]) -> None:
                         {"allow": False, "type": "c", "major": 226, "access": "rwm"}])
     assert done.returncode != 0
     assert "done" not in done.stdout
-    assert "by its rule 'deny c 226:* rwm': refusing to grant over an explicit deny" in done.stderr
+    assert "has the rule 'deny c 226:* rwm', which covers the planned 'c 226:" in done.stderr
+    assert "refusing to punch a hole in a wildcard deny" in done.stderr
     assert "Traceback" not in done.stderr

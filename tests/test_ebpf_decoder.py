@@ -446,16 +446,36 @@ def test_jumps(code: int, a: int, b: int, taken: bool) -> None:
 # --- v2_grant's rule for explicit denies (no kernel needed for the decision itself) --------------------
 
 def test_grant_over_an_operator_deny_is_refused() -> None:
+    """Refused exactly where runc's emulator refuses the same list in the spec path (a hole in a wildcard)."""
     from oci_gpu_hook.appliers.cgroups import _v2_grants
+    from oci_gpu_hook.core.rules import Policy
 
     plan = (Rule(True, "c", 226, 1, "rw"),)
     default_deny = [Rule(True, "c", 1, 3, "rwm"), Rule(False, "a", None, None, "rwm")]
     assert _v2_grants(default_deny, plan, "p") is False  # denied by default: prepend the allow rule
     assert _v2_grants([Rule(True, "c", 226, None, "rwm"), *default_deny], plan, "p") is True
-    operator = [Rule(False, "c", 226, None, "rwm"), Rule(True, "a", None, None, "rwm")]
-    with pytest.raises(HookError, match=r"denies 'c 226:1 r' by its rule 'deny c 226:\* rwm'"):
-        _v2_grants(operator, plan, "p")
-    partial = [Rule(False, "c", 226, 1, "w"), Rule(True, "a", None, None, "rwm")]
-    with pytest.raises(HookError, match=r"denies 'c 226:1 w' by its rule 'deny c 226:1 w'"):
-        _v2_grants(partial, plan, "p")
-    assert _v2_grants([Rule(False, "c", 226, 2, "rwm"), Rule(True, "a", None, None, "rwm")], plan, "p") is True
+    allow_all = Rule(True, "a", None, None, "rwm")
+    for denies, refused in [
+        ([Rule(False, "c", 226, None, "rwm")], True),
+        ([Rule(False, "c", 226, None, "w")], True),  # shares the w
+        ([Rule(False, "c", 226, None, "m")], False),  # shares nothing with rw
+        ([Rule(False, "c", None, 1, "r")], True),
+        ([Rule(False, "b", 226, None, "rwm")], False),  # another type
+        ([Rule(False, "c", 226, 1, "rwm")], False),  # exactly the device: the planned allow overrides it
+        ([Rule(False, "c", 226, 1, "rwm"), Rule(False, "c", 226, None, "rwm")], True),
+        ([Rule(False, "c", 10, 200, "rwm")], False),  # already allowed: nothing to grant
+    ]:
+        old = [*denies, allow_all]
+        emulator = Policy.of([allow_all, *denies])  # the config runc would have made this program from
+        try:
+            for rule in plan:
+                emulator.apply(rule)
+            runc_refuses = False
+        except HookError:
+            runc_refuses = True
+        assert runc_refuses == refused, denies
+        if refused:
+            with pytest.raises(HookError, match=r"has the rule 'deny .*', which covers the planned 'c 226:1 rw'"):
+                _v2_grants(old, plan, "p")
+        else:
+            _v2_grants(old, plan, "p")

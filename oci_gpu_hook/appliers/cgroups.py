@@ -13,8 +13,9 @@ container's cgroup comes from ``/proc/<pid>/cgroup`` and the mount table.
   each new program by executing both): the policy becomes exactly old +
   planned.  Running the hook twice changes nothing.  Every program is read,
   checked, built and loaded before the first swap; a program that cannot be
-  decoded, a planned device behind an explicit deny, or any failure leaves
-  the cgroup exactly as it was (swaps already made are undone).
+  decoded, a planned device behind a wildcard deny (see :func:`_v2_grants`),
+  or any failure leaves the cgroup exactly as it was (swaps already made are
+  undone).
 """
 
 from __future__ import annotations
@@ -190,27 +191,27 @@ def _v2_swap(bpf: Any, cgroup_fd: int, flags: int, new_fd: int, old_fd: int) -> 
 
 
 def _v2_grants(old: list[Rule], plan: tuple[Rule, ...], where: str) -> bool:
-    """Does the decoded program ``old`` grant the plan already?  A HookError when a planned access would be
-    granted *over an operator's deny*: when, for any access the kernel may ask for the planned device
-    (each non-empty subset of the planned access), the rule that decides it in ``old`` (``deciding_rule``,
-    first match) is a deny other than the final ``deny a *:* rwm`` that ends a default-deny list (runc's
-    epilogue).  Prepending allow rules is only right for what the old program denies by default; cgroup v1
-    and runc refuse to punch holes in an explicit deny, and so does the hook."""
-    from oci_gpu_hook.core.rules import deciding_rule
+    """Does the decoded program ``old`` (first match, ending with its catch-all default) grant the plan already?
 
-    default = old[-1] if old and not old[-1].allow and old[-1].type == "a" and old[-1].wildcard else None
-    granted = True
-    for rule in plan:
-        letters = rule.access
-        subsets = [""]
-        for letter in letters:
-            subsets += [s + letter for s in subsets]
-        for access in subsets[1:]:
-            decider = deciding_rule(old, rule.type, rule.major, rule.minor, access)  # type: ignore[arg-type]
-            if decider is not None and not decider.allow and decider is not default:
-                raise HookError(f"the device policy of {where} denies '{rule.type} {rule.major}:{rule.minor} "
-                                f"{access}' by its rule 'deny {decider.v1_line()}': refusing to grant over an "
-                                "explicit deny (runc refuses that config too); allow the device in the "
-                                "container's config or drop the deny")
-            granted = granted and decider is not None and decider.allow
-    return granted
+    A HookError when the plan would be granted *over an operator's deny*: a planned rule that ``old`` does
+    not grant yet is covered by a deny rule of ``old`` other than its final default that is a wildcard (it
+    covers other devices too) and shares an access letter with it.  That is runc's emulator's refusal to punch
+    a hole in a wildcard exception (``Policy.apply``), which the spec-rewrite paths get for the same config;
+    on the lists runc generates (exceptions, then the default) the two conditions are the same.  A deny of
+    exactly the planned device is overridden by the planned allow rule, as the emulator does it.  Only over
+    the default deny (runc's epilogue) and such exact denies is prepending allow rules the right move."""
+    from oci_gpu_hook.core.rules import first_match, grants
+
+    def allows(kind: str, major: int, minor: int, access: str) -> bool:
+        return first_match(old, kind, major, minor, access)
+
+    missing = [rule for rule in plan if not grants(allows, rule)]
+    for rule in missing:
+        for deny in old[:-1]:
+            if (not deny.allow and deny.wildcard and deny.covers(rule.type, rule.major, rule.minor)  # type: ignore[arg-type]
+                    and set(deny.access) & set(rule.access)):
+                raise HookError(f"the device policy of {where} has the rule 'deny {deny.v1_line()}', which covers "
+                                f"the planned '{rule.v1_line()}': refusing to punch a hole in a wildcard deny "
+                                "(runc refuses that config too); allow the device in the container's config or "
+                                "narrow the deny")
+    return not missing

@@ -534,28 +534,28 @@ def _starts(leaf_sets: Iterable[list[Leaf]], field: int, extra: Iterable[int | N
 
 
 def _paint(leaves: list[Leaf], majors: list[int], minors: list[int]) -> list[int]:
-    """The verdict on every (word, major cell, minor cell), from the leaves."""
+    """The verdict on every cell, from the leaves: one row per (word, major cell), a bit per minor cell."""
     nmaj, nmin = len(majors), len(minors)
     at_maj = {s: i for i, s in enumerate(majors)}
     at_min = {s: i for i, s in enumerate(minors)}
-    grid = [0] * (len(WORDS) * nmaj * nmin)
+    grid = [0] * (len(WORDS) * nmaj)
     for words, major, minor, verdict in leaves:
-        spans = [(at_min[lo], at_min.get(hi + 1, nmin)) for lo, hi in minor]
+        bits = 0
+        for lo, hi in minor:
+            first = at_min[lo]
+            bits |= ((1 << (at_min.get(hi + 1, nmin) - first)) - 1) << first
+        spans = [(at_maj[lo], at_maj.get(hi + 1, nmaj)) for lo, hi in major]
         for i in range(len(WORDS)):
-            value = verdict[i] if isinstance(verdict, tuple) else verdict
-            if not (words >> i & 1 and value):
-                continue
-            for lo, hi in major:
-                for j in range(at_maj[lo], at_maj.get(hi + 1, nmaj)):
-                    base = (i * nmaj + j) * nmin
-                    for first, end in spans:
-                        grid[base + first:base + end] = [1] * (end - first)
+            if words >> i & 1 and (verdict[i] if isinstance(verdict, tuple) else verdict):
+                for first, end in spans:
+                    for row in range(i * nmaj + first, i * nmaj + end):
+                        grid[row] |= bits
     return grid
 
 
 def _table(rules: Sequence[Rule], majors: list[int], minors: list[int]) -> list[int]:
-    """``first_match`` of the rules on every cell; it compares numbers only for equality with the rules'
-    own, so all numbers that are none of them give one answer (computed once)."""
+    """``first_match`` of the rules on every cell, in :func:`_paint`'s layout; it compares numbers only for
+    equality with the rules' own, so all numbers that are none of them give one answer (computed once)."""
     from oci_gpu_hook.core.rules import first_match
 
     own_majors, own_minors = {r.major for r in rules}, {r.minor for r in rules}
@@ -566,23 +566,23 @@ def _table(rules: Sequence[Rule], majors: list[int], minors: list[int]) -> list[
     for i, (kind, access) in enumerate(WORDS):
         kind_name, access_name = TYPE_OF[kind], ACCESS_OF[access]
         for major, major_key in zip(majors, major_keys, strict=True):
-            for minor, minor_key in zip(minors, minor_keys, strict=True):
+            row = 0
+            for k, (minor, minor_key) in enumerate(zip(minors, minor_keys, strict=True)):
                 key = (i, major_key, minor_key)
                 if key not in memo:
                     memo[key] = int(first_match(rules, kind_name, major, minor, access_name))
-                grid.append(memo[key])
+                row |= memo[key] << k
+            grid.append(row)
     return grid
 
 
-def _where(index: int, majors: list[int], minors: list[int]) -> str:
-    rest, k = divmod(index, len(minors))
-    i, j = divmod(rest, len(majors))
+def _difference(got: list[int], want: list[int], majors: list[int], minors: list[int]) -> tuple[bool, str]:
+    """The first cell where two grids differ: (allowed in ``got``?, a device and access there)."""
+    row = next(r for r, (a, b) in enumerate(zip(got, want, strict=True)) if a != b)
+    bit = ((got[row] ^ want[row]) & -(got[row] ^ want[row])).bit_length() - 1
+    i, j = divmod(row, len(majors))
     kind, access = WORDS[i]
-    return f"{TYPE_OF[kind]} {majors[j]}:{minors[k]} {ACCESS_OF[access]}"
-
-
-def _first_difference(got: list[int], want: list[int]) -> int:
-    return next(i for i, (a, b) in enumerate(zip(got, want, strict=True)) if a != b)
+    return bool(got[row] >> bit & 1), f"{TYPE_OF[kind]} {majors[j]}:{minors[bit]} {ACCESS_OF[access]}"
 
 
 def _same(programs: Sequence[bytes], want: bytes, what: str) -> None:
@@ -594,8 +594,8 @@ def _same(programs: Sequence[bytes], want: bytes, what: str) -> None:
         expected = [a | b for a, b in zip(expected, _paint(leaves, majors, minors), strict=True)]
     got = _paint(leaf_sets[-1], majors, minors)
     if got != expected:
-        at = _first_difference(got, expected)
-        raise NotDecodable(f"{what} {'allow' if got[at] else 'deny'} {_where(at, majors, minors)}")
+        allowed, where = _difference(got, expected, majors, minors)
+        raise NotDecodable(f"{what} {'allow' if allowed else 'deny'} {where}")
 
 
 def check_rules(insns: bytes, rules: Sequence[Rule]) -> None:
@@ -606,9 +606,9 @@ def check_rules(insns: bytes, rules: Sequence[Rule]) -> None:
     minors = _starts([leaves], 2, (r.minor for r in rules))
     got, want = _paint(leaves, majors, minors), _table(rules, majors, minors)
     if got != want:
-        at = _first_difference(got, want)
-        raise NotDecodable(f"the rules read differ from the program on {_where(at, majors, minors)} "
-                           f"(the program {'allows' if got[at] else 'denies'} it)")
+        allowed, where = _difference(got, want, majors, minors)
+        raise NotDecodable(f"the rules read differ from the program on {where} "
+                           f"(the program {'allows' if allowed else 'denies'} it)")
 
 
 def check_extension(old: bytes, new: bytes, grant: Sequence[Rule]) -> None:
@@ -672,8 +672,9 @@ def _propose(prog: list[tuple[int, int, int, int, int]]) -> list[Rule]:
         after = resume if resume >= 0 else pc + 1
         if any(target != after for target, _ in jumps):
             raise NotDecodable(f"a rule block ending at {pc} does not jump to the next block")
-        regs = [value if all(seen[r] == value for _, seen in jumps) else None
-                for r, value in enumerate(jumps[0][1])]
+        regs = jumps[0][1]
+        if any(seen != regs for _, seen in jumps):
+            regs = [value if all(seen[r] == value for _, seen in jumps) else None for r, value in enumerate(regs)]
         pc = after
 
 

@@ -14,7 +14,7 @@ Three readings of a rule list exist in the wild, and all of them live here:
   cgroup v1 would silently ignore that, runc refuses the container.
 * :func:`first_match` is an eBPF device program's semantics in runc's format:
   the first rule that matches the device and whose access holds every requested
-  bit decides (:func:`deciding_rule` names it); none matches: deny.
+  bit decides; none matches: deny.
 * :func:`grants` answers "does this policy already let the container use this node?"
   for either of the two.
 """
@@ -121,17 +121,11 @@ def _num(value: int | None) -> int:
 def first_match(rules: Iterable[Rule], type: str, major: int, minor: int, access: str) -> bool:
     """An eBPF device program in runc's format: the first rule matching the device with every requested
     access bit decides; no match denies."""
-    rule = deciding_rule(rules, type, major, minor, access)
-    return rule is not None and rule.allow
-
-
-def deciding_rule(rules: Iterable[Rule], type: str, major: int, minor: int, access: str) -> Rule | None:
-    """The rule that decides an access under :func:`first_match` (None: no rule matches, so deny)."""
     wanted = _bits(access)
     for rule in rules:
         if rule.covers(type, major, minor) and wanted <= _bits(rule.access):
-            return rule
-    return None
+            return rule.allow
+    return False
 
 
 def grants(allows: Callable[[str, int, int, str], bool], rule: Rule) -> bool:
