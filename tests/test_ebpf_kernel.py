@@ -142,7 +142,9 @@ def assert_old_plus_plan(before: dict[str, bool], after: dict[str, bool]) -> Non
 
 HOSTILE = {**programs.HOSTILE, "runc-like": df.build(RUNC_LIKE), "systemd-like": programs.SYSTEMD_LIKE,
            "default-allow-deny-10-200": df.build([Rule(False, "c", 10, 200, "rwm"),
-                                                  Rule(True, "a", None, None, "rwm")])}
+                                                  Rule(True, "a", None, None, "rwm")]),
+           "default-allow-deny-exact-gpu": df.build([Rule(False, "c", 226, 129, "rwm"),
+                                                     Rule(True, "a", None, None, "rwm")])}
 
 
 @pytest.mark.parametrize("name", sorted(HOSTILE))
