@@ -105,6 +105,7 @@ REG_AX = 11  # the kernel's auxiliary register, used by constant blinding
 
 U32, U64 = (1 << 32) - 1, (1 << 64) - 1
 
+
 def _insn(code: int, dst: int = 0, src: int = 0, off: int = 0, imm: int = 0) -> bytes:
     return struct.pack("=BBhi", code, dst | src << 4, off, imm)
 
