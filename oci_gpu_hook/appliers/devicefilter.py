@@ -679,25 +679,25 @@ def _propose(prog: list[tuple[int, int, int, int, int]]) -> list[Rule]:
         pc = after
 
 
+# For each access mask, the accesses a rule with it matches (those within it), as bits of one type's 7 words.
+_WITHIN = {sum(1 << (a - 1) for a in range(1, 8) if not a & ~mask): mask for mask in range(1, 8)}
+_KINDS = {(0, 1, 2, 3): "a", (1,): "b", (2,): "c"}
+
+
 def _rule_of(region: Region | None, allow: bool) -> Rule | None:
     """The rule of a block that matches ``region`` (None: nothing); NotDecodable when no rule says it."""
     if region is None:
         return None
     words, major, minor = region
-    accesses: dict[int, set[int]] = {}
-    for i, (kind, access) in enumerate(WORDS):
-        if words >> i & 1:
-            accesses.setdefault(kind, set()).add(access)
-    kinds = {frozenset((0, 1, 2, 3)): "a", frozenset((1,)): "b", frozenset((2,)): "c"}.get(frozenset(accesses))
-    if kinds is None:
-        raise NotDecodable(f"a block for device types {sorted(accesses)}")
-    first = next(iter(accesses.values()))
-    mask = 0
-    for bits in first:
-        mask |= bits
-    if any(seen != first for seen in accesses.values()) or first != {a for a in range(1, 8) if not a & ~mask}:
+    rows = [words >> 7 * kind & 0x7F for kind in range(4)]  # WORDS is type-major, 7 accesses per type
+    present = tuple(kind for kind in range(4) if rows[kind])
+    kind_name = _KINDS.get(present)
+    if kind_name is None:
+        raise NotDecodable(f"a block for device types {list(present)}")
+    mask = _WITHIN.get(rows[present[0]])
+    if mask is None or any(rows[kind] != rows[present[0]] for kind in present):
         raise NotDecodable("a block whose access condition is not 'the access asked is within a set'")
-    return Rule(allow, kinds, _number(major), _number(minor), ACCESS_OF[mask])
+    return Rule(allow, kind_name, _number(major), _number(minor), ACCESS_OF[mask])
 
 
 def _number(intervals: Intervals) -> int | None:
