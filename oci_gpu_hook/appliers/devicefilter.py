@@ -19,11 +19,15 @@ wrote must never *widen* the policy, so nothing read is trusted:
 2. The proposal is then *checked*: the original program and the program
    built from the proposal are both executed by :func:`_leaves`, an exact
    interpreter of the instruction subset below, over the whole input space,
-   and must agree everywhere; so must ``first_match`` of the proposal
-   (:func:`check_rules`).  Old and new program are compared the same way
-   (:func:`check_extension`): equal everywhere except exactly the granted
-   devices and accesses, which the new one must allow.  Any difference, any
-   instruction outside the subset: :class:`NotDecodable`.
+   and must agree everywhere (identical bytes need no run: runc's and our
+   programs without hardening).  Old and new program are compared the same
+   way (:func:`check_extension`): equal everywhere except exactly the
+   granted devices and accesses, which the new one must allow.  Any
+   difference, any instruction outside the subset: :class:`NotDecodable`.
+   That ``build(rules)`` is ``first_match(rules)`` is what the tests prove
+   (:func:`check_rules`, the same cells with ``first_match`` per cell, over
+   random rule lists and every accepted random program; kernel probes), so
+   the hook does not pay for a ``first_match`` per cell.
 
 The input space and why a finite check covers it.  The context is
 ``access_type = access << 16 | type``, ``major``, ``minor`` (three u32).  The
