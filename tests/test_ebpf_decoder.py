@@ -204,6 +204,7 @@ def _expected(rules: list[Rule]) -> list[Rule]:
 def test_runc_shape_plain_and_blinded_decode_exactly(rules: list[Rule], seed: int) -> None:
     program = df.build(rules)
     assert df.decode(program) == _expected(rules)
+    df.check_rules(program, rules)  # build is first_match, on every cell of the device space
     blinded = blind(program, seed)
     assert blinded != program
     assert df.decode(blinded) == _expected(rules)  # every constant blinded, `r0 = 0` as `r0 ^= r0`
