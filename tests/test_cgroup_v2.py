@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 import uuid
@@ -21,14 +22,21 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not (UNIFIED / "cgroup.proc
 PLAN = (DeviceRule(True, "c", 226, 129, "rwm"),)
 
 
-@pytest.fixture
-def group() -> Iterator[Path]:
+@contextlib.contextmanager
+def new_group() -> Iterator[Path]:
+    """A fresh cgroup2 group, removed afterwards (its programs go with it)."""
     path = UNIFIED / f"ogh-test-{uuid.uuid4().hex[:12]}"
     path.mkdir()
     try:
         yield path
     finally:
-        path.rmdir()  # programs go with the cgroup
+        path.rmdir()
+
+
+@pytest.fixture
+def group() -> Iterator[Path]:
+    with new_group() as path:
+        yield path
 
 
 def attach(group: Path, program: bytes) -> int:

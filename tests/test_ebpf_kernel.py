@@ -10,12 +10,10 @@ refusal leaves exactly the programs that were attached.  The same probes hold th
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,7 +26,7 @@ from oci_gpu_hook.core.devices import Rule
 from oci_gpu_hook.core.rules import first_match
 from oci_gpu_hook.errors import HookError
 from tests import test_ebpf_decoder as programs
-from tests.test_cgroup_v2 import attach, attached
+from tests.test_cgroup_v2 import attach, attached, new_group
 
 UNIFIED = Path("/sys/fs/cgroup/unified")
 HARDEN = Path("/proc/sys/net/core/bpf_jit_harden")
@@ -92,16 +90,6 @@ def group(tmp_path: Path) -> Iterator[Path]:
 def make_nodes(directory: Path) -> None:
     for index, (kind, major, minor) in enumerate(DEVICES):  # made outside the group, opened inside it
         os.mknod(directory / f"n{index}", 0o600 | (0o020000 if kind == "c" else 0o060000), os.makedev(major, minor))
-
-
-@contextlib.contextmanager
-def new_group() -> Iterator[Path]:
-    path = UNIFIED / f"ogh-test-{uuid.uuid4().hex[:12]}"
-    path.mkdir()
-    try:
-        yield path
-    finally:
-        path.rmdir()  # programs go with the cgroup
 
 
 def xlated(prog_id: int) -> bytes:
