@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 import uuid
@@ -21,17 +22,24 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not (UNIFIED / "cgroup.proc
 PLAN = (DeviceRule(True, "c", 226, 129, "rwm"),)
 
 
-@pytest.fixture
-def group() -> Iterator[Path]:
+@contextlib.contextmanager
+def new_group() -> Iterator[Path]:
+    """A fresh cgroup2 group, removed afterwards (its programs go with it)."""
     path = UNIFIED / f"ogh-test-{uuid.uuid4().hex[:12]}"
     path.mkdir()
     try:
         yield path
     finally:
-        path.rmdir()  # programs go with the cgroup
+        path.rmdir()
 
 
-def _attach(group: Path, program: bytes) -> int:
+@pytest.fixture
+def group() -> Iterator[Path]:
+    with new_group() as path:
+        yield path
+
+
+def attach(group: Path, program: bytes) -> int:
     fd = os.open(group, os.O_RDONLY | os.O_DIRECTORY)
     prog = bpf.prog_load(program, "foreign")
     try:
@@ -42,7 +50,7 @@ def _attach(group: Path, program: bytes) -> int:
         os.close(fd)
 
 
-def _attached(group: Path) -> list[int]:
+def attached(group: Path) -> list[int]:
     fd = os.open(group, os.O_RDONLY | os.O_DIRECTORY)
     try:
         return bpf.prog_query(fd)[1]
@@ -56,24 +64,24 @@ def test_a_program_it_cannot_read_stays_attached(group: Path) -> None:
     jeq = struct.pack("=BBhi", 0x15, 4, 2, 226)  # if r4 == 226 goto +2
     deny = struct.pack("=BBhi", 0xB4, 0, 0, 0) + struct.pack("=BBhi", 0x95, 0, 0, 0)
     allow = struct.pack("=BBhi", 0xB4, 0, 0, 1) + struct.pack("=BBhi", 0x95, 0, 0, 0)
-    prog_id = _attach(group, prologue + jeq + deny + allow)
-    with pytest.raises(HookError, match=r"cannot read the device policy of eBPF program .* it was left in place"):
+    prog_id = attach(group, prologue + jeq + deny + allow)
+    with pytest.raises(HookError, match=r"cannot read the device policy of eBPF program .* every program was left in"):
         cgroups.v2_grant(str(group), PLAN)
-    assert _attached(group) == [prog_id]
+    assert attached(group) == [prog_id]
 
 
 def test_swap_then_idempotent_then_every_program_extended(group: Path) -> None:
     runc_like = [DeviceRule(True, "c", 1, 3, "rwm"), DeviceRule(False, "a", None, None, "rwm")]
-    first = _attach(group, devicefilter.build(runc_like))
-    second = _attach(group, devicefilter.build([DeviceRule(True, "c", None, None, "rwm"),
+    first = attach(group, devicefilter.build(runc_like))
+    second = attach(group, devicefilter.build([DeviceRule(True, "c", None, None, "rwm"),
                                                 DeviceRule(False, "a", None, None, "rwm")]))
     result = cgroups.v2_grant(str(group), PLAN)
     assert f"program {first} replaced by" in result  # the one that denied renderD129
     assert f"program {second} already grants the plan" in result
-    now = _attached(group)
+    now = attached(group)
     assert second in now and first not in now and len(now) == 2
     assert "already grants" in cgroups.v2_grant(str(group), PLAN).split(";")[0]
-    assert _attached(group) == now  # a second run swaps nothing
+    assert attached(group) == now  # a second run swaps nothing
     (replacement,) = [p for p in now if p != second]
     fd = bpf.prog_fd_by_id(replacement)
     try:
@@ -87,4 +95,4 @@ def test_swap_then_idempotent_then_every_program_extended(group: Path) -> None:
 
 def test_no_program_means_nothing_to_add(group: Path) -> None:
     assert "allows every device already" in cgroups.v2_grant(str(group), PLAN)
-    assert _attached(group) == []
+    assert attached(group) == []

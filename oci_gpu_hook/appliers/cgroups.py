@@ -9,10 +9,13 @@ container's cgroup comes from ``/proc/<pid>/cgroup`` and the mount table.
 * v2: every attached BPF_PROG_TYPE_CGROUP_DEVICE program that does not yet
   grant the plan is decoded into rules and swapped atomically
   (``BPF_F_REPLACE``) for one with the planned allow rules first and the old
-  rules after them (see :mod:`devicefilter`): the policy becomes exactly old +
-  planned.  Running the hook twice changes nothing.  A program that cannot be
-  decoded is not replaced (the hook fails and says so); any failure leaves the
-  old programs attached.
+  rules after them (see :mod:`devicefilter`, which proves each decoding and
+  each new program by executing both): the policy becomes exactly old +
+  planned.  Running the hook twice changes nothing.  Every program is read,
+  checked, built and loaded before the first swap; a program that cannot be
+  decoded, a planned device behind a wildcard deny (see :func:`_v2_grants`),
+  or any failure leaves the cgroup exactly as it was (swaps already made are
+  undone).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from oci_gpu_hook.errors import HookError
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
 
 if TYPE_CHECKING:
+    from typing import Any
+
     from oci_gpu_hook.core.devices import Rule
     from oci_gpu_hook.core.rules import Policy
 
@@ -137,56 +142,94 @@ def _write_line(path: str, line: str) -> None:
 # --- cgroup v2 ----------------------------------------------------------------------------------
 
 def v2_grant(cgroup_dir: str, rules: tuple[Rule, ...]) -> str:
-    """Swap each attached device program for old + ``rules``; return what was done."""
+    """Swap every attached device program that does not grant ``rules`` yet for old + ``rules``: all of them,
+    or (on any failure) none; return what was done."""
     from oci_gpu_hook.appliers import bpf, devicefilter
-    from oci_gpu_hook.core.rules import first_match, grants
 
     try:
         cgroup_fd = os.open(cgroup_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as err:
         raise HookError(f"cannot open cgroup {cgroup_dir}: {err.strerror}") from None
     fds = [cgroup_fd]
-    swapped: list[tuple[int, int, int]] = []  # (new fd, old fd, flags) to undo on failure
     try:
         flags, ids = bpf.prog_query(cgroup_fd)
         if not ids:
             return "no device program attached: the cgroup allows every device already"
-        done = []
+        # 1. Read, decode, check and build every replacement before anything on the cgroup changes.
+        done, planned = [], []
         for prog_id in ids:
             old_fd = bpf.prog_fd_by_id(prog_id)
             fds.append(old_fd)
             info = bpf.prog_info(old_fd)
+            where = f"eBPF program {prog_id} ('{info.name}') on {cgroup_dir}"
             try:
                 old_rules = devicefilter.decode(info.insns)
+                if _v2_grants(old_rules, rules, where):
+                    done.append(f"program {prog_id} already grants the plan")
+                    continue
+                new = devicefilter.extend(info.insns, old_rules, rules)
             except devicefilter.NotDecodable as err:
-                raise HookError(f"cannot read the device policy of eBPF program {prog_id} "
-                                f"('{info.name}') on {cgroup_dir}: {err}; it was left in place") from None
-            def old_policy(kind: str, major: int, minor: int, access: str, rules: list[Rule] = old_rules) -> bool:
-                return first_match(rules, kind, major, minor, access)
-
-            if all(grants(old_policy, r) for r in rules):
-                done.append(f"program {prog_id} already grants the plan")
-                continue
-            new_fd = bpf.prog_load(devicefilter.build([*rules, *old_rules]), devicefilter.PROGRAM_NAME)
+                raise HookError(f"cannot read the device policy of {where}: {err}; "
+                                "every program was left in place") from None
+            planned.append((prog_id, old_fd, new))
+        # 2. Load them all (the verifier may still refuse one).
+        loaded = []
+        for prog_id, old_fd, new in planned:
+            new_fd = bpf.prog_load(new, devicefilter.PROGRAM_NAME)
             fds.append(new_fd)
-            if flags & bpf.F_ALLOW_MULTI:
-                bpf.prog_attach(cgroup_fd, new_fd, flags | bpf.F_REPLACE, old_fd)
-            else:
-                bpf.prog_attach(cgroup_fd, new_fd, flags)  # a single program is replaced by attaching
-            swapped.append((new_fd, old_fd, flags))
-            done.append(f"program {prog_id} replaced by {bpf.prog_info(new_fd).id}")
+            loaded.append((prog_id, old_fd, new_fd))
+        # 3. Swap them; on a failure, put back the ones already swapped.
+        swapped: list[tuple[int, int]] = []
+        try:
+            for prog_id, old_fd, new_fd in loaded:
+                _v2_swap(bpf, cgroup_fd, flags, new_fd, old_fd)
+                swapped.append((old_fd, new_fd))
+                done.append(f"program {prog_id} replaced by {bpf.prog_info(new_fd).id}")
+        except OSError:
+            for old_fd, new_fd in reversed(swapped):
+                try:
+                    _v2_swap(bpf, cgroup_fd, flags, old_fd, new_fd)
+                except OSError:
+                    pass
+            raise
         return "; ".join(done)
     except OSError as err:
-        for new_fd, old_fd, flags in reversed(swapped):
-            try:
-                if flags & bpf.F_ALLOW_MULTI:
-                    bpf.prog_attach(cgroup_fd, old_fd, flags | bpf.F_REPLACE, new_fd)
-                else:
-                    bpf.prog_attach(cgroup_fd, old_fd, flags)
-            except OSError:
-                pass
         raise HookError(f"cannot extend the eBPF device filter of {cgroup_dir}: {err} "
-                        "(the cgroup keeps its old program)") from None
+                        "(the cgroup keeps its old programs)") from None
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def _v2_swap(bpf: Any, cgroup_fd: int, flags: int, new_fd: int, old_fd: int) -> None:
+    if flags & bpf.F_ALLOW_MULTI:
+        bpf.prog_attach(cgroup_fd, new_fd, flags | bpf.F_REPLACE, old_fd)  # atomic: the old one goes
+    else:
+        bpf.prog_attach(cgroup_fd, new_fd, flags)  # a single program is replaced by attaching
+
+
+def _v2_grants(old: list[Rule], plan: tuple[Rule, ...], where: str) -> bool:
+    """Does the decoded program ``old`` (first match, ending with its catch-all default) grant the plan already?
+
+    A HookError when the plan would be granted *over an operator's deny*: a planned rule that ``old`` does
+    not grant yet is covered by a deny rule of ``old`` other than its final default that is a wildcard (it
+    covers other devices too) and shares an access letter with it.  That is runc's emulator's refusal to punch
+    a hole in a wildcard exception (``Policy.apply``), which the spec-rewrite paths get for the same config;
+    on the lists runc generates (exceptions, then the default) the two conditions are the same.  A deny of
+    exactly the planned device is overridden by the planned allow rule, as the emulator does it.  Only over
+    the default deny (runc's epilogue) and such exact denies is prepending allow rules the right move."""
+    from oci_gpu_hook.core.rules import first_match, grants
+
+    def allows(kind: str, major: int, minor: int, access: str) -> bool:
+        return first_match(old, kind, major, minor, access)
+
+    missing = [rule for rule in plan if not grants(allows, rule)]
+    for rule in missing:
+        for deny in old[:-1]:
+            if (not deny.allow and deny.wildcard and deny.covers(rule.type, rule.major, rule.minor)  # type: ignore[arg-type]
+                    and set(deny.access) & set(rule.access)):
+                raise HookError(f"the device policy of {where} has the rule 'deny {deny.v1_line()}', which covers "
+                                f"the planned '{rule.v1_line()}': refusing to punch a hole in a wildcard deny "
+                                "(runc refuses that config too); allow the device in the container's config or "
+                                "narrow the deny")
+    return not missing
