@@ -51,9 +51,10 @@ def annotations(spec: Any) -> dict[str, Any]:
 
 def device_rules(spec: Any, create: bool = False) -> list[Any]:
     """``linux.resources.devices`` (the list itself; made when ``create``), every entry an object."""
-    linux = field(check_object(spec), "linux", dict, "linux", create=create) or {}
-    resources = field(linux, "resources", dict, "linux.resources", create=create) or {}
-    rules = field(resources, "devices", list, "linux.resources.devices", create=create)
+    linux = field(check_object(spec), "linux", dict, "linux", create=create)
+    resources = None if linux is None else field(linux, "resources", dict, "linux.resources", create=create)
+    rules = None if resources is None else field(resources, "devices", list, "linux.resources.devices",
+                                                 create=create)
     if rules is None:
         return []
     if not all(isinstance(entry, dict) for entry in rules):
