@@ -159,6 +159,7 @@ def test_cli_writes_into_a_cdi_directory(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     written = tmp_path / "amd.com-gpu.yaml"
     assert yaml.safe_load(written.read_text())["kind"] == "amd.com/gpu"
+    written.unlink()  # a YAML and a JSON spec of one kind side by side is a conflict that cdi list reports
     done = subprocess.run([*base, "generate", "--output", str(tmp_path)], capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr
     written = tmp_path / "amd.com-gpu.json"
