@@ -57,34 +57,37 @@ def test_a_root_owned_path_is_trusted(tmp_path: Path) -> None:
     assert trust.problem(str(tmp_path / "absent" / "file")) is None  # the open that follows reports it
 
 
+def spoil(path: Path, how: str | int) -> None:
+    """Make ``path`` something a non-root user owns (``"owner"``) or may write (a mode)."""
+    if how == "owner":
+        os.chown(path, NOBODY, NOBODY, follow_symlinks=False)
+    else:
+        assert isinstance(how, int)
+        path.chmod(how)
+
+
+SPOILED = {"file-owner": ("file", "owner"), "file-o+w": ("file", 0o646), "file-g+w": ("file", 0o664),
+           "dir-owner": ("dir", "owner"), "dir-g+w": ("dir", 0o775), "dir-o+w": ("dir", 0o757)}
+
+
 @root_only
-@pytest.mark.parametrize("case", ["file-owner", "file-o+w", "file-g+w", "dir-owner", "dir-g+w", "dir-o+w",
-                                  "link-to-untrusted-dir", "link-owned-by-nobody", "link-loop",
+@pytest.mark.parametrize("case", [*SPOILED, "link-to-untrusted-dir", "link-owned-by-nobody", "link-loop",
                                   "sticky-dir-nobody-file", "sticky-dir-o+w-file"])
 def test_untrusted_paths(tmp_path: Path, case: str) -> None:
     etc = tmp_path / "etc"
     path = _config(etc)
-    if case == "file-owner":
-        os.chown(path, NOBODY, NOBODY)
-    elif case == "file-o+w":
-        path.chmod(0o646)
-    elif case == "file-g+w":
-        path.chmod(0o664)
-    elif case == "dir-owner":
-        os.chown(etc, NOBODY, NOBODY)
-    elif case == "dir-g+w":
-        etc.chmod(0o775)
-    elif case == "dir-o+w":
-        etc.chmod(0o757)
+    if case in SPOILED:
+        what, how = SPOILED[case]
+        spoil(path if what == "file" else etc, how)
     elif case == "link-to-untrusted-dir":
         theirs = tmp_path / "theirs"
         _config(theirs)
-        os.chown(theirs, NOBODY, NOBODY)
+        spoil(theirs, "owner")
         (tmp_path / "link").symlink_to("theirs")
         path = tmp_path / "link" / "config.toml"
     elif case == "link-owned-by-nobody":
         (tmp_path / "link").symlink_to(path)
-        os.lchown(tmp_path / "link", NOBODY, NOBODY)
+        spoil(tmp_path / "link", "owner")
         path = tmp_path / "link"
     elif case == "link-loop":
         (tmp_path / "a").symlink_to("b")
@@ -98,10 +101,7 @@ def test_untrusted_paths(tmp_path: Path, case: str) -> None:
         path.write_text("")
         path.chmod(0o644)
         assert trust.problem(str(path)) is None  # root's file in a sticky world-writable directory
-        if case == "sticky-dir-nobody-file":
-            os.chown(path, NOBODY, NOBODY)
-        else:
-            path.chmod(0o666)
+        spoil(path, "owner" if case == "sticky-dir-nobody-file" else 0o666)
     assert trust.problem(str(path)) is not None
 
 
@@ -110,7 +110,7 @@ def test_relative_links_and_dotdot_resolve_like_the_kernel(tmp_path: Path) -> No
     (tmp_path / "etc" / "up").symlink_to("sub/../sub")
     assert trust.problem(str(tmp_path / "etc" / "up" / "config.toml")) is None
     if os.geteuid() == 0:
-        os.chown(tmp_path / "etc" / "sub", NOBODY, NOBODY)
+        spoil(tmp_path / "etc" / "sub", "owner")
         assert "owned by uid 65534" in (trust.problem(str(tmp_path / "etc" / "up" / "config.toml")) or "")
 
 
@@ -132,15 +132,11 @@ ENTRY_POINTS = {
 @pytest.mark.parametrize("how", ["owner", "mode", "directory", "symlink"])
 def test_every_entry_point_refuses_an_untrusted_config(tmp_path: Path, entry: str, how: str) -> None:
     path = _config(tmp_path / "etc", 'runtime = "/bin/true"\n')
-    if how == "owner":
-        os.chown(path, NOBODY, NOBODY)
-    elif how == "mode":
-        path.chmod(0o666)
-    elif how == "directory":
-        os.chown(path.parent, NOBODY, NOBODY)
+    if how != "symlink":
+        spoil(path.parent if how == "directory" else path, 0o666 if how == "mode" else "owner")
     else:
         theirs = _config(tmp_path / "theirs")
-        os.chown(theirs.parent, NOBODY, NOBODY)
+        spoil(theirs.parent, "owner")
         path = tmp_path / "config.toml"
         path.symlink_to(theirs)
     bundle = tmp_path / "bundle"
@@ -174,16 +170,12 @@ def test_cdi_output_into_an_untrusted_directory_is_refused(tmp_path: Path, comma
                                                            how: str) -> None:
     out = tmp_path / "cdi"
     out.mkdir()
-    if how == "owner":
-        os.chown(out, NOBODY, NOBODY)
-    elif how == "g+w":
-        out.chmod(0o775)
-    elif how == "o+w":
-        out.chmod(0o757)
+    if how != "symlink":
+        spoil(out, {"owner": "owner", "g+w": 0o775, "o+w": 0o757}[how])
     else:
         theirs = tmp_path / "theirs"
         theirs.mkdir()
-        os.chown(theirs, NOBODY, NOBODY)
+        spoil(theirs, "owner")
         out.rmdir()
         out.symlink_to(theirs)
     done = hook(*command, "--output", f"{out}/", env=clean_env())
@@ -284,14 +276,10 @@ def test_an_untrusted_log_is_not_written(tmp_path: Path, how: str) -> None:
     logs.mkdir()
     log = logs / "hook.log"
     log.write_text("")
-    if how == "file-owner":
-        os.chown(log, NOBODY, NOBODY)
-    elif how == "dir-owner":
-        os.chown(logs, NOBODY, NOBODY)
-    elif how == "dir-o+w":
-        logs.chmod(0o777)
-    else:
+    if how == "hard-link":
         os.link(log, tmp_path / "other-name")
+    else:
+        spoil(log if how == "file-owner" else logs, 0o777 if how == "dir-o+w" else "owner")
     done = _precreate_with_log(log)
     _warned(done, log, "hard links" if how == "hard-link" else "uid 65534" if "owner" in how else "writable")
     assert log.read_text() == ""
