@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_cli import EXAMPLE_BUNDLE, REPO, assert_one_error_line, clean_env, cli
+from tests.test_cli import EXAMPLE_BUNDLE, REPO, assert_one_error_line, clean_env, cli, spec_text
 
 MISSING = "/nonexistent/oci-gpu-hook-tests/sys"
 
@@ -130,3 +130,15 @@ def test_version(flag: str) -> None:
     broken = clean_env(OCI_GPU_HOOK_CONFIG="/nonexistent/oci-gpu-hook-tests/config.toml")
     done = cli(flag, env=broken)  # works whatever the config
     assert done.returncode == 0 and done.stdout == f"oci-gpu-hook {__version__}\n" and done.stderr == ""
+
+
+def test_a_hook_whose_reader_is_gone_still_says_so() -> None:
+    read, write = os.pipe()
+    os.close(read)  # podman stopped reading: the container must not start on a silent 141
+    try:
+        done = subprocess.run([sys.executable, "-m", "oci_gpu_hook.entry.cli", "precreate"], stdout=write,
+                              stderr=subprocess.PIPE, text=True, env=clean_env(), input=spec_text([]), cwd=REPO,
+                              timeout=60, check=False)
+    finally:
+        os.close(write)
+    assert done.returncode == 1 and "BrokenPipeError" in done.stderr and done.stderr.count("\n") == 1

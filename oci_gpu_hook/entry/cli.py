@@ -188,11 +188,11 @@ def main(argv: list[str] | None = None) -> int:
             except BrokenPipeError:
                 return _quiet_broken_pipe()
         raise
-    except BrokenPipeError:
-        return _quiet_broken_pipe()
     except BaseException as err:
         from oci_gpu_hook.log import debug_from_env, record, report_failure
 
+        if isinstance(err, BrokenPipeError) and command not in HOT_COMMANDS:  # a hook's reader is podman: say it
+            return _quiet_broken_pipe()
         if isinstance(err, KeyboardInterrupt):
             return 130
         line = report_failure(err, debug or (config.debug if config else debug_from_env()))
