@@ -351,10 +351,22 @@ atomic.write_atomic(sys.argv[1], "partial\\n", 0o644)
 """
 
 
-def test_a_killed_writer_s_temp_file_goes_on_the_next_run(tmp_path: Path) -> None:
-    out = tmp_path / "cdi"
+NEXT_RUN = {
+    "cdi generate": ("oci_gpu_hook.entry.cli", ["cdi", "generate", "--output", "{dir}/"], "amd.com-gpu.json"),
+    "watch --once": ("oci_gpu_hook.entry.cli", ["watch", "--once", "--kind", "amd", "--output", "{dir}/"],
+                     "amd.com-gpu.json"),
+    "shim create": ("oci_gpu_hook.entry.runtime", ["create", "--bundle", "{dir}", "c1"], "config.json"),
+}
+
+
+@pytest.mark.parametrize("writer_of", list(NEXT_RUN))
+def test_a_killed_writer_s_temp_file_goes_on_the_next_run(tmp_path: Path, writer_of: str) -> None:
+    module, args, name = NEXT_RUN[writer_of]
+    out = tmp_path / "out"
     out.mkdir()
-    target = out / "amd.com-gpu.json"
+    target = out / name
+    if name == "config.json":
+        target.write_text(spec_text(["AMD_VISIBLE_DEVICES=1"]))
     writer = subprocess.Popen([sys.executable, "-c", WRITER, str(target)], stdout=subprocess.PIPE, text=True,
                               cwd=Path(__file__).resolve().parent.parent)
     assert writer.stdout is not None
@@ -363,7 +375,8 @@ def test_a_killed_writer_s_temp_file_goes_on_the_next_run(tmp_path: Path) -> Non
     writer.wait()
     assert temp.exists() and temp.parent == out
     _age(temp, atomic.GRACE_S + 1)
-    done = hook("cdi", "generate", "--output", f"{out}/", env=clean_env())
+    env = clean_env(OCI_GPU_HOOK_RUNTIME="/bin/true")
+    done = run(module, *[a.format(dir=out) for a in args], env=env)
     assert done.returncode == 0, done.stderr
-    assert os.listdir(out) == ["amd.com-gpu.json"]
-    assert json.loads(target.read_text())["kind"] == "amd.com/gpu"
+    assert os.listdir(out) == [name]
+    assert "/dev/dri/renderD129" in target.read_text()
