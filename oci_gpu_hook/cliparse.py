@@ -1,4 +1,4 @@
-"""The operator commands' argument parser: errors are one HookError line, never argparse's exit."""
+"""The operator commands' argument parser: errors are one line (a UsageError, exit 2), never argparse's exit."""
 
 from __future__ import annotations
 
@@ -7,9 +7,16 @@ import argparse
 from oci_gpu_hook.errors import HookError
 
 
+class UsageError(HookError):
+    """A command line that cannot be run as given: exit status 2, as argparse and most tools use, apart
+    from the 1 of a command that ran and failed."""
+
+    exit_code = 2
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise HookError(f"{self.prog}: {message} (see oci-gpu-hook {self.prog.split()[-1]} --help)")
+        raise UsageError(f"{self.prog}: {message} (see oci-gpu-hook {self.prog.split()[-1]} --help)")
 
 
 def parser(name: str, description: str) -> _Parser:

@@ -174,8 +174,19 @@ def parse_file(data: Mapping[str, Any], where: str) -> dict[str, Any]:
     return {name: check_value(name, value, where) for name, value in data.items()}
 
 
+def check_trusted(path: str) -> None:
+    """Refuse a config file that anyone but root (or the invoking user) could have changed: its
+    ``runtime`` is exec'd as root (:mod:`oci_gpu_hook.trust` has the rule)."""
+    from oci_gpu_hook.trust import problem
+
+    why = problem(path)
+    if why:
+        raise HookError(f"config file {path} is not trusted: {why}; refusing a config that others could change")
+
+
 def load_file(path: str) -> dict[str, Any]:
     """Read and check the TOML file."""
+    check_trusted(path)
     import tomllib  # only when a file exists
 
     where = f"config file {path}"

@@ -159,10 +159,11 @@ def test_cli_writes_into_a_cdi_directory(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     written = tmp_path / "amd.com-gpu.yaml"
     assert yaml.safe_load(written.read_text())["kind"] == "amd.com/gpu"
+    written.unlink()  # a YAML and a JSON spec of one kind side by side is a conflict that cdi list reports
     done = subprocess.run([*base, "generate", "--output", str(tmp_path)], capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr
     written = tmp_path / "amd.com-gpu.json"
-    listed = subprocess.run([*base, "list"], capture_output=True, text=True,
+    listed = subprocess.run([*base, "list", "--spec-dirs", str(tmp_path)], capture_output=True, text=True,
                             env={**env, "OCI_GPU_HOOK_CDI_DIR": str(tmp_path)})
     assert listed.returncode == 0, listed.stderr
     assert "amd.com/gpu=1 " in listed.stdout and "amd.com/gpu=0000:23:00.0" in listed.stdout

@@ -263,7 +263,7 @@ def test_spec_failing_the_oci_schema(tmp_path: Path) -> None:
 
 
 def test_unknown_command() -> None:
-    line = assert_one_error_line(cli("frobnicate"))
+    line = assert_one_error_line(cli("frobnicate"), 2)
     assert "'frobnicate'" in line
     assert "valid:" in line
 
@@ -278,7 +278,7 @@ def test_unknown_command() -> None:
     ("validate", "--config-file"),
 ])
 def test_bad_flags(args: tuple[str, ...]) -> None:
-    assert_one_error_line(cli(*args, stdin=""))
+    assert_one_error_line(cli(*args, stdin=""), 2)  # a usage error
 
 
 def test_no_command_is_usage() -> None:

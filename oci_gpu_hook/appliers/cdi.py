@@ -94,8 +94,19 @@ def write(path: str, text: str) -> bool:
         os.makedirs(directory, exist_ok=True)
     except OSError as err:
         raise HookError(f"cannot create {directory}: {err.strerror}") from None
+    check_output_dir(directory)
     write_atomic(path, text, 0o644, durable=True)  # a spec in /etc/cdi outlives reboots
     return True
+
+
+def check_output_dir(directory: str) -> None:
+    """Refuse to write a spec where a non-root user could replace it: CDI consumers run as root and
+    add its device nodes and hooks to containers (:mod:`oci_gpu_hook.trust`)."""
+    from oci_gpu_hook.trust import problem
+
+    why = problem(directory)
+    if why:
+        raise HookError(f"CDI output directory {directory} is not trusted: {why}")
 
 
 def load(path: str) -> dict[str, Any]:
@@ -126,6 +137,9 @@ def minimum_version(spec: dict[str, Any]) -> str:
     """The lowest cdiVersion the fields of ``spec`` need (the rules of CDI's specs-go/version.go)."""
     devices = [d for d in spec.get("devices", []) if isinstance(d, dict)]
     edits = [d.get("containerEdits") or {} for d in devices] + [spec.get("containerEdits") or {}]
+    if any(e.get("netDevices") or (e.get("intelRdt") or {}).get("schemata") is not None
+           or (e.get("intelRdt") or {}).get("enableMonitoring") for e in edits):
+        return "1.1.0"
     if any(e.get("intelRdt") is not None or e.get("additionalGids") for e in edits):
         return "0.7.0"
     if spec.get("annotations") or any(d.get("annotations") for d in devices) or "." in str(

@@ -29,9 +29,10 @@ commands:
   prestart (or createRuntime)                live hook: state on stdin; nodes and device cgroup rules
   links PATH=TARGET...                       createRuntime hook: /dev/dri/by-path links in the container
   inspect (--pid PID | --cgroup DIR)         what a cgroup lets its processes open
-  cdi generate [--output FILE|DIR] [--format json|yaml]
+  cdi generate [--output DIR/|FILE] [--format json|yaml]
                                              the CDI spec of this host's GPUs
-  cdi list | cdi validate FILE...            CDI names of this host; check spec files
+  cdi list [--spec-dirs DIR,DIR]             CDI names of this host; exit 1 if the node's specs are not right
+  cdi validate FILE...                       check spec files (CDI 0.3.0 to 1.1.0)
   watch [--output FILE|DIR] [--debounce SECONDS] [--once] [--subsystems LIST]
                                              keep the CDI spec current on GPU/partition uevents
   install [--hook precreate|prestart|none] [--set VAR=VALUE] [--prefix DIR] [--dry-run] [--uninstall]
@@ -39,6 +40,9 @@ commands:
   device-plugin [--kubelet-dir DIR] [--resource-strategy single|mixed] [--device-specs]  kubelet device plugin
   validate [--config-file FILE] [SPEC ...]   check a config file and OCI config.json files
   launchers DIR                              write lean launchers (python -I -S) for hooks and the shim
+  help [COMMAND]                             this text, or what COMMAND --help prints
+
+exit status: 0 done, 1 failed (one error line on stderr), 2 a usage error
 """
 
 HOT_COMMANDS = frozenset({"precreate", "prestart", "createRuntime", "links"})
@@ -71,9 +75,45 @@ def split_globals(argv: list[str]) -> tuple[dict[str, Any], list[str]]:
 
 
 def _usage_error(message: str) -> Exception:
-    from oci_gpu_hook.errors import HookError
+    from oci_gpu_hook.cliparse import UsageError  # argparse too, but only on this error path
 
-    return HookError(f"{message} (see oci-gpu-hook --help)")
+    return UsageError(f"{message} (see oci-gpu-hook --help)")
+
+
+HOT_USAGE = {
+    "precreate": "usage: oci-gpu-hook precreate\n\npodman's precreate hook: the proposed config.json on stdin, "
+                 "the full config (with the GPUs asked for) on stdout.\n",
+    "prestart": "usage: oci-gpu-hook prestart (or createRuntime)\n\nThe live hook: the OCI state on stdin; "
+                "creates the GPU nodes in the container and grants them in its device cgroup.\n",
+    "links": "usage: oci-gpu-hook links PATH=TARGET...\n\ncreateRuntime hook: the /dev/dri/by-path links "
+             "in the container (the OCI state on stdin).\n",
+}
+HOT_USAGE["createRuntime"] = HOT_USAGE["prestart"]
+
+
+def cmd_help(rest: list[str], overrides: dict[str, Any]) -> int:
+    """``help``: the usage; ``help CMD``: what ``CMD --help`` prints."""
+    if not rest:
+        sys.stdout.write(USAGE)
+        return 0
+    if rest[0] in HOT_USAGE:
+        sys.stdout.write(HOT_USAGE[rest[0]])
+        return 0
+    from oci_gpu_hook.entry import commands
+
+    handler = commands.handler_for(rest[0])
+    return handler([*rest[1:], "--help"], load(overrides))
+
+
+def _quiet_broken_pipe() -> int:
+    """The reader of stdout went away (``| head``): end as a command killed by SIGPIPE would, silently."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+    return 141
 
 
 def load(overrides: dict[str, Any]) -> Config:
@@ -124,29 +164,42 @@ def main(argv: list[str] | None = None) -> int:
             from oci_gpu_hook.appliers import live
 
             return live.run(sys.stdin.read(), config)
-        from oci_gpu_hook.entry import commands
-
-        if command in (None, "-h", "--help", "help"):
+        if command is None:
             sys.stdout.write(USAGE)
-            return 0 if command else 2
-        if command in ("--version", "version"):
+            sys.stdout.flush()
+            return 2
+        if command in ("-h", "--help", "help"):
+            code = cmd_help(rest[1:], overrides)
+        elif command in ("--version", "-V", "version"):
             from oci_gpu_hook import __version__
 
             print(f"oci-gpu-hook {__version__}")
-            return 0
-        config = load(overrides)
-        return commands.run(command, rest[1:], config)
-    except SystemExit:
+            code = 0
+        else:
+            from oci_gpu_hook.entry import commands
+
+            config = load(overrides)
+            code = commands.run(command, rest[1:], config)
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
+        return code
+    except SystemExit as done:
+        if done.code == 0:
+            try:
+                sys.stdout.flush()
+            except BrokenPipeError:
+                return _quiet_broken_pipe()
         raise
     except BaseException as err:
         from oci_gpu_hook.log import debug_from_env, record, report_failure
 
+        if isinstance(err, BrokenPipeError) and command not in HOT_COMMANDS:  # a hook's reader is podman: say it
+            return _quiet_broken_pipe()
         if isinstance(err, KeyboardInterrupt):
             return 130
         line = report_failure(err, debug or (config.debug if config else debug_from_env()))
         record(config, entry=command or "oci-gpu-hook", id=getattr(err, "container_id", None), outcome="error",
                error=line)
-        return 1
+        return getattr(err, "exit_code", 1)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import json
 import os
 import sys
 
+from oci_gpu_hook.cliparse import UsageError
 from oci_gpu_hook.cliparse import parser as _parser
 from oci_gpu_hook.config import KINDS
 from oci_gpu_hook.errors import HookError
@@ -14,8 +15,10 @@ TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from typing import Any
 
     from oci_gpu_hook.config import Config
+    from oci_gpu_hook.inventory import Inventory
 
 
 def cmd_list(args: list[str], config: Config) -> int:
@@ -236,18 +239,173 @@ def cmd_inspect(args: list[str], config: Config) -> int:
     return 0
 
 
+SPEC_EXTENSIONS = (".json", ".yaml")  # what CDI consumers read (pkg/cdi/spec-dirs.go); nothing else
+DEFAULT_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")  # CDI's order: a later directory overrides an earlier one
+
+
+def make_dirs(directory: str, what: str) -> None:
+    """Create ``directory`` and any missing parent, each mode 0755 whatever the umask; one line on failure."""
+    missing = []
+    path = os.path.abspath(directory)
+    while not os.path.lexists(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    if not os.path.isdir(path):
+        raise HookError(f"{what} {directory}: {path} is not a directory")
+    for path in reversed(missing):
+        try:
+            os.mkdir(path, 0o755)
+            os.chmod(path, 0o755)
+        except FileExistsError:
+            if not os.path.isdir(path):
+                raise HookError(f"{what} {directory}: {path} is not a directory") from None
+        except OSError as err:
+            raise HookError(f"{what} {directory}: cannot create {path}: {err.strerror}") from None
+
+
+def spec_dirs(text: str | None, config: Config) -> list[str]:
+    """``--spec-dirs`` (comma-separated, in CDI's order), or CDI's defaults plus ``cdi_dir`` when it is
+    neither of them (as a containerd ``cdi_spec_dirs`` setting would add it)."""
+    if text is not None:
+        dirs = [os.path.abspath(d) for d in text.split(",") if d]
+        if not dirs:
+            raise UsageError(f"--spec-dirs {text!r}: expected a comma-separated list of directories")
+        return dirs
+    dirs = list(DEFAULT_SPEC_DIRS)
+    if os.path.realpath(config.cdi_dir) not in {os.path.realpath(d) for d in dirs}:
+        dirs.append(config.cdi_dir)
+    return dirs
+
+
+def _read_spec_dirs(dirs: list[str], ours: set[str]) -> tuple[list[tuple[int, str, dict[str, Any]]], list[str]]:
+    """Every spec file in ``dirs`` as CDI consumers read them: (priority, path, spec) for the loadable ones,
+    and the problems: a file CDI would drop that is (or may be) of one of our kinds, an unreadable dir."""
+    from oci_gpu_hook.appliers import cdi
+
+    found: list[tuple[int, str, dict[str, Any]]] = []
+    problems: list[str] = []
+    for priority, directory in enumerate(dirs):
+        try:
+            names = sorted(os.listdir(directory))
+        except FileNotFoundError:
+            continue
+        except OSError as err:
+            problems.append(f"cannot list the spec directory {directory}: {err.strerror}")
+            continue
+        for name in names:
+            path = os.path.join(directory, name)
+            if os.path.isdir(path) or not name.endswith(SPEC_EXTENSIONS):
+                continue
+            try:
+                spec = cdi.load(path)
+                kind = spec.get("kind")
+                if kind in ours or not isinstance(kind, str):
+                    cdi.validate(spec, path)
+            except HookError as err:
+                problems.append(f"invalid spec file (CDI consumers skip it): {err}")
+                continue
+            found.append((priority, path, spec))
+    return found, problems
+
+
+def _device_names_of(spec: dict[str, Any]) -> list[str]:
+    return [d["name"] for d in spec.get("devices") or [] if isinstance(d, dict) and isinstance(d.get("name"), str)]
+
+
+def _cdi_list(config: Config, inventory: Inventory, dirs: list[str]) -> list[str]:
+    """Print this host's CDI names and the state of the spec files; return the problems."""
+    from oci_gpu_hook.appliers import cdi
+
+    ours = {config.cdi_kind(k): k for k in config.backends}
+    found, problems = _read_spec_dirs(dirs, set(ours))
+    print(f"spec dirs (later overrides earlier): {', '.join(dirs)}")
+    real_dirs = {os.path.realpath(d) for d in dirs}
+    if os.path.realpath(config.cdi_dir) not in real_dirs:
+        problems.append(f"cdi_dir {config.cdi_dir} is not one of the spec dirs: CDI consumers never read our specs")
+    for kind in config.backends:
+        cdi_kind = config.cdi_kind(kind)
+        devices = inventory.devices(kind)
+        for name, chosen in cdi.device_names(devices, kind):
+            nodes = " ".join(os.path.basename(n.path) for d in chosen for n in d.nodes)
+            print(f"{cdi_kind}={name:<20} {nodes}")
+        if devices:
+            print(f"{cdi_kind}=all")
+        candidates = [os.path.join(config.cdi_dir, cdi.file_name(config, kind, fmt)) for fmt in ("json", "yaml")]
+        mine = [p for p in candidates if os.path.exists(p)]
+        if len(mine) > 1:
+            problems.append(f"{mine[0]} and {mine[1]}: a JSON and a YAML spec of {cdi_kind} in one directory; "
+                            "CDI consumers drop every device both name")
+        installed = mine[0] if mine else candidates[0]
+        if not mine:
+            state = f"missing (oci-gpu-hook cdi generate --output {config.cdi_dir}/)" if devices else "none"
+            if devices:
+                problems.append(f"no spec file of {cdi_kind} at {installed}")
+        elif not devices:
+            state = "STALE: this host has no such GPU"
+            problems.append(f"{installed} is stale: there are no {cdi_kind} devices on this host")
+        else:
+            try:
+                current = cdi.load(installed) == cdi.generate(inventory, kind, config)
+            except HookError as err:
+                current = False
+                problems.append(str(err))
+            state = "current" if current else "STALE: differs from this host"
+            if not current:
+                problems.append(f"{installed} is stale (oci-gpu-hook cdi generate --output {config.cdi_dir}/)")
+        print(f"spec file {installed}: {state}")
+        problems.extend(_conflicts(cdi_kind, installed, found))
+    return problems
+
+
+def _conflicts(cdi_kind: str, installed: str, found: list[tuple[int, str, dict[str, Any]]]) -> list[str]:
+    """Other spec files that name devices of ``cdi_kind``, and what CDI consumers make of each name: in the
+    highest-priority directory that names it, one file wins; two files there are a conflict, and the
+    device is dropped (pkg/cdi/cache.go)."""
+    holders: dict[str, list[tuple[int, str]]] = {}
+    for priority, path, spec in found:
+        if spec.get("kind") == cdi_kind:
+            for name in _device_names_of(spec):
+                holders.setdefault(name, []).append((priority, path))
+    real = os.path.realpath(installed)
+    problems = []
+    for priority, path, spec in found:
+        if spec.get("kind") != cdi_kind or os.path.realpath(path) == real:
+            continue
+        dropped, wins, loses = [], [], []
+        for name in _device_names_of(spec):
+            top = max(p for p, _ in holders[name])
+            at_top = [h for h in holders[name] if h[0] == top]
+            if len(at_top) > 1 and (priority, path) in at_top:
+                dropped.append(name)
+            elif top == priority:
+                wins.append(name)
+            else:
+                loses.append(name)
+        parts = [f"{what}: {', '.join(names[:6])}{' ...' if len(names) > 6 else ''}" for what, names in (
+            ("conflict, CDI consumers drop", dropped), ("it provides", wins), ("overridden", loses)) if names]
+        problems.append(f"{path} also defines {cdi_kind} devices ({'; '.join(parts)})")
+    return problems
+
+
 def cmd_cdi(args: list[str], config: Config) -> int:
     parser = _parser("cdi", "CDI specs of this host's GPUs (one per kind), for podman, containerd and CRI-O.")
     sub = parser.add_subparsers(dest="action", required=True, metavar="generate|list|validate")
     gen = sub.add_parser("generate", help="print (or write) the CDI spec of each kind on this host")
-    gen.add_argument("--output", metavar="DIR|FILE",
-                     help="write atomically (mode 0644) into DIR as <vendor>-<class>.<format> (/etc/cdi, "
-                          "/var/run/cdi), or to FILE with --kind; default: print")
+    gen.add_argument("--output", metavar="DIR/|FILE",
+                     help="an existing directory, or a path ending in '/', gets <vendor>-<class>.<format> per kind "
+                          "(created mode 0755 if missing; /etc/cdi, /var/run/cdi); any other path is a FILE "
+                          "(.json or .yaml) and needs --kind; written atomically, mode 0644; default: print")
     gen.add_argument("--kind", choices=list(KINDS), help="only this kind (default: every kind with devices)")
     gen.add_argument("--format", choices=("json", "yaml"), default=None,
                      help="default: from the output file's extension, else json")
-    sub.add_parser("list", help="the CDI names of this host's devices, and whether the installed specs are current")
-    check = sub.add_parser("validate", help="check CDI spec files against schemas/cdi.schema.json")
+    listing = sub.add_parser(
+        "list", help="the CDI names of this host's devices; exits 1 when the node's specs are not right "
+                     "(ours missing or stale, other files defining our kinds, conflicts, invalid files)")
+    listing.add_argument("--spec-dirs", metavar="DIR,DIR", default=None,
+                         help="the directories CDI consumers read, in their order (later overrides earlier); "
+                              "default: /etc/cdi,/var/run/cdi and cdi_dir")
+    check = sub.add_parser("validate", help="check CDI spec files against schemas/cdi.schema.json (CDI 0.3.0 to "
+                                            "1.1.0) and the CDI version rules")
     check.add_argument("files", nargs="+", metavar="FILE")
     opts = parser.parse_args(args)
     from oci_gpu_hook.appliers import cdi
@@ -258,40 +416,40 @@ def cmd_cdi(args: list[str], config: Config) -> int:
             cdi.validate(cdi.load(path), path)
             print(f"ok: {path}")
         return 0
-    inventory = scan(config.sysfs_root, config.backends, strict=False)
     if opts.action == "list":
-        for kind in config.backends:
-            cdi_kind = config.cdi_kind(kind)
-            devices = inventory.devices(kind)
-            for name, chosen in cdi.device_names(devices, kind):
-                nodes = " ".join(os.path.basename(n.path) for d in chosen for n in d.nodes)
-                print(f"{cdi_kind}={name:<20} {nodes}")
-            if devices:
-                print(f"{cdi_kind}=all")
-            installed = config.cdi_spec_path(kind)
-            if not os.path.exists(installed):
-                state = f"missing (oci-gpu-hook cdi generate --output {config.cdi_dir})" if devices else "none"
-            else:
-                spec = cdi.generate(inventory, kind, config)
-                state = "current" if cdi.load(installed) == spec else "STALE: differs from this host"
-            print(f"spec file {installed}: {state}")
+        dirs = spec_dirs(opts.spec_dirs, config)
+        inventory = scan(config.sysfs_root, config.backends, strict=False)
+        problems = _cdi_list(config, inventory, dirs)
+        for problem in problems:
+            print(f"problem: {' '.join(problem.split())}")
+        sys.stdout.flush()
+        if problems:
+            raise HookError(f"cdi list: {len(problems)} problem{'s' if len(problems) > 1 else ''} with this "
+                            f"node's CDI specs (the 'problem:' lines above)")
         return 0
+    output = opts.output
+    to_dir = bool(output) and (output.endswith("/") or os.path.isdir(output))
+    if output and not to_dir:
+        if not output.endswith((".json", ".yaml", ".yml")):
+            raise UsageError(f"--output {output}: a CDI spec file ends in .json or .yaml "
+                             "(a directory: end it with '/')")
+        if not opts.kind:
+            raise UsageError(f"--output {output}: a file holds one kind's spec: add --kind")
+    inventory = scan(config.sysfs_root, config.backends, strict=False)
     kinds = [opts.kind] if opts.kind else [k for k in config.backends if inventory.devices(k)]
     if not kinds or not any(inventory.devices(k) for k in kinds):
         raise HookError(f"no GPUs under {inventory.sysfs_root}: a CDI spec needs at least one device")
-    if opts.output and not opts.kind and not os.path.isdir(opts.output):
-        raise HookError(f"--output {opts.output}: not a directory (a file needs --kind)")
+    if to_dir:
+        make_dirs(output, "--output")
     for kind in kinds:
         spec = cdi.generate(inventory, kind, config)
-        fmt = opts.format or ("yaml" if (opts.output or "").endswith((".yaml", ".yml")) else "json")
+        fmt = opts.format or ("yaml" if (output or "").endswith((".yaml", ".yml")) else "json")
         cdi.validate(spec, f"generated CDI spec of {kind}")
         text = cdi.render(spec, fmt)
-        if not opts.output:
+        if not output:
             sys.stdout.write(text)
             continue
-        path = opts.output
-        if os.path.isdir(path):
-            path = os.path.join(path, cdi.file_name(config, kind, fmt))
+        path = os.path.join(output, cdi.file_name(config, kind, fmt)) if to_dir else output
         changed = cdi.write(path, text)
         print(f"{'wrote' if changed else 'unchanged'}: {path}", file=sys.stderr)
     return 0
@@ -312,13 +470,33 @@ MODULE_COMMANDS = {"watch": "oci_gpu_hook.host.watch", "install": "oci_gpu_hook.
 MODULE_COMMANDS["device-plugin"] = "oci_gpu_hook.host.deviceplugin"
 
 
-def run(command: str, args: list[str], config: Config) -> int:
+# Commands that read sysfs: a sysfs root that is not there is an error before they start (a watcher or a
+# device plugin would otherwise serve nothing, quietly; inspect would drop its annotations).
+SYSFS_COMMANDS = frozenset({"list", "dry-run", "inspect", "cdi", "watch", "install", "device-plugin"})
+
+
+def require_sysfs(command: str, args: list[str], config: Config) -> None:
+    if command not in SYSFS_COMMANDS or "-h" in args or "--help" in args:
+        return
+    if {"cdi": "validate", "install": "--uninstall"}.get(command) in args:  # these read no sysfs
+        return
+    if not os.path.isdir(config.sysfs_root):
+        raise HookError(f"sysfs root {config.sysfs_root} is not a directory (from {config.source})")
+
+
+def handler_for(command: str) -> Callable[[list[str], Config], int]:
     handler = COMMANDS.get(command)
     if handler is None and command in MODULE_COMMANDS:
         import importlib
 
         handler = importlib.import_module(MODULE_COMMANDS[command]).command
     if handler is None:
-        valid = ", ".join([*COMMANDS, *MODULE_COMMANDS, "precreate", "prestart", "createRuntime"])
-        raise HookError(f"unknown command '{command}' (valid: {valid}; see oci-gpu-hook --help)")
+        valid = ", ".join([*COMMANDS, *MODULE_COMMANDS, "precreate", "prestart", "createRuntime", "links"])
+        raise UsageError(f"unknown command '{command}' (valid: {valid}; see oci-gpu-hook --help)")
+    return handler
+
+
+def run(command: str, args: list[str], config: Config) -> int:
+    handler = handler_for(command)
+    require_sysfs(command, args, config)
     return handler(args, config)
