@@ -92,7 +92,7 @@ def loads(text: str, object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] |
     except Refused:
         raise
     except RecursionError:
-        raise Refused("nested too deeply (arrays and objects inside each other)") from None
+        raise Refused("is nested too deeply (arrays and objects inside each other)") from None
     except (StopIteration, ValueError, SystemError):
         # The C scanner reports most errors through json.decoder, which is not
         # imported here; let the full module parse again for a precise message.
