@@ -78,6 +78,9 @@ _FIELDS = {
     "linux.resources": ("devices", "memory", "cpu", "pids", "blockIO", "hugepageLimits", "network", "rdma",
                         "unified"),
     "hooks": ("prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop"),
+    "hooks.createRuntime[]": ("path", "args", "env", "timeout"),
+    "linux.devices[]": ("path", "type", "major", "minor", "fileMode", "uid", "gid"),
+    "linux.resources.devices[]": ("allow", "type", "major", "minor", "access"),
 }
 _FOLDED = {level: {go_fold(name): name for name in names} for level, names in _FIELDS.items()}
 # Objects decoded into Go maps, whose keys are case-sensitive: only exact repeats are ambiguous there.
@@ -129,16 +132,23 @@ def _check_case(spec: Any, collisions: list[tuple[dict[str, Any], list[str]]]) -
             elif isinstance(value, list):
                 stack.extend((child, [*path, f"[{i}]"]) for i, child in enumerate(value))
     for level, known in _FOLDED.items():
-        obj: Any = spec
-        for name in level.split(".") if level else ():
-            obj = obj.get(name) if isinstance(obj, dict) else None
-        if not isinstance(obj, dict):
-            continue
-        for key in obj:
-            canonical = known.get(go_fold(key))
-            if canonical is not None and canonical != key:
-                raise fastjson.Refused(f"spells {_where(level.split('.') if level else [])}'s {canonical!r} as "
-                                       f"{key!r}: runc reads it as {canonical!r}; refusing the ambiguity")
+        for obj in _objects(spec, level):
+            for key in obj:
+                canonical = known.get(go_fold(key))
+                if canonical is not None and canonical != key:
+                    where = level.replace("[]", "[...]") or "the top level"
+                    raise fastjson.Refused(f"spells {where}'s {canonical!r} as {key!r}: runc reads it as "
+                                           f"{canonical!r}; refusing the ambiguity")
+
+
+def _objects(spec: Any, level: str) -> list[dict[str, Any]]:
+    """The objects at ``level`` ("linux.resources", "linux.devices[]": each object of that list)."""
+    objects = [spec]
+    for name in level.split(".") if level else ():
+        each = name.endswith("[]")
+        found = [obj.get(name.removesuffix("[]")) for obj in objects if isinstance(obj, dict)]
+        objects = [item for value in found if isinstance(value, list) for item in value] if each else found
+    return [obj for obj in objects if isinstance(obj, dict)]
 
 
 def loads(text: str) -> Any:

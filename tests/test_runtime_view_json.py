@@ -36,6 +36,9 @@ REFUSED_SPECS = [
     ('{"proce\u017fs": {"env": []}}', "as 'proce\u017fs'"),  # long s: Go folds it to s
     ('{"root": {"Path": "x"}}', "spells root's 'path' as 'Path'"),
     ('{"linux": {"Devices": []}}', "spells linux's 'devices' as 'Devices'"),
+    ('{"linux": {"devices": [{"PATH": "/dev/x"}]}}', "spells linux.devices[...]'s 'path' as 'PATH'"),
+    ('{"linux": {"resources": {"devices": [{"allow": true, "Type": "c"}]}}}', "'type' as 'Type'"),
+    ('{"hooks": {"createRuntime": [{"Path": "/x"}]}}', "spells hooks.createRuntime[...]'s 'path'"),
     ('{"linux": {"resources": {"devices": [], "DEVICES": []}}}', "in linux.resources"),
     ('{"linux": {"resources": {"devices": [{"allow": true, "Allow": false}]}}}', "linux.resources.devices[0]"),
     ('{"linux": {"maskedPaths": [], "maskedpaths": []}}', "in linux"),
