@@ -23,7 +23,8 @@ pytestmark = pytest.mark.containers
 
 REFUSED = None
 # (argv with placeholders, what runc uses: a bundle label A/B/C(working dir), "chdir:PATH" for a bundle runc
-# tried to enter and could not, or REFUSED where runc's argument parsing fails or it only prints help)
+# tried to enter and could not, "A@ID" for another container id than {ID}, or REFUSED where runc's argument
+# parsing fails or it only prints help)
 CASES: list[tuple[str, str | None]] = [
     ("run --bundle {A} --bundle {B} {ID}", "B"),
     ("run -b {A} -b {B} {ID}", "B"),
@@ -91,6 +92,13 @@ CASES: list[tuple[str, str | None]] = [
     ("- run -b {A} {ID}", REFUSED),
     ("-- run -b {B} {ID}", "B"),
     ("--root run -b {A} {ID}", REFUSED),
+    ("run --root {ROOT2} -b {A} {ID}", REFUSED),
+    ("--rootless=false run -b {B} {ID}", "B"),
+    ("--systemd-cgroup run -b /nA {ID}", "chdir:/nA"),
+    ("--systemd-cgroup=false --debug=1 run -b {A} {ID}", "A"),
+    ("run -b {A} -d=false --keep=0 {ID}", "A"),
+    ("run -b {A} - ", REFUSED),
+    ("run -b {A} -", "A@-"),  # the container id is "-"
 ]
 
 PARSE_ERRORS = ("flag provided but not defined", "Cannot use two forms", "requires exactly", "bad flag syntax",
@@ -160,7 +168,8 @@ def test_shim_and_runc_choose_the_same_bundle(place: dict[str, Path], shape: str
     elif expected.startswith("chdir:"):
         want = (expected[6:], cid)
     else:
-        want = (str(place[expected]), cid)
+        label, _at, named = expected.partition("@")
+        want = (str(place[label]), named or cid)
     assert runc_choice(argv, place, cid) == want, "runc 1.1 itself did otherwise than the table says"
     monkeypatch.chdir(place["C"])
     assert shim_choice(argv, place) == want, "the shim would rewrite another bundle than runc uses"
