@@ -44,21 +44,18 @@ class ArgvError(Exception):
 
 
 def _go_int(value: str) -> bool:
-    """Whether Go's strconv.ParseInt(value, 0, 64) takes ``value`` (flag.Int's parser)."""
-    digits = value[1:] if value[:1] in "+-" else value
-    base, body = 10, digits
-    if digits[:2].lower() in ("0x", "0b", "0o"):
-        base, body = {"x": 16, "b": 2, "o": 8}[digits[1].lower()], digits[2:]
-    elif len(digits) > 1 and digits[0] == "0":
-        base, body = 8, digits[1:]
-    if base == 10 and "_" in body:
+    """Whether Go's strconv.ParseInt(value, 0, 64) takes ``value`` (flag.Int's parser): a sign, then a Go integer
+    literal (0x, 0b, 0o prefixes, a leading 0 for octal, underscores between digits)."""
+    body = value[1:] if value[:1] in ("+", "-") else value
+    if len(body) > 1 and body[0] == "0" and body[1] not in "xXbBoO":
+        body = "0o" + body[1:]
+    if not body.isascii() or body != body.strip():
         return False
-    body = body.replace("_", "") if base != 10 else body
     try:
-        number = int(body, base) if body and body.isascii() and body.isalnum() else None
+        number = int(body, 0)  # Python's literal rules for these forms match Go's
     except ValueError:
         return False
-    return number is not None and -(2**63) <= (-number if value[:1] == "-" else number) < 2**63
+    return number <= 2**63 if value[:1] == "-" else number < 2**63
 
 
 def _go_flag_parse(args: list[str], flags: dict[str, str]) -> tuple[dict[str, str], list[str], list[str]]:
