@@ -217,3 +217,16 @@ def test_gone_pid_is_one_line(setup: dict[str, Path], gpu_bundle: Path) -> None:
     assert done.returncode == 1
     (only,) = done.stderr.splitlines()
     assert f"container process {process.pid} is gone" in only
+
+
+@pytest.mark.parametrize("v2", [False, True], ids=["cgroup-v1", "cgroup-v2"])
+@pytest.mark.parametrize("stage", ["prestart", "createRuntime"])
+def test_the_real_container_passes_the_check(setup: dict[str, Path], v2: bool, stage: str) -> None:
+    """The check holds where runc has not pivoted yet: --no-pivot, a root.path relative to the bundle."""
+    bundle = cl.make_bundle(setup["base"] / cl.container_id(), setup["rootfs"], ["AMD_VISIBLE_DEVICES=2"])
+    cl.add_prestart(bundle, setup["hook"], stage=stage)
+    cl.edit_spec(bundle, lambda spec: spec["root"].update(path="../rootfs"))
+    argv = ["runc", "run", "--no-pivot", "--bundle", str(bundle), bundle.name]
+    done = cl.run(cl.cgroup2_wrap(argv) if v2 else argv)
+    assert done.returncode == 0, done.stderr
+    cl.assert_isolated(done.stdout, [2], cgroup_v2=v2)
