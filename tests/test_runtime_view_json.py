@@ -120,6 +120,64 @@ def test_bundle_loads_answers_cleanly(text: str) -> None:
     assert json.loads(text) == spec or spec != spec  # what it accepts is what json reads
 
 
+def _go_would_agree(text: str) -> bool:
+    """An independent model: Go and Python read ``text`` alike when no object repeats a key and no object that
+    Go decodes into a struct (anything but annotations, sysctl, unified) holds two keys that fold alike."""
+    def fold(key: str) -> str:
+        return key.lower().replace("\u017f", "s")
+
+    tree = json.loads(text, object_pairs_hook=lambda pairs: ("obj", pairs))
+    stack: list[tuple[Any, str]] = [(tree, "")]
+    while stack:
+        value, parent = stack.pop()
+        if isinstance(value, tuple):
+            keys = [k for k, _v in value[1]]
+            if len(set(keys)) != len(keys):
+                return False
+            if fold(parent) not in ("annotations", "sysctl", "unified") and len({fold(k) for k in keys}) != len(keys):
+                return False
+            stack.extend((v, k) for k, v in value[1])
+        elif isinstance(value, list):
+            stack.extend((v, parent) for v in value)
+    return True
+
+
+_keys = st.sampled_from(["process", "Process", "PROCESS", "proce\u017fs", "env", "Env", "root", "Root", "path",
+                         "Path", "annotations", "a", "A", "linux", "devices", "Devices", "x"])
+class _Pairs(list):  # type: ignore[type-arg]
+    """An object written as its (key, value) pairs, repeats and all."""
+
+
+def _dump(value: Any) -> str:
+    if isinstance(value, _Pairs):
+        return "{" + ",".join(f"{json.dumps(k)}:{_dump(v)}" for k, v in value) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(_dump(v) for v in value) + "]"
+    return json.dumps(value)
+
+
+_objects = st.recursive(
+    st.one_of(st.none(), st.integers(), st.text(max_size=4)),
+    lambda children: st.one_of(st.lists(children, max_size=3),
+                               st.lists(st.tuples(_keys, children), max_size=4).map(_Pairs)),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_objects.map(_dump))
+def test_what_bundle_loads_accepts_go_reads_alike(text: str) -> None:
+    """Objects written with repeated and case-folded keys: accepted exactly when Go would read them alike (or
+    refused for a known field spelled in another case at a level the hook reads)."""
+    try:
+        bundle.loads(text)
+    except HookError as err:
+        assert "\n" not in str(err)
+        assert not _go_would_agree(text) or "spells" in str(err), (text, str(err))
+        return
+    assert _go_would_agree(text), text
+
+
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(hostile_text)
 def test_parse_state_answers_cleanly(text: str) -> None:
