@@ -230,3 +230,57 @@ def test_the_real_container_passes_the_check(setup: dict[str, Path], v2: bool, s
     done = cl.run(cl.cgroup2_wrap(argv) if v2 else argv)
     assert done.returncode == 0, done.stderr
     cl.assert_isolated(done.stdout, [2], cgroup_v2=v2)
+
+
+# --- hostile numbers, depth and bytes: what runc does, and the hook's one line ---------------------------------
+
+HOSTILE: list[tuple[str, str, bool, str]] = [
+    # (name, text spliced in as the value of an unknown top-level key, runc runs it, the hook's line)
+    ("1e400", "1e400", True, "holds the number 1e400, out of the range of a 64-bit float"),
+    ("5000-digits", "7" * 5000, True, "holds an integer of 5000 digits"),
+    ("2000-deep", "[" * 2000 + "]" * 2000, True, "is nested too deeply"),
+    ("NaN", "NaN", False, "not valid JSON"),
+    ("20000-deep", "[" * 20000 + "]" * 20000, False, "is nested too deeply"),
+]
+
+
+def _hostile_bundle(setup: dict[str, Path], piece: bytes, hook: bool) -> Path:
+    bundle = cl.make_bundle(setup["base"] / cl.container_id(), setup["rootfs"], ["AMD_VISIBLE_DEVICES=1"],
+                            ["/bin/true"])
+    if hook:
+        cl.add_prestart(bundle, setup["hook"])
+    text = json.dumps(json.loads((bundle / "config.json").read_text())).encode()
+    (bundle / "config.json").write_bytes(text[:-1] + b', "x-hostile": ' + piece + b"}")
+    return bundle
+
+
+@pytest.mark.parametrize(("name", "piece", "runc_runs", "line"),
+                         [*HOSTILE, ("xff-in-env", "", True, "is not UTF-8 text")],
+                         ids=[*(h[0] for h in HOSTILE), "xff-in-env"])
+def test_hostile_config_runc_and_the_hook(setup: dict[str, Path], name: str, piece: str, runc_runs: bool,
+                                          line: str) -> None:
+    def make(hook: bool) -> Path:
+        if name != "xff-in-env":
+            return _hostile_bundle(setup, piece.encode(), hook)
+        bundle = _hostile_bundle(setup, b"0", hook)
+        text = (bundle / "config.json").read_bytes()
+        wanted = b'"AMD_VISIBLE_DEVICES=1"'
+        (bundle / "config.json").write_bytes(text.replace(wanted, b'"A=\xff", ' + wanted))
+        return bundle
+
+    alone = make(hook=False)
+    done = cl.run(["runc", "run", "--bundle", str(alone), alone.name])
+    assert (done.returncode == 0) == runc_runs, done.stderr  # what runc 1.1.5 itself does with it
+    hooked = make(hook=True)
+    done = cl.run(["runc", "run", "--bundle", str(hooked), hooked.name])
+    assert done.returncode != 0
+    if runc_runs:  # runc got as far as the hook: its one line
+        ours = [x for x in done.stderr.replace("\\n", "\n").splitlines() if "oci-gpu-hook: error:" in x]
+        assert len(ours) == 1 and line in ours[0], done.stderr
+    shim = make(hook=False)
+    before = (shim / "config.json").read_bytes()
+    done = cl.run([str(setup["runtime"]), "run", "--bundle", str(shim), shim.name], env=cl.hook_env())
+    assert done.returncode == 1
+    (only,) = done.stderr.splitlines()
+    assert only.startswith("oci-gpu-hook: error:") and "config.json" in only and line in only
+    assert (shim / "config.json").read_bytes() == before
