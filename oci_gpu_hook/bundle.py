@@ -14,6 +14,7 @@ from oci_gpu_hook.errors import HookError
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 
@@ -91,12 +92,119 @@ def root_path(spec: Any, bundle: str) -> str:
     return os.path.normpath(os.path.join(bundle, path))
 
 
+# How Go's encoding/json (runc, containerd, podman) matches an object key to a struct field: case-insensitively,
+# with Unicode simple folding, under which the only non-ASCII letters equal to ASCII ones are U+017F (long s ~ s)
+# and U+212A (Kelvin sign ~ k).  Two keys that fold alike both land in the same field (an object value is
+# decoded into it twice: the fields of both are merged); Python would keep them apart.
+def go_fold(key: str) -> str:
+    return key.lower() if key.isascii() else key.lower().replace("\u017f", "s")
+
+
+# The struct levels the hook reads or writes, with the spellings of the runtime spec: a key that Go would take
+# for one of these fields must be spelled exactly so.
+_FIELDS = {
+    "": ("ociVersion", "process", "root", "hostname", "domainname", "mounts", "hooks", "annotations", "linux"),
+    "process": ("terminal", "user", "cwd", "env", "args", "capabilities", "rlimits", "noNewPrivileges"),
+    "root": ("path", "readonly"),
+    "linux": ("devices", "resources", "maskedPaths", "readonlyPaths", "cgroupsPath", "namespaces", "sysctl",
+              "seccomp", "uidMappings", "gidMappings", "rootfsPropagation", "mountLabel"),
+    "linux.resources": ("devices", "memory", "cpu", "pids", "blockIO", "hugepageLimits", "network", "rdma",
+                        "unified"),
+    "hooks": ("prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop"),
+    "hooks.createRuntime[]": ("path", "args", "env", "timeout"),
+    "linux.devices[]": ("path", "type", "major", "minor", "fileMode", "uid", "gid"),
+    "linux.resources.devices[]": ("allow", "type", "major", "minor", "access"),
+}
+_FOLDED = {level: {go_fold(name): name for name in names} for level, names in _FIELDS.items()}
+# Objects decoded into Go maps, whose keys are case-sensitive: only exact repeats are ambiguous there.
+_MAP_FIELDS = frozenset({"annotations", "sysctl", "unified"})
+
+
+def _pairs(collisions: list[tuple[dict[str, Any], list[str]]]) -> Callable[[list[tuple[str, Any]]], dict[str, Any]]:
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        obj = dict(items)
+        if len(obj) != len(items):
+            seen: set[str] = set()
+            for key, _ in items:
+                if key in seen:
+                    break
+                seen.add(key)
+            raise fastjson.Refused(f"repeats the key {key!r} in one object "
+                                   "(runc would merge or override the two; refusing the ambiguity)")
+        if len(obj) > 1:
+            folded = {go_fold(key) for key in obj}
+            if len(folded) != len(obj):
+                collisions.append((obj, list(obj)))
+        return obj
+    return pairs
+
+
+def _where(path: list[str]) -> str:
+    return ".".join(path).replace(".[", "[") or "the top level"
+
+
+def _check_case(spec: Any, collisions: list[tuple[dict[str, Any], list[str]]]) -> None:
+    """Refuse keys that runc reads as another: two keys of one struct that fold alike, or a known field spelled
+    in another case.  Raises fastjson.Refused."""
+    if collisions:
+        suspects = {id(obj): keys for obj, keys in collisions}
+        stack: list[tuple[Any, list[str]]] = [(spec, [])]
+        while stack:
+            value, path = stack.pop()
+            if isinstance(value, dict):
+                keys = suspects.get(id(value))
+                if keys is not None and not (path and go_fold(path[-1]) in _MAP_FIELDS):
+                    first: dict[str, str] = {}
+                    for key in keys:
+                        other = first.setdefault(go_fold(key), key)
+                        if other != key:
+                            raise fastjson.Refused(
+                                f"has both {other!r} and {key!r} in {_where(path)}: runc reads them as one field "
+                                "(Go matches keys without regard to case); refusing the ambiguity")
+                stack.extend((child, [*path, key]) for key, child in value.items())
+            elif isinstance(value, list):
+                stack.extend((child, [*path, f"[{i}]"]) for i, child in enumerate(value))
+    for level, known in _FOLDED.items():
+        for obj in _objects(spec, level):
+            for key in obj:
+                canonical = known.get(go_fold(key))
+                if canonical is not None and canonical != key:
+                    where = level.replace("[]", "[...]") or "the top level"
+                    raise fastjson.Refused(f"spells {where}'s {canonical!r} as {key!r}: runc reads it as "
+                                           f"{canonical!r}; refusing the ambiguity")
+
+
+def _objects(spec: Any, level: str) -> list[dict[str, Any]]:
+    """The objects at ``level`` ("linux.resources", "linux.devices[]": each object of that list)."""
+    objects = [spec]
+    for name in level.split(".") if level else ():
+        each = name.endswith("[]")
+        found = [obj.get(name.removesuffix("[]")) for obj in objects if isinstance(obj, dict)]
+        objects = [item for value in found if isinstance(value, list) for item in value] if each else found
+    return [obj for obj in objects if isinstance(obj, dict)]
+
+
 def loads(text: str) -> Any:
-    """Parse config.json text; a HookError saying why it is not JSON."""
+    """Parse config.json text as runc reads it, or a HookError saying why not.
+
+    Refused, each with one line: a key repeated in one object (Go merges the two values of a struct field, Python
+    keeps the last), two keys of one struct that differ only in case or that name a field in another case (Go
+    matches field names case-insensitively), text that is not UTF-8, numbers no 64-bit float holds and integers
+    of thousands of digits, nesting deeper than the interpreter can read.
+    """
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # lone surrogates: bytes that were not UTF-8, decoded with surrogateescape
+            raise HookError("config.json is not UTF-8 text") from None
+    collisions: list[tuple[dict[str, Any], list[str]]] = []
     try:
-        return fastjson.loads(text)
+        spec = fastjson.loads(text, _pairs(collisions))
+        _check_case(spec, collisions)
     except ValueError as err:
-        raise HookError(f"config.json is {err}") from None
+        raise HookError(f"config.json {err}" if isinstance(err, fastjson.Refused) else f"config.json is {err}") \
+            from None
+    return spec
 
 
 def read_text(path: str) -> str:

@@ -19,8 +19,16 @@ from oci_gpu_hook.errors import HookError
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
 
 if TYPE_CHECKING:
+    from typing import Any
 
     from oci_gpu_hook.config import Config
+
+
+def _unique_keys(items: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(items)
+    if len(obj) != len(items):
+        raise fastjson.Refused("repeats a key in one object")
+    return obj
 
 
 def parse_state(text: str) -> tuple[str, int, str]:
@@ -28,9 +36,10 @@ def parse_state(text: str) -> tuple[str, int, str]:
     if not text.strip():
         raise HookError("no container state on stdin (expected the OCI state JSON from the runtime)")
     try:
-        state = fastjson.loads(text)
+        state = fastjson.loads(text, _unique_keys)
     except ValueError as err:
-        raise HookError(f"the container state on stdin is {err}") from None
+        verb = "" if isinstance(err, fastjson.Refused) else "is "
+        raise HookError(f"the container state on stdin {verb}{err}") from None
     if not isinstance(state, dict):
         raise HookError("the container state on stdin is not a JSON object")
     cid, pid, bundle = state.get("id"), state.get("pid"), state.get("bundle")
@@ -41,6 +50,43 @@ def parse_state(text: str) -> tuple[str, int, str]:
     if not isinstance(bundle, str) or not bundle.startswith("/"):
         raise HookError(f"the container state has no absolute 'bundle' path (got {bundle!r})")
     return cid, pid, bundle
+
+
+def _identity(path: str) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
+
+
+def check_container(pid: int, rootfs: str, bundle: str) -> None:
+    """Refuse unless ``pid`` is the container of ``bundle``, before anything is touched in its name.
+
+    What holds at prestart/createRuntime (measured in runc 1.1's hooks, cgroup v1 and v2): the container's first
+    process is a child of the runtime process that runs the hooks (runc's nsexec clones it with CLONE_PARENT; crun
+    forks it and the hooks itself), so it has this hook's parent; it has a mount namespace of its own; and it sits
+    in its rootfs: its cwd is root.path until pivot_root, its root after.  A stale or unrelated pid (a pid the
+    kernel gave to someone else, the pid of a host process) fails at least one of the three.
+    """
+    where = f"the container state's pid {pid} is not the container of {bundle}"
+    proc = f"/proc/{pid}"
+    try:
+        with open(f"{proc}/stat", "rb") as handle:
+            data = handle.read()
+        parent = int(data[data.rindex(b")") + 2:].split()[1])
+        own_ns = _identity(f"{proc}/ns/mnt") != _identity("/proc/self/ns/mnt")
+        places = {_identity(f"{proc}/root"), _identity(f"{proc}/cwd")}
+    except (OSError, ValueError, IndexError) as err:
+        raise HookError(f"container process {pid} is gone or unreadable "
+                        f"({getattr(err, 'strerror', None) or err})") from None
+    try:
+        root = _identity(rootfs)
+    except OSError as err:
+        raise HookError(f"cannot stat the container's root.path {rootfs}: {err.strerror}") from None
+    if parent != os.getppid():
+        raise HookError(f"{where}: its parent is process {parent}, not the runtime {os.getppid()} that runs this hook")
+    if not own_ns:
+        raise HookError(f"{where}: it shares this hook's mount namespace")
+    if root not in places:
+        raise HookError(f"{where}: neither its root nor its working directory is the bundle's root.path {rootfs}")
 
 
 def run(stdin_text: str, config: Config) -> int:
@@ -65,8 +111,7 @@ def _apply(cid: str, pid: int, bundle: str, config: Config, started: float) -> i
         record_plan(config, "prestart", cid, plan, started)
         return 0
     rootfs = root_path(spec, bundle)
-    if not os.path.exists(f"/proc/{pid}"):
-        raise HookError(f"container process {pid} is gone")
+    check_container(pid, rootfs, bundle)
 
     from oci_gpu_hook.appliers import cgroups
     from oci_gpu_hook.appliers import rootfs as rootfs_module
@@ -109,7 +154,9 @@ def run_links(stdin_text: str, args: list[str]) -> int:
     try:
         spec = loads(read_text(os.path.join(bundle, "config.json")))
         if links:
-            rootfs_module.apply_in_container(pid, root_path(spec, bundle), Edits(links=tuple(links)))
+            rootfs = root_path(spec, bundle)
+            check_container(pid, rootfs, bundle)
+            rootfs_module.apply_in_container(pid, rootfs, Edits(links=tuple(links)))
     except HookError as err:
         err.container_id = cid
         raise

@@ -20,52 +20,180 @@ TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms
 if TYPE_CHECKING:
     from oci_gpu_hook.config import Config
 
-# runc's global options that take a value (urfave/cli also accepts one dash)
-_GLOBAL_WITH_VALUE = frozenset({"--root", "--log", "--log-format", "--criu", "--rootless"})
 REWRITE_COMMANDS = frozenset({"create", "run"})
 
+# runc 1.1's command line (urfave/cli v1.22 over Go's flag package), read from ``runc --help`` and
+# ``runc run --help``: name -> kind ("bool", "string", "int"); a flag's other names in _ALIASES.
+_GLOBAL_FLAGS = {"debug": "bool", "log": "string", "log-format": "string", "root": "string", "criu": "string",
+                 "systemd-cgroup": "bool", "rootless": "string", "help": "bool", "h": "bool", "version": "bool",
+                 "v": "bool"}
+_CREATE_FLAGS = {"bundle": "string", "b": "string", "console-socket": "string", "pid-file": "string",
+                 "no-pivot": "bool", "no-new-keyring": "bool", "preserve-fds": "int", "help": "bool", "h": "bool"}
+_RUN_FLAGS = {**_CREATE_FLAGS, "detach": "bool", "d": "bool", "keep": "bool", "no-subreaper": "bool"}
+_COMMAND_FLAGS = {"create": _CREATE_FLAGS, "run": _RUN_FLAGS}
+_ALIASES = (("bundle", "b"), ("detach", "d"), ("help", "h"), ("version", "v"))
+_RUNC_COMMANDS = frozenset({"checkpoint", "create", "delete", "events", "exec", "init", "kill", "list", "pause",
+                            "ps", "restore", "resume", "run", "spec", "start", "state", "update", "features",
+                            "help", "h"})
+_GO_BOOLS = {"1": True, "t": True, "T": True, "TRUE": True, "true": True, "True": True,
+             "0": False, "f": False, "F": False, "FALSE": False, "false": False, "False": False}
 
-def _option_name(arg: str) -> str:
-    name = arg.partition("=")[0]
-    return "-" + name if name.startswith("-") and not name.startswith("--") and len(name) > 2 else name
+
+class ArgvError(Exception):
+    """runc would refuse this command line (and print why); the shim then leaves it to runc."""
 
 
-def parse_argv(args: list[str]) -> tuple[str | None, dict[str, str], list[str]]:
-    """Split runc's argv (without argv[0]) into command, global options, command args."""
-    options: dict[str, str] = {}
+def _go_int(value: str) -> bool:
+    """Whether Go's strconv.ParseInt(value, 0, 64) takes ``value`` (flag.Int's parser): a sign, then a Go integer
+    literal (0x, 0b, 0o prefixes, a leading 0 for octal, underscores between digits)."""
+    body = value[1:] if value[:1] in ("+", "-") else value
+    if len(body) > 1 and body[0] == "0" and body[1] not in "xXbBoO":
+        body = "0o" + body[1:]
+    if not body.isascii() or body != body.strip():
+        return False
+    try:
+        number = int(body, 0)  # Python's literal rules for these forms match Go's
+    except ValueError:
+        return False
+    return number <= 2**63 if value[:1] == "-" else number < 2**63
+
+
+def _go_flag_parse(args: list[str], flags: dict[str, str]) -> tuple[dict[str, str], list[str], list[str]]:
+    """Go's flag.FlagSet.Parse: (values by name, names in the order set, the positional arguments)."""
+    values: dict[str, str] = {}
+    order: list[str] = []
     i = 0
     while i < len(args):
         arg = args[i]
-        if not arg.startswith("-") or arg == "-":
-            return arg, options, args[i + 1:]
-        name = _option_name(arg)
-        if name in _GLOBAL_WITH_VALUE:
-            if "=" in arg:
-                options[name] = arg.partition("=")[2]
-            elif i + 1 < len(args):
-                options[name] = args[i + 1]
-                i += 1
-        i += 1
-    return None, options, []
-
-
-def bundle_dir(command_args: list[str]) -> str:
-    """The bundle from ``--bundle``/``-b`` (any of runc's spellings), else the working directory."""
-    for i, arg in enumerate(command_args):
-        if arg == "--":
+        if len(arg) < 2 or arg[0] != "-":
             break
-        name = _option_name(arg)
-        if name in ("--bundle", "-b"):
-            if "=" in arg:
-                return arg.partition("=")[2]
-            if i + 1 < len(command_args):
-                return command_args[i + 1]
-    return os.getcwd()
+        dashes = 2 if arg[1] == "-" else 1
+        if arg == "--":
+            i += 1
+            break
+        name = arg[dashes:]
+        if not name or name[0] in "-=":
+            raise ArgvError(f"bad flag syntax: {arg}")
+        i += 1
+        name, eq, value = name.partition("=")
+        kind = flags.get(name)
+        if kind is None:
+            raise ArgvError(f"flag provided but not defined: -{name}")
+        if kind == "bool":
+            if eq and value not in _GO_BOOLS:
+                raise ArgvError(f"invalid boolean value {value!r} for -{name}")
+            value = str(_GO_BOOLS[value]).lower() if eq else "true"
+        else:
+            if not eq:
+                if i >= len(args):
+                    raise ArgvError(f"flag needs an argument: -{name}")
+                value = args[i]
+                i += 1
+            if kind == "int" and not _go_int(value):
+                raise ArgvError(f"invalid value {value!r} for flag -{name}")
+        values[name] = value
+        order.append(name)
+    return values, order, args[i:]
 
 
-def container_id(command_args: list[str]) -> str:
-    positional = [a for a in command_args if not a.startswith("-")]
-    return positional[-1] if positional else ""
+def _flag_name(arg: str, flags: dict[str, str]) -> bool:
+    """urfave/cli v1's argIsFlag: ``arg`` names one of ``flags`` (after up to three leading dashes, before '=')."""
+    if arg == "-" or not arg.startswith("-"):
+        return False
+    name = arg.replace("-", "", 2) if arg.startswith("--") else arg
+    name = name.replace("-", "", 1) if name.startswith("-") else name
+    return name.partition("=")[0] in flags
+
+
+def _reorder(args: list[str], flags: dict[str, str]) -> list[str]:
+    """urfave/cli v1.22's reorderArgs (as built into runc 1.1): flags found after the positional arguments move
+    in front of them, each with the argument after it when that argument is no flag; ``--`` ends the moving."""
+    moved: list[str] = []
+    rest: list[str] = []
+    value_next = False
+    for i, arg in enumerate(args):
+        if value_next and not _flag_name(arg, flags):
+            value_next = False
+            moved.append(arg)
+        elif arg == "--":
+            rest = ["--", *rest, *args[i + 1:]]
+            break
+        elif _flag_name(arg, flags):
+            moved.append(arg)
+            value_next = "=" not in arg
+        else:
+            rest.append(arg)
+    return moved + rest
+
+
+def _read_command(command: str, command_args: list[str]) -> tuple[str, list[str], dict[str, str]]:
+    """(bundle, positional arguments, flag values) as runc 1.1 parses them; ArgvError where its flag parsing fails."""
+    flags = _COMMAND_FLAGS[command]
+    values, order, positional = _go_flag_parse(_reorder(command_args, flags), flags)
+    for names in _ALIASES:
+        if len(set(names) & set(order)) > 1:
+            raise ArgvError(f"Cannot use two forms of the same flag: {' '.join(reversed(names))}")
+    bundle = next((values[name] for name in reversed(order) if name in ("bundle", "b")), "")
+    return bundle, positional, values
+
+
+def parse_command(command: str, command_args: list[str]) -> tuple[str, str]:
+    """(bundle, container id) exactly as runc 1.1 reads ``runc COMMAND ARGS...`` for create and run;
+    ArgvError where runc would refuse the command line or only print its help."""
+    bundle, positional, values = _read_command(command, command_args)
+    if "true" in (values.get("help"), values.get("h")):
+        raise ArgvError("help requested")
+    if len(positional) != 1:
+        raise ArgvError(f'"{command}" requires exactly 1 argument(s)')
+    if not positional[0]:
+        raise ArgvError("container id cannot be empty")
+    return bundle, positional[0]
+
+
+def parse_argv(args: list[str]) -> tuple[str | None, dict[str, str], list[str]]:
+    """Split runc's argv (without argv[0]) into command, global options (``--name`` -> value, the options with a
+    value), command args, as runc 1.1 parses them.  The command is None where runc would run no command (a bad
+    global option, help, version) and, for create and run, where runc would refuse the command line: the shim
+    then rewrites nothing and runc prints its own error."""
+    options: dict[str, str] = {}
+    try:
+        values, _order, rest = _go_flag_parse(args, _GLOBAL_FLAGS)
+    except ArgvError:
+        return None, options, []
+    options = {f"--{name}": value for name, value in values.items() if _GLOBAL_FLAGS[name] == "string"}
+    if "true" in (values.get("help"), values.get("h"), values.get("version"), values.get("v")) or not rest:
+        return None, options, []
+    if values.get("log-format", "text") not in ("text", "json"):
+        return None, options, rest[1:]  # runc: invalid log-format
+    command = rest[0] if rest[0] in _RUNC_COMMANDS else None
+    if command in _COMMAND_FLAGS:
+        try:
+            chosen = parse_command(command, rest[1:])
+            if command == "create" and chosen != parse_command("run", rest[1:]):
+                raise ArgvError("create read differently from run")  # bundle_dir reads with run's flags
+        except ArgvError:
+            return None, options, rest[1:]
+    return command, options, rest[1:]
+
+
+def bundle_dir(command_args: list[str], command: str = "run") -> str:
+    """The bundle runc uses: ``--bundle``/``-b`` in any of its spellings (the last one given), else the working
+    directory; HookError where runc's flag parsing would fail."""
+    try:
+        bundle = _read_command(command, command_args)[0]
+    except ArgvError as err:
+        raise HookError(f"runc would refuse this command line ({err}); nothing rewritten") from None
+    return bundle or os.getcwd()
+
+
+def container_id(command_args: list[str], command: str = "run") -> str:
+    """The container id runc uses for create and run; for the log of other commands (whose flags differ), and
+    where runc would refuse the command line, the last argument that is no flag."""
+    try:
+        return parse_command(command, command_args)[1]
+    except ArgvError:
+        positional = [a for a in command_args if not a.startswith("-")]
+        return positional[-1] if positional else ""
 
 
 def resolve_runtime(name: str) -> str:
