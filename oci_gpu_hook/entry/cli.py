@@ -125,6 +125,17 @@ def load(overrides: dict[str, Any]) -> Config:
     return load_config(environ, {k: v for k, v in overrides.items() if k != "config"})
 
 
+def read_stdin() -> str:
+    """The runtime's JSON on stdin as UTF-8, whatever the locale: anything else is one clear line."""
+    from oci_gpu_hook.errors import HookError
+
+    data = sys.stdin.buffer.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise HookError(f"the JSON on stdin is not UTF-8 text (byte {err.start})") from None
+
+
 def cmd_precreate(config: Config) -> int:
     """podman's precreate stage: the proposed config on stdin, the full config on stdout."""
     import time
@@ -133,7 +144,7 @@ def cmd_precreate(config: Config) -> int:
     from oci_gpu_hook.log import record_plan
 
     started = time.monotonic()
-    text = sys.stdin.read()
+    text = read_stdin()
     new_text, plan = rewrite_text(text, config)
     sys.stdout.write(text if new_text is None else new_text)
     sys.stdout.flush()
@@ -156,14 +167,14 @@ def main(argv: list[str] | None = None) -> int:
                 from oci_gpu_hook.appliers import live
 
                 os.chdir("/")
-                return live.run_links(sys.stdin.read(), rest[1:])
+                return live.run_links(read_stdin(), rest[1:])
             config = load(overrides)
             os.chdir("/")  # never work relative to a directory the container may control
             if command == "precreate":
                 return cmd_precreate(config)
             from oci_gpu_hook.appliers import live
 
-            return live.run(sys.stdin.read(), config)
+            return live.run(read_stdin(), config)
         if command is None:
             sys.stdout.write(USAGE)
             sys.stdout.flush()

@@ -63,12 +63,12 @@ def _spec_path(target: str) -> str:
 
 
 def _load_spec(path: str) -> object:
-    from oci_gpu_hook.bundle import read_text
+    from oci_gpu_hook.bundle import loads, read_text
 
     try:
-        return json.loads(read_text(path))
-    except json.JSONDecodeError as err:
-        raise HookError(f"{path} is not valid JSON ({err})") from None
+        return loads(read_text(path))  # as the runtime reads it: the same refusals as every other entry point
+    except HookError as err:
+        raise HookError(f"{path}: {err}") from None
 
 
 def cmd_dry_run(args: list[str], config: Config) -> int:
@@ -92,11 +92,11 @@ def cmd_dry_run(args: list[str], config: Config) -> int:
               file=sys.stderr)
     schemas.validate(rewritten, "oci-config.schema.json", f"{path} (rewritten)")
     print(f"# {plan.summary()}", file=sys.stderr)
-    new_text = json.dumps(rewritten, indent=2) + "\n"
+    new_text = json.dumps(rewritten, indent=2, allow_nan=False) + "\n"
     if opts.diff:
         import difflib
 
-        old_text = json.dumps(original, indent=2) + "\n"
+        old_text = json.dumps(original, indent=2, allow_nan=False) + "\n"
         sys.stdout.writelines(difflib.unified_diff(
             old_text.splitlines(keepends=True), new_text.splitlines(keepends=True),
             fromfile=f"{path} (as given)", tofile=f"{path} (rewritten)"))
