@@ -49,7 +49,8 @@ GRANTED = {
     "annotation-only": plain(annotations={"cdi.k8s.io/x": "amd.com/gpu=1"}),
     "annotation-escaped-slash": plain(annotations={"K": "amd.com/gpu=1"}).replace('"K"', '"cdi.k8s.io\\/x"'),
     "annotation-escaped-key": plain(annotations={"K": "amd.com/gpu=1"}).replace('"K"', '"' + esc("cdi.k8s.io/x") + '"'),
-    "annotation-escaped-value": plain(annotations={"cdi.k8s.io/x": "V"}).replace('"V"', '"' + esc("amd.com/gpu=1") + '"'),
+    "annotation-escaped-value": plain(annotations={"cdi.k8s.io/x": "V"}).replace('"V"',
+                                                                                 f'"{esc("amd.com/gpu=1")}"'),
     "duplicate-key-last-wins": '{"process": {"env": []}, "process": {"env": ["AMD_VISIBLE_DEVICES=1"]}}',
     "huge": plain([REQUEST], {"padding": "p" * (20 << 20)}),
 }
