@@ -90,18 +90,30 @@ static void refuse(const char *what, const char *path)
     _exit(1);
 }
 
-static void check_trust(void)
+/* NULL when the interpreter, the Python launcher and every code path are trusted, else the first that is not */
+static const char *untrusted(const char **what)
 {
     int i;
     if (!OGH_CHECK_TRUST)
-        return;
+        return NULL;
+    *what = "interpreter";
     if (!trusted_path(OGH_PYTHON))
-        refuse("interpreter", OGH_PYTHON);
+        return OGH_PYTHON;
+    *what = "launcher";
     if (!trusted_path(OGH_SCRIPT))
-        refuse("launcher", OGH_SCRIPT);
+        return OGH_SCRIPT;
+    *what = "code path";
     for (i = 0; OGH_CODE_PATHS[i]; i++)
         if (!trusted_path(OGH_CODE_PATHS[i]))
-            refuse("code path", OGH_CODE_PATHS[i]);
+            return OGH_CODE_PATHS[i];
+    return NULL;
+}
+
+static void check_trust(void)
+{
+    const char *what = "", *path = untrusted(&what);
+    if (path)
+        refuse(what, path);
 }
 
 /* exec the Python launcher with the same argv; ``input`` (when not NULL) becomes its stdin again */
@@ -664,8 +676,13 @@ int main(int argc, char **argv)
     if (!rewrite) {
         /* pass-through: the config file is not read here; a runtime named in it is used while the file
          * is as it was baked, else Python decides (it falls back to runc when the file is broken) */
-        if (!name || !find_runtime(name))
+        if (!name || !find_runtime(name)) {
+            const char *what = "";
+            /* Python cannot be trusted here: the runtime of the install still gets the command */
+            if (untrusted(&what) && find_runtime(OGH_RUNTIME))
+                exec_runtime();
             to_python(NULL, 0);
+        }
         if (argc == 2 && (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "-v") == 0)) {
             dprintf(1, "%s\n", OGH_VERSION_LINE);
         }
