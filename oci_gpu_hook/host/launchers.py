@@ -168,6 +168,12 @@ def baked_settings(defaults: dict[str, str]) -> dict[str, object]:
     values: dict[str, object] = {}
     stat = None
     try:
+        # A file changed within a clock tick of its last change can keep the same ctime: let the clock move
+        # past the file's ctime first, so that any later change shows in the stamp the front compares.
+        import time
+
+        if time.time_ns() - os.stat(path).st_ctime_ns < 50_000_000:
+            time.sleep(0.05)
         stat = os.stat(path)
     except FileNotFoundError:
         if defaults.get("OCI_GPU_HOOK_CONFIG"):
