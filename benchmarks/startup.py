@@ -158,7 +158,7 @@ class Bench:
         self.config_file = ""
         self.noconf_env: dict[str, str] = {}
         self.native = False
-        self.py_shim = self.py_hook = self.noconf_shim = ""
+        self.py_shim = self.py_hook = self.noconf_shim = self.rewritten = ""
         self.empty_hooks = ""
         self.gpu_hooks = ""
         self.hook_log = ""
@@ -357,6 +357,12 @@ class Bench:
         with open(dst, encoding="utf-8") as handle:
             if EXPECTED_NODE not in handle.read():
                 raise BenchError(f"the lean shim did not add {EXPECTED_NODE} to config.json")
+        # group a's reference: bare runc given the spec the shim wrote (what the granted devices cost runc itself)
+        done = os.path.join(self.tmp, "bundle-gpu-done")
+        os.makedirs(done)
+        shutil.copyfile(dst, os.path.join(done, "config.json"))
+        shutil.copyfile(dst, os.path.join(self.tmp, "bundle-gpu-done.pristine.json"))
+        self.rewritten = done
         shutil.copyfile(src, dst)
 
     def sanity_podman(self) -> None:
@@ -449,6 +455,9 @@ class Bench:
                 cases.append(Case("console", "console-script shim run (venv oci-gpu-runtime)",
                                   [self.console_shim, *run_args], self.pristine(gpu)))
             cases.append(self.shim_alone(run_args, gpu))
+            cases.append(Case("rewritten", "(reference) bare runc run of the spec the shim wrote: the granted "
+                              "devices' cost to runc itself", [self.runc, "run", "--bundle", self.rewritten, "{id}"],
+                              self.pristine(self.rewritten), reference=True))
             self.groups.append(Group("run", "a. runc run, AMD_VISIBLE_DEVICES=1 (3 nodes added by the shim)",
                                      cases, runs, "bare", "a"))
 
