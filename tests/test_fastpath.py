@@ -77,11 +77,11 @@ def install(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return make_install(tmp_path_factory.mktemp("fastpath"))
 
 
-def make_install(base: Path) -> dict[str, Path]:
+def make_install(base: Path, request_env: str = 'intel = ["MY_INTEL_GPUS"]') -> dict[str, Path]:
     config = base / "config.toml"
     hook_path = base / "native" / "oci-gpu-hook"
     config.write_text(f'sysfs_root = "{cl.SEED_SYSFS}"\nhook_path = "{hook_path}"\n'
-                      '[request_env]\nintel = ["MY_INTEL_GPUS"]\n')
+                      f'[request_env]\n{request_env}\n')
     defaults = {"OCI_GPU_HOOK_CONFIG": str(config)}
     launchers.write_launchers(str(base / "native"), defaults, native=True)
     launchers.write_launchers(str(base / "python"), defaults, native=False)
@@ -243,3 +243,21 @@ def test_no_request_never_starts_python(install: dict[str, Path], rootfs: Path) 
     result = cl.run([str(install["native"] / "oci-gpu-hook"), "prestart"], env=cl.hook_env(),
                     stdin=json.dumps({"id": "x", "pid": 1, "bundle": str(missing), "status": "created"}))
     assert result.returncode != 0 and ran_python(install)  # no config.json: Python reports it
+
+
+@pytest.mark.containers
+def test_custom_request_name_grants_in_real_containers(tmp_path: Path) -> None:
+    cl.need("runc")
+    install = make_install(tmp_path, 'amd = ["MY_GPUS"]')  # replaces AMD_VISIBLE_DEVICES for amd
+    rootfs = cl.make_rootfs(tmp_path / "rootfs")
+    for how in ("shim", "prestart"):
+        bundle = container_bundle(tmp_path, rootfs, plain(["MY_GPUS=1"]), f"custom-{how}")
+        if how == "shim":
+            argv = [str(install["native"] / "oci-gpu-runtime"), "run", "--bundle", str(bundle), cl.container_id()]
+        else:
+            cl.add_prestart(bundle, install["native"] / "oci-gpu-hook")
+            argv = ["runc", "run", "--bundle", str(bundle), cl.container_id()]
+        ran_python(install)
+        result = cl.run(argv, env=cl.hook_env())
+        assert result.returncode == 0, result.stderr
+        assert "renderD129" in result.stdout.split() and ran_python(install), how
