@@ -49,13 +49,15 @@ PODMAN_RUN = ["run", "--rm", "--net=none", "--ulimit", "nofile=1024:1024", "--ul
 EXPECTED_NODE = "/dev/dri/renderD129"
 
 # Targets (see benchmarks/README.md)
-RUN_RATIO_TARGET = 1.5  # shim run median / bare runc run median
-PASS_THROUGH_TARGET_MS = 20.0  # shim state median - runc state median
-PRESTART_GPU_RATIO_TARGET = 1.5  # runc run with the prestart hook, 1 GPU, median / bare runc run median
-PRESTART_NOGPU_RATIO_TARGET = 1.3  # the same without a GPU request
+RUN_RATIO_TARGET = 1.4  # shim run median / bare runc run median, 1 GPU
+NOGPU_RATIO_TARGET = 1.15  # shim run (no request) / bare; also the prestart hook without a request
+NOGPU_ADDED_TARGET_MS = 5.0  # ... and at most this much added
+PASS_THROUGH_TARGET_MS = 5.0  # shim state median - runc state median
+PRESTART_GPU_RATIO_TARGET = {"v1": 1.5, "v2": 1.6}  # runc run with the prestart hook, 1 GPU, per cgroup mode
+LIFECYCLE_ADDED_TARGET_MS = 20.0  # create + start + delete through the shim (1 GPU) - bare
 # The environment runc gives the prestart hook (as in tests/test_prestart.py).
 HOOK_PATH_ENV = "PATH=/usr/sbin:/usr/bin:/sbin:/bin"
-GROUP_LETTERS = "abcde"
+GROUP_LETTERS = "abcdef"
 CGROUP_MODES = ("v1", "v2")
 # Untimed probe of group e: what the container sees in /dev/dri, and whether its device cgroup lets it open
 # renderD129 (no driver behind it here: ENXIO when allowed, EPERM when denied).
@@ -153,6 +155,10 @@ class Bench:
         self.lean_shim = ""
         self.lean_hook = ""
         self.console_shim: str | None = None
+        self.config_file = ""
+        self.noconf_env: dict[str, str] = {}
+        self.native = False
+        self.py_shim = self.py_hook = self.noconf_shim = self.rewritten = ""
         self.empty_hooks = ""
         self.gpu_hooks = ""
         self.hook_log = ""
@@ -197,16 +203,39 @@ class Bench:
         if probe.returncode != 0:
             launch_env["PYTHONPATH"] = REPO
             self.notes.append(f"oci_gpu_hook is not installed for {sys.executable}; used the checkout at {REPO}")
+        # A config file in every case (baked into the launchers, in the environment of the others), so that
+        # its cost shows; the "no config file" cases use launchers with the sysfs root baked instead.
         launchers = os.path.join(self.tmp, "launchers")
-        sh([sys.executable, "-m", "oci_gpu_hook.entry.cli", "launchers", launchers,
-            "--set", f"OCI_GPU_HOOK_SYSFS_ROOT={sysfs}",
-            "--set", f"OCI_GPU_HOOK_HOOK_PATH={self.env['OCI_GPU_HOOK_HOOK_PATH']}"], env=launch_env)
+        hook_path = os.path.join(launchers, "oci-gpu-hook")
+        self.config_file = os.path.join(self.tmp, "config.toml")
+        with open(self.config_file, "w", encoding="utf-8") as handle:
+            handle.write(f'sysfs_root = "{sysfs}"\nruntime = "runc"\ndevice_file_mode = 0o666\n'
+                         f'hook_path = "{hook_path}"\n'
+                         'allow_env_requests = true\n\n[request_env]\namd = ["AMD_VISIBLE_DEVICES"]\n')
+        del self.env["OCI_GPU_HOOK_SYSFS_ROOT"]
+        self.env["OCI_GPU_HOOK_CONFIG"] = self.config_file
+        self.noconf_env = {k: v for k, v in self.env.items() if k != "OCI_GPU_HOOK_CONFIG"}
+        self.noconf_env["OCI_GPU_HOOK_SYSFS_ROOT"] = sysfs
+        self.noconf_env["OCI_GPU_HOOK_HOOK_PATH"] = hook_path
+        with_config = ["--set", f"OCI_GPU_HOOK_CONFIG={self.config_file}", "--allow-editable"]
+        sh([sys.executable, "-m", "oci_gpu_hook.entry.cli", "launchers", launchers, *with_config], env=launch_env)
+        self.native = os.access(os.path.join(launchers, "oci-gpu-runtime.py"), os.F_OK)
         self.lean_shim = os.path.join(launchers, "oci-gpu-runtime")
         self.lean_hook = os.path.join(launchers, "oci-gpu-hook")
+        py_launchers = os.path.join(self.tmp, "launchers-py")
+        sh([sys.executable, "-m", "oci_gpu_hook.entry.cli", "launchers", py_launchers, "--no-native", *with_config],
+           env=launch_env)
+        self.py_shim = os.path.join(py_launchers, "oci-gpu-runtime")
+        self.py_hook = os.path.join(py_launchers, "oci-gpu-hook")
+        noconf = os.path.join(self.tmp, "launchers-noconf")
+        sh([sys.executable, "-m", "oci_gpu_hook.entry.cli", "launchers", noconf, "--allow-editable",
+            "--set", f"OCI_GPU_HOOK_SYSFS_ROOT={sysfs}", "--set", f"OCI_GPU_HOOK_HOOK_PATH={hook_path}"],
+           env=launch_env)
+        self.noconf_shim = os.path.join(noconf, "oci-gpu-runtime")
         self.hook_log = os.path.join(self.tmp, "prestart-sanity.log")
         package = sh([sys.executable, "-c", "import oci_gpu_hook; print(oci_gpu_hook.__file__)"],
                      env=launch_env).strip()
-        with open(self.lean_shim, encoding="utf-8") as handle:
+        with open(self.py_shim, encoding="utf-8") as handle:
             launcher_python = handle.readline()[2:].strip()
         self.console_shim = shutil.which("oci-gpu-runtime", path=os.path.dirname(sys.executable))
 
@@ -238,8 +267,10 @@ class Bench:
             "package": package,
             "commit": self.git_commit(),
             "package_digest": self.package_digest(os.path.dirname(package)),
-            "config_file": "/etc/oci-gpu-hook/config.toml exists (read by every shim/hook run)"
-            if os.path.exists("/etc/oci-gpu-hook/config.toml") else "none",
+            "config_file": f"{self.config_file} in every case but the 'no config file' ones "
+                           "(/etc/oci-gpu-hook/config.toml "
+                           f"{'exists' if os.path.exists('/etc/oci-gpu-hook/config.toml') else 'absent'})",
+            "launcher_kind": "native front + Python launcher" if self.native else "Python launcher (no C compiler)",
             "sysfs_root": sysfs,
             "lean_shim": self.lean_shim,
             "console_shim": self.console_shim or "not found next to sys.executable",
@@ -327,6 +358,12 @@ class Bench:
         with open(dst, encoding="utf-8") as handle:
             if EXPECTED_NODE not in handle.read():
                 raise BenchError(f"the lean shim did not add {EXPECTED_NODE} to config.json")
+        # group a's reference: bare runc given the spec the shim wrote (what the granted devices cost runc itself)
+        done = os.path.join(self.tmp, "bundle-gpu-done")
+        os.makedirs(done)
+        shutil.copyfile(dst, os.path.join(done, "config.json"))
+        shutil.copyfile(dst, os.path.join(self.tmp, "bundle-gpu-done.pristine.json"))
+        self.rewritten = done
         shutil.copyfile(src, dst)
 
     def sanity_podman(self) -> None:
@@ -411,11 +448,17 @@ class Bench:
                 Case("bare", "runc run (bare)", [self.runc, *run_args], self.pristine(gpu)),
                 Case("lean", "lean shim run (launchers/oci-gpu-runtime)", [self.lean_shim, *run_args],
                      self.pristine(gpu)),
+                Case("noconf", "lean shim run, no config file", [self.noconf_shim, *run_args], self.pristine(gpu),
+                     env=self.noconf_env, env_only=True),
+                Case("py", "Python launcher shim run (--no-native)", [self.py_shim, *run_args], self.pristine(gpu)),
             ]
             if self.console_shim:
                 cases.append(Case("console", "console-script shim run (venv oci-gpu-runtime)",
                                   [self.console_shim, *run_args], self.pristine(gpu)))
             cases.append(self.shim_alone(run_args, gpu))
+            cases.append(Case("rewritten", "(reference) bare runc run of the spec the shim wrote: the granted "
+                              "devices' cost to runc itself", [self.runc, "run", "--bundle", self.rewritten, "{id}"],
+                              self.pristine(self.rewritten), reference=True))
             self.groups.append(Group("run", "a. runc run, AMD_VISIBLE_DEVICES=1 (3 nodes added by the shim)",
                                      cases, runs, "bare", "a"))
 
@@ -426,6 +469,9 @@ class Bench:
             cases = [
                 Case("bare", "runc state (bare)", [self.runc, "state", self.sleeper]),
                 Case("lean", "lean shim state", [self.lean_shim, "state", self.sleeper]),
+                Case("noconf", "lean shim state, no config file", [self.noconf_shim, "state", self.sleeper],
+                     env=self.noconf_env, env_only=True),
+                Case("py", "Python launcher shim state (--no-native)", [self.py_shim, "state", self.sleeper]),
             ]
             if self.console_shim:
                 cases.append(Case("console", "console-script shim state",
@@ -455,6 +501,10 @@ class Bench:
             cases = [
                 Case("bare", "runc run (bare), no GPU request", [self.runc, *run_args], self.pristine(nogpu)),
                 Case("lean", "lean shim run, no GPU request", [self.lean_shim, *run_args], self.pristine(nogpu)),
+                Case("noconf", "lean shim run, no GPU request, no config file", [self.noconf_shim, *run_args],
+                     self.pristine(nogpu), env=self.noconf_env, env_only=True),
+                Case("py", "Python launcher shim run, no GPU request (--no-native)", [self.py_shim, *run_args],
+                     self.pristine(nogpu)),
                 self.shim_alone(run_args, nogpu),
             ]
             self.groups.append(Group("nogpu",
@@ -463,6 +513,32 @@ class Bench:
 
         if "e" in self.only:
             self.groups.append(self.prestart_group(rootfs))
+
+        if "f" in self.only:
+            self.groups.append(self.lifecycle_group(rootfs))
+
+    def lifecycle_group(self, rootfs: str) -> Group:
+        """f: create + start + delete, as containerd and docker call the runtime, through one sh line."""
+        gpu = self.make_bundle("bundle-f-gpu", rootfs, ["/bin/true"], ["AMD_VISIBLE_DEVICES=1"])
+        nogpu = self.make_bundle("bundle-f-nogpu", rootfs, ["/bin/true"], [])
+
+        def life(runtime: str, bundle: str) -> list[str]:
+            rt, b = shlex.quote(runtime), shlex.quote(bundle)
+            return ["sh", "-c", f"{rt} create --bundle {b} {{id}} && {rt} start {{id}} && "
+                                f"{rt} delete --force {{id}}"]
+
+        cases = [
+            Case("bare", "runc create + start + delete (bare), AMD_VISIBLE_DEVICES=1", life(self.runc, gpu),
+                 self.pristine(gpu)),
+            Case("lean", "lean shim create + start + delete, AMD_VISIBLE_DEVICES=1", life(self.lean_shim, gpu),
+                 self.pristine(gpu)),
+            Case("lean-nogpu", "lean shim create + start + delete, no GPU request", life(self.lean_shim, nogpu),
+                 self.pristine(nogpu)),
+            Case("py", "Python launcher shim create + start + delete, AMD_VISIBLE_DEVICES=1 (--no-native)",
+                 life(self.py_shim, gpu), self.pristine(gpu)),
+        ]
+        return Group("lifecycle", "f. lifecycle: create + start + delete through the runtime", cases,
+                     self.opts.runs, "bare", "f")
 
     def prestart_group(self, rootfs: str) -> Group:
         """e: bare runc run vs runc run with the prestart hook (1 GPU; no request), cgroup v1 and v2 interleaved.
@@ -491,6 +567,9 @@ class Bench:
         cases.append(Case("hook-alone", "(reference) oci-gpu-hook prestart alone, no GPU request "
                           "(state on stdin, no container)", [self.lean_hook, "prestart"],
                           reference=True, env={"PATH": HOOK_PATH_ENV[5:]}, stdin=state, env_only=True))
+        cases.append(Case("hook-alone-py", "(reference) the same with the Python launcher (--no-native)",
+                          [self.py_hook, "prestart"], reference=True, env={"PATH": HOOK_PATH_ENV[5:]}, stdin=state,
+                          env_only=True))
         return Group("prestart", "e. runc run with the prestart hook, cgroup v1 and v2 (modes interleaved)",
                      cases, self.opts.runs, "v1-bare", "e")
 
@@ -639,8 +718,8 @@ class Bench:
     def report(self) -> tuple[str, list[dict[str, Any]]]:
         out = ["# oci-gpu-hook container start-up benchmark", ""]
         for key in ("date", "kernel", "cpus", "loadavg", "runc", "podman", "python", "launcher_python", "package",
-                    "commit", "package_digest", "config_file", "cgroups", "sysfs_root", "lean_shim", "console_shim",
-                    "lean_hook", "groups"):
+                    "commit", "package_digest", "config_file", "launcher_kind", "cgroups", "sysfs_root", "lean_shim",
+                    "console_shim", "lean_hook", "groups"):
             out.append(f"- {key}: {self.meta[key]}")
         podman_runs = f" ({self.opts.podman_runs} for podman)" if self.podman else ""
         out.append(f"- runs: {self.opts.runs} per case{podman_runs}, after "
@@ -682,12 +761,16 @@ class Bench:
         if "run" in summary:
             run = summary["run"]["lean"]
             bare_run = summary["run"]["bare"]["median"]
-            target("shim run ratio (lean shim run median / bare runc run median)", run["ratio"], RUN_RATIO_TARGET,
-                   "x", f"added {run['added']:+.1f} ms on bare {bare_run:.1f} ms; allowed +{0.5 * bare_run:.1f} ms")
+            target("shim run ratio, 1 GPU (lean shim run median / bare runc run median)", run["ratio"],
+                   RUN_RATIO_TARGET, "x", f"added {run['added']:+.1f} ms on bare {bare_run:.1f} ms")
+            target("config file cost, shim run 1 GPU (with - without, medians)",
+                   run["median"] - summary["run"]["noconf"]["median"], NOGPU_ADDED_TARGET_MS, " ms",
+                   "should be ~0 (noise)")
         if "nogpu" in summary:
             nogpu = summary["nogpu"]["lean"]
-            target("shim run ratio, no GPU request", nogpu["ratio"], RUN_RATIO_TARGET, "x",
-                   f"added {nogpu['added']:+.1f} ms on bare {summary['nogpu']['bare']['median']:.1f} ms")
+            detail = f"added {nogpu['added']:+.1f} ms on bare {summary['nogpu']['bare']['median']:.1f} ms"
+            target("shim run ratio, no GPU request", nogpu["ratio"], NOGPU_RATIO_TARGET, "x", detail)
+            target("shim run added, no GPU request", nogpu["added"], NOGPU_ADDED_TARGET_MS, " ms", detail)
         if "state" in summary:
             state = summary["state"]["lean"]
             target("pass-through added (lean shim state - runc state, medians)", state["added"],
@@ -695,12 +778,20 @@ class Bench:
         if "prestart" in summary:
             for mode in CGROUP_MODES:
                 bare_median = summary["prestart"][f"{mode}-bare"]["median"]
-                for key, what, limit in (("hook", "1 GPU", PRESTART_GPU_RATIO_TARGET),
-                                         ("hook-nogpu", "no GPU request", PRESTART_NOGPU_RATIO_TARGET)):
-                    row = summary["prestart"][f"{mode}-{key}"]
-                    target(f"prestart hook ratio, {what}, cgroup {mode} (runc run + hook median / bare median)",
-                           row["ratio"], limit, "x", f"added {row['added']:+.1f} ms on bare {bare_median:.1f} ms; "
-                           f"allowed +{(limit - 1) * bare_median:.1f} ms")
+                row = summary["prestart"][f"{mode}-hook"]
+                limit = PRESTART_GPU_RATIO_TARGET[mode]
+                target(f"prestart hook ratio, 1 GPU, cgroup {mode} (runc run + hook median / bare median)",
+                       row["ratio"], limit, "x", f"added {row['added']:+.1f} ms on bare {bare_median:.1f} ms")
+                row = summary["prestart"][f"{mode}-hook-nogpu"]
+                detail = f"added {row['added']:+.1f} ms on bare {bare_median:.1f} ms"
+                target(f"prestart hook ratio, no GPU request, cgroup {mode}", row["ratio"], NOGPU_RATIO_TARGET,
+                       "x", detail)
+                target(f"prestart hook added, no GPU request, cgroup {mode}", row["added"], NOGPU_ADDED_TARGET_MS,
+                       " ms", detail)
+        if "lifecycle" in summary:
+            life = summary["lifecycle"]["lean"]
+            target("lifecycle added (create + start + delete through the lean shim, 1 GPU)", life["added"],
+                   LIFECYCLE_ADDED_TARGET_MS, " ms", f"ratio {life['ratio']:.2f}")
         if not targets:
             out.append("- none: no group with a target was run")
         self.summary = summary
@@ -770,7 +861,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="FILE", help="write metadata, summary and all raw samples to FILE")
     parser.add_argument("--no-podman", action="store_true", help="skip the podman group")
     parser.add_argument("--only", type=group_letters, metavar="GROUPS",
-                        help="run only these groups, e.g. 'e' or 'a,b' (letters a-e; default: all)")
+                        help="run only these groups, e.g. 'e' or 'a,b' (letters a-f; default: all)")
     parser.add_argument("--sysfs-root", default=DEFAULT_SYSFS, help="fake sysfs (default: the example 8-GPU host)")
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     opts = parser.parse_args(argv)

@@ -205,7 +205,7 @@ def hook_env() -> dict[str, str]:
 
 def write_launchers(directory: Path, config: Path) -> tuple[Path, Path]:
     """Lean launchers (as installed) that read ``config``."""
-    subprocess.run([sys.executable, "-m", "oci_gpu_hook.entry.cli", "launchers", str(directory),
+    subprocess.run([sys.executable, "-m", "oci_gpu_hook.entry.cli", "launchers", str(directory), "--allow-editable",
                     "--set", f"OCI_GPU_HOOK_CONFIG={config}"], check=True, capture_output=True)
     return directory / "oci-gpu-hook", directory / "oci-gpu-runtime"
 

@@ -39,7 +39,8 @@ commands:
                                              launchers, a hooks.d file, CDI spec, containerd drop-in
   device-plugin [--kubelet-dir DIR] [--resource-strategy single|mixed] [--device-specs]  kubelet device plugin
   validate [--config-file FILE] [SPEC ...]   check a config file and OCI config.json files
-  launchers DIR                              write lean launchers (python -I -S) for hooks and the shim
+  launchers DIR [--no-native] [--allow-editable]
+                                             write the launchers for hooks and the shim (native front + python -I -S)
   help [COMMAND]                             this text, or what COMMAND --help prints
 
 exit status: 0 done, 1 failed (one error line on stderr), 2 a usage error

@@ -133,16 +133,20 @@ def cmd_launchers(args: list[str], config: Config) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="OCI_GPU_HOOK_VAR=VALUE",
                         help="bake a default for an OCI_GPU_HOOK_* variable into the launchers "
                              "(runtimes such as podman do not pass their environment on to the shim)")
+    kind = parser.add_mutually_exclusive_group()
+    kind.add_argument("--native", dest="native", action="store_true", default=None,
+                      help="require the native front (a C compiler); default: native when cc is found")
+    kind.add_argument("--no-native", dest="native", action="store_false", help="write Python launchers only")
+    parser.add_argument("--allow-editable", action="store_true",
+                        help="allow a package outside site-packages (a development checkout)")
     opts = parser.parse_args(args)
-    from oci_gpu_hook.host.launchers import LAUNCHERS, launcher_defaults, launcher_text
+    from oci_gpu_hook.host.launchers import editable_reason, launcher_defaults, write_launchers
 
     defaults = launcher_defaults(opts.set, "launchers")
-    os.makedirs(opts.directory, exist_ok=True)
-    from oci_gpu_hook.atomic import write_atomic
-
-    for name, module in LAUNCHERS:
-        path = os.path.join(opts.directory, name)
-        write_atomic(path, launcher_text(module, defaults), 0o755)
+    reason = editable_reason()
+    if reason and not opts.allow_editable:
+        raise HookError(f"launchers: {reason}")
+    for path in write_launchers(opts.directory, defaults, native=opts.native):
         print(path)
     return 0
 

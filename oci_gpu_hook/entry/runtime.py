@@ -254,17 +254,55 @@ def rewrite_bundle(bundle: str, config: Config, cid: str) -> None:
     record_plan(config, "oci-gpu-runtime", cid, plan, started)
 
 
+def passthrough_runtime_name() -> str:
+    """The runtime for a command that only passes through (``state``, ``delete``, ``kill``, ...): it must reach
+    the real runtime whatever the config file holds, so a broken file falls back to its ``runtime`` line,
+    read leniently, and then to the default."""
+    from oci_gpu_hook.config import DEFAULT_CONFIG_PATH, FIELDS, load_config
+
+    name = os.environ.get("OCI_GPU_HOOK_RUNTIME")
+    if name:
+        return name
+    try:
+        return load_config().runtime
+    except Exception:
+        pass
+    path = os.environ.get("OCI_GPU_HOOK_CONFIG") or DEFAULT_CONFIG_PATH
+    try:
+        with open(path, "rb") as handle:
+            lines = handle.read(1 << 20).decode("utf-8", "replace").splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        if line.lstrip().startswith("["):
+            break
+        key, eq, value = line.partition("=")
+        value = value.split("#", 1)[0].strip()
+        if eq and key.strip() == "runtime" and len(value) > 2 and value[0] == value[-1] and value[0] in "\"'":
+            inner = value[1:-1]
+            if inner and "\\" not in inner and "\0" not in inner:
+                return inner
+    return FIELDS["runtime"].default
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     command, options, command_args = parse_argv(args)
     config = None
     try:
-        from oci_gpu_hook.config import load_config
-
-        config = load_config()
-        runtime = resolve_runtime(config.runtime)
         if command in REWRITE_COMMANDS:
+            from oci_gpu_hook.config import load_config
+
+            config = load_config()  # create/run fail closed on a broken config file
+            runtime = resolve_runtime(config.runtime)
             rewrite_bundle(bundle_dir(command_args), config, container_id(command_args))
+        else:
+            runtime = resolve_runtime(passthrough_runtime_name())
+            if args in (["--version"], ["-v"]):
+                from oci_gpu_hook import __version__
+
+                sys.stdout.write(f"oci-gpu-runtime {__version__}\n")
+                sys.stdout.flush()
     except Exception as err:
         from oci_gpu_hook.log import debug_from_env, record, report_failure
 

@@ -1,4 +1,19 @@
-"""Lean launchers: the scripts that runtimes and hooks.d run on every container start."""
+"""Launchers: what runtimes and hooks.d run on every container start.
+
+Two kinds, written by ``oci-gpu-hook launchers DIR`` (and ``install``):
+
+- **native front** (when a C compiler is found: ``$CC``, else ``cc``/``gcc`` on PATH): ``DIR/oci-gpu-hook``
+  and ``DIR/oci-gpu-runtime`` are compiled from ``oci_gpu_hook/fastpath/front.c`` with this install's
+  settings baked in (interpreter, sys.path, ``--set`` defaults, the config file's identity, its runtime,
+  every request variable name).  When there is nothing to do (a pass-through runtime command; a
+  container that certainly asks for no device) they do it without starting Python; otherwise they exec
+  the Python launcher next to them (``DIR/oci-gpu-hook.py``, ``DIR/oci-gpu-runtime.py``).
+- **Python launcher** (no compiler, or ``--no-native``): ``DIR/oci-gpu-hook`` and ``DIR/oci-gpu-runtime``
+  are the ``python -I -S`` scripts themselves.
+
+Both refuse to run package code from a path that a non-root user can write, or that is gone (one
+line on stderr, exit 1), unless written with ``allow_untrusted`` (tests, editable checkouts).
+"""
 
 from __future__ import annotations
 
@@ -16,13 +31,47 @@ import os
 import sys
 for key, value in {defaults!r}.items():
     os.environ.setdefault(key, value)
-sys.path[:0] = {paths!r}
+{trust}sys.path[:0] = {paths!r}
 from oci_gpu_hook.{module} import main
 sys.exit(main())
 """
 
+# The trust check of a Python launcher: os only (no import beyond what -I -S loads anyway).
+TRUST = """def _trusted(path):
+    real = os.path.realpath(path)
+    for start, stat in ((path, os.lstat), (real, os.stat)):
+        while True:
+            try:
+                st = stat(start)
+            except OSError:
+                return False
+            writable = st.st_mode & 0o022 and not (st.st_mode & 0o41000 == 0o41000)
+            if st.st_uid != 0 or (writable and (st.st_mode & 0o170000) != 0o120000):
+                return False
+            if start == "/":
+                break
+            start = os.path.dirname(start)
+    return True
+
+
+for _path in {checked!r}:
+    if not _trusted(_path):
+        if {passthrough!r} and "create" not in sys.argv[1:] and "run" not in sys.argv[1:]:
+            _runtime = os.environ.get("OCI_GPU_HOOK_RUNTIME") or {runtime!r}
+            for _dir in ([""] if "/" in _runtime else (os.environ.get("PATH") or "/usr/bin:/bin").split(":")):
+                _exe = os.path.join(_dir, _runtime) if _dir else _runtime
+                if os.access(_exe, os.X_OK) and not os.path.isdir(_exe):
+                    os.execv(_exe, [_exe, *sys.argv[1:]])
+        sys.stderr.write(f"oci-gpu-hook: error: refusing to run: {{_path}} is missing or writable by a "
+                         "non-root user (install into a root-owned prefix, see README)\\n")
+        sys.exit(1)
+"""
+
 # launcher file name -> module whose main() it runs
 LAUNCHERS = (("oci-gpu-hook", "entry.cli"), ("oci-gpu-runtime", "entry.runtime"))
+ROLES = {"oci-gpu-hook": 2, "oci-gpu-runtime": 1}  # OGH_ROLE_HOOK, OGH_ROLE_SHIM in front.c
+FRONT_SOURCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fastpath", "front.c")
+CDI_NEEDLE = "cdi.k8s.io"  # the annotation prefix without its '/': '\/' in JSON spells that slash too
 
 
 def launcher_defaults(items: list[str], command: str) -> dict[str, str]:
@@ -36,12 +85,218 @@ def launcher_defaults(items: list[str], command: str) -> dict[str, str]:
     return defaults
 
 
-def launcher_text(module: str, defaults: dict[str, str]) -> str:
-    """The lean launcher that runs ``oci_gpu_hook.<module>.main`` (shared by `launchers` and `install`)."""
+def code_paths() -> list[str]:
+    """Where a launcher loads code from: this package's parent and the environment's site-packages."""
     import site
 
     package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    paths = list(dict.fromkeys([package_parent, *site.getsitepackages()]))
-    return LAUNCHER.format(python=sys.executable, paths=paths, module=module, defaults=defaults)
+    return list(dict.fromkeys([package_parent, *site.getsitepackages()]))
+
+
+def stdlib_paths() -> list[str]:
+    import sysconfig
+
+    return [p for p in dict.fromkeys([sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib")])
+            if p and os.path.isdir(p)]
+
+
+def editable_reason() -> str | None:
+    """Why this is an editable (development) install, or None: the package must live in a site-packages
+    directory of the interpreter."""
+    import site
+
+    package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    inside = [p for p in site.getsitepackages() if package_parent == os.path.normpath(p)]
+    if not inside:
+        return (f"the package is loaded from {package_parent}, outside site-packages (an editable install?); "
+                "install it into a root-owned environment (python3 -m venv /opt/oci-gpu-hook && "
+                "/opt/oci-gpu-hook/bin/pip install .), or pass --allow-editable")
+    return None
+
+
+def launcher_text(module: str, defaults: dict[str, str], *, trust: bool = False, runtime: str = "runc",
+                  argv0: str | None = None) -> str:
+    """The Python launcher that runs ``oci_gpu_hook.<module>.main`` (shared by `launchers` and `install`).
+
+    ``trust``: refuse to run when the interpreter or a code path is missing or writable by a non-root
+    user (the shim still execs ``runtime`` for a pass-through command).  ``argv0``: the native front
+    this launcher stands behind, so that the shim knows itself."""
+    paths = [p for p in code_paths() if os.path.isdir(p)]
+    trust_text = ""
+    if trust:
+        checked = [sys.executable, *paths, *stdlib_paths()]
+        trust_text = TRUST.format(checked=checked, passthrough=module == "entry.runtime", runtime=runtime)
+    if argv0:
+        trust_text += f"sys.argv[0] = {argv0!r}\n"
+    return LAUNCHER.format(python=sys.executable, paths=paths, module=module, defaults=defaults, trust=trust_text)
+
+
+def find_cc() -> str | None:
+    import shutil
+
+    for name in (os.environ.get("CC"), "cc", "gcc"):
+        if name:
+            found = shutil.which(name)
+            if found:
+                return found
+    return None
+
+
+def _c_string(text: str) -> str:
+    data = text.encode("utf-8", "surrogateescape")
+    return '"' + "".join(chr(b) if 0x20 <= b < 0x7F and b not in b'"\\?' else f"\\{b:03o}" for b in data) + '"'
+
+
+def _c_list(items: list[str]) -> str:
+    return "{" + ", ".join([*(_c_string(i) for i in items), "NULL"]) + "}"
+
+
+def baked_settings(defaults: dict[str, str]) -> dict[str, object]:
+    """What the native front needs to know about this install's config, read as a container start reads it
+    (the environment of the runtime is unknown here: only the baked defaults count)."""
+    from oci_gpu_hook import config as cfg
+
+    fast = True
+    for key, value in defaults.items():
+        field = next((name for name, f in cfg.FIELDS.items() if f.env == key), None)
+        if field:
+            try:
+                cfg.check_value(field, value, f"environment variable {key}")
+            except HookError:
+                fast = False
+    path = defaults.get("OCI_GPU_HOOK_CONFIG") or cfg.DEFAULT_CONFIG_PATH
+    values: dict[str, object] = {}
+    stat = None
+    try:
+        # A file changed within a clock tick of its last change can keep the same ctime: let the clock move
+        # past the file's ctime first, so that any later change shows in the stamp the front compares.
+        import time
+
+        if time.time_ns() - os.stat(path).st_ctime_ns < 50_000_000:
+            time.sleep(0.05)
+        stat = os.stat(path)
+    except FileNotFoundError:
+        if defaults.get("OCI_GPU_HOOK_CONFIG"):
+            fast = False
+    except OSError:
+        fast = False
+    if stat is not None:
+        try:
+            values = cfg.load_file(path)
+        except HookError:
+            fast = False
+        else:
+            if os.stat(path) != stat:  # changed while reading: bake nothing
+                fast = False
+    names = {name for names in cfg.FIELDS["request_env"].default.values() for name in names}
+    for names_of_kind in dict(values.get("request_env") or {}).values():  # type: ignore[call-overload]
+        names.update(names_of_kind)
+    return {"fast": fast, "path": path, "stat": stat, "runtime": values.get("runtime", cfg.FIELDS["runtime"].default),
+            "needles": sorted({n.lower() for n in names} | {CDI_NEEDLE})}
+
+
+def front_header(name: str, directory: str, defaults: dict[str, str], trust: bool) -> str:
+    from oci_gpu_hook import __version__
+    from oci_gpu_hook.config import DEFAULT_CONFIG_PATH
+
+    baked = baked_settings(defaults)
+    st = baked["stat"]
+    pairs = [x for item in defaults.items() for x in item]
+    lines = [
+        f"#define OGH_ROLE {ROLES[name]}",
+        f"#define OGH_FAST {int(bool(baked['fast']))}",
+        f"#define OGH_CHECK_TRUST {int(trust)}",
+        f"static const char OGH_PYTHON[] = {_c_string(sys.executable)};",
+        f"static const char OGH_SCRIPT[] = {_c_string(os.path.join(directory, name + '.py'))};",
+        f"static const char *const OGH_CODE_PATHS[] = "
+        f"{_c_list([p for p in code_paths() if os.path.isdir(p)] + stdlib_paths())};",
+        f"static const char *const OGH_DEFAULTS[] = {_c_list(pairs)};",
+        f"static const char OGH_DEFAULT_CONFIG[] = {_c_string(DEFAULT_CONFIG_PATH)};",
+        f"static const char OGH_CONFIG_PATH[] = {_c_string(str(baked['path']))};",
+        f"static const char OGH_RUNTIME[] = {_c_string(str(baked['runtime']))};",
+        f"static const char *const OGH_NEEDLES[] = {_c_list(list(baked['needles']))};",  # type: ignore[call-overload]
+        f"static const char OGH_VERSION_LINE[] = {_c_string(f'oci-gpu-runtime {__version__}')};",
+        f"#define OGH_CONFIG_EXISTS {int(st is not None)}",
+    ]
+    fields = {"DEV": "st_dev", "INO": "st_ino", "SIZE": "st_size", "MODE": "st_mode", "UID": "st_uid"}
+    for macro, attr in fields.items():
+        lines.append(f"#define OGH_CONFIG_{macro} {getattr(st, attr) if st else 0}ULL")
+    for macro, attr in (("MTIME", "st_mtime_ns"), ("CTIME", "st_ctime_ns")):
+        ns = getattr(st, attr) if st else 0
+        lines.append(f"#define OGH_CONFIG_{macro}_S {ns // 1_000_000_000}LL")
+        lines.append(f"#define OGH_CONFIG_{macro}_NS {ns % 1_000_000_000}LL")
+    return "\n".join(lines) + "\n"
+
+
+def compile_front(name: str, directory: str, defaults: dict[str, str], trust: bool, cc: str) -> bytes:
+    """The native front of launcher ``name`` for ``directory``, compiled with ``cc``."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="oci-gpu-hook-front-") as tmp:
+        header = os.path.join(tmp, "baked.h")
+        with open(header, "w", encoding="utf-8") as handle:
+            handle.write(front_header(name, directory, defaults, trust))
+        out = os.path.join(tmp, name)
+        cmd = [cc, "-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", f'-DOGH_BAKED="{header}"',
+               "-o", out, FRONT_SOURCE]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise HookError(f"compiling the native front with {cc} failed: {proc.stderr.strip()[:2000]}")
+        with open(out, "rb") as handle:
+            return handle.read()
+
+
+def launcher_files(directory: str, defaults: dict[str, str], *, native: bool | None = None,
+                   trust: bool = True) -> list[tuple[str, bytes]]:
+    """Every launcher file for ``directory`` as ``(path, content)``, each mode 0755.
+
+    ``native``: None = a native front when a compiler is found, else the Python launchers; True = a
+    native front or an error; False = Python launchers only.  ``trust``: the launchers check that what
+    they run is root's (off for tests and editable installs)."""
+    cc = find_cc() if native is not False else None
+    if native and not cc:
+        raise HookError("no C compiler found for the native front (set CC, or install gcc)")
+    files = []
+    for name, module in LAUNCHERS:
+        if cc is None:
+            files.append((os.path.join(directory, name), launcher_text(module, defaults, trust=trust,
+                                                                        runtime=_runtime(defaults)).encode()))
+            continue
+        front = os.path.join(directory, name)
+        try:
+            binary = compile_front(name, directory, defaults, trust, cc)
+        except HookError as err:
+            if native:
+                raise
+            sys.stderr.write(f"oci-gpu-hook: note: {err}; writing the Python launchers\n")
+            return launcher_files(directory, defaults, native=False, trust=trust)
+        files.append((front, binary))
+        files.append((front + ".py", launcher_text(module, defaults, trust=trust, runtime=_runtime(defaults),
+                                                   argv0=front).encode()))
+    return files
+
+
+def _runtime(defaults: dict[str, str]) -> str:
+    runtime = baked_settings(defaults)["runtime"]
+    return str(runtime)
+
+
+def write_launchers(directory: str, defaults: dict[str, str], *, native: bool | None = None,
+                    trust: bool = True) -> list[str]:
+    """Write :func:`launcher_files` into ``directory`` (atomically, mode 0755); the paths written.  A stale
+    ``NAME.py`` of an earlier native install is removed when the Python launchers are written."""
+    from oci_gpu_hook.atomic import write_atomic
+
+    os.makedirs(directory, exist_ok=True)
+    files = launcher_files(directory, defaults, native=native, trust=trust)
+    for path, data in files:
+        write_atomic(path, data, 0o755)
+    written = {p for p, _ in files}
+    for name, _module in LAUNCHERS:
+        stale = os.path.join(directory, name + ".py")
+        if stale not in written and os.path.exists(stale):
+            os.unlink(stale)
+    return [p for p, _ in files]
 
 

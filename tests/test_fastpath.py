@@ -1,0 +1,263 @@
+"""The native front (oci_gpu_hook/fastpath/front.c): whenever the Python path would grant a device, the front
+reaches it; when it certainly would not, Python does not start.
+
+The oracle is the Python launcher of the same install (``--no-native``): for every hostile input the front's
+output and exit status must equal Python's.  A marker written by the front's Python launcher tells whether
+Python ran.  The container tests run real runc containers through the shim and the prestart hook.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from oci_gpu_hook.host import launchers
+from tests import containerlib as cl
+
+pytestmark = pytest.mark.skipif(launchers.find_cc() is None, reason="no C compiler")
+
+REQUEST = "AMD_VISIBLE_DEVICES=1"
+
+
+def esc(text: str) -> str:
+    """Every character as a JSON \\u escape."""
+    return "".join(f"\\u{ord(c):04x}" for c in text)
+
+
+def spec_text(env: list[str] | None = None, annotations: dict[str, str] | None = None) -> str:
+    spec = {"ociVersion": "1.0.2", "process": {"args": ["/bin/true"], "env": ["PATH=/bin", *(env or [])]},
+            "root": {"path": "rootfs"}}
+    if annotations is not None:
+        spec["annotations"] = annotations
+    return json.dumps(spec)
+
+
+def plain(env: list[str] | None = None, annotations: dict[str, str] | None = None) -> str:
+    return spec_text(env, annotations)
+
+
+# (name, config.json text) that the Python path grants; each is a request spelled so that a naive scan misses it
+GRANTED = {
+    "plain": plain([REQUEST]),
+    "escaped-underscore": plain(["X"]).replace('"X"', '"AMD\\u005fVISIBLE_DEVICES=1"'),
+    "split-by-escape": plain(["X"]).replace('"X"', '"\\u0041MD_VISIBLE_DEV\\u0049CES=1"'),
+    "all-escaped": plain(["X"]).replace('"X"', '"' + esc(REQUEST) + '"'),
+    "annotation-only": plain(annotations={"cdi.k8s.io/x": "amd.com/gpu=1"}),
+    "annotation-escaped-slash": plain(annotations={"K": "amd.com/gpu=1"}).replace('"K"', '"cdi.k8s.io\\/x"'),
+    "annotation-escaped-key": plain(annotations={"K": "amd.com/gpu=1"}).replace('"K"', '"' + esc("cdi.k8s.io/x") + '"'),
+    "annotation-escaped-value": plain(annotations={"cdi.k8s.io/x": "V"}).replace('"V"',
+                                                                                 f'"{esc("amd.com/gpu=1")}"'),
+    "duplicate-key-last-wins": '{"process": {"env": []}, "process": {"env": ["AMD_VISIBLE_DEVICES=1"]}}',
+    "huge": plain([REQUEST], {"padding": "p" * (20 << 20)}),
+}
+# Inputs the Python path does not grant (or refuses); the front may hand over or not, the result must agree
+OTHER = {
+    "clean": plain(["FOO=1"]),
+    "lower-case-name": plain(["amd_visible_devices=1"]),
+    "key-other-case": '{"Process": {"Env": ["AMD_VISIBLE_DEVICES=1"]}}',
+    "duplicate-key-first": '{"process": {"env": ["AMD_VISIBLE_DEVICES=1"]}, "process": {"env": []}}',
+    "request-none": plain(["AMD_VISIBLE_DEVICES=none"]),
+    "unrelated-escape": plain(["A=\\u00e9"]).replace("\\\\u", "\\u"),
+    "name-in-args": plain(["FOO=AMD_VISIBLE_DEVICES"]),
+    "not-json": '{"process": ',
+    "not-an-object": "[1, 2]",
+    "nul": '{"a": "\x00"}',
+    "bom": "\ufeff" + plain(),
+    "trailing-garbage": plain() + " x",
+    "deep": "[" * 5000 + "]" * 5000,
+}
+
+
+@pytest.fixture(scope="module")
+def install(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return make_install(tmp_path_factory.mktemp("fastpath"))
+
+
+def make_install(base: Path, request_env: str = 'intel = ["MY_INTEL_GPUS"]') -> dict[str, Path]:
+    config = base / "config.toml"
+    hook_path = base / "native" / "oci-gpu-hook"
+    config.write_text(f'sysfs_root = "{cl.SEED_SYSFS}"\nhook_path = "{hook_path}"\n'
+                      f'[request_env]\n{request_env}\n')
+    defaults = {"OCI_GPU_HOOK_CONFIG": str(config)}
+    launchers.write_launchers(str(base / "native"), defaults, native=True)
+    launchers.write_launchers(str(base / "python"), defaults, native=False)
+    marker = base / "python-ran"
+    for name in ("oci-gpu-hook.py", "oci-gpu-runtime.py"):
+        script = base / "native" / name
+        first, rest = script.read_text().split("\n", 1)
+        script.write_text(f"{first}\nopen({str(marker)!r}, 'a').write('ran\\n')\n{rest}")
+    return {"base": base, "config": config, "native": base / "native", "python": base / "python", "marker": marker}
+
+
+def ran_python(install: dict[str, Path]) -> bool:
+    ran = install["marker"].exists()
+    if ran:
+        install["marker"].unlink()
+    return ran
+
+
+def precreate(directory: Path, text: bytes) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([str(directory / "oci-gpu-hook"), "precreate"], input=text, capture_output=True,
+                          env=cl.hook_env(), timeout=120)
+
+
+@pytest.mark.parametrize("name", sorted(GRANTED))
+def test_precreate_reaches_python_for_every_request(install: dict[str, Path], name: str) -> None:
+    text = GRANTED[name].encode()
+    python = precreate(install["python"], text)
+    assert python.returncode == 0, python.stderr
+    assert b"/dev/dri/renderD129" in python.stdout  # the oracle grants
+    ran_python(install)
+    front = precreate(install["native"], text)
+    assert ran_python(install)
+    assert (front.returncode, front.stdout) == (python.returncode, python.stdout)
+
+
+@pytest.mark.parametrize("name", sorted(OTHER))
+def test_precreate_agrees_with_python(install: dict[str, Path], name: str) -> None:
+    text = OTHER[name].encode()
+    python = precreate(install["python"], text)
+    ran_python(install)
+    front = precreate(install["native"], text)
+    fast = not ran_python(install)
+    assert front.returncode == python.returncode
+    assert front.stdout == python.stdout or (fast and front.stdout == text)
+    if name == "clean":
+        assert fast and front.stdout == text
+
+
+def test_precreate_non_utf8_and_custom_names(install: dict[str, Path]) -> None:
+    text = plain(["FOO=\udcff"]).encode("utf-8", "surrogateescape").replace(b"\\udcff", b"\xff")
+    assert b"\xff" in text
+    python, front = precreate(install["python"], text), precreate(install["native"], text)
+    assert (front.returncode, front.stdout) == (python.returncode, python.stdout)
+    custom = plain(["MY_INTEL_GPUS=all"]).encode()  # request_env of the config file, intel: asks, host has none
+    python, front = precreate(install["python"], custom), precreate(install["native"], custom)
+    assert python.returncode != 0 and b"intel" in python.stderr
+    assert (front.returncode, front.stderr) == (python.returncode, python.stderr)
+
+
+def test_precreate_beyond_the_size_limit(install: dict[str, Path]) -> None:
+    text = plain([REQUEST], {"padding": "p" * (65 << 20)}).encode()
+    front = precreate(install["native"], text)
+    assert front.returncode != 0 or b"renderD129" in front.stdout  # never a silent pass-through
+
+
+def test_changed_config_goes_to_python(tmp_path: Path) -> None:
+    install = make_install(tmp_path)
+    assert precreate(install["native"], plain(["FOO=1"]).encode()).returncode == 0
+    assert not ran_python(install)
+    config = install["config"]
+    config.write_text(config.read_text().replace("MY_INTEL_GPUS", "OTHER_NAME"))
+    assert precreate(install["native"], plain(["FOO=1"]).encode()).returncode == 0
+    assert ran_python(install)
+
+
+# ------------------------------------------------------------------ real containers
+
+
+@pytest.fixture(scope="module")
+def rootfs(install: dict[str, Path]) -> Path:
+    cl.need("runc")
+    return cl.make_rootfs(install["base"] / "rootfs")
+
+
+def container_bundle(base: Path, rootfs: Path, text: str, name: str) -> Path:
+    """A runc bundle that lists /dev/dri; its config.json is ``text``'s request grafted onto a runc spec."""
+    bundle = cl.make_bundle(base / name, rootfs, [], ["/bin/sh", "-c", "ls /dev/dri 2>&1; echo done"])
+    spec = json.loads((bundle / "config.json").read_text())
+    request = json.loads(text)  # only to know where the request is; the escaped text is kept below
+    body = json.dumps({k: v for k, v in spec.items() if k not in ("annotations",)})
+    env = json.dumps(spec["process"]["env"])
+    raw = text
+    if "process" in request and "env" in request["process"]:
+        marker = raw[raw.index('"env": [') + len('"env": ['):]
+        extra = marker[:marker.index("]")]
+        extra = extra.replace('"PATH=/bin"', "").strip(", ")
+        if extra:
+            body = body.replace(env, env[:-1] + ", " + extra + "]")
+    if "annotations" in request:
+        start = raw.index('"annotations": ') + len('"annotations": ')
+        body = body[:-1] + ', "annotations": ' + raw[start:raw.index("}", start) + 1] + "}"
+    (bundle / "config.json").write_text(body)
+    json.loads(body)
+    return bundle
+
+
+CONTAINER_CASES = ["plain", "escaped-underscore", "split-by-escape", "all-escaped", "annotation-only",
+                   "annotation-escaped-slash", "annotation-escaped-key"]
+
+
+@pytest.mark.containers
+@pytest.mark.parametrize("name", CONTAINER_CASES)
+def test_shim_run_grants_in_a_real_container(install: dict[str, Path], rootfs: Path, name: str) -> None:
+    bundle = container_bundle(install["base"], rootfs, GRANTED[name], f"shim-{name}")
+    result = cl.run([str(install["native"] / "oci-gpu-runtime"), "run", "--bundle", str(bundle),
+                     cl.container_id()], env=cl.hook_env())
+    assert result.returncode == 0, result.stderr
+    assert "renderD129" in result.stdout.split() and "done" in result.stdout
+
+
+@pytest.mark.containers
+@pytest.mark.parametrize("name", CONTAINER_CASES)
+def test_prestart_grants_in_a_real_container(install: dict[str, Path], rootfs: Path, name: str) -> None:
+    bundle = container_bundle(install["base"], rootfs, GRANTED[name], f"hook-{name}")
+    cl.add_prestart(bundle, install["native"] / "oci-gpu-hook")
+    result = cl.run(["runc", "run", "--bundle", str(bundle), cl.container_id()], env=cl.hook_env())
+    assert result.returncode == 0, result.stderr
+    assert "renderD129" in result.stdout.split() and "done" in result.stdout
+
+
+@pytest.mark.containers
+def test_symlinked_config_and_custom_names_in_real_containers(install: dict[str, Path], rootfs: Path) -> None:
+    bundle = container_bundle(install["base"], rootfs, GRANTED["plain"], "symlinked")
+    os.rename(bundle / "config.json", install["base"] / "elsewhere.json")
+    (bundle / "config.json").symlink_to(install["base"] / "elsewhere.json")
+    result = cl.run([str(install["native"] / "oci-gpu-runtime"), "run", "--bundle", str(bundle),
+                     cl.container_id()], env=cl.hook_env())
+    assert result.returncode == 0, result.stderr
+    assert "renderD129" in result.stdout.split()
+    # a custom request_env name (intel; this host has no intel GPU): the Python path is reached and refuses
+    bundle = container_bundle(install["base"], rootfs, plain(["MY_INTEL_GPUS=0"]), "custom-name")
+    result = cl.run([str(install["native"] / "oci-gpu-runtime"), "run", "--bundle", str(bundle),
+                     cl.container_id()], env=cl.hook_env())
+    assert result.returncode != 0 and "intel" in result.stderr
+
+
+@pytest.mark.containers
+def test_no_request_never_starts_python(install: dict[str, Path], rootfs: Path) -> None:
+    bundle = container_bundle(install["base"], rootfs, plain(["FOO=1"]), "clean")
+    cl.add_prestart(bundle, install["native"] / "oci-gpu-hook")
+    ran_python(install)
+    result = cl.run([str(install["native"] / "oci-gpu-runtime"), "run", "--bundle", str(bundle),
+                     cl.container_id()], env=cl.hook_env())
+    assert result.returncode == 0, result.stderr
+    assert "renderD129" not in result.stdout and "done" in result.stdout
+    assert not ran_python(install)
+    missing = install["base"] / "no-bundle"
+    missing.mkdir()
+    result = cl.run([str(install["native"] / "oci-gpu-hook"), "prestart"], env=cl.hook_env(),
+                    stdin=json.dumps({"id": "x", "pid": 1, "bundle": str(missing), "status": "created"}))
+    assert result.returncode != 0 and ran_python(install)  # no config.json: Python reports it
+
+
+@pytest.mark.containers
+def test_custom_request_name_grants_in_real_containers(tmp_path: Path) -> None:
+    cl.need("runc")
+    install = make_install(tmp_path, 'amd = ["MY_GPUS"]')  # replaces AMD_VISIBLE_DEVICES for amd
+    rootfs = cl.make_rootfs(tmp_path / "rootfs")
+    for how in ("shim", "prestart"):
+        bundle = container_bundle(tmp_path, rootfs, plain(["MY_GPUS=1"]), f"custom-{how}")
+        if how == "shim":
+            argv = [str(install["native"] / "oci-gpu-runtime"), "run", "--bundle", str(bundle), cl.container_id()]
+        else:
+            cl.add_prestart(bundle, install["native"] / "oci-gpu-hook")
+            argv = ["runc", "run", "--bundle", str(bundle), cl.container_id()]
+        ran_python(install)
+        result = cl.run(argv, env=cl.hook_env())
+        assert result.returncode == 0, result.stderr
+        assert "renderD129" in result.stdout.split() and ran_python(install), how

@@ -1,0 +1,90 @@
+"""The per-container path's imports, pinned: every entry point, with a config file present, run under
+``python -X importtime -I -S`` as the launchers run it; what it imports beyond the interpreter's own start
+must be on the allow-list.  A new import on this path costs every container its time: add it here only
+with a measurement."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests import containerlib as cl
+
+REPO = Path(__file__).resolve().parent.parent
+# what os and the package's first lines bring (with -S the interpreter itself has not imported os)
+COMMON = {"__future__", "os", "stat", "_stat", "posixpath", "genericpath", "_collections_abc", "time",
+          "oci_gpu_hook", "oci_gpu_hook.config", "oci_gpu_hook.entry", "oci_gpu_hook.errors"}
+PLAN = {"_json", "oci_gpu_hook.fastjson", "oci_gpu_hook.bundle", "oci_gpu_hook.log", "oci_gpu_hook.plan",
+        "oci_gpu_hook.request", "oci_gpu_hook.core", "oci_gpu_hook.core.edits", "oci_gpu_hook.appliers"}
+GRANT = {"oci_gpu_hook.core.devices", "oci_gpu_hook.core.rules", "oci_gpu_hook.inventory",
+         "oci_gpu_hook.inventory.sysfs", "oci_gpu_hook.inventory.amd", "oci_gpu_hook.appliers.ocispec",
+         "importlib", "warnings"}
+ALLOWED = {
+    "precreate": COMMON | PLAN | GRANT | {"oci_gpu_hook.entry.cli"},
+    "prestart": COMMON | PLAN | {"oci_gpu_hook.entry.cli", "oci_gpu_hook.appliers.live"},
+    "createRuntime": COMMON | PLAN | {"oci_gpu_hook.entry.cli", "oci_gpu_hook.appliers.live"},
+    "links": COMMON | {"_json", "oci_gpu_hook.fastjson", "oci_gpu_hook.entry.cli", "oci_gpu_hook.appliers",
+                       "oci_gpu_hook.appliers.live", "oci_gpu_hook.appliers.rootfs", "oci_gpu_hook.bundle",
+                       "oci_gpu_hook.core", "oci_gpu_hook.core.edits"},
+    "create": COMMON | PLAN | GRANT | {"oci_gpu_hook.entry.runtime", "oci_gpu_hook.atomic"},
+    "run": COMMON | PLAN | GRANT | {"oci_gpu_hook.entry.runtime", "oci_gpu_hook.atomic"},
+    "state": COMMON | {"oci_gpu_hook.entry.runtime"},
+}
+NEVER = {"tomllib", "re", "typing", "enum", "datetime", "json", "argparse", "pydantic", "jsonschema", "yaml"}
+
+
+def imports(module: str, argv: list[str], env: dict[str, str], stdin: str = "") -> set[str]:
+    code = (f"import sys; sys.path[:0] = [{str(REPO)!r}]; sys.argv = ['x', *sys.argv[1:]]; "
+            f"from oci_gpu_hook.{module} import main; sys.exit(main())")
+    out = subprocess.run([sys.executable, "-X", "importtime", "-I", "-S", "-c", code, *argv], input=stdin,
+                         capture_output=True, text=True, env=env, timeout=120, cwd="/")
+    names = {line.rsplit("|", 1)[1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
+    return names - {"package"}
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    base = tmp_path_factory.mktemp("imports")
+    config = base / "config.toml"
+    config.write_text(f'sysfs_root = "{cl.SEED_SYSFS}"\nruntime = "/bin/true"\nhook_path = "/bin/true"\n'
+                      'device_file_mode = 0o666\n[request_env]\namd = ["AMD_VISIBLE_DEVICES"]\n')
+    specs = {}
+    for name, env in (("gpu", ["AMD_VISIBLE_DEVICES=1"]), ("nogpu", [])):
+        bundle = base / name
+        bundle.mkdir()
+        spec = {"ociVersion": "1.0.2", "process": {"args": ["/bin/true"], "env": ["PATH=/bin", *env]},
+                "root": {"path": "/"}}
+        (bundle / "config.json").write_text(json.dumps(spec))
+        specs[name] = bundle
+    env = {"PATH": "/usr/bin:/bin", "OCI_GPU_HOOK_CONFIG": str(config)}
+    baseline = imports("errors", [], env) - {"oci_gpu_hook", "oci_gpu_hook.errors"}
+    return {"env": env, "specs": specs, "baseline": baseline}
+
+
+def cases(setup: dict[str, object]) -> list[tuple[str, str, list[str], str]]:
+    specs: dict[str, Path] = setup["specs"]  # type: ignore[assignment]
+    state = json.dumps({"ociVersion": "1.0.2", "id": "x", "pid": 1, "status": "created",
+                        "bundle": str(specs["nogpu"])})
+    return [
+        ("precreate", "entry.cli", ["precreate"], (specs["gpu"] / "config.json").read_text()),
+        ("precreate", "entry.cli", ["precreate"], (specs["nogpu"] / "config.json").read_text()),
+        ("prestart", "entry.cli", ["prestart"], state),
+        ("createRuntime", "entry.cli", ["createRuntime"], state),
+        ("links", "entry.cli", ["links"], state),
+        ("create", "entry.runtime", ["create", "--bundle", str(specs["gpu"]), "x"], ""),
+        ("run", "entry.runtime", ["run", "--bundle", str(specs["nogpu"]), "x"], ""),
+        ("state", "entry.runtime", ["state", "x"], ""),
+    ]
+
+
+def test_per_container_imports_are_pinned(setup: dict[str, object]) -> None:
+    baseline: set[str] = setup["baseline"]  # type: ignore[assignment]
+    for entry, module, argv, stdin in cases(setup):
+        got = imports(module, argv, setup["env"], stdin) - baseline  # type: ignore[arg-type]
+        assert f"oci_gpu_hook.{module}" in got, (entry, got)  # it really ran
+        assert not got & NEVER, (entry, sorted(got & NEVER))
+        assert got <= ALLOWED[entry], (entry, sorted(got - ALLOWED[entry]))
