@@ -51,11 +51,13 @@ GRANTED = {
     "annotation-escaped-key": plain(annotations={"K": "amd.com/gpu=1"}).replace('"K"', '"' + esc("cdi.k8s.io/x") + '"'),
     "annotation-escaped-value": plain(annotations={"cdi.k8s.io/x": "V"}).replace('"V"',
                                                                                  f'"{esc("amd.com/gpu=1")}"'),
-    "duplicate-key-last-wins": '{"process": {"env": []}, "process": {"env": ["AMD_VISIBLE_DEVICES=1"]}}',
     "huge": plain([REQUEST], {"padding": "p" * (20 << 20)}),
 }
 # Inputs the Python path does not grant (or refuses); the front may hand over or not, the result must agree
 OTHER = {
+    # repeated keys: the Python path refuses them (runc would merge the two); the front must hand over
+    "duplicate-key-last-wins": '{"process": {"env": []}, "process": {"env": ["AMD_VISIBLE_DEVICES=1"]}}',
+
     "clean": plain(["FOO=1"]),
     "lower-case-name": plain(["amd_visible_devices=1"]),
     "key-other-case": '{"Process": {"Env": ["AMD_VISIBLE_DEVICES=1"]}}',

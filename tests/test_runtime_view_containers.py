@@ -40,6 +40,8 @@ def _tree(path: Path) -> list[str]:
 
 
 def _root_and_Root(spec: dict[str, Any], setup: dict[str, Path]) -> str:
+    # a GPU request, so that the hooks have work to do (a container asking for nothing is never touched)
+    spec["process"]["env"] = [e for e in spec["process"]["env"] if not e.startswith("AMD_")] + ["AMD_VISIBLE_DEVICES=1"]
     real = spec.pop("root")
     spec["root"] = {"path": str(setup["decoy"])}
     return json.dumps(spec)[:-1] + ', "Root": ' + json.dumps(real) + "}"
