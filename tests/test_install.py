@@ -26,8 +26,9 @@ REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_SYSFS = REPO / "examples" / "hosts" / "seed-8x-gfx1100" / "sys"
 LAUNCHER = "/usr/local/libexec/oci-gpu-hook/oci-gpu-hook"
 RUNTIME = "/usr/local/libexec/oci-gpu-hook/oci-gpu-runtime"
-PRECREATE = "/etc/containers/oci/hooks.d/oci-gpu-hook-precreate.json"
-PRESTART = "/etc/containers/oci/hooks.d/oci-gpu-hook-prestart.json"
+HOOKS_DIR = "/usr/share/containers/oci/hooks.d"  # podman 4.3: no hooks_dir in containers.conf
+PRECREATE = "/usr/share/containers/oci/hooks.d/oci-gpu-hook-precreate.json"
+PRESTART = "/usr/share/containers/oci/hooks.d/oci-gpu-hook-prestart.json"
 CDI_SPEC = "/var/run/cdi/amd.com-gpu.json"
 MANIFEST = "/var/lib/oci-gpu-hook/install.json"
 MAIN = containerd.MAIN_CONFIG_PATH
@@ -191,7 +192,7 @@ def main_cri_with_ours(main: str) -> dict[str, Any]:
 def populate(prefix: Path) -> None:
     """A host that already has things where install writes: all of it must come back after uninstall.
     It has /etc/containerd (with the operator's own file where the drop-in goes) but no main config."""
-    hooks = at(prefix, "/etc/containers/oci/hooks.d")
+    hooks = at(prefix, HOOKS_DIR)
     hooks.mkdir(parents=True)
     (hooks / "other-hook.json").write_text('{"version": "1.0.0"}\n')
     (hooks / "other-hook.json").chmod(0o640)
@@ -239,10 +240,10 @@ def test_uninstall_gives_back_the_tree_exactly(prefix: Path, capsys: pytest.Capt
     assert snapshot(prefix) != before
     if host == "empty-prefix":  # no containerd on this host: nothing of it is written, and install says so
         assert not at(prefix, "/etc/containerd").exists()
-        assert out.endswith("note: no /etc/containerd here: containerd is not configured\n")
+        assert "\nnote: containerd: no /etc/containerd here: containerd is not configured\n" in out
         assert "restart containerd" not in out
     else:
-        assert out.endswith("note: restart containerd to load its new configuration\n")
+        assert "\nnote: restart containerd to load its new configuration\n" in out
     if host in ("containerd-dir", "populated-prefix"):  # no main config: a new one that imports conf.d
         assert at(prefix, MAIN).read_text() == NEW_MAIN
         assert f"new: {at(prefix, MAIN)} (containerd config (imports); mode 0644)" in out
@@ -251,7 +252,7 @@ def test_uninstall_gives_back_the_tree_exactly(prefix: Path, capsys: pytest.Capt
     if host == "populated-prefix":
         assert f"replaced: {at(prefix, containerd.DROP_IN_PATH)} (" in out
         assert f"replaced: {at(prefix, RUNTIME)} (" in out
-        assert (at(prefix, "/etc/containers/oci/hooks.d/other-hook.json")).read_text() == '{"version": "1.0.0"}\n'
+        assert (at(prefix, HOOKS_DIR + "/other-hook.json")).read_text() == '{"version": "1.0.0"}\n'
         assert at(prefix, "/run/cdi/amd.com-gpu.json").is_file()
         backups = list(at(prefix, install.BACKUP_DIR).iterdir())
         assert [b.read_text() for b in backups] == ["# the operator's own runtime\nversion = 2\n"]
@@ -450,7 +451,7 @@ def test_switching_the_hook_stage(prefix: Path, capsys: pytest.CaptureFixture[st
     assert not at(prefix, PRECREATE).exists()
     out = ok(capsys, "--prefix", str(prefix), "--hook", "none")
     assert not at(prefix, PRESTART).exists()
-    assert [p.name for p in at(prefix, "/etc/containers/oci/hooks.d").iterdir()] == ["other-hook.json"]
+    assert [p.name for p in at(prefix, HOOKS_DIR).iterdir()] == ["other-hook.json"]
     manifest = json.loads(at(prefix, MANIFEST).read_text())
     assert PRESTART not in {e["path"] for e in manifest["files"]}
     ok(capsys, "--prefix", str(prefix), "--uninstall")
@@ -503,8 +504,8 @@ def test_uninstall_keeps_an_edited_file_and_says_so(prefix: Path, capsys: pytest
     assert f"kept: {hook.parent}/ (created by install, not empty)" in out
     assert hook.read_text() == edited
     assert sorted(str(p.relative_to(prefix)) for p in prefix.rglob("*")) == [
-        "etc", "etc/containers", "etc/containers/oci", "etc/containers/oci/hooks.d",
-        "etc/containers/oci/hooks.d/oci-gpu-hook-precreate.json"]
+        "usr", "usr/share", "usr/share/containers", "usr/share/containers/oci", "usr/share/containers/oci/hooks.d",
+        "usr/share/containers/oci/hooks.d/oci-gpu-hook-precreate.json"]
 
 
 def test_an_edited_file_that_replaced_one_keeps_the_original_too(prefix: Path,
@@ -582,7 +583,11 @@ def test_errors_are_one_line_and_write_nothing(prefix: Path) -> None:
     before = snapshot(prefix)
     line = assert_one_error_line(cli_subprocess("--sysfs-root", str(EXAMPLE_SYSFS), "install", "--prefix",
                                                 str(prefix)))
-    assert f"{at(prefix, containerd.DROP_IN_PATH)} is a directory" in line
+    assert line.startswith(f"oci-gpu-hook: error: containerd: {at(prefix, containerd.DROP_IN_PATH)} is a directory")
+    assert line.endswith("(the other integrations are installed)\n")
+    assert at(prefix, containerd.DROP_IN_PATH).is_dir() and not at(prefix, MAIN).exists()  # containerd: untouched
+    assert at(prefix, PRECREATE).is_file() and at(prefix, LAUNCHER).is_file()  # the others: installed
+    assert cli_subprocess("install", "--prefix", str(prefix), "--uninstall").returncode == 0
     assert snapshot(prefix) == before
 
     at(prefix, MANIFEST).parent.mkdir(parents=True)
@@ -597,7 +602,8 @@ def test_errors_are_one_line_and_write_nothing(prefix: Path) -> None:
     for args, message in ((["--uninstall", "--hook", "prestart"], "takes no --hook or --set"),
                           (["--hook", "poststop"], "invalid choice: 'poststop'"),
                           (["--set", "PATH=/bin"], "expected OCI_GPU_HOOK_NAME=VALUE"),
-                          (["--prefix", str(prefix / "absent")], "no such directory")):
+                          (["--only", "podman,lxc"], "expected a comma list of podman, docker"),
+                          (["--prefix", str(at(prefix, MANIFEST) / "x")], "cannot create it")):
         result = cli_subprocess("--sysfs-root", str(EXAMPLE_SYSFS), "install", *args)
         assert message in assert_one_error_line(result), args
 
@@ -688,16 +694,22 @@ def test_a_main_config_that_imports_the_drop_in_is_left_untouched(prefix: Path, 
     ('version = 2\nimports = [\n  "/etc/containerd/site.toml",\n]\n',
      "{config}: a multi-line imports list; add /etc/containerd/conf.d/*.toml to it by hand"),
 ], ids=["unclosed-table", "table-twice", "multi-line-imports"])
-def test_a_main_config_install_cannot_use_is_one_error_line_and_nothing_is_written(prefix: Path, main: str,
-                                                                                   message: str) -> None:
+def test_a_main_config_install_cannot_use_skips_containerd_only(prefix: Path, main: str, message: str) -> None:
     containerd_host(prefix, main)
     before = snapshot(prefix, identity=True)
-    for dry_run in ([], ["--dry-run"]):
+    containerd_files = {k: v for k, v in before.items() if k.startswith("etc")}
+    for dry_run in (["--dry-run"], []):
         line = assert_one_error_line(cli_subprocess("--sysfs-root", str(EXAMPLE_SYSFS), "install", "--prefix",
                                                     str(prefix), *dry_run))
-        assert line.startswith("oci-gpu-hook: error: " + message.format(config=at(prefix, MAIN))), line
-        assert snapshot(prefix, identity=True) == before
-
+        assert line.startswith("oci-gpu-hook: error: containerd: " + message.format(config=at(prefix, MAIN))), line
+        after = snapshot(prefix, identity=True)
+        assert {k: v for k, v in after.items() if k.startswith("etc")} == containerd_files  # containerd: untouched
+        if dry_run:
+            assert after == before
+        else:
+            assert at(prefix, PRECREATE).is_file()  # the others are installed all the same
+    assert cli_subprocess("install", "--prefix", str(prefix), "--uninstall").returncode == 0
+    assert snapshot(prefix, identity=True) == before
 
 
 def test_a_dry_run_does_not_ask_for_the_imports_line_install_adds(prefix: Path,
