@@ -7,6 +7,8 @@ import stat
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 ROOT = os.geteuid() == 0
 MTIME = 1_500_000_000_000_000_000
 
@@ -90,8 +92,19 @@ def build(root: Path, tree: str) -> None:
         raise ValueError(tree)
 
 
-def snapshot(root: Path, mtimes: bool = False) -> dict[str, tuple[Any, ...]]:
-    """Every path under root: type, mode, owner, and content or symlink target (and a file's mtime if asked)."""
+@pytest.fixture(autouse=True)
+def isolated_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No OCI_GPU_HOOK_* of the caller, and never the host's /etc/oci-gpu-hook/config.toml (import it into a test
+    module to use it there)."""
+    for key in list(os.environ):
+        if key.startswith("OCI_GPU_HOOK_"):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("OCI_GPU_HOOK_CONFIG", os.devnull)
+
+
+def snapshot(root: Path, mtimes: bool = False, identity: bool = False) -> dict[str, tuple[Any, ...]]:
+    """Every path under root: type, mode, owner, and content or symlink target (and a file's mtime if asked; each
+    entry's inode and mtime with ``identity``)."""
     tree: dict[str, tuple[Any, ...]] = {}
     for dirpath, dirnames, filenames in os.walk(root):
         for name in [*dirnames, *filenames]:
@@ -104,5 +117,6 @@ def snapshot(root: Path, mtimes: bool = False) -> dict[str, tuple[Any, ...]]:
             else:
                 assert stat.S_ISREG(st.st_mode), path
                 what = ("file", Path(path).read_bytes(), *((st.st_mtime_ns,) if mtimes else ()))
-            tree[os.path.relpath(path, root)] = (*what, stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid)
+            entry = (*what, stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid)
+            tree[os.path.relpath(path, root)] = (*entry, st.st_ino, st.st_mtime_ns) if identity else entry
     return tree

@@ -21,6 +21,7 @@ from oci_gpu_hook.entry import cli
 from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.host import containerd, install
 from oci_gpu_hook.inventory import scan
+from tests.installtrees import isolated_env, snapshot
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_SYSFS = REPO / "examples" / "hosts" / "seed-8x-gfx1100" / "sys"
@@ -34,6 +35,7 @@ MANIFEST = "/var/lib/oci-gpu-hook/install.json"
 MAIN = containerd.MAIN_CONFIG_PATH
 CRI = "io.containerd.grpc.v1.cri"
 ROOT = os.geteuid() == 0
+__all__ = ["isolated_env"]  # the autouse fixture, imported
 
 IMPORTS_LINE = 'imports = ["/etc/containerd/conf.d/*.toml"]  # added by oci-gpu-hook install\n'
 # What install writes to /etc/containerd/config.toml on a host with /etc/containerd but no main config.
@@ -94,14 +96,6 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-@pytest.fixture(autouse=True)
-def isolated_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for key in list(os.environ):
-        if key.startswith("OCI_GPU_HOOK_"):
-            monkeypatch.delenv(key)
-    monkeypatch.setenv("OCI_GPU_HOOK_CONFIG", os.devnull)
-
-
 @pytest.fixture
 def prefix(tmp_path: Path) -> Path:
     root = tmp_path / "root"
@@ -126,27 +120,6 @@ def ok(capsys: pytest.CaptureFixture[str], *args: str, sysfs: Path = EXAMPLE_SYS
 def cli_subprocess(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "oci_gpu_hook.entry.cli", *args], capture_output=True, text=True,
                           env=clean_env(), cwd=REPO, timeout=60, check=False)
-
-
-def snapshot(root: Path, identity: bool = False) -> dict[str, tuple[Any, ...]]:
-    """Every path under root: type, mode, owner, content or symlink target (and inode/mtime if asked)."""
-    tree: dict[str, tuple[Any, ...]] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in [*dirnames, *filenames]:
-            path = os.path.join(dirpath, name)
-            st = os.lstat(path)
-            if stat.S_ISLNK(st.st_mode):
-                what: tuple[Any, ...] = ("symlink", os.readlink(path))
-            elif stat.S_ISDIR(st.st_mode):
-                what = ("dir",)
-            else:
-                assert stat.S_ISREG(st.st_mode), path
-                what = ("file", Path(path).read_bytes())
-            entry = (*what, stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid)
-            if identity:
-                entry = (*entry, st.st_ino, st.st_mtime_ns)
-            tree[os.path.relpath(path, root)] = entry
-    return tree
 
 
 def at(prefix: Path, real: str) -> Path:

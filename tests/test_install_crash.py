@@ -23,20 +23,13 @@ import pytest
 
 from oci_gpu_hook.entry import cli
 from oci_gpu_hook.host import install
-from tests.installtrees import build, snapshot
+from tests.installtrees import build, isolated_env, snapshot
 
 REPO = Path(__file__).resolve().parent.parent
 SYSFS = REPO / "examples" / "hosts" / "seed-8x-gfx1100" / "sys"
+__all__ = ["isolated_env"]  # the autouse fixture, imported
 TREES = ["empty", "docker-v2", "v3-conf"]
 STRIDE = 1 if os.environ.get("OCI_GPU_HOOK_TEST_EVERY_KILL_POINT") else 5
-
-
-@pytest.fixture(autouse=True)
-def isolated_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for key in list(os.environ):
-        if key.startswith("OCI_GPU_HOOK_"):
-            monkeypatch.delenv(key)
-    monkeypatch.setenv("OCI_GPU_HOOK_CONFIG", os.devnull)
 
 
 def run(prefix: Path, *args: str) -> None:

@@ -12,20 +12,13 @@ import pytest
 
 from oci_gpu_hook.entry import cli
 from oci_gpu_hook.host import containerd, crio, docker, install, podman
-from tests.installtrees import CONTAINERD_V2, CONTAINERD_V3, DAEMON_JSON, build, put, snapshot
+from tests.installtrees import CONTAINERD_V2, CONTAINERD_V3, DAEMON_JSON, build, isolated_env, put, snapshot
 
 REPO = Path(__file__).resolve().parent.parent
 SYSFS = REPO / "examples" / "hosts" / "seed-8x-gfx1100" / "sys"
 LAUNCHER = f"{install.LAUNCHER_DIR}/oci-gpu-hook"
 RUNTIME = f"{install.LAUNCHER_DIR}/oci-gpu-runtime"
-
-
-@pytest.fixture(autouse=True)
-def isolated_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for key in list(os.environ):
-        if key.startswith("OCI_GPU_HOOK_"):
-            monkeypatch.delenv(key)
-    monkeypatch.setenv("OCI_GPU_HOOK_CONFIG", os.devnull)
+__all__ = ["isolated_env"]  # the autouse fixture, imported
 
 
 def run(capsys: pytest.CaptureFixture[str], prefix: Path, *args: str, code: int = 0) -> tuple[str, str]:

@@ -439,16 +439,31 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def write_file(path: str, data: bytes, mode: int, owner: tuple[int, int] | None = None,
-               mtime_ns: int | None = None) -> None:
-    """Replace ``path`` atomically and durably with exactly ``mode``: a temp file (fsync'd), then a rename."""
+def _replace(path: str, make: Callable[[str], None], what: str) -> None:
+    """Make a temp entry next to ``path`` with ``make``, then rename it over ``path``: two steps."""
     directory, name = os.path.split(path)
     temp = os.path.join(directory, f".{name}{TEMP_MARK}{os.getpid()}.{os.urandom(4).hex()}")
     _step()
     try:
+        make(temp)
+        _step()
+        os.rename(temp, path)
+    except OSError as err:
+        _clean_temps(directory, name)
+        raise HookError(f"cannot {what} {path}: {err.strerror}") from None
+    fsync_dir(directory)
+
+
+def write_file(path: str, data: bytes, mode: int, owner: tuple[int, int] | None = None,
+               mtime_ns: int | None = None) -> None:
+    """Replace ``path`` atomically and durably with exactly ``mode``: a temp file (fsync'd), then a rename."""
+
+    def fill(temp: str) -> None:
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
-            os.write(fd, data) if len(data) < 65536 else _write_all(fd, data)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
             if owner is not None and os.geteuid() == 0:
                 os.fchown(fd, *owner)
             os.fchmod(fd, mode)
@@ -457,32 +472,12 @@ def write_file(path: str, data: bytes, mode: int, owner: tuple[int, int] | None 
             os.fsync(fd)
         finally:
             os.close(fd)
-        _step()
-        os.rename(temp, path)
-    except OSError as err:
-        _clean_temps(directory, name)
-        raise HookError(f"cannot write {path}: {err.strerror}") from None
-    fsync_dir(directory)
 
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
+    _replace(path, fill, "write")
 
 
 def _symlink(path: str, target: str) -> None:
-    directory, name = os.path.split(path)
-    temp = os.path.join(directory, f".{name}{TEMP_MARK}{os.getpid()}.{os.urandom(4).hex()}")
-    _step()
-    try:
-        os.symlink(target, temp)
-        _step()
-        os.rename(temp, path)
-    except OSError as err:
-        _clean_temps(directory, name)
-        raise HookError(f"cannot make the symlink {path}: {err.strerror}") from None
-    fsync_dir(directory)
+    _replace(path, lambda temp: os.symlink(target, temp), "make the symlink")
 
 
 def _unlink(path: str) -> None:
