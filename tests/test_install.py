@@ -397,7 +397,9 @@ def test_reinstall_is_idempotent(prefix: Path, capsys: pytest.CaptureFixture[str
     out = ok(capsys, "--prefix", str(prefix))
     assert snapshot(prefix, identity=True) == first  # not even rewritten: same inodes and mtimes
     statuses = {line.split(":")[0] for line in out.splitlines()}
-    assert statuses == {"unchanged", "manifest", "note"}, out
+    assert statuses == {"unchanged", "manifest", "note", "checked"}, out
+    assert (f"checked: podman reads {at(prefix, HOOKS_DIR)} (podman's built-in default) and runs "
+            f"{at(prefix, LAUNCHER)}\n") in out
     assert f"manifest: {at(prefix, MANIFEST)} (unchanged)" in out
     assert "does not import" not in out
 

@@ -1150,6 +1150,25 @@ class Installer:
                 print(f"kept: {self.disk(real)}/ (created by install, not empty)")
 
 
+def check_podman_hook(real: str, disk: Callable[[str], str], errors: list[str]) -> None:
+    """After install: the hook file is in a directory podman reads, and names an executable that is there."""
+    from oci_gpu_hook.host import podman
+
+    dirs, source = podman.hooks_dirs(disk)
+    try:
+        with open(disk(real), "rb") as handle:
+            path = json.loads(handle.read())["hook"]["path"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        errors.append(f"podman: the installed hook {disk(real)} cannot be read back ({err})")
+        return
+    if os.path.dirname(real) not in dirs:
+        errors.append(f"podman: {os.path.dirname(real)} is not a hooks directory podman reads ({source}: {dirs})")
+    elif not os.access(disk(path), os.X_OK):
+        errors.append(f"podman: the hook's path {disk(path)} is not an executable: podman refuses every container")
+    else:
+        print(f"checked: podman reads {os.path.dirname(disk(real))} ({source}) and runs {disk(path)}")
+
+
 def parse_only(value: str | None) -> set[str] | None:
     if value is None:
         return None
@@ -1206,6 +1225,10 @@ def command(args: list[str], config: Config) -> int:
     failed = {e.split(":", 1)[0] for e in errors}
     selected = None if only is None and not failed else (set(only or INTEGRATIONS) - failed) | {"core"}
     installer.install(items, notes, selected, errors)
+    if not opts.dry_run:
+        for item in items:
+            if item.integration == "podman" and not any(e.startswith("podman:") for e in errors):
+                check_podman_hook(item.path, installer.disk, errors)
     for error in errors:
         print(f"skipped: {error}")
     if errors:
