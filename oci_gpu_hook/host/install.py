@@ -1181,7 +1181,6 @@ def parse_only(value: str | None) -> set[str] | None:
 
 def command(args: list[str], config: Config) -> int:
     from oci_gpu_hook.cliparse import parser as _parser
-    from oci_gpu_hook.host.launchers import launcher_defaults
 
     parser = _parser("install", "Install the launchers and each integration (podman hook, CDI specs, docker runtime, "
                                 "containerd and CRI-O drop-ins, the systemd watch unit), recorded in a manifest; "
@@ -1213,6 +1212,27 @@ def command(args: list[str], config: Config) -> int:
             except OSError as err:
                 raise HookError(f"install --prefix {opts.prefix}: cannot create it ({err.strerror})") from None
     installer = Installer(opts.prefix, opts.dry_run)
+    if opts.dry_run:
+        return run(opts, only, installer, config)
+    import fcntl
+
+    # One run at a time: a second would roll back the first's journal as if it had died.
+    lock = os.open(installer.prefix or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"waiting: another install or uninstall is running on {installer.prefix or '/'}")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        return run(opts, only, installer, config)
+    finally:
+        os.close(lock)
+
+
+def run(opts: Any, only: set[str] | None, installer: Installer, config: Config) -> int:
+    """install or uninstall, as parsed by :func:`command`."""
+    from oci_gpu_hook.host.launchers import launcher_defaults
+
     if opts.uninstall:
         if opts.hook is not None or opts.set:
             raise HookError("install --uninstall takes no --hook or --set: it removes what the manifest lists")
