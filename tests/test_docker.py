@@ -27,7 +27,8 @@ from tests import dockersave
 
 DOCKER = "/usr/bin/docker"  # Debian's client, the same version as dockerd
 IMAGE = "ogh-busybox:test"
-OPERATOR_DAEMON_JSON = '{\n  "log-level": "warn",\n  "storage-driver": "vfs"\n}\n'
+# The operator's daemon.json; its deprecated-key-path keeps dockerd 20.10 from writing /etc/docker/key.json.
+OPERATOR_DAEMON_JSON = '{\n  "log-level": "warn",\n  "storage-driver": "vfs",\n  "deprecated-key-path": "KEY"\n}\n'
 RUNTIME = "/usr/local/libexec/oci-gpu-hook/oci-gpu-runtime"
 
 
@@ -81,7 +82,7 @@ def dockerd() -> Iterator[Dockerd]:
         setup = cl.hook_setup(base / "hook")  # config (the seed host), rootfs with the probe
         prefix = base / "root"
         (prefix / "etc/docker").mkdir(parents=True)
-        (prefix / "etc/docker/daemon.json").write_text(OPERATOR_DAEMON_JSON)
+        (prefix / "etc/docker/daemon.json").write_text(OPERATOR_DAEMON_JSON.replace("KEY", str(base / "key.json")))
         env = {**cl.hook_env(), "OCI_GPU_HOOK_CONFIG": os.devnull}
         done = subprocess.run([sys.executable, "-m", "oci_gpu_hook.entry.cli", "install", "--only", "docker",
                                "--prefix", str(prefix), "--set", f"OCI_GPU_HOOK_CONFIG={setup['config']}"],
@@ -102,7 +103,9 @@ def dockerd() -> Iterator[Dockerd]:
 
 def test_install_merged_the_runtime_into_the_operators_daemon_json(dockerd: Dockerd) -> None:
     data = json.loads((dockerd.prefix / "etc/docker/daemon.json").read_text())
-    assert data == {"runtimes": {"oci-gpu": {"path": RUNTIME}}, "log-level": "warn", "storage-driver": "vfs"}
+    assert data == {"runtimes": {"oci-gpu": {"path": RUNTIME}}, "log-level": "warn", "storage-driver": "vfs",
+                    "deprecated-key-path": str(dockerd.base / "key.json")}
+    assert (dockerd.base / "key.json").is_file()  # dockerd read the file install merged
     info = dockerd.docker("info", "--format", "{{json .Runtimes}}")
     assert info.returncode == 0, info.stderr
     assert json.loads(info.stdout)["oci-gpu"]["path"] == RUNTIME
