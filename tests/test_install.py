@@ -21,18 +21,24 @@ from oci_gpu_hook.entry import cli
 from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.host import containerd, install
 from oci_gpu_hook.inventory import scan
+from tests.installtrees import isolated_env, snapshot
+
+# this checkout is an editable install, and the tests need no compiled front: install is told both
+DEV = ("--allow-editable", "--no-native")
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_SYSFS = REPO / "examples" / "hosts" / "seed-8x-gfx1100" / "sys"
 LAUNCHER = "/usr/local/libexec/oci-gpu-hook/oci-gpu-hook"
 RUNTIME = "/usr/local/libexec/oci-gpu-hook/oci-gpu-runtime"
-PRECREATE = "/etc/containers/oci/hooks.d/oci-gpu-hook-precreate.json"
-PRESTART = "/etc/containers/oci/hooks.d/oci-gpu-hook-prestart.json"
+HOOKS_DIR = "/usr/share/containers/oci/hooks.d"  # podman 4.3: no hooks_dir in containers.conf
+PRECREATE = "/usr/share/containers/oci/hooks.d/oci-gpu-hook-precreate.json"
+PRESTART = "/usr/share/containers/oci/hooks.d/oci-gpu-hook-prestart.json"
 CDI_SPEC = "/var/run/cdi/amd.com-gpu.json"
 MANIFEST = "/var/lib/oci-gpu-hook/install.json"
 MAIN = containerd.MAIN_CONFIG_PATH
 CRI = "io.containerd.grpc.v1.cri"
 ROOT = os.geteuid() == 0
+__all__ = ["isolated_env"]  # the autouse fixture, imported
 
 IMPORTS_LINE = 'imports = ["/etc/containerd/conf.d/*.toml"]  # added by oci-gpu-hook install\n'
 # What install writes to /etc/containerd/config.toml on a host with /etc/containerd but no main config.
@@ -93,14 +99,6 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-@pytest.fixture(autouse=True)
-def isolated_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for key in list(os.environ):
-        if key.startswith("OCI_GPU_HOOK_"):
-            monkeypatch.delenv(key)
-    monkeypatch.setenv("OCI_GPU_HOOK_CONFIG", os.devnull)
-
-
 @pytest.fixture
 def prefix(tmp_path: Path) -> Path:
     root = tmp_path / "root"
@@ -110,7 +108,7 @@ def prefix(tmp_path: Path) -> Path:
 
 def run(capsys: pytest.CaptureFixture[str], *args: str, sysfs: Path = EXAMPLE_SYSFS) -> tuple[int, str, str]:
     """``oci-gpu-hook --sysfs-root SYSFS install ARGS`` in this process: (exit code, stdout, stderr)."""
-    code = cli.main(["--sysfs-root", str(sysfs), "install", *args])
+    code = cli.main(["--sysfs-root", str(sysfs), "install", *DEV, *args])
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -125,27 +123,6 @@ def ok(capsys: pytest.CaptureFixture[str], *args: str, sysfs: Path = EXAMPLE_SYS
 def cli_subprocess(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "oci_gpu_hook.entry.cli", *args], capture_output=True, text=True,
                           env=clean_env(), cwd=REPO, timeout=60, check=False)
-
-
-def snapshot(root: Path, identity: bool = False) -> dict[str, tuple[Any, ...]]:
-    """Every path under root: type, mode, owner, content or symlink target (and inode/mtime if asked)."""
-    tree: dict[str, tuple[Any, ...]] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in [*dirnames, *filenames]:
-            path = os.path.join(dirpath, name)
-            st = os.lstat(path)
-            if stat.S_ISLNK(st.st_mode):
-                what: tuple[Any, ...] = ("symlink", os.readlink(path))
-            elif stat.S_ISDIR(st.st_mode):
-                what = ("dir",)
-            else:
-                assert stat.S_ISREG(st.st_mode), path
-                what = ("file", Path(path).read_bytes())
-            entry = (*what, stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid)
-            if identity:
-                entry = (*entry, st.st_ino, st.st_mtime_ns)
-            tree[os.path.relpath(path, root)] = entry
-    return tree
 
 
 def at(prefix: Path, real: str) -> Path:
@@ -191,7 +168,7 @@ def main_cri_with_ours(main: str) -> dict[str, Any]:
 def populate(prefix: Path) -> None:
     """A host that already has things where install writes: all of it must come back after uninstall.
     It has /etc/containerd (with the operator's own file where the drop-in goes) but no main config."""
-    hooks = at(prefix, "/etc/containers/oci/hooks.d")
+    hooks = at(prefix, HOOKS_DIR)
     hooks.mkdir(parents=True)
     (hooks / "other-hook.json").write_text('{"version": "1.0.0"}\n')
     (hooks / "other-hook.json").chmod(0o640)
@@ -239,10 +216,10 @@ def test_uninstall_gives_back_the_tree_exactly(prefix: Path, capsys: pytest.Capt
     assert snapshot(prefix) != before
     if host == "empty-prefix":  # no containerd on this host: nothing of it is written, and install says so
         assert not at(prefix, "/etc/containerd").exists()
-        assert out.endswith("note: no /etc/containerd here: containerd is not configured\n")
+        assert "\nnote: containerd: no /etc/containerd here: containerd is not configured\n" in out
         assert "restart containerd" not in out
     else:
-        assert out.endswith("note: restart containerd to load its new configuration\n")
+        assert "\nnote: restart containerd to load its new configuration\n" in out
     if host in ("containerd-dir", "populated-prefix"):  # no main config: a new one that imports conf.d
         assert at(prefix, MAIN).read_text() == NEW_MAIN
         assert f"new: {at(prefix, MAIN)} (containerd config (imports); mode 0644)" in out
@@ -251,7 +228,7 @@ def test_uninstall_gives_back_the_tree_exactly(prefix: Path, capsys: pytest.Capt
     if host == "populated-prefix":
         assert f"replaced: {at(prefix, containerd.DROP_IN_PATH)} (" in out
         assert f"replaced: {at(prefix, RUNTIME)} (" in out
-        assert (at(prefix, "/etc/containers/oci/hooks.d/other-hook.json")).read_text() == '{"version": "1.0.0"}\n'
+        assert (at(prefix, HOOKS_DIR + "/other-hook.json")).read_text() == '{"version": "1.0.0"}\n'
         assert at(prefix, "/run/cdi/amd.com-gpu.json").is_file()
         backups = list(at(prefix, install.BACKUP_DIR).iterdir())
         assert [b.read_text() for b in backups] == ["# the operator's own runtime\nversion = 2\n"]
@@ -423,7 +400,9 @@ def test_reinstall_is_idempotent(prefix: Path, capsys: pytest.CaptureFixture[str
     out = ok(capsys, "--prefix", str(prefix))
     assert snapshot(prefix, identity=True) == first  # not even rewritten: same inodes and mtimes
     statuses = {line.split(":")[0] for line in out.splitlines()}
-    assert statuses == {"unchanged", "manifest", "note"}, out
+    assert statuses == {"unchanged", "manifest", "note", "checked"}, out
+    assert (f"checked: podman reads {at(prefix, HOOKS_DIR)} (podman's built-in default) and runs "
+            f"{at(prefix, LAUNCHER)}\n") in out
     assert f"manifest: {at(prefix, MANIFEST)} (unchanged)" in out
     assert "does not import" not in out
 
@@ -450,7 +429,7 @@ def test_switching_the_hook_stage(prefix: Path, capsys: pytest.CaptureFixture[st
     assert not at(prefix, PRECREATE).exists()
     out = ok(capsys, "--prefix", str(prefix), "--hook", "none")
     assert not at(prefix, PRESTART).exists()
-    assert [p.name for p in at(prefix, "/etc/containers/oci/hooks.d").iterdir()] == ["other-hook.json"]
+    assert [p.name for p in at(prefix, HOOKS_DIR).iterdir()] == ["other-hook.json"]
     manifest = json.loads(at(prefix, MANIFEST).read_text())
     assert PRESTART not in {e["path"] for e in manifest["files"]}
     ok(capsys, "--prefix", str(prefix), "--uninstall")
@@ -503,8 +482,8 @@ def test_uninstall_keeps_an_edited_file_and_says_so(prefix: Path, capsys: pytest
     assert f"kept: {hook.parent}/ (created by install, not empty)" in out
     assert hook.read_text() == edited
     assert sorted(str(p.relative_to(prefix)) for p in prefix.rglob("*")) == [
-        "etc", "etc/containers", "etc/containers/oci", "etc/containers/oci/hooks.d",
-        "etc/containers/oci/hooks.d/oci-gpu-hook-precreate.json"]
+        "usr", "usr/share", "usr/share/containers", "usr/share/containers/oci", "usr/share/containers/oci/hooks.d",
+        "usr/share/containers/oci/hooks.d/oci-gpu-hook-precreate.json"]
 
 
 def test_an_edited_file_that_replaced_one_keeps_the_original_too(prefix: Path,
@@ -580,25 +559,30 @@ def assert_one_error_line(result: subprocess.CompletedProcess[str]) -> str:
 def test_errors_are_one_line_and_write_nothing(prefix: Path) -> None:
     at(prefix, containerd.DROP_IN_PATH).mkdir(parents=True)  # a directory where the drop-in goes
     before = snapshot(prefix)
-    line = assert_one_error_line(cli_subprocess("--sysfs-root", str(EXAMPLE_SYSFS), "install", "--prefix",
+    line = assert_one_error_line(cli_subprocess("--sysfs-root", str(EXAMPLE_SYSFS), "install", *DEV, "--prefix",
                                                 str(prefix)))
-    assert f"{at(prefix, containerd.DROP_IN_PATH)} is a directory" in line
+    assert line.startswith(f"oci-gpu-hook: error: containerd: {at(prefix, containerd.DROP_IN_PATH)} is a directory")
+    assert line.endswith("(the other integrations are installed)\n")
+    assert at(prefix, containerd.DROP_IN_PATH).is_dir() and not at(prefix, MAIN).exists()  # containerd: untouched
+    assert at(prefix, PRECREATE).is_file() and at(prefix, LAUNCHER).is_file()  # the others: installed
+    assert cli_subprocess("install", *DEV, "--prefix", str(prefix), "--uninstall").returncode == 0
     assert snapshot(prefix) == before
 
     at(prefix, MANIFEST).parent.mkdir(parents=True)
     at(prefix, MANIFEST).write_text("{not json")
-    line = assert_one_error_line(cli_subprocess("install", "--prefix", str(prefix), "--uninstall"))
+    line = assert_one_error_line(cli_subprocess("install", *DEV, "--prefix", str(prefix), "--uninstall"))
     assert f"manifest {at(prefix, MANIFEST)} is not valid JSON" in line
     at(prefix, MANIFEST).write_text(json.dumps({"format": 1, "files": [
         {"path": "/etc/../etc/passwd", "sha256": "0" * 64, "mode": "0644", "backup": None}], "directories": []}))
-    line = assert_one_error_line(cli_subprocess("install", "--prefix", str(prefix), "--uninstall"))
+    line = assert_one_error_line(cli_subprocess("install", *DEV, "--prefix", str(prefix), "--uninstall"))
     assert "'/etc/../etc/passwd' is not a normalized absolute path" in line
 
     for args, message in ((["--uninstall", "--hook", "prestart"], "takes no --hook or --set"),
                           (["--hook", "poststop"], "invalid choice: 'poststop'"),
                           (["--set", "PATH=/bin"], "expected OCI_GPU_HOOK_NAME=VALUE"),
-                          (["--prefix", str(prefix / "absent")], "no such directory")):
-        result = cli_subprocess("--sysfs-root", str(EXAMPLE_SYSFS), "install", *args)
+                          (["--only", "podman,lxc"], "expected a comma list of podman, docker"),
+                          (["--prefix", str(at(prefix, MANIFEST) / "x")], "cannot create it")):
+        result = cli_subprocess("--sysfs-root", str(EXAMPLE_SYSFS), "install", *DEV, *args)
         if "invalid choice" in message:  # argparse's own errors are usage errors: exit 2
             assert result.returncode == 2 and message in result.stderr and result.stderr.count("\n") == 1
         else:
@@ -691,16 +675,22 @@ def test_a_main_config_that_imports_the_drop_in_is_left_untouched(prefix: Path, 
     ('version = 2\nimports = [\n  "/etc/containerd/site.toml",\n]\n',
      "{config}: a multi-line imports list; add /etc/containerd/conf.d/*.toml to it by hand"),
 ], ids=["unclosed-table", "table-twice", "multi-line-imports"])
-def test_a_main_config_install_cannot_use_is_one_error_line_and_nothing_is_written(prefix: Path, main: str,
-                                                                                   message: str) -> None:
+def test_a_main_config_install_cannot_use_skips_containerd_only(prefix: Path, main: str, message: str) -> None:
     containerd_host(prefix, main)
     before = snapshot(prefix, identity=True)
-    for dry_run in ([], ["--dry-run"]):
-        line = assert_one_error_line(cli_subprocess("--sysfs-root", str(EXAMPLE_SYSFS), "install", "--prefix",
+    containerd_files = {k: v for k, v in before.items() if k.startswith("etc")}
+    for dry_run in (["--dry-run"], []):
+        line = assert_one_error_line(cli_subprocess("--sysfs-root", str(EXAMPLE_SYSFS), "install", *DEV, "--prefix",
                                                     str(prefix), *dry_run))
-        assert line.startswith("oci-gpu-hook: error: " + message.format(config=at(prefix, MAIN))), line
-        assert snapshot(prefix, identity=True) == before
-
+        assert line.startswith("oci-gpu-hook: error: containerd: " + message.format(config=at(prefix, MAIN))), line
+        after = snapshot(prefix, identity=True)
+        assert {k: v for k, v in after.items() if k.startswith("etc")} == containerd_files  # containerd: untouched
+        if dry_run:
+            assert after == before
+        else:
+            assert at(prefix, PRECREATE).is_file()  # the others are installed all the same
+    assert cli_subprocess("install", *DEV, "--prefix", str(prefix), "--uninstall").returncode == 0
+    assert snapshot(prefix, identity=True) == before
 
 
 def test_a_dry_run_does_not_ask_for_the_imports_line_install_adds(prefix: Path,
@@ -728,3 +718,24 @@ def test_reinstall_after_editing_the_main_configs_cri_section(prefix: Path,
     assert at(prefix, by_path[MAIN]["backup"]["path"]).read_text() == MAIN_CONFIG
     out = ok(capsys, "--prefix", str(prefix), "--uninstall")
     assert f"{config} (" in out  # ... and uninstall says what became of the main config
+
+
+def test_an_editable_install_is_refused_unless_told(capsys: pytest.CaptureFixture[str], prefix: Path) -> None:
+    """Root would run code from this checkout on every container start: install says so and stops."""
+    code = cli.main(["--sysfs-root", str(EXAMPLE_SYSFS), "install", "--prefix", str(prefix), "--no-native"])
+    _out, err = capsys.readouterr()
+    assert code == 1 and "editable install" in err and err.count("\n") == 1
+    assert not at(prefix, MANIFEST).exists()
+
+
+def test_install_writes_the_native_front_when_a_compiler_is_there(capsys: pytest.CaptureFixture[str],
+                                                                  prefix: Path) -> None:
+    import shutil
+
+    if not (shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("no C compiler") if not os.environ.get("CI") else pytest.fail("CI installs gcc")
+    code = cli.main(["--sysfs-root", str(EXAMPLE_SYSFS), "install", "--prefix", str(prefix), "--allow-editable"])
+    _out, err = capsys.readouterr()
+    assert code == 0 and err == "", err
+    assert at(prefix, LAUNCHER).read_bytes()[:4] == b"\x7fELF"  # the native front
+    assert at(prefix, LAUNCHER + ".py").read_text().startswith(f"#!{sys.executable} -IS")

@@ -134,7 +134,8 @@ def test_daemon_set(usage: str) -> None:
     assert not any(m.get("readOnly") for m in installer["volumeMounts"] if volumes[m["name"]] != "/sys")
     init_commands = [_hook_command(c["command"]) for c in pod["initContainers"] if c["name"] != "copy-environment"]
     main_commands = [_hook_command(c["command"]) for c in pod["containers"]]
-    assert init_commands == [("install", ["--set", "OCI_GPU_HOOK_ALLOW_ENV_REQUESTS=false"])]  # no --prefix
+    assert init_commands == [("install", ["--only", "containerd,cdi", "--set",
+                                          "OCI_GPU_HOOK_ALLOW_ENV_REQUESTS=false"])]  # no --prefix
     assert main_commands == [("watch", []), ("device-plugin", ["--resource-strategy=mixed"])]
     assert {"install", "watch", "device-plugin"} <= _commands(usage)
     for name, args in init_commands + main_commands:

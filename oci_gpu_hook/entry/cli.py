@@ -35,7 +35,8 @@ commands:
   cdi validate FILE...                       check spec files (CDI 0.3.0 to 1.1.0)
   watch [--output FILE|DIR] [--debounce SECONDS] [--once] [--subsystems LIST]
                                              keep the CDI spec current on GPU/partition uevents
-  install [--hook precreate|prestart|none] [--set VAR=VALUE] [--prefix DIR] [--dry-run] [--uninstall]
+  install [--only podman,docker,containerd,crio,cdi,systemd] [--hook precreate|prestart|none] [--set VAR=VALUE]
+          [--prefix DIR] [--dry-run] [--uninstall] [--no-native] [--allow-editable]
                                              launchers, a hooks.d file, CDI spec, containerd drop-in
   device-plugin [--kubelet-dir DIR] [--resource-strategy single|mixed] [--device-specs]  kubelet device plugin
   validate [--config-file FILE] [SPEC ...]   check a config file and OCI config.json files

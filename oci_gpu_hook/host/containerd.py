@@ -4,7 +4,15 @@ A runtime of containerd's CRI plugin whose runc ``BinaryName`` is
 ``oci-gpu-runtime``: containerd's runc shim (io.containerd.runc.v2) then calls
 the shim for every create/start/delete of those pods, and the shim writes the
 plan into each bundle before runc sees it.  It is a drop-in for the main
-config's ``imports`` (config version 2).
+config's ``imports``.
+
+Config versions: 2 (containerd 1.x: the CRI plugin ``io.containerd.grpc.v1.cri``) and 3
+(containerd 2.x: the CRI runtime plugin ``io.containerd.cri.v1.runtime``, runtimes under its
+``containerd.runtimes``).  A version 1 config (no ``version`` key) is not changed: install skips
+containerd with a note (``containerd config migrate`` converts it).  On containerd 1.7+ and 2.x the
+drop-in also turns on containerd's native CDI (``enable_cdi``, ``cdi_spec_dirs``), the preferred
+path for Kubernetes: the device plugin's ``cdi.k8s.io/*`` annotations or CDI devices are applied
+by containerd itself, with no shim in the way.
 
 containerd 1.x merges an imported file plugin by plugin: the drop-in's
 ``plugins."io.containerd.grpc.v1.cri"`` table *replaces* the main config's
@@ -32,16 +40,52 @@ MAIN_CONFIG_PATH = "/etc/containerd/config.toml"
 DROP_IN_DIR = "/etc/containerd/conf.d"
 DROP_IN_PATH = f"{DROP_IN_DIR}/oci-gpu-hook.toml"
 CRI = "io.containerd.grpc.v1.cri"
+CRI_V3 = "io.containerd.cri.v1.runtime"
+CRI_PLUGIN = {2: CRI, 3: CRI_V3}
+CDI_SPEC_DIRS = ["/etc/cdi", "/var/run/cdi"]
 
 
-def cri_table(main: dict[str, Any] | None, binary: str, runtime_name: str = RUNTIME_NAME) -> dict[str, Any]:
-    """The CRI plugin table of ``main`` (a parsed config.toml, or None) with our runtime added."""
-    if main is not None and main.get("version", 1) != 2:
-        raise HookError(f"{MAIN_CONFIG_PATH} is a version {main.get('version', 1)} containerd config; the drop-in "
-                        "needs version 2 (convert it: `containerd config migrate` on 1.7+, or by hand)")
-    cri = copy.deepcopy(((main or {}).get("plugins") or {}).get(CRI) or {})
+def config_version(main: dict[str, Any] | None) -> int:
+    """The ``version`` of a parsed config (1 when absent, as containerd reads it)."""
+    version = (main or {}).get("version", 1)
+    return version if isinstance(version, int) and not isinstance(version, bool) else 0
+
+
+def has_cdi(containerd_version: tuple[int, int] | None) -> bool:
+    """Native CDI: containerd 1.7 and later."""
+    return containerd_version is not None and containerd_version >= (1, 7)
+
+
+def installed_version() -> tuple[int, int] | None:
+    """``containerd --version`` of the containerd on PATH as (major, minor); None if there is none."""
+    import re
+    import shutil
+    import subprocess
+
+    binary = shutil.which("containerd")
+    if binary is None:
+        return None
+    try:
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.search(r"\sv?(\d+)\.(\d+)\.\d+", out)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def cri_table(main: dict[str, Any] | None, binary: str, runtime_name: str = RUNTIME_NAME, *,
+              version: int = 2, cdi: bool = False) -> dict[str, Any]:
+    """The CRI plugin table of ``main`` (a parsed config.toml, or None for a config of ``version``) with
+    our runtime added, and native CDI turned on when ``cdi``."""
+    if main is not None:
+        version = config_version(main)
+    if version not in CRI_PLUGIN:
+        raise HookError(f"{MAIN_CONFIG_PATH} is a version {(main or {}).get('version', 1)} containerd config; the "
+                        "drop-in needs version 2 or 3 (convert it: `containerd config migrate` on 1.7+, or by hand)")
+    plugin = CRI_PLUGIN[version]
+    cri = copy.deepcopy(((main or {}).get("plugins") or {}).get(plugin) or {})
     if not isinstance(cri, dict):
-        raise HookError(f"the containerd config's plugins.\"{CRI}\" is not a table")
+        raise HookError(f"the containerd config's plugins.\"{plugin}\" is not a table")
     runtimes = cri.setdefault("containerd", {}).setdefault("runtimes", {})
     default = cri["containerd"].get("default_runtime_name", "runc")
     if default not in runtimes:  # containerd's own default, which replacing the table would lose
@@ -51,12 +95,21 @@ def cri_table(main: dict[str, Any] | None, binary: str, runtime_name: str = RUNT
         "container_annotations": ["cdi.k8s.io/*"],
         "options": {"BinaryName": binary},
     }
+    if cdi:
+        cri["enable_cdi"] = True
+        dirs = cri.get("cdi_spec_dirs")
+        cri["cdi_spec_dirs"] = dirs if isinstance(dirs, list) and dirs else list(CDI_SPEC_DIRS)
     return cri
 
 
-def drop_in(binary: str, main: dict[str, Any] | None = None, runtime_name: str = RUNTIME_NAME) -> str:
-    """The drop-in TOML text for a node whose main config is ``main`` (parsed; None = no main config)."""
-    body = to_toml({"version": 2, "plugins": {CRI: cri_table(main, binary, runtime_name)}})
+def drop_in(binary: str, main: dict[str, Any] | None = None, runtime_name: str = RUNTIME_NAME, *,
+            version: int = 2, cdi: bool = False) -> str:
+    """The drop-in TOML text for a node whose main config is ``main`` (parsed; None = no main config, one
+    of ``version`` is assumed); ``cdi`` turns on containerd's native CDI (1.7+)."""
+    if main is not None:
+        version = config_version(main)
+    table = cri_table(main, binary, runtime_name, version=version, cdi=cdi)
+    body = to_toml({"version": version, "plugins": {CRI_PLUGIN[version]: table}})
     return (
         f"# Written by oci-gpu-hook: pods of RuntimeClass handler '{runtime_name}' run through oci-gpu-runtime.\n"
         f"# containerd 1.x replaces the main config's whole CRI table with this one, so it carries that\n"

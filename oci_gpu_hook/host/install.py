@@ -1,34 +1,40 @@
 """``oci-gpu-hook install``: put everything a host needs in place, record it, and take it back out.
 
-What it writes (real paths; ``--prefix DIR`` puts each of them under DIR):
+``install [--only podman,docker,containerd,crio,cdi,systemd]``: each integration on its own; one
+that cannot be done (a config install cannot read, a containerd config of version 1) is reported and
+skipped, and the others are still done.  Without ``--only``: the launchers, the podman hook and the
+CDI specs always, and docker, containerd, CRI-O and systemd where their ``/etc`` directory exists.
+What it writes (real paths; ``--prefix DIR`` puts each of them under DIR, creating what it needs):
 
 - the lean launchers ``oci-gpu-hook`` and ``oci-gpu-runtime`` in :data:`LAUNCHER_DIR` (mode 0755);
-- the podman hooks.d file of the chosen stage (``--hook precreate|prestart|none``) in
-  :data:`HOOKS_DIR`, the shipped ``hooks.d/`` template with ``hook.path`` set to the installed
-  launcher;
-- the CDI spec of each kind with devices in ``cdi_dir`` (``<vendor>-<class>.json``; none for a kind
-  without devices);
-- on a host with /etc/containerd: the containerd drop-in at :data:`containerd.DROP_IN_PATH`
-  (``BinaryName`` the installed ``oci-gpu-runtime``; built from the node's main config, see
-  :mod:`containerd`) and the main config with the ``imports`` line that loads it (the original is
-  saved and put back by ``--uninstall``);
-- the manifest :data:`MANIFEST_PATH`: each file written (its sha256 and mode, and what was there
-  before), and each directory created.
+- podman: the hooks.d file of the chosen stage (``--hook precreate|prestart|none``) in the hooks
+  directory this podman reads (:mod:`podman`: containers.conf ``[engine] hooks_dir``, else
+  podman's default ``/usr/share/containers/oci/hooks.d``), ``hook.path`` the installed launcher;
+- cdi: the CDI spec of each kind with devices in ``cdi_dir`` (``<vendor>-<class>.json``);
+- docker: the ``oci-gpu`` runtime merged into ``/etc/docker/daemon.json`` (:mod:`docker`);
+- containerd: the drop-in at :data:`containerd.DROP_IN_PATH` (config version 2 or 3; native CDI on
+  1.7+) and the main config with the ``imports`` line that loads it (:mod:`containerd`);
+- crio: the drop-in :data:`crio.DROP_IN_PATH` (CDI spec dirs, the ``oci-gpu`` runtime handler);
+- systemd: the ``watch`` unit in :data:`SYSTEMD_UNIT`, its ExecStart the installed launcher;
+- the manifest :data:`MANIFEST_PATH`: each file written (its sha256 and mode, its integration, and
+  what was there before), and each directory created.
 
-Everything but the launchers is mode 0644; every file is written atomically (temp file, fsync,
-rename).  A file that was already there with other content (or a symlink) is first saved under
-:data:`BACKUP_DIR`, and put back by ``--uninstall``; one that was already there with exactly the
-content and mode install wants is adopted and left in place by ``--uninstall``.
+A file that was already there with other content (or a symlink) is first saved under
+:data:`BACKUP_DIR`, and put back by ``--uninstall``; one already exactly as wanted is adopted and left
+in place by ``--uninstall``.  ``--prefix`` changes where files land, never what they say.
 
-``--prefix`` changes where files land, never what they say: ``hook.path``, ``BinaryName`` and the
-paths in the manifest stay the real absolute paths, so a tree staged with ``--prefix`` (a package
-build) works once copied to ``/``, and ``--uninstall --prefix DIR`` reads the same manifest.
+Running install again is idempotent.  A file install wrote that has been edited since is neither
+overwritten nor removed (daemon.json excepted: uninstall takes just our runtime out of it).
 
-Running install again is idempotent: a file already as wanted is not rewritten, the manifest is
-rewritten only when it changes.  A file install wrote that has been edited since is neither
-overwritten (install) nor removed (uninstall): it is kept and reported.  A file that an earlier
-install wrote and this one no longer wants (another ``--hook`` stage, a host that lost its GPUs)
-is removed as ``--uninstall`` would.
+**Crash safety.**  Every run is one transaction recorded in a journal
+(:data:`JOURNAL_DIR`/journal.json, written atomically and fsync'd) *before* each change: a directory
+made or removed, or a path about to change, with a copy of what was there.  The run ends by deleting
+the journal.  A run killed at any point leaves the journal behind; the next run (install or
+uninstall) first rolls the interrupted one back, step by step in reverse (each undo idempotent, so
+a rollback killed half-way is simply done again), and then does its own work.  The state directory
+is created (and removed by uninstall) with a single rename from a staging directory, so even those
+moments leave nothing behind.  Tests kill a run at every one of its steps with
+``OCI_GPU_HOOK_INSTALL_KILL_AT=N`` (SIGKILL just before the Nth change).
 """
 
 from __future__ import annotations
@@ -38,24 +44,32 @@ import errno
 import hashlib
 import json
 import os
+import shutil
+import signal
 import stat
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from oci_gpu_hook.atomic import fsync_dir, symlink_atomic, write_atomic
+from oci_gpu_hook.atomic import fsync_dir
 from oci_gpu_hook.config import Config
 from oci_gpu_hook.errors import HookError
 
 LAUNCHER_DIR = "/usr/local/libexec/oci-gpu-hook"
-HOOKS_DIR = "/etc/containers/oci/hooks.d"
 HOOK_STAGES = ("precreate", "prestart")
 STATE_DIR = "/var/lib/oci-gpu-hook"
 MANIFEST_PATH = f"{STATE_DIR}/install.json"
 BACKUP_DIR = f"{STATE_DIR}/backup"
+JOURNAL_DIR = f"{STATE_DIR}/journal.d"
+JOURNAL_PATH = f"{JOURNAL_DIR}/journal.json"
+STAGING = ".oci-gpu-hook-staging"  # a directory being created or removed as a whole, by one rename
+SYSTEMD_UNIT = "/etc/systemd/system/oci-gpu-hook-watch.service"
 MANIFEST_FORMAT = 1
 SHOW_LIMIT = 4096  # --dry-run prints the content of new files up to this size, a diff for replaced ones
+INTEGRATIONS = ("podman", "docker", "containerd", "crio", "cdi", "systemd")
+KILL_ENV = "OCI_GPU_HOOK_INSTALL_KILL_AT"
+TEMP_MARK = ".oci-gpu-hook."  # in the temp names of atomic writes: .<name>.oci-gpu-hook.<pid>.<hex>
 
 # The shipped hooks.d/oci-gpu-hook-<stage>.json, for installs without the source tree (a wheel does
 # not carry hooks.d/); a test keeps the two identical.
@@ -74,17 +88,24 @@ HOOK_TEMPLATE: dict[str, Any] = {
 PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+
 # --- what to write -------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Item:
-    """One file install wants: its real path, content and mode."""
+    """One file install wants: its real path, content and mode, and the integration it belongs to."""
 
     path: str
     data: bytes
     mode: int
     what: str
+    integration: str = "core"
+    merge: str | None = None  # "docker": uninstall takes our entry out of a file edited since
+
+
+class Skip(Exception):
+    """An integration that is left out, with the note that says why."""
 
 
 def hook_template(stage: str) -> dict[str, Any]:
@@ -113,25 +134,104 @@ def hook_file(stage: str, launcher: str) -> str:
     return json.dumps(data, indent=2) + "\n"
 
 
+UNIT_FALLBACK = """\
+# oci-gpu-hook watch: keeps the GPUs' CDI specs current (see examples/systemd in the source tree).
+[Unit]
+Description=oci-gpu-hook: keep the GPUs' CDI spec current on GPU and partition uevents
+After=local-fs.target systemd-modules-load.service
+Before=containerd.service crio.service docker.service
+
+[Service]
+Type=simple
+ExecStartPre=-{launcher} watch --once
+ExecStart={launcher} watch
+Restart=on-failure
+RestartSec=5s
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def unit_file(launcher: str) -> str:
+    """The shipped watch unit (examples/systemd) with its ExecStart lines running ``launcher``."""
+    shipped = os.path.join(PACKAGE_PARENT, "examples", "systemd", "oci-gpu-hook-watch.service")
+    try:
+        with open(shipped, encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError:
+        return UNIT_FALLBACK.format(launcher=launcher)
+    lines = []
+    for line in text.splitlines(keepends=True):
+        key, eq, value = line.partition("=")
+        if eq and key in ("ExecStart", "ExecStartPre"):
+            dash = "-" if value.startswith("-") else ""
+            command = value.lstrip("-").split(" ", 1)
+            line = f"{key}={dash}{launcher}{' ' + command[1] if len(command) > 1 else chr(10)}"
+        lines.append(line)
+    return "".join(lines)
+
+
 def wanted(config: Config, hook: str, defaults: dict[str, str], notes: list[str],
-           disk: Callable[[str], str]) -> list[Item]:
-    """Every file this install writes, in the order it writes them."""
+           disk: Callable[[str], str], only: set[str] | None = None,
+           errors: list[str] | None = None, native: bool | None = False, trust: bool = False) -> list[Item]:
+    """Every file this install writes, in the order it writes them.  An integration that cannot be done is
+    left out: a note (``Skip``) or an error in ``errors`` (raised when ``errors`` is None).  The launchers:
+    ``native`` as ``launchers.launcher_files`` takes it (None: the native front when a compiler is found);
+    ``trust``: they refuse code that a non-root user could change."""
+    from oci_gpu_hook.host.launchers import launcher_files
+
+    items = [Item(path, data, 0o755, "launcher")
+             for path, data in launcher_files(LAUNCHER_DIR, defaults, native=native, trust=trust)]
+    planners: dict[str, Callable[[], list[Item]]] = {
+        "podman": lambda: podman_items(hook, disk, notes),
+        "cdi": lambda: cdi_items(config, notes),
+        "docker": lambda: docker_items(disk, notes, only is not None),
+        "containerd": lambda: containerd_items(disk, notes, only is not None),
+        "crio": lambda: crio_items(config, disk, only is not None),
+        "systemd": lambda: systemd_items(disk, notes, only is not None),
+    }
+    for name in ("podman", "cdi", "docker", "containerd", "crio", "systemd"):
+        if only is not None and name not in only:
+            continue
+        try:
+            items.extend(replace_integration(planners[name](), name))
+        except Skip as skip:
+            notes.append(f"{name}: {skip}")
+        except HookError as err:
+            if errors is None:
+                raise
+            errors.append(f"{name}: {err}")
+    return items
+
+
+def replace_integration(items: list[Item], name: str) -> list[Item]:
+    return [Item(i.path, i.data, i.mode, i.what, name, i.merge) for i in items]
+
+
+def podman_items(hook: str, disk: Callable[[str], str], notes: list[str]) -> list[Item]:
+    from oci_gpu_hook.host import podman
+
+    if hook == "none":
+        raise Skip("--hook none: no hooks.d file")
+    directory, source = podman.hooks_dir(disk)
+    notes.append(f"podman reads hooks from {directory} ({source})")
+    return [Item(f"{directory}/oci-gpu-hook-{hook}.json", hook_file(hook, f"{LAUNCHER_DIR}/oci-gpu-hook").encode(),
+                 0o644, f"podman {hook} hook")]
+
+
+def cdi_items(config: Config, notes: list[str]) -> list[Item]:
     from oci_gpu_hook.appliers import cdi
-    from oci_gpu_hook.host.launchers import LAUNCHERS, launcher_text
     from oci_gpu_hook.inventory import scan
 
-    items = [Item(f"{LAUNCHER_DIR}/{name}", launcher_text(module, defaults).encode(), 0o755, "launcher")
-             for name, module in LAUNCHERS]
     hook_launcher = f"{LAUNCHER_DIR}/oci-gpu-hook"
-    if hook != "none":
-        items.append(Item(f"{HOOKS_DIR}/oci-gpu-hook-{hook}.json", hook_file(hook, hook_launcher).encode(), 0o644,
-                          f"podman {hook} hook"))
     inventory = scan(config.sysfs_root, config.backends, strict=False)
     if not os.path.isabs(config.cdi_dir):
         raise HookError(f"cdi_dir {config.cdi_dir!r} is not an absolute path")
     if config.hook_path != hook_launcher:
         notes.append(f"hook_path is {config.hook_path}, not the launcher installed here ({hook_launcher}): "
                      "the CDI specs and rewritten specs name hook_path")
+    items = []
     for kind in config.backends:
         path = os.path.normpath(config.cdi_spec_path(kind))
         if inventory.devices(kind):
@@ -140,42 +240,92 @@ def wanted(config: Config, hook: str, defaults: dict[str, str], notes: list[str]
             items.append(Item(path, cdi.render(spec, "json").encode(), 0o644, f"CDI spec ({kind})"))
         else:
             notes.append(f"no {kind} GPUs under {inventory.sysfs_root}: the CDI spec {path} is not written")
-    items.extend(containerd_items(disk, notes))
     return items
 
 
-def containerd_items(disk: Callable[[str], str], notes: list[str]) -> list[Item]:
+def _read_text(disk_path: str) -> tuple[str | None, int]:
+    """A config file's text and mode; (None, 0o644) when there is none."""
+    try:
+        with open(disk_path, encoding="utf-8") as handle:
+            text = handle.read()
+        return text, stat.S_IMODE(os.stat(disk_path).st_mode)
+    except FileNotFoundError:
+        return None, 0o644
+    except (OSError, ValueError) as err:
+        raise HookError(f"cannot read {disk_path}: {getattr(err, 'strerror', None) or err}") from None
+
+
+def docker_items(disk: Callable[[str], str], notes: list[str], explicit: bool) -> list[Item]:
+    from oci_gpu_hook.host import docker
+
+    if not explicit and not os.path.isdir(disk(os.path.dirname(docker.DAEMON_JSON))):
+        raise Skip(f"no {os.path.dirname(docker.DAEMON_JSON)} here: docker is not configured")
+    text, mode = _read_text(disk(docker.DAEMON_JSON))
+    new = docker.merged(text, f"{LAUNCHER_DIR}/oci-gpu-runtime", disk(docker.DAEMON_JSON))
+    data = text if new is None else new
+    assert data is not None
+    notes.append("restart dockerd (or send it SIGHUP) to load the oci-gpu runtime; "
+                 "then: docker run --runtime oci-gpu -e AMD_VISIBLE_DEVICES=N ... (Docker 20.10 has no CDI)")
+    return [Item(docker.DAEMON_JSON, data.encode(), mode, "docker daemon.json (runtime oci-gpu)", merge="docker")]
+
+
+def containerd_items(disk: Callable[[str], str], notes: list[str], explicit: bool = False) -> list[Item]:
     """The drop-in (built from the node's main config, see :mod:`containerd`) and the main config with
     the ``imports`` line it needs; nothing on a host without /etc/containerd."""
     import tomllib
 
     from oci_gpu_hook.host import containerd
 
-    if not os.path.isdir(disk(os.path.dirname(containerd.MAIN_CONFIG_PATH))):
-        notes.append(f"no {os.path.dirname(containerd.MAIN_CONFIG_PATH)} here: containerd is not configured")
-        return []
+    if not explicit and not os.path.isdir(disk(os.path.dirname(containerd.MAIN_CONFIG_PATH))):
+        raise Skip(f"no {os.path.dirname(containerd.MAIN_CONFIG_PATH)} here: containerd is not configured")
     main_disk = disk(containerd.MAIN_CONFIG_PATH)
-    try:
-        with open(main_disk, encoding="utf-8") as handle:
-            text: str | None = handle.read()
-        mode = stat.S_IMODE(os.stat(main_disk).st_mode)
-    except FileNotFoundError:
-        text, mode = None, 0o644
-    except OSError as err:
-        raise HookError(f"cannot read {main_disk}: {err.strerror}") from None
+    text, mode = _read_text(main_disk)
     try:
         main = tomllib.loads(text) if text is not None else None
     except tomllib.TOMLDecodeError as err:
         raise HookError(f"{main_disk} is not valid TOML ({err})") from None
+    found = containerd.installed_version()
+    version = containerd.config_version(main) if main is not None else (3 if found and found[0] >= 2 else 2)
+    if version not in containerd.CRI_PLUGIN:
+        raise Skip(f"{main_disk} is a version {(main or {}).get('version', 1)} config: containerd is left as it "
+                   "is (convert it with `containerd config migrate`, then install again)")
+    cdi = version == 3 or containerd.has_cdi(found)
+    if cdi:
+        notes.append("containerd: native CDI is on (enable_cdi): the preferred path for Kubernetes pods "
+                     "(device plugin CDI devices/annotations); the oci-gpu RuntimeClass is there too")
+    else:
+        notes.append("containerd: no native CDI before 1.7 (found "
+                     f"{'.'.join(map(str, found)) if found else 'no containerd binary'}): pods use the oci-gpu "
+                     "RuntimeClass")
     items = [Item(containerd.DROP_IN_PATH,
-                  containerd.drop_in(f"{LAUNCHER_DIR}/oci-gpu-runtime", main).encode(), 0o644, "containerd drop-in")]
+                  containerd.drop_in(f"{LAUNCHER_DIR}/oci-gpu-runtime", main, version=version, cdi=cdi).encode(),
+                  0o644, "containerd drop-in")]
     if text is None:
-        imports = f'version = 2\nimports = ["{containerd.DROP_IN_DIR}/*.toml"]\n'
+        imports = f'version = {version}\nimports = ["{containerd.DROP_IN_DIR}/*.toml"]\n'
     else:  # as it is when it imports the drop-in already: still wanted, so a re-run keeps it
         imports = containerd.with_import(text, main_disk) or text
     items.append(Item(containerd.MAIN_CONFIG_PATH, imports.encode(), mode, "containerd config (imports)"))
     notes.append("restart containerd to load its new configuration")
     return items
+
+
+def crio_items(config: Config, disk: Callable[[str], str], explicit: bool) -> list[Item]:
+    from oci_gpu_hook.host import crio
+
+    if not explicit and not os.path.isdir(disk("/etc/crio")):
+        raise Skip("no /etc/crio here: CRI-O is not configured")
+    dirs = ["/etc/cdi", "/var/run/cdi"]
+    if os.path.normpath(config.cdi_dir) not in dirs:
+        dirs.append(os.path.normpath(config.cdi_dir))
+    return [Item(crio.DROP_IN_PATH, crio.drop_in(f"{LAUNCHER_DIR}/oci-gpu-runtime", dirs).encode(), 0o644,
+                 "CRI-O drop-in")]
+
+
+def systemd_items(disk: Callable[[str], str], notes: list[str], explicit: bool) -> list[Item]:
+    if not explicit and not os.path.isdir(disk("/etc/systemd/system")):
+        raise Skip("no /etc/systemd/system here: the watch unit is not installed")
+    notes.append("systemctl daemon-reload && systemctl enable --now oci-gpu-hook-watch")
+    return [Item(SYSTEMD_UNIT, unit_file(f"{LAUNCHER_DIR}/oci-gpu-hook").encode(), 0o644, "systemd watch unit")]
 
 
 # --- the manifest --------------------------------------------------------------------------------
@@ -271,17 +421,90 @@ def load_manifest(disk_path: str) -> Manifest | None:
     return Manifest([_check_entry(e, hint) for e in files], [_real_path(d, hint) for d in directories])
 
 
-# --- the file system, under the prefix -----------------------------------------------------------
+# --- the file system, under the prefix: every change is one step ----------------------------------
+
+
+_STEPS = {"done": 0}
+
+
+def _step() -> None:
+    """Count one change about to be made; ``OCI_GPU_HOOK_INSTALL_KILL_AT=N`` kills the run just before the Nth
+    (the crash tests)."""
+    at = os.environ.get(KILL_ENV)
+    if at:
+        _STEPS["done"] += 1
+        if _STEPS["done"] == int(at):
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def _replace(path: str, make: Callable[[str], None], what: str) -> None:
+    """Make a temp entry next to ``path`` with ``make``, then rename it over ``path``: two steps."""
+    directory, name = os.path.split(path)
+    temp = os.path.join(directory, f".{name}{TEMP_MARK}{os.getpid()}.{os.urandom(4).hex()}")
+    _step()
+    try:
+        make(temp)
+        _step()
+        os.rename(temp, path)
+    except OSError as err:
+        _clean_temps(directory, name)
+        raise HookError(f"cannot {what} {path}: {err.strerror}") from None
+    fsync_dir(directory)
+
+
 def write_file(path: str, data: bytes, mode: int, owner: tuple[int, int] | None = None,
                mtime_ns: int | None = None) -> None:
-    """Replace ``path`` atomically and durably with exactly ``mode``."""
-    write_atomic(path, data, mode, owner, mtime_ns, durable=True)
+    """Replace ``path`` atomically and durably with exactly ``mode``: a temp file (fsync'd), then a rename."""
+
+    def fill(temp: str) -> None:
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            if owner is not None and os.geteuid() == 0:
+                os.fchown(fd, *owner)
+            os.fchmod(fd, mode)
+            if mtime_ns is not None:
+                os.utime(fd, ns=(mtime_ns, mtime_ns))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    _replace(path, fill, "write")
+
+
+def _symlink(path: str, target: str) -> None:
+    _replace(path, lambda temp: os.symlink(target, temp), "make the symlink")
+
+
+def _unlink(path: str) -> None:
+    _step()
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return
+    except OSError as err:
+        raise HookError(f"cannot remove {path}: {err.strerror}") from None
+    fsync_dir(os.path.dirname(path))
+
+
+def _clean_temps(directory: str, name: str | None = None) -> None:
+    """Remove the temp files of atomic writes killed half-way (of ``name``, or of any file) in ``directory``."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for entry in names:
+        if entry.startswith(f".{name}{TEMP_MARK}" if name is not None else ".") and TEMP_MARK in entry:
+            try:
+                os.unlink(os.path.join(directory, entry))
+            except OSError:
+                pass
 
 
 @dataclass
@@ -321,6 +544,218 @@ def _current(disk: str) -> Current:
     return Current("file", data=data, mode=stat.S_IMODE(st.st_mode), st=st)
 
 
+# --- the journal: each run is a transaction ------------------------------------------------------
+
+
+class Journal:
+    """The record of one run's changes, written before each change, so that a killed run can be rolled back."""
+
+    def __init__(self, disk: Callable[[str], str]) -> None:
+        self.disk = disk
+        self.op = ""
+        self.created: list[str] = []  # state directories this run made (with the journal, by one rename)
+        self.steps: list[dict[str, Any]] = []
+        self.noted: set[str] = set()
+        self.active = False
+        self.pending = ""  # the run whose journal starts at its first change (a run that changes nothing writes none)
+        self.on_created: Callable[[list[str]], None] = lambda created: None
+
+    # starting, finishing
+
+    def recover(self) -> bool:
+        """Roll back a run that was killed; True if there was one."""
+        for real in self._state_ancestors():
+            staging = os.path.join(self.disk(real), STAGING)
+            if os.path.lexists(staging):
+                shutil.rmtree(staging, ignore_errors=True)
+        journal = self.disk(JOURNAL_PATH)
+        try:
+            with open(journal, "rb") as handle:
+                data = json.loads(handle.read())
+        except FileNotFoundError:
+            if os.path.isdir(self.disk(JOURNAL_DIR)):  # a run that had finished but for this clean-up
+                shutil.rmtree(self.disk(JOURNAL_DIR), ignore_errors=True)
+            return False
+        except (OSError, ValueError) as err:
+            raise HookError(f"cannot read the install journal {journal} ({err}); fix it or move it away") from None
+        if not isinstance(data, dict) or not isinstance(data.get("steps"), list):
+            raise HookError(f"{journal}: not an install journal")
+        self.op, self.created, self.steps = data.get("op", "?"), list(data.get("created", [])), data["steps"]
+        for entry in reversed(self.steps):
+            self._undo(entry)
+        print(f"recovered: an interrupted {self.op} was rolled back ({len(self.steps)} changes undone)")
+        self._finish(remove_state=bool(self.created))
+        self.steps, self.created, self.noted = [], [], set()
+        return True
+
+    def begin(self, op: str) -> list[str]:
+        """Start recording (the journal exists on disk when this returns); the state directories it created."""
+        self.op, self.active = op, True
+        state = self.disk(STATE_DIR)
+        if os.path.isdir(state):
+            _step()
+            os.makedirs(self.disk(JOURNAL_DIR), 0o700, exist_ok=True)
+            self._save()
+            return []
+        missing = [real for real in self._state_ancestors()[1:] if not os.path.isdir(self.disk(real))]
+        for real in missing:
+            if os.path.lexists(self.disk(real)):
+                raise HookError(f"{self.disk(real)} is not a directory: install needs a directory there")
+        top = missing[0]
+        staging_root = os.path.join(self.disk(os.path.dirname(top)), STAGING)
+        inside = os.path.join(staging_root, os.path.relpath(self.disk(JOURNAL_DIR), self.disk(top)))
+        _step()
+        try:
+            os.makedirs(inside, 0o755)
+            self.created = missing
+            for real in missing:  # exactly 0755 whatever the umask (the journal's own directory: 0700)
+                os.chmod(os.path.join(staging_root, os.path.relpath(self.disk(real), self.disk(top))), 0o755)
+            os.chmod(inside, 0o700)
+            self._save(os.path.join(inside, os.path.basename(JOURNAL_PATH)))
+            _step()
+            os.rename(staging_root, self.disk(top))
+        except OSError as err:
+            shutil.rmtree(staging_root, ignore_errors=True)
+            raise HookError(f"cannot create {self.disk(top)}: {err.strerror}") from None
+        fsync_dir(os.path.dirname(self.disk(top)))
+        return missing
+
+    def commit(self, remove_state: bool = False) -> None:
+        """The run is done: forget the journal (and, for an uninstall that emptied it, the state directory)."""
+        if remove_state:
+            self._open()  # the state directory goes with the journal, in one rename
+        if self.active:
+            self._finish(remove_state)
+            self.active = False
+        self.pending = ""
+
+    def _finish(self, remove_state: bool) -> None:
+        top = self._removable_state_top() if remove_state else None
+        if top is not None:  # the journal and the state directories go together, in one rename
+            staging = os.path.join(self.disk(os.path.dirname(top)), STAGING)
+            _step()
+            os.rename(self.disk(top), staging)
+            fsync_dir(os.path.dirname(staging))
+            shutil.rmtree(staging, ignore_errors=True)
+            return
+        _unlink(self.disk(JOURNAL_PATH))
+        shutil.rmtree(self.disk(JOURNAL_DIR), ignore_errors=True)
+
+    def _state_ancestors(self) -> list[str]:
+        """"/", then each directory down to STATE_DIR."""
+        parts = STATE_DIR.strip("/").split("/")
+        return ["/"] + ["/" + "/".join(parts[:n]) for n in range(1, len(parts) + 1)]
+
+    def _removable_state_top(self) -> str | None:
+        """The highest created state directory that holds nothing but the chain down to the journal."""
+        chain = self._state_ancestors()[1:]
+        created = [real for real in chain if real in self.created]
+        if STATE_DIR not in created:
+            return None
+        try:
+            if [n for n in os.listdir(self.disk(STATE_DIR)) if TEMP_MARK not in n] != [os.path.basename(JOURNAL_DIR)]:
+                return None
+        except OSError:
+            return None
+        top = STATE_DIR
+        for real in reversed(created[:-1]):
+            below = chain[chain.index(real) + 1]
+            try:
+                if os.listdir(self.disk(real)) != [os.path.basename(below)]:
+                    break
+            except OSError:
+                break
+            top = real
+        return top
+
+    # recording
+
+    def _save(self, path: str | None = None) -> None:
+        text = json.dumps({"format": 1, "op": self.op, "created": self.created, "steps": self.steps}) + "\n"
+        write_file(path or self.disk(JOURNAL_PATH), text.encode(), 0o600)
+
+    def expect(self, op: str) -> None:
+        """Start the journal of ``op`` at its first change."""
+        self.pending = op
+
+    def _open(self) -> bool:
+        if not self.active and self.pending:
+            self.on_created(self.begin(self.pending))
+        return self.active
+
+    def note_path(self, real: str) -> None:
+        """Before ``real`` changes: record what is there (a copy of a file) unless this run recorded it already."""
+        if not self._open() or real in self.noted:
+            return
+        disk = self.disk(real)
+        current = _current(disk)
+        prior: dict[str, Any] = {"kind": current.kind}
+        if current.kind == "symlink":
+            prior["target"] = current.target
+        elif current.kind == "file":
+            assert current.st is not None
+            copy = f"{JOURNAL_DIR}/{len(self.steps)}"
+            write_file(self.disk(copy), current.data, 0o600)
+            prior.update(copy=copy, mode=f"{current.mode:04o}", uid=current.st.st_uid, gid=current.st.st_gid,
+                         mtime_ns=current.st.st_mtime_ns)
+        self.steps.append({"path": real, "prior": prior})
+        self.noted.add(real)
+        self._save()
+
+    def note_mkdir(self, real: str) -> None:
+        if self._open():
+            self.steps.append({"mkdir": real})
+            self._save()
+
+    def note_rmdir(self, real: str, st: os.stat_result) -> None:
+        if self._open():
+            self.steps.append({"rmdir": real, "mode": f"{stat.S_IMODE(st.st_mode):04o}", "uid": st.st_uid,
+                               "gid": st.st_gid})
+            self._save()
+
+    # undoing
+
+    def _undo(self, entry: dict[str, Any]) -> None:
+        if "mkdir" in entry:
+            disk = self.disk(entry["mkdir"])
+            _clean_temps(disk)
+            try:
+                os.rmdir(disk)
+            except FileNotFoundError:
+                pass
+            except OSError as err:
+                print(f"warning: rollback: kept the directory {disk}/ ({err.strerror})")
+            return
+        if "rmdir" in entry:
+            disk = self.disk(entry["rmdir"])
+            if not os.path.isdir(disk):
+                os.mkdir(disk)
+                os.chmod(disk, int(entry["mode"], 8))
+                if os.geteuid() == 0:
+                    os.chown(disk, entry["uid"], entry["gid"])
+                fsync_dir(os.path.dirname(disk))
+            return
+        real, prior = entry["path"], entry["prior"]
+        disk = self.disk(real)
+        directory, name = os.path.split(disk)
+        _clean_temps(directory, name)
+        current = _current(disk) if os.path.isdir(directory) else Current("missing")
+        if prior["kind"] == "missing":
+            if current.kind != "missing":
+                _unlink(disk)
+        elif prior["kind"] == "symlink":
+            if current.kind != "symlink" or current.target != prior["target"]:
+                _symlink(disk, prior["target"])
+        else:
+            mode, owner = int(prior["mode"], 8), (prior["uid"], prior["gid"])
+            with open(self.disk(prior["copy"]), "rb") as handle:
+                data = handle.read()
+            same = (current.kind == "file" and current.data == data and current.mode == mode and current.st is not None
+                    and (current.st.st_uid, current.st.st_gid) == owner and current.st.st_mtime_ns == prior["mtime_ns"])
+            if not same:
+                write_file(disk, data, mode, owner, prior["mtime_ns"])
+
+
 class Installer:
     """Install, uninstall and their dry runs, for one prefix."""
 
@@ -329,12 +764,36 @@ class Installer:
         self.dry_run = dry_run
         self.manifest = Manifest()
         self.planned_dirs: set[str] = set()  # --dry-run: directories that would have been created
+        self.journal = Journal(self.disk)
 
     def disk(self, real: str) -> str:
         return os.path.join(self.prefix, real.lstrip("/")) if self.prefix else real
 
     def say(self, status: str, real: str, detail: str = "") -> None:
         print(f"{status}: {self.disk(real)}{f' ({detail})' if detail else ''}")
+
+    # the changes, each recorded in the journal first
+
+    def put(self, real: str, data: bytes, mode: int, owner: tuple[int, int] | None = None,
+            mtime_ns: int | None = None) -> None:
+        self.journal.note_path(real)
+        write_file(self.disk(real), data, mode, owner, mtime_ns)
+
+    def put_symlink(self, real: str, target: str) -> None:
+        self.journal.note_path(real)
+        _symlink(self.disk(real), target)
+
+    def remove(self, real: str) -> None:
+        self.journal.note_path(real)
+        _unlink(self.disk(real))
+
+    def start(self, op: str) -> None:
+        """Roll back an interrupted run, then start this one's journal."""
+        if self.dry_run:
+            if os.path.exists(self.disk(JOURNAL_PATH)):
+                print(f"note: {self.disk(JOURNAL_PATH)}: an interrupted run; the next real run rolls it back first")
+            return
+        self.journal.recover()
 
     # directories
 
@@ -355,6 +814,10 @@ class Installer:
                 self.manifest.directories.append(path)
                 print(f"directory: {disk}/ (new)")
                 continue
+            if path == STATE_DIR or STATE_DIR.startswith(path + "/"):
+                raise HookError(f"{disk}: the state directory is made with the journal")  # never: begin() made it
+            self.journal.note_mkdir(path)
+            _step()
             try:
                 os.mkdir(disk, 0o755)
                 os.chmod(disk, 0o755)
@@ -363,6 +826,18 @@ class Installer:
             self.manifest.directories.append(path)
             fsync_dir(os.path.dirname(disk))
             print(f"directory: {disk}/ (new)")
+
+    def begin(self, op: str) -> None:
+        if self.dry_run:
+            self.ensure_dir(STATE_DIR)
+            return
+        self.journal.on_created = self.created_state
+        self.journal.expect(op)
+
+    def created_state(self, created: list[str]) -> None:
+        for path in created:
+            self.manifest.directories.append(path)
+            print(f"directory: {self.disk(path)}/ (new)")
 
     # the manifest
 
@@ -379,10 +854,9 @@ class Installer:
 
     def save(self) -> None:
         """Write the manifest when it changed (it lists itself nowhere; its directory is recorded)."""
-        self.ensure_dir(STATE_DIR)
         text = self.manifest.text().encode()
         if not self.dry_run and self.manifest_text() != text:
-            write_file(self.disk(MANIFEST_PATH), text, 0o644)
+            self.put(MANIFEST_PATH, text, 0o644)
 
     # backups
 
@@ -404,7 +878,7 @@ class Installer:
         backup = self.backup_path(real)
         self.ensure_dir(BACKUP_DIR)
         if not self.dry_run:
-            write_file(self.disk(backup), current.data, 0o600, mtime_ns=current.st.st_mtime_ns)
+            self.put(backup, current.data, 0o600, mtime_ns=current.st.st_mtime_ns)
         return {"path": backup, "sha256": _sha256(current.data), "mode": f"{current.mode:04o}",
                 "uid": current.st.st_uid, "gid": current.st.st_gid, "mtime_ns": current.st.st_mtime_ns}
 
@@ -413,7 +887,7 @@ class Installer:
         disk = self.disk(real)
         if "symlink" in backup:
             if not self.dry_run:
-                symlink_atomic(disk, backup["symlink"])
+                self.put_symlink(real, backup["symlink"])
             self.say("restored", real, f"the symlink to {backup['symlink']} that install replaced")
             return True
         saved = self.disk(backup["path"])
@@ -425,11 +899,8 @@ class Installer:
             return False
         if not self.dry_run:
             owner = (backup["uid"], backup["gid"]) if "uid" in backup and "gid" in backup else None
-            write_file(disk, data, _mode(backup["mode"], saved), owner, backup.get("mtime_ns"))
-            try:
-                os.unlink(saved)
-            except OSError as err:
-                raise HookError(f"cannot remove the backup {saved}: {err.strerror}") from None
+            self.put(real, data, _mode(backup["mode"], saved), owner, backup.get("mtime_ns"))
+            self.remove(backup["path"])
         self.say("restored", real, f"the file install replaced, from {saved}")
         return True
 
@@ -448,10 +919,7 @@ class Installer:
             if backup and self.restore(real, backup):  # replaces ours atomically: no moment without the file
                 return
             if not self.dry_run:
-                try:
-                    os.unlink(disk)
-                except OSError as err:
-                    raise HookError(f"cannot remove {disk}: {err.strerror}") from None
+                self.remove(real)
             self.say("removed", real, why)
             return
         if current.kind == "missing":
@@ -459,48 +927,83 @@ class Installer:
             if backup:
                 self.restore(real, backup)
             return
+        if current.kind == "file" and entry.get("merge") == "docker":
+            self.unmerge_docker(entry, current)
+            return
         kept = "changed since install: kept, not removed"
         if backup:
             where = backup["symlink"] if "symlink" in backup else self.disk(backup["path"])
             kept += f"; what install replaced is {'a symlink to ' if 'symlink' in backup else 'at '}{where}"
         self.say("kept", real, kept)
 
+    def unmerge_docker(self, entry: dict[str, Any], current: Current) -> None:
+        """daemon.json edited since install: take out just our runtime, keep the operator's edits."""
+        from oci_gpu_hook.host import docker
+
+        real, disk = entry["path"], self.disk(entry["path"])
+        try:
+            text = docker.unmerged(current.data.decode(), f"{LAUNCHER_DIR}/oci-gpu-runtime", disk)
+        except (HookError, UnicodeDecodeError) as err:
+            self.say("kept", real, f"changed since install, and not readable JSON ({err}): remove the "
+                                   f"{docker.RUNTIME_NAME} runtime by hand")
+            return
+        if text is None:
+            self.say("kept", real, "changed since install; it no longer has the oci-gpu runtime")
+        else:
+            if not self.dry_run:
+                self.put(real, text.encode(), current.mode)
+            self.say("updated", real, f"changed since install: only the {docker.RUNTIME_NAME} runtime taken out")
+        backup = entry.get("backup")
+        if backup and "path" in backup and not self.dry_run:
+            self.remove(backup["path"])  # the operator's file is the current one now
+
     # install
 
-    def install(self, items: list[Item], notes: list[str]) -> None:
+    def install(self, items: list[Item], notes: list[str], selected: set[str] | None = None,
+                errors: list[str] | None = None) -> None:
+        """Write ``items``; take out the earlier install's files of the ``selected`` integrations (all: None)
+        that are no longer wanted.  An integration with a path install cannot write goes to ``errors`` (raised
+        when None) and is skipped, before anything is written."""
+        self.start("install")
         before = self.manifest_text()
         old = load_manifest(self.disk(MANIFEST_PATH))
         if old is not None:
-            # Every entry stays listed until it is replaced or taken out: a failure half-way leaves a
-            # manifest of everything on disk that install wrote.
+            # Every entry stays listed until it is replaced or taken out.
             self.manifest.files = list(old.files)
             self.manifest.directories = [d for d in old.directories if os.path.isdir(self.disk(d))]
-        plan = [(item, _current(self.disk(item.path))) for item in items]  # every refusal before any write
+        plan = []
+        for item in items:  # every refusal before any write
+            try:
+                plan.append((item, _current(self.disk(item.path))))
+            except HookError as err:
+                if errors is None or item.integration == "core":
+                    raise
+                errors.append(f"{item.integration}: {err}")
+        failed = {e.split(":", 1)[0] for e in errors or []}
+        plan = [(item, current) for item, current in plan if item.integration not in failed]
+        if failed:
+            selected = (set(selected or INTEGRATIONS) - failed) | {"core"}
         if self.dry_run:
             print("dry run: nothing is written")
-        try:
-            self.ensure_dir(STATE_DIR)
-            for item, current in plan:
-                self.install_one(item, current, old.entry(item.path) if old else None)
-            wanted_paths = {item.path for item in items}
-            for entry in old.files if old else []:
-                if entry["path"] not in wanted_paths:
-                    self.take_out(entry, "no longer installed")
-                    self.manifest.forget(entry["path"])
-                    self.save()
-        except HookError:
-            try:
-                self.save()  # record the directories made before the failure, for --uninstall
-            except HookError:
-                pass
-            raise
+        self.begin("install")
+        for item, current in plan:
+            self.install_one(item, current, old.entry(item.path) if old else None)
+        wanted_paths = {item.path for item in items}
+        for entry in old.files if old else []:
+            if entry["path"] not in wanted_paths and (selected is None
+                                                      or entry.get("integration", "core") in selected):
+                self.take_out(entry, "no longer installed")
+                self.manifest.forget(entry["path"])
+                self.save()
         self.save()
+        if not self.dry_run:
+            self.journal.commit()
         after = self.manifest.text().encode()
         status = "new" if before is None else "unchanged" if before == after else "updated"
         print(f"manifest: {self.disk(MANIFEST_PATH)} ({status})")
         main_config = self.disk("/etc/containerd/config.toml")
         try:
-            if self.dry_run:
+            if self.dry_run or not any(item.path == "/etc/containerd/config.toml" for item in items):
                 raise OSError  # the file on disk is not what install would leave
             with open(main_config, encoding="utf-8") as handle:
                 if "conf.d" not in handle.read():
@@ -513,7 +1016,9 @@ class Installer:
 
     def install_one(self, item: Item, current: Current, old: dict[str, Any] | None) -> None:
         entry: dict[str, Any] = {"path": item.path, "sha256": _sha256(item.data), "mode": f"{item.mode:04o}",
-                                 "backup": None}
+                                 "backup": None, "integration": item.integration}
+        if item.merge:
+            entry["merge"] = item.merge
         as_wanted = current.kind == "file" and current.data == item.data and current.mode == item.mode
         if old is not None:
             entry["backup"] = old.get("backup")
@@ -527,10 +1032,9 @@ class Installer:
             elif current.kind == "missing":
                 self.write(item, current, "new", f"{item.what}; it had been removed")
             elif ours:
-                fresh = None
                 if entry.pop("existed", False):  # it was the host's own: save it before changing it
-                    fresh = entry["backup"] = self.back_up(item.path, current)
-                self.write(item, current, "updated", item.what, fresh)
+                    entry["backup"] = self.back_up(item.path, current)
+                self.write(item, current, "updated", item.what)
             else:
                 self.say("kept", item.path, f"{item.what}: changed since install; not overwritten "
                                             "(remove it and install again to get the new one)")
@@ -543,27 +1047,16 @@ class Installer:
         else:
             backup = entry["backup"] = self.back_up(item.path, current)
             saved = f"saved to {self.disk(backup['path'])}" if "path" in backup else "recorded in the manifest"
-            self.write(item, current, "replaced", f"{item.what}; what was there is {saved}", backup)
+            self.write(item, current, "replaced", f"{item.what}; what was there is {saved}")
         self.manifest.record(entry)
         self.save()
 
-    def write(self, item: Item, current: Current, status: str, detail: str,
-              backup: dict[str, Any] | None = None) -> None:
-        """Write one file; if that fails, drop the backup just made of it (the file is still intact)."""
+    def write(self, item: Item, current: Current, status: str, detail: str) -> None:
+        """Write one file (its directory first)."""
         disk = self.disk(item.path)
+        self.ensure_dir(os.path.dirname(item.path))
         if not self.dry_run:
-            try:
-                self.ensure_dir(os.path.dirname(item.path))
-                write_file(disk, item.data, item.mode)
-            except HookError:
-                if backup and "path" in backup:
-                    try:
-                        os.unlink(self.disk(backup["path"]))
-                    except OSError:
-                        pass
-                raise
-        else:
-            self.ensure_dir(os.path.dirname(item.path))
+            self.put(item.path, item.data, item.mode)
         self.say(status, item.path, f"{detail}; mode {item.mode:04o}")
         if self.dry_run:
             self.show(item, current, disk)
@@ -598,75 +1091,177 @@ class Installer:
 
     # uninstall
 
-    def uninstall(self) -> None:
+    def uninstall(self, only: set[str] | None = None) -> None:
+        """Take out what the manifest lists (of the ``only`` integrations; the launchers only with all)."""
         manifest_disk = self.disk(MANIFEST_PATH)
+        self.start("uninstall")
         old = load_manifest(manifest_disk)
         if old is None:
             print(f"nothing to uninstall: no manifest at {manifest_disk}")
             return
         if self.dry_run:
             print("dry run: nothing is removed")
-        self.manifest = old
-        while self.manifest.files:
-            entry = self.manifest.files[0]
+        self.manifest = Manifest(list(old.files), list(old.directories))
+        self.begin("uninstall")
+        mine = [e for e in old.files if only is None or e.get("integration", "core") in only]
+        for entry in mine:
             self.take_out(entry, "installed")
-            self.manifest.files.pop(0)
+            self.manifest.forget(entry["path"])
             if self.manifest.files:
                 self.save()  # a failure later leaves a manifest of what is still installed
+        if self.manifest.files:
+            self.journal.commit()
+            print(f"manifest: {manifest_disk} (updated: {len(self.manifest.files)} files still installed)")
+            return
         if not self.dry_run:
-            try:
-                os.unlink(manifest_disk)
-            except OSError as err:
-                raise HookError(f"cannot remove the manifest {manifest_disk}: {err.strerror}") from None
+            self.remove(MANIFEST_PATH)
         print(f"removed: {manifest_disk}")
         kept: set[str] = set()
-        for real in sorted(old.directories, key=lambda d: d.count("/"), reverse=True):
+        state = [d for d in old.directories if d == STATE_DIR or STATE_DIR.startswith(d + "/")]
+        for real in sorted(set(old.directories) - set(state), key=lambda d: d.count("/"), reverse=True):
             disk = self.disk(real)
             if not os.path.isdir(disk) or os.path.islink(disk):
                 continue
             if self.dry_run:
                 print(f"directory: {disk}/ (removed if empty)")
                 continue
+            if os.listdir(disk):
+                kept.add(real)
+                if not all(f"{real}/{name}" in kept for name in os.listdir(disk)):  # not just a kept child
+                    print(f"kept: {disk}/ (created by install, not empty)")
+                continue
+            self.journal.note_rmdir(real, os.stat(disk))
+            _step()
             try:
                 os.rmdir(disk)
             except OSError as err:
                 if err.errno not in (errno.ENOTEMPTY, errno.EEXIST):
                     raise HookError(f"cannot remove the directory {disk}: {err.strerror}") from None
                 kept.add(real)
-                if not all(f"{real}/{name}" in kept for name in os.listdir(disk)):  # not just a kept child
-                    print(f"kept: {disk}/ (created by install, not empty)")
                 continue
+            fsync_dir(os.path.dirname(disk))
             print(f"removed: {disk}/ (created by install)")
+        if self.dry_run:
+            return
+        self.journal.created = state
+        self.journal.commit(remove_state=True)
+        for real in sorted(state, key=lambda d: d.count("/"), reverse=True):
+            if not os.path.isdir(self.disk(real)):
+                print(f"removed: {self.disk(real)}/ (created by install)")
+            elif real not in kept and not any(k.startswith(real + "/") for k in kept):
+                print(f"kept: {self.disk(real)}/ (created by install, not empty)")
+
+
+def check_podman_hook(real: str, disk: Callable[[str], str], errors: list[str]) -> None:
+    """After install: the hook file is in a directory podman reads, and names an executable that is there."""
+    from oci_gpu_hook.host import podman
+
+    dirs, source = podman.hooks_dirs(disk)
+    try:
+        with open(disk(real), "rb") as handle:
+            path = json.loads(handle.read())["hook"]["path"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        errors.append(f"podman: the installed hook {disk(real)} cannot be read back ({err})")
+        return
+    if os.path.dirname(real) not in dirs:
+        errors.append(f"podman: {os.path.dirname(real)} is not a hooks directory podman reads ({source}: {dirs})")
+    elif not os.access(disk(path), os.X_OK):
+        errors.append(f"podman: the hook's path {disk(path)} is not an executable: podman refuses every container")
+    else:
+        print(f"checked: podman reads {os.path.dirname(disk(real))} ({source}) and runs {disk(path)}")
+
+
+def parse_only(value: str | None) -> set[str] | None:
+    if value is None:
+        return None
+    names = {n.strip() for n in value.split(",") if n.strip()}
+    unknown = names - set(INTEGRATIONS)
+    if unknown or not names:
+        raise HookError(f"install --only {value!r}: expected a comma list of {', '.join(INTEGRATIONS)}")
+    return names
 
 
 def command(args: list[str], config: Config) -> int:
     from oci_gpu_hook.cliparse import parser as _parser
-    from oci_gpu_hook.host.launchers import launcher_defaults
 
-    parser = _parser("install", "Install the launchers, a podman hooks.d file, the CDI spec and the containerd "
-                                "drop-in, recorded in a manifest; or take them out again (--uninstall).")
+    parser = _parser("install", "Install the launchers and each integration (podman hook, CDI specs, docker runtime, "
+                                "containerd and CRI-O drop-ins, the systemd watch unit), recorded in a manifest; "
+                                "or take them out again (--uninstall).  A killed run is rolled back by the next.")
+    parser.add_argument("--only", metavar="LIST", default=None,
+                        help=f"only these integrations (comma list of {', '.join(INTEGRATIONS)}); each is done "
+                             "even where its /etc directory is missing")
     parser.add_argument("--hook", choices=(*HOOK_STAGES, "none"), default=None,
-                        help=f"the podman hooks.d file to install into {HOOKS_DIR} (default: precreate)")
+                        help="the podman hooks.d file to install into the hooks directory podman reads "
+                             "(default: precreate)")
     parser.add_argument("--set", action="append", default=[], metavar="OCI_GPU_HOOK_VAR=VALUE",
                         help="bake a default into the launchers, as `oci-gpu-hook launchers --set` does")
     parser.add_argument("--prefix", metavar="DIR", default="",
-                        help="put every file under DIR (staging, packaging, tests); the paths written into "
-                             "files (hook.path, BinaryName) stay the real ones")
+                        help="put every file under DIR, created if missing (staging, packaging, tests); the paths "
+                             "written into files (hook.path, BinaryName, runtime paths) stay the real ones")
     parser.add_argument("--dry-run", action="store_true",
                         help="print what would be written (new, replaced, unchanged; content or diff); write nothing")
+    parser.add_argument("--no-native", action="store_true",
+                        help="Python launchers only (default: the native front when a C compiler is found)")
+    parser.add_argument("--allow-editable", action="store_true",
+                        help="install from an editable (development) install; root would then run code from it")
     parser.add_argument("--uninstall", action="store_true",
                         help=f"remove what the manifest ({MANIFEST_PATH}) lists, restoring the files install "
                              "replaced; files changed since install are kept")
     opts = parser.parse_args(args)
+    only = parse_only(opts.only)
     if opts.prefix and not os.path.isdir(opts.prefix):
-        raise HookError(f"install --prefix {opts.prefix}: no such directory")
+        if os.path.lexists(opts.prefix):
+            raise HookError(f"install --prefix {opts.prefix}: not a directory")
+        if not opts.dry_run:
+            try:
+                os.makedirs(opts.prefix, 0o755)
+            except OSError as err:
+                raise HookError(f"install --prefix {opts.prefix}: cannot create it ({err.strerror})") from None
     installer = Installer(opts.prefix, opts.dry_run)
+    if opts.dry_run:
+        return run(opts, only, installer, config)
+    import fcntl
+
+    # One run at a time: a second would roll back the first's journal as if it had died.
+    lock = os.open(installer.prefix or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"waiting: another install or uninstall is running on {installer.prefix or '/'}")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        return run(opts, only, installer, config)
+    finally:
+        os.close(lock)
+
+
+def run(opts: Any, only: set[str] | None, installer: Installer, config: Config) -> int:
+    """install or uninstall, as parsed by :func:`command`."""
+    from oci_gpu_hook.host.launchers import launcher_defaults
+
     if opts.uninstall:
         if opts.hook is not None or opts.set:
             raise HookError("install --uninstall takes no --hook or --set: it removes what the manifest lists")
-        installer.uninstall()
+        installer.uninstall(only)
         return 0
+    from oci_gpu_hook.host.launchers import editable_reason
+
+    editable = editable_reason()
+    if editable and not opts.allow_editable:
+        raise HookError(f"install: {editable}")
     notes: list[str] = []
-    items = wanted(config, opts.hook or "precreate", launcher_defaults(opts.set, "install"), notes, installer.disk)
-    installer.install(items, notes)
+    errors: list[str] = []
+    items = wanted(config, opts.hook or "precreate", launcher_defaults(opts.set, "install"), notes, installer.disk,
+                   only, errors, native=False if opts.no_native else None, trust=not editable)
+    failed = {e.split(":", 1)[0] for e in errors}
+    selected = None if only is None and not failed else (set(only or INTEGRATIONS) - failed) | {"core"}
+    installer.install(items, notes, selected, errors)
+    if not opts.dry_run:
+        for item in items:
+            if item.integration == "podman" and not any(e.startswith("podman:") for e in errors):
+                check_podman_hook(item.path, installer.disk, errors)
+    for error in errors:
+        print(f"skipped: {error}")
+    if errors:
+        raise HookError("; ".join(errors) + " (the other integrations are installed)")
     return 0

@@ -1,0 +1,136 @@
+"""Docker through the installed runtime: a real dockerd (Debian's docker.io 20.10) started by the test with its
+own data-root, exec-root, pidfile, socket and the daemon.json that ``install --only docker --prefix`` wrote.
+
+dockerd runs in a private mount namespace whose /usr/local is an overlay with the prefix's usr/local on
+top: the runtime path in daemon.json is the real /usr/local/libexec/oci-gpu-hook/oci-gpu-runtime, and the
+host's /usr/local is never written.  dockerd passes no environment to a runtime, so the shim's config
+(the fixture host's sysfs root) is baked into the launchers with ``install --set OCI_GPU_HOOK_CONFIG=``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests import containerlib as cl
+from tests import dockersave
+
+# this checkout is an editable install, and the tests need no compiled front: install is told both
+DEV = ("--allow-editable", "--no-native")
+
+DOCKER = "/usr/bin/docker"  # Debian's client, the same version as dockerd
+IMAGE = "ogh-busybox:test"
+# The operator's daemon.json; its deprecated-key-path keeps dockerd 20.10 from writing /etc/docker/key.json.
+OPERATOR_DAEMON_JSON = '{\n  "log-level": "warn",\n  "storage-driver": "vfs",\n  "deprecated-key-path": "KEY"\n}\n'
+RUNTIME = "/usr/local/libexec/oci-gpu-hook/oci-gpu-runtime"
+
+
+class Dockerd:
+    def __init__(self, base: Path, prefix: Path) -> None:
+        self.base, self.prefix = base, prefix
+        self.socket = base / "docker.sock"
+        self.pidfile = base / "docker.pid"
+        self.log = base / "dockerd.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        upper, work = self.prefix / "usr" / "local", self.base / "ovl-work"
+        work.mkdir()
+        argv = ["dockerd", "--data-root", str(self.base / "data"), "--exec-root", str(self.base / "exec"),
+                "--pidfile", str(self.pidfile), "-H", f"unix://{self.socket}",
+                "--config-file", str(self.prefix / "etc/docker/daemon.json"),
+                "--iptables=false", "--bridge=none", "--ip-masq=false"]
+        script = (f"mount -t overlay overlay -o lowerdir=/usr/local,upperdir={upper},workdir={work} /usr/local && "
+                  f"exec {cl._quoted(argv)}")
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(["unshare", "-m", "sh", "-c", script], stdout=log, stderr=log)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"dockerd exited: {self.log.read_text()[-3000:]}")
+            if self.docker("version").returncode == 0:
+                return
+            time.sleep(0.3)
+        raise AssertionError(f"dockerd did not come up: {self.log.read_text()[-3000:]}")
+
+    def docker(self, *args: str, timeout: int = 120) -> subprocess.CompletedProcess[str]:
+        return cl.run([DOCKER, "-H", f"unix://{self.socket}", *args], env=cl.hook_env(), timeout=timeout)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def dockerd() -> Iterator[Dockerd]:
+    cl.need("dockerd", DOCKER, "unshare", "runc")
+    base = Path(tempfile.mkdtemp(prefix="ogh-dk-"))  # short: containerd's sockets live under the exec-root
+    try:
+        (base / "hook").mkdir()
+        setup = cl.hook_setup(base / "hook")  # config (the seed host), rootfs with the probe
+        prefix = base / "root"
+        (prefix / "etc/docker").mkdir(parents=True)
+        (prefix / "etc/docker/daemon.json").write_text(OPERATOR_DAEMON_JSON.replace("KEY", str(base / "key.json")))
+        env = {**cl.hook_env(), "OCI_GPU_HOOK_CONFIG": os.devnull}
+        done = subprocess.run([sys.executable, "-m", "oci_gpu_hook.entry.cli", "install", *DEV, "--only", "docker",
+                               "--prefix", str(prefix), "--set", f"OCI_GPU_HOOK_CONFIG={setup['config']}"],
+                              capture_output=True, text=True, env=env, cwd=cl.REPO, timeout=120, check=False)
+        assert done.returncode == 0, done.stderr
+        daemon = Dockerd(base, prefix)
+        daemon.start()
+        try:
+            tarball = dockersave.build(setup["rootfs"], base / "image.tar", IMAGE)
+            loaded = daemon.docker("load", "-i", str(tarball))
+            assert loaded.returncode == 0, loaded.stderr
+            yield daemon
+        finally:
+            daemon.stop()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_install_merged_the_runtime_into_the_operators_daemon_json(dockerd: Dockerd) -> None:
+    data = json.loads((dockerd.prefix / "etc/docker/daemon.json").read_text())
+    assert data == {"runtimes": {"oci-gpu": {"path": RUNTIME}}, "log-level": "warn", "storage-driver": "vfs",
+                    "deprecated-key-path": str(dockerd.base / "key.json")}
+    assert (dockerd.base / "key.json").is_file()  # dockerd read the file install merged
+    info = dockerd.docker("info", "--format", "{{json .Runtimes}}")
+    assert info.returncode == 0, info.stderr
+    assert json.loads(info.stdout)["oci-gpu"]["path"] == RUNTIME
+
+
+def _run(dockerd: Dockerd, *env: str) -> subprocess.CompletedProcess[str]:
+    args = [arg for item in env for arg in ("-e", item)]
+    return dockerd.docker("run", "--rm", "--network", "none", "--runtime", "oci-gpu", "--cap-add", "MKNOD",
+                          "--tmpfs", "/tmp:rw,dev,exec", *args, IMAGE, "/bin/sh", "/probe.sh")
+
+
+@pytest.mark.parametrize(("request_env", "gpus"), [(["AMD_VISIBLE_DEVICES=1"], [1]),
+                                                    (["AMD_VISIBLE_DEVICES=0,5"], [0, 5]), ([], [])])
+def test_docker_run_gets_exactly_its_gpus(dockerd: Dockerd, request_env: list[str], gpus: list[int]) -> None:
+    done = _run(dockerd, *request_env)
+    assert done.returncode == 0, done.stderr
+    cl.assert_isolated(done.stdout, gpus)
+
+
+def test_a_bad_request_fails_with_the_shims_line(dockerd: Dockerd) -> None:
+    done = _run(dockerd, "AMD_VISIBLE_DEVICES=0000:24:00.0")
+    assert done.returncode != 0
+    assert "done" not in done.stdout
+    assert "0000:24:00.0" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    print(done.stderr)

@@ -1,0 +1,148 @@
+"""#8.9: install and uninstall killed (SIGKILL) at any change, then install (which recovers) and uninstall, give
+back exactly the tree that was there before the first install.
+
+The kill comes from ``OCI_GPU_HOOK_INSTALL_KILL_AT=N`` (install kills itself just before its Nth change:
+each directory made or removed, each temp file created, each rename, each unlink, the journal's own
+writes included), in a forked child so that each point costs no interpreter start.  Every
+``STRIDE``-th point is tested by default, a different offset per tree so that the trees together cover
+every residue; ``OCI_GPU_HOOK_TEST_EVERY_KILL_POINT=1`` tests them all.  A test with strace's fault
+injection (a SIGKILL on the Nth rename/unlink/mkdir/openat syscall of a real ``oci-gpu-hook install``
+process) checks the same without the built-in hook.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from oci_gpu_hook.entry import cli
+from oci_gpu_hook.host import install
+from tests.installtrees import build, isolated_env, snapshot
+
+# this checkout is an editable install, and the tests need no compiled front: install is told both
+DEV = ("--allow-editable", "--no-native")
+
+REPO = Path(__file__).resolve().parent.parent
+SYSFS = REPO / "examples" / "hosts" / "seed-8x-gfx1100" / "sys"
+__all__ = ["isolated_env"]  # the autouse fixture, imported
+TREES = ["empty", "docker-v2", "v3-conf"]
+STRIDE = 1 if os.environ.get("OCI_GPU_HOOK_TEST_EVERY_KILL_POINT") else 5
+
+
+def run(prefix: Path, *args: str) -> None:
+    """``install --prefix PREFIX ARGS`` in this process; it must succeed."""
+    saved = sys.stdout
+    with open(os.devnull, "w") as sink:
+        sys.stdout = sink
+        try:
+            code = cli.main(["--sysfs-root", str(SYSFS), "install", *DEV, "--prefix", str(prefix), *args])
+        finally:
+            sys.stdout = saved
+    assert code == 0
+
+
+def killed_at(prefix: Path, n: int, *args: str) -> bool:
+    """Run install in a forked child that kills itself before its ``n``th change: True if it was killed,
+    False if it finished first (``n`` is past its last change)."""
+    pid = os.fork()
+    if pid == 0:  # the child: never back into pytest
+        try:
+            os.environ[install.KILL_ENV] = str(n)
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, 1)
+            os.dup2(null, 2)
+            sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+            sys.stderr = sys.stdout
+            code = cli.main(["--sysfs-root", str(SYSFS), "install", *DEV, "--prefix", str(prefix), *args])
+        finally:
+            os._exit(70)
+        os._exit(code)  # pragma: no cover
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        assert os.WTERMSIG(status) == signal.SIGKILL
+        return True
+    assert os.WEXITSTATUS(status) in (0, 70), status
+    assert os.WEXITSTATUS(status) != 70 or n > 0
+    return False
+
+
+def points(tree: str) -> range:
+    offset = TREES.index(tree) % STRIDE
+    return range(1 + offset, 10_000, STRIDE)
+
+
+@pytest.mark.parametrize("tree", TREES)
+@pytest.mark.parametrize("op", ["install", *DEV, "uninstall"])
+def test_killed_at_any_change_then_install_and_uninstall_give_the_tree_back(tmp_path: Path, tree: str,
+                                                                          op: str) -> None:
+    reference = tmp_path / "reference"
+    build(reference, tree)
+    original = snapshot(reference, mtimes=True)
+    run(reference)
+    installed = snapshot(reference)
+    run(reference, "--uninstall")
+    assert snapshot(reference, mtimes=True) == original
+    tested = 0
+    for n in points(tree):
+        prefix = tmp_path / f"{op}-{n}"
+        build(prefix, tree)
+        if op == "uninstall":
+            run(prefix)
+        was_killed = killed_at(prefix, n, *(["--uninstall"] if op == "uninstall" else []))
+        run(prefix)  # rolls back the killed run, then installs
+        assert snapshot(prefix) == installed, f"killed at change {n} of {op}: install did not recover"
+        run(prefix, "--uninstall")
+        assert snapshot(prefix, mtimes=True) == original, f"killed at change {n} of {op}: the tree differs"
+        shutil.rmtree(prefix)
+        if not was_killed:
+            break
+        tested += 1
+    assert tested >= 5, f"only {tested} kill points"
+    print(f"{tree} {op}: {tested} kill points, every {STRIDE}th")
+
+
+def test_a_rollback_killed_half_way_is_done_again(tmp_path: Path) -> None:
+    prefix = tmp_path / "p"
+    build(prefix, "docker-v2")
+    original = snapshot(prefix, mtimes=True)
+    assert killed_at(prefix, 40)
+    journal = prefix / install.JOURNAL_PATH.lstrip("/")
+    assert journal.is_file()
+    for n in (1, 3, 6):  # the recovering run killed while it rolls back
+        assert killed_at(prefix, n)
+    run(prefix)
+    run(prefix, "--uninstall")
+    assert snapshot(prefix, mtimes=True) == original
+
+
+STRACE_POINTS = [("rename", 3), ("rename", 17), ("mkdir", 2), ("unlink", 2), ("unlink", 7)]
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="no strace")
+@pytest.mark.parametrize(("syscall", "when"), STRACE_POINTS)
+def test_strace_sigkill_on_a_syscall(tmp_path: Path, syscall: str, when: int) -> None:
+    prefix = tmp_path / "p"
+    build(prefix, "docker-v2")
+    original = snapshot(prefix, mtimes=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OCI_GPU_HOOK_")}
+    env["OCI_GPU_HOOK_CONFIG"] = os.devnull
+    argv = [sys.executable, "-m", "oci_gpu_hook.entry.cli", "--sysfs-root", str(SYSFS), "install", *DEV, "--prefix",
+            str(prefix)]
+    if syscall in ("unlink", "rename"):  # an uninstall: install first
+        assert subprocess.run(argv, env=env, cwd=REPO, capture_output=True, check=False).returncode == 0
+        argv.append("--uninstall")
+    # The interpreter's start makes none of these calls (its bytecode is cached by the runs before).
+    result = subprocess.run(["strace", "-f", "-qq", "-o", os.devnull,
+                             "-e", f"inject={syscall}:signal=SIGKILL:when={when}", *argv],
+                            env=env, cwd=REPO, capture_output=True, check=False, timeout=120)
+    assert result.returncode in (-signal.SIGKILL, 128 + signal.SIGKILL), f"{syscall} #{when}: {result!r}"
+    assert snapshot(prefix, mtimes=True) != original or syscall == "unlink"  # it left something to clean up
+    run(prefix)
+    run(prefix, "--uninstall")
+    assert snapshot(prefix, mtimes=True) == original

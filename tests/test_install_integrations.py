@@ -1,0 +1,209 @@
+"""``install --only``: each integration on its own (docker daemon.json, containerd v2/v3, CRI-O, systemd,
+podman's hooks directory), and one that cannot be done skipped without stopping the others."""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from oci_gpu_hook.entry import cli
+from oci_gpu_hook.host import containerd, crio, docker, install, podman
+from tests.installtrees import CONTAINERD_V2, CONTAINERD_V3, DAEMON_JSON, build, isolated_env, put, snapshot
+
+# this checkout is an editable install, and the tests need no compiled front: install is told both
+DEV = ("--allow-editable", "--no-native")
+
+REPO = Path(__file__).resolve().parent.parent
+SYSFS = REPO / "examples" / "hosts" / "seed-8x-gfx1100" / "sys"
+LAUNCHER = f"{install.LAUNCHER_DIR}/oci-gpu-hook"
+RUNTIME = f"{install.LAUNCHER_DIR}/oci-gpu-runtime"
+__all__ = ["isolated_env"]  # the autouse fixture, imported
+
+
+def run(capsys: pytest.CaptureFixture[str], prefix: Path, *args: str, code: int = 0) -> tuple[str, str]:
+    got = cli.main(["--sysfs-root", str(SYSFS), "install", *DEV, "--prefix", str(prefix), *args])
+    out, err = capsys.readouterr()
+    assert got == code, (out, err)
+    return out, err
+
+
+def at(prefix: Path, real: str) -> Path:
+    return prefix / real.lstrip("/")
+
+
+# --- docker ----------------------------------------------------------------------------------------
+
+
+def test_docker_runtime_is_inserted_keeping_every_other_byte() -> None:
+    text = docker.merged(DAEMON_JSON, RUNTIME)
+    assert text is not None
+    assert json.loads(text) == {**json.loads(DAEMON_JSON), "runtimes": {"oci-gpu": {"path": RUNTIME}}}
+    assert text.replace(f'\n  "runtimes": {{"oci-gpu": {{"path": "{RUNTIME}"}}}},', "") == DAEMON_JSON
+    assert docker.merged(text, RUNTIME) is None  # already there
+    assert docker.unmerged(text, RUNTIME) == DAEMON_JSON
+    assert docker.merged(None, RUNTIME) == docker.merged("", RUNTIME)
+    assert json.loads(docker.merged("{}", RUNTIME) or "") == {"runtimes": {"oci-gpu": {"path": RUNTIME}}}
+
+
+def test_docker_runtime_joins_the_operators_runtimes() -> None:
+    text = '{"runtimes": {"crun": {"path": "/usr/bin/crun"}}, "debug": true}'
+    merged = docker.merged(text, RUNTIME)
+    assert merged is not None
+    assert json.loads(merged) == {"runtimes": {"crun": {"path": "/usr/bin/crun"}, "oci-gpu": {"path": RUNTIME}},
+                                  "debug": True}
+    assert json.loads(docker.unmerged(merged, RUNTIME) or "") == json.loads(text)
+
+
+def test_uninstall_takes_only_our_runtime_out_of_a_daemon_json_edited_since(tmp_path: Path,
+                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    build(tmp_path, "docker-v2")
+    run(capsys, tmp_path, "--only", "docker")
+    daemon_json = at(tmp_path, docker.DAEMON_JSON)
+    edited = json.loads(daemon_json.read_text())
+    edited["debug"] = True
+    daemon_json.write_text(json.dumps(edited))
+    out, _ = run(capsys, tmp_path, "--uninstall")
+    assert f"updated: {daemon_json} (changed since install: only the oci-gpu runtime taken out)" in out
+    assert json.loads(daemon_json.read_text()) == {**json.loads(DAEMON_JSON), "debug": True}
+    assert not at(tmp_path, install.STATE_DIR).exists()
+
+
+def test_a_daemon_json_install_cannot_read_skips_docker_only(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    build(tmp_path, "docker-v2")
+    put(tmp_path, docker.DAEMON_JSON, '{"log-driver": ')
+    before = snapshot(tmp_path, mtimes=True)
+    out, err = run(capsys, tmp_path, code=1)
+    assert err.startswith(f"oci-gpu-hook: error: docker: {at(tmp_path, docker.DAEMON_JSON)} is not valid JSON")
+    assert err.count("\n") == 1
+    assert f"skipped: docker: {at(tmp_path, docker.DAEMON_JSON)}" in out
+    assert at(tmp_path, docker.DAEMON_JSON).read_text() == '{"log-driver": '
+    assert at(tmp_path, containerd.DROP_IN_PATH).is_file() and at(tmp_path, crio.DROP_IN_PATH).is_file()
+    run(capsys, tmp_path, "--uninstall")
+    assert snapshot(tmp_path, mtimes=True) == before
+
+
+# --- containerd ------------------------------------------------------------------------------------
+
+
+def test_containerd_v3_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    build(tmp_path, "v3-conf")
+    out, _ = run(capsys, tmp_path, "--only", "containerd")
+    drop_in = tomllib.loads(at(tmp_path, containerd.DROP_IN_PATH).read_text())
+    assert drop_in["version"] == 3
+    assert list(drop_in["plugins"]) == ["io.containerd.cri.v1.runtime"]
+    cri = drop_in["plugins"]["io.containerd.cri.v1.runtime"]
+    main_cri = tomllib.loads(CONTAINERD_V3)["plugins"]["io.containerd.cri.v1.runtime"]
+    assert cri["containerd"]["runtimes"]["runc"] == main_cri["containerd"]["runtimes"]["runc"]
+    assert cri["containerd"]["runtimes"]["oci-gpu"] == {"runtime_type": "io.containerd.runc.v2",
+                                                       "container_annotations": ["cdi.k8s.io/*"],
+                                                       "options": {"BinaryName": RUNTIME}}
+    assert cri["enable_cdi"] is True and cri["cdi_spec_dirs"] == ["/etc/cdi", "/var/run/cdi"]
+    main = tomllib.loads(at(tmp_path, containerd.MAIN_CONFIG_PATH).read_text())
+    assert main == {**tomllib.loads(CONTAINERD_V3), "imports": ["/etc/containerd/conf.d/*.toml"]}
+    assert "native CDI is on (enable_cdi)" in out
+    hook = at(tmp_path, "/etc/containers/oci/hooks.d/oci-gpu-hook-precreate.json")
+    assert hook.read_text() == '{"the operator": "s own"}\n'  # --only containerd: podman's hooks untouched
+
+
+@pytest.mark.parametrize(("cdi", "key"), [(False, None), (True, True)])
+def test_containerd_v2_drop_in_turns_on_cdi_on_1_7(cdi: bool, key: bool | None) -> None:
+    text = containerd.drop_in(RUNTIME, tomllib.loads(CONTAINERD_V2), cdi=cdi)
+    cri = tomllib.loads(text)["plugins"][containerd.CRI]
+    assert cri.get("enable_cdi") is key
+    assert tomllib.loads(text)["version"] == 2
+    assert containerd.has_cdi((1, 7)) and containerd.has_cdi((2, 0)) and not containerd.has_cdi((1, 6))
+
+
+def test_a_version_1_containerd_config_skips_containerd_with_a_note(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    v1 = '[plugins.cri]\n  sandbox_image = "pause:3.2"\n'
+    put(tmp_path, containerd.MAIN_CONFIG_PATH, v1)
+    out, err = run(capsys, tmp_path)  # not an error: exit 0
+    assert err == ""
+    assert "note: containerd: " in out and "is a version 1 config: containerd is left as it is" in out
+    assert at(tmp_path, containerd.MAIN_CONFIG_PATH).read_text() == v1
+    assert not at(tmp_path, containerd.DROP_IN_PATH).exists()
+    assert at(tmp_path, LAUNCHER).is_file()
+
+
+# --- CRI-O, systemd, podman ------------------------------------------------------------------------
+
+
+def test_crio_drop_in_uses_documented_keys_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run(capsys, tmp_path, "--only", "crio")
+    data = tomllib.loads(at(tmp_path, crio.DROP_IN_PATH).read_text())
+
+    def check(table: dict[str, object], path: tuple[str, ...]) -> None:
+        for key, value in table.items():
+            if isinstance(value, dict) and (*path, key) not in crio.KNOWN_KEYS and path:
+                check(value, (*path, key))
+                continue
+            if isinstance(value, dict):
+                check(value, (*path, key))
+            else:
+                assert key in crio.KNOWN_KEYS[path], (path, key)
+
+    check(data, ())
+    assert data["crio"]["runtime"]["cdi_spec_dirs"] == ["/etc/cdi", "/var/run/cdi"]
+    assert data["crio"]["runtime"]["runtimes"]["oci-gpu"]["runtime_path"] == RUNTIME
+    assert crio.DROP_IN_PATH == "/etc/crio/crio.conf.d/99-oci-gpu-hook.conf"
+
+
+def test_systemd_unit_runs_the_installed_launcher(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run(capsys, tmp_path, "--only", "systemd")
+    unit = at(tmp_path, install.SYSTEMD_UNIT).read_text()
+    assert unit == (REPO / "examples/systemd/oci-gpu-hook-watch.service").read_text()  # the shipped example
+    execs = [line for line in unit.splitlines() if line.startswith("ExecStart")]
+    assert execs == [f"ExecStartPre=-{LAUNCHER} watch --once", f"ExecStart={LAUNCHER} watch"]
+    assert os.access(at(tmp_path, LAUNCHER), os.X_OK)
+    assert install.UNIT_FALLBACK.format(launcher=LAUNCHER).count(LAUNCHER) == 2
+
+
+def test_podman_hooks_dir_from_containers_conf(tmp_path: Path) -> None:
+    def disk(real: str) -> str:
+        return str(at(tmp_path, real))
+
+    assert podman.hooks_dir(disk) == ("/usr/share/containers/oci/hooks.d", "podman's built-in default")
+    put(tmp_path, "/usr/share/containers/containers.conf", '[engine]\n#hooks_dir = ["/x"]\n')
+    assert podman.hooks_dir(disk)[0] == "/usr/share/containers/oci/hooks.d"
+    put(tmp_path, "/etc/containers/containers.conf", '[engine]\nhooks_dir = ["/opt/hooks", "/srv/hooks"]\n')
+    assert podman.hooks_dir(disk) == ("/srv/hooks", "/etc/containers/containers.conf")
+    put(tmp_path, "/etc/containers/containers.conf.d/50-site.conf",
+        '[engine]\nhooks_dir = ["/usr/share/containers/oci/hooks.d", "/etc/containers/oci/hooks.d"]\n')
+    assert podman.hooks_dir(disk) == ("/etc/containers/oci/hooks.d", "/etc/containers/containers.conf.d/50-site.conf")
+
+
+# --- --only, --prefix ------------------------------------------------------------------------------
+
+
+def test_only_installs_and_uninstalls_one_integration_at_a_time(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    prefix = tmp_path / "new" / "root"  # --prefix makes what it needs
+    build(prefix, "docker-v2")
+    original = snapshot(prefix, mtimes=True)
+    run(capsys, prefix, "--only", "docker")
+    manifest = json.loads(at(prefix, install.MANIFEST_PATH).read_text())
+    assert [(e["path"], e["integration"]) for e in manifest["files"]] == [
+        (LAUNCHER, "core"), (RUNTIME, "core"), (docker.DAEMON_JSON, "docker")]
+    run(capsys, prefix, "--only", "containerd,crio")  # adds, never takes docker's out
+    paths = {e["path"] for e in json.loads(at(prefix, install.MANIFEST_PATH).read_text())["files"]}
+    assert {docker.DAEMON_JSON, containerd.DROP_IN_PATH, containerd.MAIN_CONFIG_PATH, crio.DROP_IN_PATH} <= paths
+    out, _ = run(capsys, prefix, "--uninstall", "--only", "docker")
+    assert f"restored: {at(prefix, docker.DAEMON_JSON)}" in out
+    assert at(prefix, docker.DAEMON_JSON).read_text() == DAEMON_JSON
+    assert at(prefix, containerd.DROP_IN_PATH).is_file()
+    run(capsys, prefix, "--uninstall")
+    assert snapshot(prefix, mtimes=True) == original
+
+
+def test_prefix_is_created(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    prefix = tmp_path / "a" / "b"
+    run(capsys, prefix, "--only", "cdi")
+    assert at(prefix, "/var/run/cdi/amd.com-gpu.json").is_file()
+    run(capsys, prefix, "--uninstall")
+    assert list(prefix.iterdir()) == []
