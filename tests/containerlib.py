@@ -47,6 +47,9 @@ echo done
 """.replace("MINORS", " ".join(map(str, CARD_MINORS + RENDER_MINORS))).replace(
     "KFDMAJOR", str(KFD[0])).replace("KFDMINOR", str(KFD[1]))
 
+# `install` in tests: this checkout is an editable install, and the tests need no compiled front
+INSTALL_DEV = ("--allow-editable", "--no-native")
+
 PODMAN = ["podman", "--cgroup-manager=cgroupfs", "--events-backend=none"]
 PODMAN_RUN = ["run", "--rm", "--net=none", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024",
               "--cap-add", "MKNOD", "--tmpfs", "/tmp:rw,dev,exec"]

@@ -24,9 +24,7 @@ import pytest
 
 from tests import containerlib as cl
 from tests import dockersave
-
-# this checkout is an editable install, and the tests need no compiled front: install is told both
-DEV = ("--allow-editable", "--no-native")
+from tests.containerlib import INSTALL_DEV
 
 DOCKER = "/usr/bin/docker"  # Debian's client, the same version as dockerd
 IMAGE = "ogh-busybox:test"
@@ -87,7 +85,8 @@ def dockerd() -> Iterator[Dockerd]:
         (prefix / "etc/docker").mkdir(parents=True)
         (prefix / "etc/docker/daemon.json").write_text(OPERATOR_DAEMON_JSON.replace("KEY", str(base / "key.json")))
         env = {**cl.hook_env(), "OCI_GPU_HOOK_CONFIG": os.devnull}
-        done = subprocess.run([sys.executable, "-m", "oci_gpu_hook.entry.cli", "install", *DEV, "--only", "docker",
+        done = subprocess.run([sys.executable, "-m", "oci_gpu_hook.entry.cli", "install", *INSTALL_DEV,
+                               "--only", "docker",
                                "--prefix", str(prefix), "--set", f"OCI_GPU_HOOK_CONFIG={setup['config']}"],
                               capture_output=True, text=True, env=env, cwd=cl.REPO, timeout=120, check=False)
         assert done.returncode == 0, done.stderr

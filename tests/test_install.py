@@ -21,10 +21,8 @@ from oci_gpu_hook.entry import cli
 from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.host import containerd, install
 from oci_gpu_hook.inventory import scan
+from tests.containerlib import INSTALL_DEV
 from tests.installtrees import isolated_env, snapshot
-
-# this checkout is an editable install, and the tests need no compiled front: install is told both
-DEV = ("--allow-editable", "--no-native")
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_SYSFS = REPO / "examples" / "hosts" / "seed-8x-gfx1100" / "sys"
@@ -108,7 +106,7 @@ def prefix(tmp_path: Path) -> Path:
 
 def run(capsys: pytest.CaptureFixture[str], *args: str, sysfs: Path = EXAMPLE_SYSFS) -> tuple[int, str, str]:
     """``oci-gpu-hook --sysfs-root SYSFS install ARGS`` in this process: (exit code, stdout, stderr)."""
-    code = cli.main(["--sysfs-root", str(sysfs), "install", *DEV, *args])
+    code = cli.main(["--sysfs-root", str(sysfs), "install", *INSTALL_DEV, *args])
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -559,22 +557,22 @@ def assert_one_error_line(result: subprocess.CompletedProcess[str]) -> str:
 def test_errors_are_one_line_and_write_nothing(prefix: Path) -> None:
     at(prefix, containerd.DROP_IN_PATH).mkdir(parents=True)  # a directory where the drop-in goes
     before = snapshot(prefix)
-    line = assert_one_error_line(cli_subprocess("--sysfs-root", str(EXAMPLE_SYSFS), "install", *DEV, "--prefix",
+    line = assert_one_error_line(cli_subprocess("--sysfs-root", str(EXAMPLE_SYSFS), "install", *INSTALL_DEV, "--prefix",
                                                 str(prefix)))
     assert line.startswith(f"oci-gpu-hook: error: containerd: {at(prefix, containerd.DROP_IN_PATH)} is a directory")
     assert line.endswith("(the other integrations are installed)\n")
     assert at(prefix, containerd.DROP_IN_PATH).is_dir() and not at(prefix, MAIN).exists()  # containerd: untouched
     assert at(prefix, PRECREATE).is_file() and at(prefix, LAUNCHER).is_file()  # the others: installed
-    assert cli_subprocess("install", *DEV, "--prefix", str(prefix), "--uninstall").returncode == 0
+    assert cli_subprocess("install", *INSTALL_DEV, "--prefix", str(prefix), "--uninstall").returncode == 0
     assert snapshot(prefix) == before
 
     at(prefix, MANIFEST).parent.mkdir(parents=True)
     at(prefix, MANIFEST).write_text("{not json")
-    line = assert_one_error_line(cli_subprocess("install", *DEV, "--prefix", str(prefix), "--uninstall"))
+    line = assert_one_error_line(cli_subprocess("install", *INSTALL_DEV, "--prefix", str(prefix), "--uninstall"))
     assert f"manifest {at(prefix, MANIFEST)} is not valid JSON" in line
     at(prefix, MANIFEST).write_text(json.dumps({"format": 1, "files": [
         {"path": "/etc/../etc/passwd", "sha256": "0" * 64, "mode": "0644", "backup": None}], "directories": []}))
-    line = assert_one_error_line(cli_subprocess("install", *DEV, "--prefix", str(prefix), "--uninstall"))
+    line = assert_one_error_line(cli_subprocess("install", *INSTALL_DEV, "--prefix", str(prefix), "--uninstall"))
     assert "'/etc/../etc/passwd' is not a normalized absolute path" in line
 
     for args, message in ((["--uninstall", "--hook", "prestart"], "takes no --hook or --set"),
@@ -582,7 +580,7 @@ def test_errors_are_one_line_and_write_nothing(prefix: Path) -> None:
                           (["--set", "PATH=/bin"], "expected OCI_GPU_HOOK_NAME=VALUE"),
                           (["--only", "podman,lxc"], "expected a comma list of podman, docker"),
                           (["--prefix", str(at(prefix, MANIFEST) / "x")], "cannot create it")):
-        result = cli_subprocess("--sysfs-root", str(EXAMPLE_SYSFS), "install", *DEV, *args)
+        result = cli_subprocess("--sysfs-root", str(EXAMPLE_SYSFS), "install", *INSTALL_DEV, *args)
         if "invalid choice" in message:  # argparse's own errors are usage errors: exit 2
             assert result.returncode == 2 and message in result.stderr and result.stderr.count("\n") == 1
         else:
@@ -680,7 +678,8 @@ def test_a_main_config_install_cannot_use_skips_containerd_only(prefix: Path, ma
     before = snapshot(prefix, identity=True)
     containerd_files = {k: v for k, v in before.items() if k.startswith("etc")}
     for dry_run in (["--dry-run"], []):
-        line = assert_one_error_line(cli_subprocess("--sysfs-root", str(EXAMPLE_SYSFS), "install", *DEV, "--prefix",
+        line = assert_one_error_line(cli_subprocess("--sysfs-root", str(EXAMPLE_SYSFS), "install", *INSTALL_DEV,
+        "--prefix",
                                                     str(prefix), *dry_run))
         assert line.startswith("oci-gpu-hook: error: containerd: " + message.format(config=at(prefix, MAIN))), line
         after = snapshot(prefix, identity=True)
@@ -689,7 +688,7 @@ def test_a_main_config_install_cannot_use_skips_containerd_only(prefix: Path, ma
             assert after == before
         else:
             assert at(prefix, PRECREATE).is_file()  # the others are installed all the same
-    assert cli_subprocess("install", *DEV, "--prefix", str(prefix), "--uninstall").returncode == 0
+    assert cli_subprocess("install", *INSTALL_DEV, "--prefix", str(prefix), "--uninstall").returncode == 0
     assert snapshot(prefix, identity=True) == before
 
 

@@ -23,10 +23,8 @@ import pytest
 
 from oci_gpu_hook.entry import cli
 from oci_gpu_hook.host import install
+from tests.containerlib import INSTALL_DEV
 from tests.installtrees import build, isolated_env, snapshot
-
-# this checkout is an editable install, and the tests need no compiled front: install is told both
-DEV = ("--allow-editable", "--no-native")
 
 REPO = Path(__file__).resolve().parent.parent
 SYSFS = REPO / "examples" / "hosts" / "seed-8x-gfx1100" / "sys"
@@ -41,7 +39,7 @@ def run(prefix: Path, *args: str) -> None:
     with open(os.devnull, "w") as sink:
         sys.stdout = sink
         try:
-            code = cli.main(["--sysfs-root", str(SYSFS), "install", *DEV, "--prefix", str(prefix), *args])
+            code = cli.main(["--sysfs-root", str(SYSFS), "install", *INSTALL_DEV, "--prefix", str(prefix), *args])
         finally:
             sys.stdout = saved
     assert code == 0
@@ -59,7 +57,7 @@ def killed_at(prefix: Path, n: int, *args: str) -> bool:
             os.dup2(null, 2)
             sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
             sys.stderr = sys.stdout
-            code = cli.main(["--sysfs-root", str(SYSFS), "install", *DEV, "--prefix", str(prefix), *args])
+            code = cli.main(["--sysfs-root", str(SYSFS), "install", *INSTALL_DEV, "--prefix", str(prefix), *args])
         finally:
             os._exit(70)
         os._exit(code)  # pragma: no cover
@@ -78,7 +76,7 @@ def points(tree: str) -> range:
 
 
 @pytest.mark.parametrize("tree", TREES)
-@pytest.mark.parametrize("op", ["install", *DEV, "uninstall"])
+@pytest.mark.parametrize("op", ["install", *INSTALL_DEV, "uninstall"])
 def test_killed_at_any_change_then_install_and_uninstall_give_the_tree_back(tmp_path: Path, tree: str,
                                                                           op: str) -> None:
     reference = tmp_path / "reference"
@@ -132,7 +130,8 @@ def test_strace_sigkill_on_a_syscall(tmp_path: Path, syscall: str, when: int) ->
     original = snapshot(prefix, mtimes=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("OCI_GPU_HOOK_")}
     env["OCI_GPU_HOOK_CONFIG"] = os.devnull
-    argv = [sys.executable, "-m", "oci_gpu_hook.entry.cli", "--sysfs-root", str(SYSFS), "install", *DEV, "--prefix",
+    argv = [sys.executable, "-m", "oci_gpu_hook.entry.cli", "--sysfs-root", str(SYSFS), "install", *INSTALL_DEV,
+            "--prefix",
             str(prefix)]
     if syscall in ("unlink", "rename"):  # an uninstall: install first
         assert subprocess.run(argv, env=env, cwd=REPO, capture_output=True, check=False).returncode == 0

@@ -12,10 +12,8 @@ import pytest
 
 from oci_gpu_hook.entry import cli
 from oci_gpu_hook.host import containerd, crio, docker, install, podman
+from tests.containerlib import INSTALL_DEV
 from tests.installtrees import CONTAINERD_V2, CONTAINERD_V3, DAEMON_JSON, build, isolated_env, put, snapshot
-
-# this checkout is an editable install, and the tests need no compiled front: install is told both
-DEV = ("--allow-editable", "--no-native")
 
 REPO = Path(__file__).resolve().parent.parent
 SYSFS = REPO / "examples" / "hosts" / "seed-8x-gfx1100" / "sys"
@@ -25,7 +23,7 @@ __all__ = ["isolated_env"]  # the autouse fixture, imported
 
 
 def run(capsys: pytest.CaptureFixture[str], prefix: Path, *args: str, code: int = 0) -> tuple[str, str]:
-    got = cli.main(["--sysfs-root", str(SYSFS), "install", *DEV, "--prefix", str(prefix), *args])
+    got = cli.main(["--sysfs-root", str(SYSFS), "install", *INSTALL_DEV, "--prefix", str(prefix), *args])
     out, err = capsys.readouterr()
     assert got == code, (out, err)
     return out, err

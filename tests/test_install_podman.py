@@ -19,9 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests import containerlib as cl
-
-# this checkout is an editable install, and the tests need no compiled front: install is told both
-DEV = ("--allow-editable", "--no-native")
+from tests.containerlib import INSTALL_DEV
 
 OVERLAID = ("/usr/local", "/usr/share/containers", "/etc/containers")
 
@@ -75,11 +73,11 @@ def test_podman_without_hooks_dir_runs_the_installed_hook(base: Path, conf: str 
     debug = ["--log-level=debug"] if conf is None else []
     podman = [*cl.PODMAN, "--root", str(base / "root"), "--runroot", str(base / "rr"), "--runtime", "runc", *debug]
     commands = [
-        with_state(base, [*oci_gpu_hook, "install", *DEV, "--only", "podman", "--set",
+        with_state(base, [*oci_gpu_hook, "install", *INSTALL_DEV, "--only", "podman", "--set",
                           f"OCI_GPU_HOOK_CONFIG={setup['config']}"]),
         [*podman, *cl.PODMAN_RUN, "-e", "AMD_VISIBLE_DEVICES=1", "--rootfs", str(setup["rootfs"]), "/bin/sh",
          "/probe.sh"],
-        with_state(base, [*oci_gpu_hook, "install", *DEV, "--uninstall"]),
+        with_state(base, [*oci_gpu_hook, "install", *INSTALL_DEV, "--uninstall"]),
         [*podman[:len(podman) - len(debug)], *cl.PODMAN_RUN, "-e", "AMD_VISIBLE_DEVICES=1", "--rootfs",
          str(setup["rootfs"]), "/bin/sh", "/probe.sh"],
     ]

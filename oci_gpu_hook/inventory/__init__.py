@@ -14,6 +14,7 @@ tree that mimics sysfs (``examples/hosts/``) stands in for a real host.
 
 from __future__ import annotations
 
+import os
 import sys
 
 from oci_gpu_hook.config import KINDS
@@ -132,8 +133,6 @@ def scan(sysfs_root: str = "/sys", kinds: Iterable[str] | None = None, *, strict
     dangling link) is a HookError, since skipping it would renumber every device after it.  Operator
     commands pass ``strict=False`` and get it listed as ignored.
     """
-    import os
-
     from oci_gpu_hook.errors import HookError
 
     root = os.path.abspath(sysfs_root)
@@ -163,8 +162,6 @@ def _unclaimed_reason(device: object, every_backend: bool) -> str:
     from oci_gpu_hook.inventory.sysfs import DrmDevice, driver, read
 
     assert isinstance(device, DrmDevice)
-    import os
-
     owner = driver(device.directory) or "no driver"
     vendor = read(os.path.join(device.directory, "vendor")) or "no vendor"
     what = f"{owner}, {vendor}"
