@@ -4,6 +4,14 @@ Used by the tests and to (re)generate the example hosts under ``examples/hosts``
 
     python -m tests.fakesysfs examples/hosts/seed-8x-gfx1100/sys seed
     python -m tests.fakesysfs examples/hosts/shuffled-4x-gfx942/sys shuffled
+
+An AMD host carries what Debian's ``rocm-smi`` 5.2.3 (librocm_smi64) reads, in the kernel's formats
+(../shared/reference/gpu-sysfs-layouts.md; link and property values from the real MI308X capture in
+ROCm/k8s-device-plugin testdata/topology-parsing-mi308): ``/sys/module/amdgpu/initstate``, a
+``vbios_version`` and an ``amdgpu`` hwmon per PCI GPU, and per KFD node the full ``properties`` line set
+in ``node_show`` order, ``mem_banks/0`` and its ``io_links``/``p2p_links``.  Not modelled: KFD
+``caches`` (``caches_count 0``).  A CPU node without P2P links has an empty ``p2p_links`` directory,
+which git does not keep: rocm-smi reads only GPU nodes' ``p2p_links``.
 """
 
 from __future__ import annotations
@@ -91,6 +99,7 @@ def build(root: str, host: FakeHost) -> str:
     """Write ``host`` as a sysfs tree under ``root``; return ``root``."""
     os.makedirs(root, exist_ok=True)
     drivers = os.path.join(root, "bus", "pci", "drivers")
+    hwmons = 0
     for gpu in host.gpus:
         dev_dir = _pci_dir(root, gpu)
         for name, value in (("vendor", gpu.vendor), ("device", gpu.device),
@@ -104,6 +113,10 @@ def build(root: str, host: FakeHost) -> str:
         _symlink(dev_dir, os.path.join(drivers, gpu.driver, gpu.pci))
         if gpu.driver == "amdgpu" and gpu.unique_id:
             _write(os.path.join(dev_dir, "unique_id"), f"{gpu.unique_id:016x}\n")
+        if gpu.driver == "amdgpu":
+            _amdgpu_files(dev_dir, gpu)
+            _hwmon(root, dev_dir, gpu, hwmons)
+            hwmons += 1
         if gpu.compute_mode:
             _write(os.path.join(dev_dir, "current_compute_partition"), gpu.compute_mode + "\n")
             _write(os.path.join(dev_dir, "available_compute_partition"), "SPX, DPX, QPX, CPX\n")
@@ -126,9 +139,157 @@ def build(root: str, host: FakeHost) -> str:
             _drm_node(root, xcp_dir, f"renderD{gpu.render + 1 + k}", gpu.render + 1 + k)
     if host.gpus:
         _write(os.path.join(root, "class", "drm", "version"), "drm 1.1.0 20060810\n")
+    if any(g.driver == "amdgpu" for g in host.gpus):
+        module = os.path.join(root, "module", "amdgpu")
+        _write(os.path.join(module, "initstate"), "live\n")
+        _symlink(os.path.join(drivers, "amdgpu"), os.path.join(module, "drivers", "pci:amdgpu"))
     if host.kfd:
         _build_kfd(root, host)
     return root
+
+
+@dataclass(frozen=True)
+class _Profile:
+    """Per-family values: the VBIOS part number, the hwmon sensors, the KFD node properties of one XCC."""
+
+    vbios: str
+    sensors: tuple[tuple[str, str], ...]  # hwmon file -> content
+    node: tuple[tuple[str, int], ...]  # KFD properties per XCC (simd_count and array_count scale with num_xcc)
+    vram: int  # bytes, the whole GPU
+    vram_width: int
+    mem_clk_max: int
+
+
+# gfx1100 (Navi 31): the RX 7900 XTX capture in gpu-sysfs-layouts.md 1.3; W7900D: 48 GiB on a 384-bit bus.
+# gfx942 (MI300X): the MI308X capture's per-XCC values with MI300X's 38 CUs per XCC; 192 GiB HBM3.
+# The VBIOS part numbers and sensor readings are shaped like real ones, not copied from a board [A].
+_NAVI31 = _Profile(
+    vbios="113-D7070100-100",
+    sensors=(("name", "amdgpu"), ("temp1_label", "edge"), ("temp1_input", "34000"),
+             ("temp2_label", "junction"), ("temp2_input", "37000"), ("temp3_label", "mem"),
+             ("temp3_input", "36000"), ("in0_label", "vddgfx"), ("in0_input", "760"), ("power1_average", "21000000"),
+             ("power1_cap", "241000000"), ("fan1_input", "623"), ("freq1_label", "sclk"), ("freq1_input", "18000000"),
+             ("freq2_label", "mclk"), ("freq2_input", "96000000")),
+    node=(("simd_count", 192), ("max_waves_per_simd", 16), ("lds_size_in_kb", 64), ("gds_size_in_kb", 0),
+          ("num_gws", 64), ("wave_front_size", 32), ("array_count", 12), ("simd_arrays_per_engine", 2),
+          ("cu_per_simd_array", 8), ("simd_per_cu", 2), ("max_slots_scratch_cu", 32), ("num_sdma_engines", 2),
+          ("num_sdma_xgmi_engines", 0), ("num_sdma_queues_per_engine", 6), ("num_cp_queues", 8),
+          ("max_engine_clk_fcompute", 2482), ("fw_version", 2140), ("capability", 671588992), ("debug_prop", 1495),
+          ("sdma_fw_version", 20)),
+    vram=48 << 30, vram_width=384, mem_clk_max=1124)
+_MI300 = _Profile(
+    vbios="113-M3000100-102",
+    sensors=(("name", "amdgpu"), ("temp2_label", "junction"), ("temp2_input", "41000"), ("temp3_label", "mem"),
+             ("temp3_input", "38000"), ("in0_label", "vddgfx"), ("in0_input", "712"),
+             ("power1_average", "141000000"), ("power1_cap", "750000000"), ("freq1_label", "sclk"),
+             ("freq1_input", "132000000"), ("freq2_label", "mclk"), ("freq2_input", "900000000")),
+    node=(("simd_count", 152), ("max_waves_per_simd", 8), ("lds_size_in_kb", 64), ("gds_size_in_kb", 0),
+          ("num_gws", 64), ("wave_front_size", 64), ("array_count", 4), ("simd_arrays_per_engine", 1),
+          ("cu_per_simd_array", 10), ("simd_per_cu", 4), ("max_slots_scratch_cu", 32), ("num_sdma_engines", 2),
+          ("num_sdma_xgmi_engines", 0), ("num_sdma_queues_per_engine", 8), ("num_cp_queues", 24),
+          ("max_engine_clk_fcompute", 2100), ("fw_version", 149), ("capability", 746037888), ("debug_prop", 1511),
+          ("sdma_fw_version", 19)),
+    vram=192 << 30, vram_width=8192, mem_clk_max=1300)
+
+
+def _profile(gpu: FakeGpu) -> _Profile:
+    return _MI300 if gpu.gfx_target_version // 10000 == 9 else _NAVI31
+
+
+def _amdgpu_files(dev_dir: str, gpu: FakeGpu) -> None:
+    """What amdgpu adds to its PCI device beyond the DRM minors (amdgpu_pm.c, amdgpu_device.c, amdgpu_vram_mgr.c)."""
+    profile = _profile(gpu)
+    sclk = ("500", "1500", str(dict(profile.node)["max_engine_clk_fcompute"]))
+    files = {
+        "vbios_version": profile.vbios,
+        "gpu_busy_percent": "0",
+        "mem_info_vram_total": str(profile.vram),
+        "mem_info_vram_used": str(profile.vram // 200),
+        "power_dpm_force_performance_level": "auto",
+        "pp_dpm_sclk": "\n".join(f"{i}: {mhz}Mhz{' *' if i == 0 else ''}" for i, mhz in enumerate(sclk)),
+        "pp_dpm_mclk": f"0: 96Mhz *\n1: {profile.mem_clk_max}Mhz",
+    }
+    for name, value in files.items():
+        _write(os.path.join(dev_dir, name), value + "\n")
+
+
+def _hwmon(root: str, dev_dir: str, gpu: FakeGpu, number: int) -> None:
+    """amdgpu's hwmon device under the PCI GPU, and its /sys/class/hwmon link."""
+    hwmon = os.path.join(dev_dir, "hwmon", f"hwmon{number}")
+    for name, value in _profile(gpu).sensors:
+        _write(os.path.join(hwmon, name), value + "\n")
+    _symlink(dev_dir, os.path.join(hwmon, "device"))
+    _symlink(hwmon, os.path.join(root, "class", "hwmon", f"hwmon{number}"))
+
+
+# KFD topology properties in the order node_show prints them (kfd_topology.c): every node's, then GPU nodes' only;
+# every node ends with max_engine_clk_ccompute (a CPU node's clock).
+_NODE_KEYS = ("cpu_cores_count", "simd_count", "mem_banks_count", "caches_count", "io_links_count",
+              "p2p_links_count", "cpu_core_id_base", "simd_id_base", "max_waves_per_simd", "lds_size_in_kb",
+              "gds_size_in_kb", "num_gws", "wave_front_size", "array_count", "simd_arrays_per_engine",
+              "cu_per_simd_array", "simd_per_cu", "max_slots_scratch_cu", "gfx_target_version", "vendor_id",
+              "device_id", "location_id", "domain", "drm_render_minor", "hive_id", "num_sdma_engines",
+              "num_sdma_xgmi_engines", "num_sdma_queues_per_engine", "num_cp_queues")
+_GPU_KEYS = ("max_engine_clk_fcompute", "local_mem_size", "fw_version", "capability", "debug_prop",
+             "sdma_fw_version", "unique_id", "num_xcc")
+CPU_CLOCK = 3800
+_LINK_KEYS = ("type", "version_major", "version_minor", "node_from", "node_to", "weight", "min_latency",
+              "max_latency", "min_bandwidth", "max_bandwidth", "recommended_transfer_size", "flags")
+# io link types (kfd_crat.h): PCIe 2, QPI 5 (CPU to CPU), XGMI 11
+_PCIE, _QPI, _XGMI = 2, 5, 11
+
+
+@dataclass
+class _KfdNode:
+    number: int
+    cpu: int  # the CPU node it hangs off (itself for a CPU node)
+    gpu: FakeGpu | None = None
+    part: int = 0
+    io_links: list[dict[str, int]] = field(default_factory=list)
+    p2p_links: list[dict[str, int]] = field(default_factory=list)
+
+
+def _link(kind: int, src: int, dst: int, weight: int, bandwidth: tuple[int, int], flags: int) -> dict[str, int]:
+    return {"type": kind, "version_major": 0, "version_minor": 0, "node_from": src, "node_to": dst,
+            "weight": weight, "min_latency": 0, "max_latency": 0, "min_bandwidth": bandwidth[0],
+            "max_bandwidth": bandwidth[1], "recommended_transfer_size": 0, "flags": flags}
+
+
+def _kfd_links(nodes: list[_KfdNode]) -> None:
+    """The links kfd_topology.c builds, with the weights and flags of the MI308X capture:
+
+    - CPU to CPU (QPI, weight 21) and CPU to each GPU on its socket (PCIe, weight 20, large BAR);
+    - GPU to its CPU (PCIe, weight 20) first, then XGMI to every node of its hive (13 within its own GPU,
+      41 to another GPU);
+    - indirect P2P links through the other socket: GPU to each other CPU, and each CPU to the GPUs of the
+      other socket (weight 41);
+    - P2P peer links between GPUs of no common hive (CONFIG_HSA_AMD_P2P, large BAR): the two PCIe links'
+      weights added, plus the CPU-to-CPU link between sockets [A: not in a capture].
+    """
+    cpus = [n for n in nodes if n.gpu is None]
+    gpus = [n for n in nodes if n.gpu is not None]
+    pcie = (312, 64000)
+    for cpu in cpus:
+        cpu.io_links += [_link(_QPI, cpu.number, other.number, 21, (0, 0), 0) for other in cpus if other is not cpu]
+        cpu.io_links += [_link(_PCIE, cpu.number, g.number, 20, pcie, 3) for g in gpus if g.cpu == cpu.number]
+        cpu.p2p_links += [_link(_PCIE, cpu.number, g.number, 41, (0, 0), 3) for g in gpus if g.cpu != cpu.number]
+    for node in gpus:
+        assert node.gpu is not None
+        node.io_links.append(_link(_PCIE, node.number, node.cpu, 20, pcie, 1))
+        for peer in gpus:
+            assert peer.gpu is not None
+            if peer is node or not node.gpu.hive_id or peer.gpu.hive_id != node.gpu.hive_id:
+                continue
+            same = peer.gpu is node.gpu
+            node.io_links.append(_link(_XGMI, node.number, peer.number, 13 if same else 41,
+                                       (819200, 819200) if same else (0, 0), 1))
+        node.p2p_links += [_link(_PCIE, node.number, c.number, 41, (0, 0), 1) for c in cpus if c.number != node.cpu]
+        for peer in gpus:
+            assert peer.gpu is not None
+            if peer is node or (node.gpu.hive_id and peer.gpu.hive_id == node.gpu.hive_id):
+                continue
+            weight = 40 if peer.cpu == node.cpu else 61
+            node.p2p_links.append(_link(_PCIE, node.number, peer.number, weight, pcie, 1))
 
 
 def _build_kfd(root: str, host: FakeHost) -> None:
@@ -137,32 +298,50 @@ def _build_kfd(root: str, host: FakeHost) -> None:
     _write(os.path.join(kfd_dir, "uevent"), f"MAJOR={host.kfd_major}\nMINOR=0\nDEVNAME=kfd\n")
     _symlink(kfd_dir, os.path.join(root, "class", "kfd", "kfd"))
     nodes_dir = os.path.join(kfd_dir, "topology", "nodes")
-    for number in range(host.cpu_nodes):
-        _write(os.path.join(nodes_dir, str(number), "properties"), "cpu_cores_count 64\nsimd_count 0\n"
-               "vendor_id 0\ndevice_id 0\nlocation_id 0\ndomain 0\ndrm_render_minor 0\nhive_id 0\n")
-        _write(os.path.join(nodes_dir, str(number), "gpu_id"), "0\n")
-        _write(os.path.join(nodes_dir, str(number), "name"), "\n")
+    nodes = [_KfdNode(number, number) for number in range(host.cpu_nodes)]
     amd = [g for g in host.gpus if g.driver == "amdgpu" and g.render is not None]
-    order = [host.gpus[i] for i in host.kfd_order] if host.kfd_order else amd
-    number = host.cpu_nodes
-    for gpu in order:
-        domain, bus, rest = gpu.pci.split(":")
-        slot, func = rest.split(".")
-        location = int(bus, 16) << 8 | int(slot, 16) << 3 | int(func)
-        assert gpu.render is not None
+    for gpu in [host.gpus[i] for i in host.kfd_order] if host.kfd_order else amd:
+        cpu = gpu.numa_node if 0 <= gpu.numa_node < host.cpu_nodes else 0
         for part in range(gpu.valid_partitions):
-            props = {
-                "cpu_cores_count": 0, "simd_count": 192 if not gpu.xcps else 304 // gpu.valid_partitions,
-                "gfx_target_version": gpu.gfx_target_version, "vendor_id": int(gpu.vendor, 16),
-                "device_id": int(gpu.device, 16), "location_id": location | part, "domain": int(domain, 16),
-                "drm_render_minor": gpu.render + part, "hive_id": gpu.hive_id, "unique_id": gpu.unique_id or 0,
-                "num_xcc": 8 // gpu.valid_partitions if gpu.xcps else 1,
-            }
-            node_dir = os.path.join(nodes_dir, str(number))
-            _write(os.path.join(node_dir, "properties"), "".join(f"{k} {v}\n" for k, v in props.items()))
-            _write(os.path.join(node_dir, "gpu_id"), f"{(gpu.gpu_id or 1000 + number) + part}\n")
-            _write(os.path.join(node_dir, "name"), gpu.kfd_name + "\n")
-            number += 1
+            nodes.append(_KfdNode(len(nodes), cpu, gpu, part))
+    _kfd_links(nodes)
+    for node in nodes:
+        node_dir = os.path.join(nodes_dir, str(node.number))
+        props = {k: 0 for k in _NODE_KEYS}
+        props.update(mem_banks_count=1, io_links_count=len(node.io_links), p2p_links_count=len(node.p2p_links))
+        gpu = node.gpu
+        if gpu is None:
+            props.update(cpu_cores_count=64, cpu_core_id_base=64 * node.number)
+            bank = {"heap_type": 0, "size_in_bytes": 270 << 30, "flags": 0, "width": 64, "mem_clk_max": 4800}
+            gpu_id, name = 0, ""
+        else:
+            assert gpu.render is not None
+            profile = _profile(gpu)
+            xcc = 8 // gpu.valid_partitions if gpu.xcps else 1
+            domain, bus, rest = gpu.pci.split(":")
+            slot, func = rest.split(".")
+            props.update({k: v for k, v in profile.node if k in props})
+            props.update(
+                simd_count=dict(profile.node)["simd_count"] * xcc, array_count=dict(profile.node)["array_count"] * xcc,
+                simd_id_base=2147487744 + 4096 * node.number, gfx_target_version=gpu.gfx_target_version,
+                vendor_id=int(gpu.vendor, 16), device_id=int(gpu.device, 16),
+                location_id=(int(bus, 16) << 8 | int(slot, 16) << 3 | int(func)) | node.part, domain=int(domain, 16),
+                drm_render_minor=gpu.render + node.part, hive_id=gpu.hive_id)
+            props.update({k: dict(profile.node).get(k, 0) for k in _GPU_KEYS})
+            props.update(unique_id=gpu.unique_id or 0, num_xcc=xcc)
+            bank = {"heap_type": 1, "size_in_bytes": profile.vram // gpu.valid_partitions, "flags": 0,
+                    "width": profile.vram_width, "mem_clk_max": profile.mem_clk_max}
+            gpu_id, name = (gpu.gpu_id or 1000 + node.number) + node.part, gpu.kfd_name
+        props["max_engine_clk_ccompute"] = CPU_CLOCK
+        _write(os.path.join(node_dir, "properties"), "".join(f"{k} {v}\n" for k, v in props.items()))
+        _write(os.path.join(node_dir, "gpu_id"), f"{gpu_id}\n")
+        _write(os.path.join(node_dir, "name"), name + "\n")
+        _write(os.path.join(node_dir, "mem_banks", "0", "properties"), "".join(f"{k} {v}\n" for k, v in bank.items()))
+        for kind, links in (("io_links", node.io_links), ("p2p_links", node.p2p_links)):
+            os.makedirs(os.path.join(node_dir, kind), exist_ok=True)
+            for i, link in enumerate(links):
+                _write(os.path.join(node_dir, kind, str(i), "properties"),
+                       "".join(f"{k} {link[k]}\n" for k in _LINK_KEYS))
 
 
 SEED_BUSES = ("03", "23", "43", "63", "83", "a3", "c3", "e3")

@@ -71,6 +71,13 @@ def plug(root: Path, gpu: FakeGpu, scratch: Path) -> None:
     for name in ("dev", "uevent"):
         (part / "devices" / "virtual" / "kfd" / "kfd" / name).unlink()
     (part / "class" / "kfd" / "kfd").unlink()
+    shutil.rmtree(part / "module", ignore_errors=True)  # the driver's module is loaded on the host already
+    taken = [int(link.name[5:]) for link in (root / "class" / "hwmon").glob("hwmon*")]
+    for number, link in enumerate(sorted((part / "class" / "hwmon").glob("hwmon*")), 1 + max(taken, default=-1)):
+        hwmon = link.resolve()  # the next free hwmon number, as the kernel gives it
+        link.unlink()
+        hwmon = hwmon.rename(hwmon.with_name(f"hwmon{number}"))
+        link.with_name(hwmon.name).symlink_to(os.path.relpath(hwmon, link.parent))
     (root / "bus" / "pci" / "drivers" / gpu.driver / gpu.pci).unlink(missing_ok=True)
     shutil.copytree(part, root, symlinks=True, dirs_exist_ok=True)
     shutil.rmtree(part)
@@ -83,6 +90,9 @@ def unplug(root: Path, gpu: FakeGpu) -> None:
         (drm / name).unlink(missing_ok=True)
     bus = gpu.pci.split(":")[1]
     shutil.rmtree(root / "devices" / f"pci{gpu.pci[:4]}:{bus}" / gpu.pci)
+    for link in (root / "class" / "hwmon").glob("hwmon*"):  # its hwmon went with it
+        if not link.exists():
+            link.unlink()
     for node in kfd_nodes(root).iterdir():  # the driver takes its KFD node away too
         if f"drm_render_minor {gpu.render}\n" in (node / "properties").read_text():
             shutil.rmtree(node)
