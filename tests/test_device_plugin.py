@@ -67,7 +67,7 @@ def _start(tmp_path: Path, *, strategy: str = "single", rescan: float = 0.3, dev
 
 
 def spec_config(sysfs: Path) -> Config:
-    return load_config({}, {"sysfs_root": str(sysfs)})
+    return Config(sysfs_root=str(sysfs))
 
 
 @pytest.fixture
