@@ -328,47 +328,54 @@ def test_the_plugin_writes_its_specs_at_start_and_keeps_them_current(tmp_path: P
                                                            spec_config(started.sysfs)), "json")
         assert (spec.stat().st_mode & 0o777) == 0o644
         _remove_gpu(started.sysfs, "0000:43:00.0")
-        _wait_for(lambda spec=spec: "0000:43:00.0" not in _spec_names(spec), 5, "the spec without 0000:43:00.0")
+        _wait_for(lambda spec=spec: "0000:43:00.0" not in _spec_names(spec), 10, "the spec without 0000:43:00.0")
         inventory = scan(str(started.sysfs))
         assert mismatch(str(spec), devices_of(inventory)) is None
         assert any(line.startswith("rescan: CDI spec wrote ") for line in started.logs), started.logs
         for pci in SEED_IDS:
             if pci != "0000:43:00.0":
                 _remove_gpu(started.sysfs, pci)
-        _wait_for(lambda spec=spec: not spec.exists(), 5, "the stale spec removed")
+        _wait_for(lambda spec=spec: not spec.exists(), 10, "the stale spec removed")
         assert any("removed the stale spec" in line for line in started.logs), started.logs
 
 
-def test_a_uevent_regenerates_the_specs_after_a_mode_change(tmp_path: Path) -> None:
+@pytest.mark.parametrize("strategy", ["single", "mixed"])
+def test_a_uevent_regenerates_the_specs_after_a_mode_change(tmp_path: Path, strategy: str) -> None:
     """CPX -> DPX with a 60 s rescan interval: the drm uevent makes the plugin rewrite the spec at once; the
-    partitions that no longer exist stay advertised, Unhealthy, and are never allocated."""
+    partitions that no longer exist stay advertised, Unhealthy, and are never allocated; with ``mixed`` the
+    remaining ones move to the new mode's resource, served and registered then."""
     events = QueueEvents()
     sysfs = Path(fakesysfs.build(str(tmp_path / "sys"), fakesysfs.mi300x_host("CPX")))
     cdi_dir = tmp_path / "cdi"
     kubelet = FakeKubelet(str(tmp_path / "device-plugins"))
     kubelet.start()
     logs: list[str] = []
-    tracker = server.Tracker(str(sysfs), "single", log=logs.append,
+    tracker = server.Tracker(str(sysfs), strategy, log=logs.append,
                              specs=SpecKeeper(spec_config(sysfs), [str(cdi_dir)], logs.append))
     manager = server.Manager(str(tmp_path / "device-plugins"), tracker, rescan_interval=60, poll_interval=0.1,
                              log=logs.append, events=events, uevent_delay=0.2)
     thread = threading.Thread(target=manager.run, daemon=True)
     thread.start()
+    before, after = ("amd.com/gpu", "amd.com/gpu") if strategy == "single" else ("amd.com/cpx_nps1",
+                                                                                  "amd.com/dpx_nps1")
     try:
-        kubelet.devices("amd.com/gpu", lambda d: len(d) == 16)
+        kubelet.devices(before, lambda d: len(d) == 16)
         assert "0000:05:00.0-p7" in _spec_names(cdi_dir / SPEC)
         _rebuild(sysfs, fakesysfs.mi300x_host("DPX", "."))
         events.put({"ACTION": "change", "SUBSYSTEM": "drm", "DEVNAME": "dri/card1"})
-        _wait_for(lambda: "0000:05:00.0-p7" not in _spec_names(cdi_dir / SPEC), 5, "the DPX spec")
+        _wait_for(lambda: "0000:05:00.0-p7" not in _spec_names(cdi_dir / SPEC), 10, "the DPX spec")
         assert {n for n in _spec_names(cdi_dir / SPEC) if "-p" in n} == {
             "0000:05:00.0-p0", "0000:05:00.0-p1", "0000:26:00.0-p0", "0000:26:00.0-p1"}
-        devices = kubelet.devices("amd.com/gpu", lambda d: d["0000:05:00.0/p7"].health == "Unhealthy")
-        assert sorted(i for i, d in devices.items() if d.health == "Healthy") == [
+        gone = kubelet.devices(before, lambda d: d["0000:05:00.0/p7"].health == "Unhealthy")
+        healthy = kubelet.devices(after, lambda d: sum(x.health == "Healthy" for x in d.values()) == 4)
+        assert sorted(i for i, d in healthy.items() if d.health == "Healthy") == [
             "0000:05:00.0", "0000:05:00.0/p1", "0000:26:00.0", "0000:26:00.0/p1"]
+        assert {i for i, d in gone.items() if d.health == "Unhealthy"} == {
+            f"{pci}/p{n}" for pci in ("0000:05:00.0", "0000:26:00.0") for n in range(2, 8)}
         with pytest.raises(grpc.RpcError) as caught:
-            kubelet.allocate("amd.com/gpu", ["0000:05:00.0/p7"])
+            kubelet.allocate(before, ["0000:05:00.0/p7"])
         assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-        (answer,) = kubelet.allocate("amd.com/gpu", ["0000:26:00.0/p1"]).container_responses
+        (answer,) = kubelet.allocate(after, ["0000:26:00.0/p1"]).container_responses
         assert [c.name for c in answer.cdi_devices] == ["amd.com/gpu=0000:26:00.0-p1"]
         assert any(line.startswith("uevent change drm dri/card1: CDI spec wrote") and "mode DPX/NPS1" in line
                    for line in logs), logs

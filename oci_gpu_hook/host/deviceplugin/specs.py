@@ -79,17 +79,17 @@ class SpecKeeper:
         name = cdi.file_name(config, KIND, "json")
         self.paths = [os.path.join(os.path.abspath(d), name) for d in dict.fromkeys(directories)]
         self.log = log
-        self.said: dict[str, str] = {}  # path -> the last outcome logged (a line per change, not per rescan)
+        self.last: dict[str, Outcome] = {}  # path -> the last outcome (a line per change, not per rescan)
 
     def update(self, inventory: Inventory, reason: str) -> None:
         """Regenerate every managed spec from ``inventory``; failures are logged (once each), never raised."""
         for path in self.paths:
             outcome = self._write(inventory, path)
-            said = self.said.get(path)
-            if outcome.kind in ("wrote", "removed") or said is None or (
-                    outcome.kind == "failed" and outcome.text != said):
+            last = self.last.get(path)
+            if last is None or outcome.kind in ("wrote", "removed") or (
+                    "failed" in (outcome.kind, last.kind) and outcome.text != last.text):
                 self.log(f"{reason}: CDI spec {outcome.text}")
-            self.said[path] = outcome.text
+            self.last[path] = outcome
 
     def _write(self, inventory: Inventory, path: str) -> Outcome:
         try:
@@ -106,7 +106,7 @@ class SpecKeeper:
                 continue
             self.log(f"allocate: CDI spec {path} {wrong}: rewriting it")
             outcome = self._write(inventory, path)
-            self.said[path] = outcome.text
+            self.last[path] = outcome
             still = mismatch(path, devices)
             if still is not None:
                 names = ", ".join(f"{CDI_KIND}={d.cdi_name}" for d in devices)
