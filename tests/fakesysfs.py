@@ -344,6 +344,35 @@ def _build_kfd(root: str, host: FakeHost) -> None:
                        "".join(f"{k} {link[k]}\n" for k in _LINK_KEYS))
 
 
+def remove_gpu(root: str, host: FakeHost, pci: str) -> None:
+    """Take the GPU at ``pci`` out of a tree built from ``host``, as a hot-remove or a failed reset leaves sysfs:
+    its PCI device, its partitions' platform devices, their /sys/class/drm links and its KFD topology nodes."""
+    import shutil
+
+    gpu = next(g for g in host.gpus if g.pci == pci)
+    names = [f"card{gpu.card}", f"card{gpu.card}-DP-1"] if gpu.card is not None else []
+    names += [f"renderD{gpu.render}"] if gpu.render is not None else []
+    for k in range(gpu.xcps):
+        assert gpu.card is not None and gpu.render is not None
+        names += [f"card{gpu.card + 1 + k}", f"renderD{gpu.render + 1 + k}"]
+        shutil.rmtree(os.path.join(root, "devices", "platform", f"amdgpu_xcp{gpu.xcp_sep}{gpu.xcp_first + k}"))
+    for name in names:
+        os.unlink(os.path.join(root, "class", "drm", name))
+    shutil.rmtree(_pci_dir(root, gpu))
+    domain, bus, rest = pci.split(":")
+    slot, func = rest.split(".")
+    location = int(bus, 16) << 8 | int(slot, 16) << 3 | int(func)
+    nodes_dir = os.path.join(root, "devices", "virtual", "kfd", "kfd", "topology", "nodes")
+    for number in os.listdir(nodes_dir) if os.path.isdir(nodes_dir) else ():
+        with open(os.path.join(nodes_dir, number, "gpu_id")) as handle:
+            if handle.read().strip() == "0":
+                continue  # a CPU node
+        with open(os.path.join(nodes_dir, number, "properties")) as handle:
+            props = dict(line.split() for line in handle if line.strip())
+        if int(props["location_id"]) >> 3 == location >> 3 and int(props["domain"]) == int(domain, 16):
+            shutil.rmtree(os.path.join(nodes_dir, number))
+
+
 SEED_BUSES = ("03", "23", "43", "63", "83", "a3", "c3", "e3")
 
 

@@ -88,6 +88,24 @@ def test_every_cdi_name_is_a_valid_request_for_the_same_gpu() -> None:
             assert device["containerEdits"]["hooks"][0]["args"][2:] == links
 
 
+def test_every_device_has_its_stable_name_in_the_spec() -> None:
+    """Every GPU and every partition (p0 of a partitioned GPU included) is a CDI device under its stable name,
+    with exactly its own nodes: the name the device plugin hands out, which no GPU coming or going moves."""
+    from oci_gpu_hook.inventory import stable_name
+
+    seen = set()
+    for host, kind in sorted({(h, k) for h, k, _f in GOLDEN}):
+        inventory = scan(str(host / "sys"))
+        by_name = {d["name"]: d["containerEdits"]["deviceNodes"] for d in cdi.generate(inventory, kind,
+                                                                                        Config())["devices"]}
+        for device in inventory.devices(kind):
+            nodes = by_name[stable_name(device)]
+            assert [(n["path"], n["major"], n["minor"]) for n in nodes] == [
+                (n.path, n.major, n.minor) for n in device.nodes], (host.name, stable_name(device))
+            seen.add(stable_name(device))
+    assert {"0000:05:00.0-p0", "0000:26:00.0-p7", "0000:23:00.0"} <= seen
+
+
 def _broken(change: str) -> dict[str, Any]:
     spec = copy.deepcopy(_spec(REPO / "examples" / "hosts" / "seed-8x-gfx1100"))
     node = spec["devices"][0]["containerEdits"]["deviceNodes"][0]

@@ -63,11 +63,12 @@ def test_list_table() -> None:
     result = cli("list")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].split()[:5] == ["KIND", "INDEX", "PCI", "ADDRESS", "PARTITION"]
+    assert lines[0].split()[:6] == ["KIND", "INDEX", "NAME", "PCI", "ADDRESS", "PARTITION"]
     rows = [line.split() for line in lines[1:9]]
     assert [row[1] for row in rows] == [str(i) for i in range(8)]
-    assert rows[1][:9] == ["amd", "1", "0000:23:00.0", "-", "-", "card2", "renderD129", "0", "0x3149e0fac5157acf"]
-    assert rows[7][:8] == ["amd", "7", "0000:e3:00.0", "-", "-", "card8", "renderD135", "1"]
+    assert rows[1][:10] == ["amd", "1", "0000:23:00.0", "0000:23:00.0", "-", "-", "card2", "renderD129", "0",
+                            "0x3149e0fac5157acf"]
+    assert rows[7][:9] == ["amd", "7", "0000:e3:00.0", "0000:e3:00.0", "-", "-", "card8", "renderD135", "1"]
     assert lines[9] == "shared by amd GPUs: /dev/kfd (c 234:0)"
     assert lines[10].startswith("ignored: 0000:c1:00.0: ast")
     assert len(lines) == 11
@@ -75,7 +76,9 @@ def test_list_table() -> None:
 
 def test_list_partitions_and_other_kinds() -> None:
     cpx = cli("list", "--sysfs-root", str(REPO / "examples" / "hosts" / "mi300x-2x-cpx" / "sys")).stdout.splitlines()
-    assert cpx[10].split()[:6] == ["amd", "9", "0000:26:00.0", "1", "(amdgpu_xcp_7)", "CPX/NPS1"]
+    # the stable name of a partition: its GPU's PCI address and its partition number
+    assert cpx[10].split()[:7] == ["amd", "9", "0000:26:00.0-p1", "0000:26:00.0", "1", "(amdgpu_xcp_7)", "CPX/NPS1"]
+    assert cpx[1].split()[:3] == ["amd", "0", "0000:05:00.0-p0"]
     mixed = cli("list", "--sysfs-root", str(REPO / "examples" / "hosts" / "intel-igpu-2x-gfx1100" / "sys"))
     kinds = [line.split()[:2] for line in mixed.stdout.splitlines()[1:4]]
     assert kinds == [["amd", "0"], ["amd", "1"], ["intel", "0"]]
@@ -97,7 +100,8 @@ def test_list_json_matches_the_schema() -> None:
     assert data["sysfs_root"] == str(EXAMPLE_SYSFS)
     assert len(data["devices"]) == 8
     gpu1 = data["devices"][1]
-    assert (gpu1["kind"], gpu1["index"], gpu1["pci_address"]) == ("amd", 1, "0000:23:00.0")
+    assert (gpu1["kind"], gpu1["index"], gpu1["name"], gpu1["pci_address"]) == ("amd", 1, "0000:23:00.0",
+                                                                                 "0000:23:00.0")
     assert gpu1["nodes"] == [{"path": "/dev/dri/card2", "type": "c", "major": 226, "minor": 2},
                              {"path": "/dev/dri/renderD129", "type": "c", "major": 226, "minor": 129}]
     assert gpu1["unique_id"] == "0x3149e0fac5157acf"

@@ -136,8 +136,9 @@ def test_daemon_set(usage: str) -> None:
     main_commands = [_hook_command(c["command"]) for c in pod["containers"]]
     assert init_commands == [("install", ["--only", "containerd,cdi", "--set",
                                           "OCI_GPU_HOOK_ALLOW_ENV_REQUESTS=false"])]  # no --prefix
-    assert main_commands == [("watch", []), ("device-plugin", ["--resource-strategy=mixed"])]
-    assert {"install", "watch", "device-plugin"} <= _commands(usage)
+    # the plugin keeps the CDI spec current itself: no watch beside it (two writers of one file)
+    assert main_commands == [("device-plugin", ["--resource-strategy=mixed"])]
+    assert {"install", "device-plugin"} <= _commands(usage)
     for name, args in init_commands + main_commands:
         assert name in _commands(usage)
         help_text = _cli(name, "--help")
@@ -152,12 +153,15 @@ def test_daemon_set(usage: str) -> None:
     for container in containers.values():
         if container["name"] not in ("copy-environment", "device-plugin"):
             assert container["securityContext"]["privileged"] is True
-    # The device plugin reads sysfs and writes its sockets where the kubelet looks: no privileges needed.
+    # The device plugin reads sysfs, writes its sockets where the kubelet looks and the CDI spec where
+    # containerd reads it (--cdi-dir's default, cdi_dir): no privileges needed.
     plugin = containers["device-plugin"]
     assert plugin["securityContext"] == {"privileged": False, "allowPrivilegeEscalation": False,
                                          "capabilities": {"drop": ["ALL"]}}
     mounts = {volumes[m["name"]]: m for m in plugin["volumeMounts"]}
-    assert mounts.keys() == {"/sys", DEVICE_PLUGIN_DIR}
+    assert mounts.keys() == {"/sys", DEVICE_PLUGIN_DIR, FIELDS["cdi_dir"].default}
+    assert not mounts[FIELDS["cdi_dir"].default].get("readOnly")
+    assert "--no-cdi-specs" not in plugin["command"]
     assert mounts[DEVICE_PLUGIN_DIR]["mountPath"] == DEVICE_PLUGIN_DIR  # the --kubelet-dir default
     assert f"(default {DEVICE_PLUGIN_DIR})" in " ".join(_cli("device-plugin", "--help").split())
     assert types[DEVICE_PLUGIN_DIR] == "Directory"  # the kubelet makes it; a node without one runs no plugin

@@ -22,10 +22,11 @@ if TYPE_CHECKING:
 
 
 def cmd_list(args: list[str], config: Config) -> int:
-    parser = _parser("list", "List the host's GPUs and compute partitions, per kind, in each vendor's index order.")
+    parser = _parser("list", "List the host's GPUs and compute partitions, per kind, in each vendor's index order; "
+                             "NAME is the stable CDI name (the same hardware while others come and go).")
     parser.add_argument("--json", action="store_true", help="print JSON (schemas/inventory.schema.json)")
     opts = parser.parse_args(args)
-    from oci_gpu_hook.inventory import scan
+    from oci_gpu_hook.inventory import scan, stable_name
 
     inventory = scan(config.sysfs_root, config.backends, strict=False)
     if opts.json:
@@ -33,12 +34,13 @@ def cmd_list(args: list[str], config: Config) -> int:
 
         print(InventoryModel.of(inventory).model_dump_json(indent=2))
         return 0
-    rows = [("KIND", "INDEX", "PCI ADDRESS", "PARTITION", "MODE", "CARD", "RENDER", "NUMA", "UNIQUE ID", "MODEL")]
+    rows = [("KIND", "INDEX", "NAME", "PCI ADDRESS", "PARTITION", "MODE", "CARD", "RENDER", "NUMA", "UNIQUE ID",
+             "MODEL")]
     for device in inventory.all_devices:
         card, render = device.card, device.render
         mode = "/".join(m for m in (device.compute_mode, device.memory_mode) if m) or "-"
         rows.append((
-            device.kind, str(device.index), device.pci_address,
+            device.kind, str(device.index), stable_name(device), device.pci_address,
             "-" if device.partition is None else f"{device.partition} ({device.drm_name})",
             mode, os.path.basename(card.path) if card else "-", os.path.basename(render.path) if render else "-",
             "-" if device.numa_node is None else str(device.numa_node), device.unique_id_hex or "-",

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
     from oci_gpu_hook.core.devices import Node
 
-__all__ = ["KINDS", "Device", "Inventory", "backend", "parse_pci_address", "scan"]
+__all__ = ["KINDS", "Device", "Inventory", "backend", "parse_pci_address", "scan", "stable_name"]
 
 
 class Device:
@@ -124,6 +124,12 @@ def backend(kind: str) -> ModuleType:
     name = f"oci_gpu_hook.inventory.{kind}"
     __import__(name)  # not importlib: importing it costs ~1 ms on every container start
     return sys.modules[name]
+
+
+def stable_name(device: Device) -> str:
+    """The CDI name that names ``device``'s hardware for as long as it exists, whatever else comes and goes
+    (the backend's ``stable_name``: AMD ``0000:05:00.0`` or ``0000:05:00.0-p3``, Intel the PCI address)."""
+    return str(backend(device.kind).stable_name(device))
 
 
 def scan(sysfs_root: str = "/sys", kinds: Iterable[str] | None = None, *, strict: bool = True) -> Inventory:
