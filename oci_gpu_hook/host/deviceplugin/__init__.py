@@ -47,6 +47,14 @@ def command(args: list[str], config: Config) -> int:
     parser.add_argument("--list", action="store_true", help="print the devices as they would be advertised; exit")
     opts = parser.parse_args(args)
     interval = _seconds(opts.rescan_interval, "--rescan-interval", 0.1, 3600)
+    if opts.list:  # the inventory only: no gRPC needed
+        from oci_gpu_hook.host.deviceplugin.devices import CDI_KIND, plugin_devices
+
+        for device in plugin_devices(config.sysfs_root, opts.resource_strategy):
+            numa = "-" if device.numa is None else str(device.numa)
+            print(f"{device.resource}  {device.id}  {CDI_KIND}={device.cdi_name}  numa {numa}  "
+                  f"hive {device.hive if device.hive is not None else '-'}")
+        return 0
     try:
         from oci_gpu_hook.host.deviceplugin import server
     except ImportError as err:
@@ -54,14 +62,6 @@ def command(args: list[str], config: Config) -> int:
                         "pip install 'oci-gpu-hook[device-plugin]'") from None
 
     tracker = server.Tracker(config.sysfs_root, opts.resource_strategy)
-    if opts.list:
-        from oci_gpu_hook.host.deviceplugin.devices import plugin_devices
-
-        for device in plugin_devices(config.sysfs_root, opts.resource_strategy):
-            numa = "-" if device.numa is None else str(device.numa)
-            print(f"{device.resource}  {device.id}  {server.CDI_KIND}={device.cdi_name}  numa {numa}  "
-                  f"hive {device.hive if device.hive is not None else '-'}")
-        return 0
     events = None
     if not opts.no_uevents:
         from oci_gpu_hook.host.watch import KernelUevents
