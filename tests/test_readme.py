@@ -329,6 +329,19 @@ def test_every_launcher_path_in_the_readme_is_one_install_writes() -> None:
     assert "/usr/local/bin/oci-gpu-hook\"" not in text  # a hook path nothing installs
 
 
+def slug(heading: str) -> str:
+    """The anchor GitHub gives a heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def test_every_link_within_the_readme_names_a_section() -> None:
+    text = README.read_text()
+    anchors = {slug(h) for h in re.findall(r"^#+ (.*)$", text, re.M)}
+    links = set(re.findall(r"\]\(#([^)]+)\)", text))
+    assert links and links <= anchors, links - anchors
+
+
 def test_no_sudo_in_the_readme() -> None:
     """The commands are written as root runs them: `sudo` fails where there is none (CI containers)."""
     assert not re.search(r"\bsudo\b", README.read_text())
@@ -340,3 +353,14 @@ def test_fakesysfs_usage_is_what_the_readme_says() -> None:
     assert done.returncode == 2
     assert done.stderr.startswith("usage: python -m tests.fakesysfs DIR [seed-8x-gfx1100|")
     assert "`python -m tests.fakesysfs DIR [HOST]`" in README.read_text()
+
+
+def test_ci_run_says_to_run_it_as_root() -> None:
+    """`.ci/run` from a user's shell stops at once with what to do (it would need root for apt-get and containers)."""
+    as_user: dict[str, Any] = {"user": 65534, "group": 65534, "extra_groups": []} if os.geteuid() == 0 else {}
+    done = subprocess.run([str(REPO / ".ci" / "run")], capture_output=True, text=True, timeout=60, check=False,
+                          cwd="/", env={"PATH": ROOT_PATH}, **as_user)
+    assert done.returncode == 1
+    assert done.stderr == (".ci/run: run it as root (it installs Debian packages and starts real containers), "
+                           "e.g. from a root shell\n")
+    assert done.stdout == ""
