@@ -1,9 +1,9 @@
 """Build directory trees that mimic a host's sysfs, symlinks and all.
 
-Used by the tests and to (re)generate the example hosts under ``examples/hosts``:
+Used by the tests and to (re)generate the example hosts under ``examples/hosts`` (into a new directory):
 
-    python -m tests.fakesysfs examples/hosts/seed-8x-gfx1100/sys seed
-    python -m tests.fakesysfs examples/hosts/shuffled-4x-gfx942/sys shuffled
+    python -m tests.fakesysfs examples/hosts/seed-8x-gfx1100/sys seed-8x-gfx1100
+    python -m tests.fakesysfs examples/hosts/shuffled-4x-gfx942/sys shuffled-4x-gfx942
 
 An AMD host carries what Debian's ``rocm-smi`` 5.2.3 (librocm_smi64) reads, in the kernel's formats
 (../shared/reference/gpu-sysfs-layouts.md; link and property values from the real MI308X capture in
@@ -456,10 +456,16 @@ EXAMPLE_DIRS = {
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) not in (1, 2) or (len(argv) == 2 and argv[1] not in HOSTS):
-        print(f"usage: python -m tests.fakesysfs DIR [{'|'.join(HOSTS)}]", file=sys.stderr)
+    """``python -m tests.fakesysfs DIR [HOST]``: HOST is an examples/hosts/ directory name (or its short name
+    in :data:`HOSTS`), default the seed host."""
+    names = {**{d: n for n, d in EXAMPLE_DIRS.items()}, **{n: n for n in HOSTS}}
+    if len(argv) not in (1, 2) or (len(argv) == 2 and argv[1] not in names):
+        print(f"usage: python -m tests.fakesysfs DIR [{'|'.join(EXAMPLE_DIRS.values())}]", file=sys.stderr)
         return 2
-    build(argv[0], HOSTS[argv[1] if len(argv) == 2 else "seed"]())
+    if os.path.lexists(argv[0]):
+        print(f"fakesysfs: {argv[0]} exists: name a new directory (remove the old tree first)", file=sys.stderr)
+        return 1
+    build(argv[0], HOSTS[names[argv[1]] if len(argv) == 2 else "seed"]())
     return 0
 
 

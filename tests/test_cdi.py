@@ -169,7 +169,8 @@ def test_write_is_atomic_and_only_on_change(tmp_path: Path) -> None:
 
 
 def test_cli_writes_into_a_cdi_directory(tmp_path: Path) -> None:
-    env = {"PATH": os.environ["PATH"], "OCI_GPU_HOOK_CONFIG": "/dev/null"}
+    # the links hook the spec names must be there, or cdi list reports it (tests/test_cdi_commands.py)
+    env = {"PATH": os.environ["PATH"], "OCI_GPU_HOOK_CONFIG": "/dev/null", "OCI_GPU_HOOK_HOOK_PATH": "/bin/sh"}
     host = REPO / "examples" / "hosts" / "seed-8x-gfx1100" / "sys"
     base = [sys.executable, "-m", "oci_gpu_hook.entry.cli", "--sysfs-root", str(host), "cdi"]
     done = subprocess.run([*base, "generate", "--output", str(tmp_path), "--format", "yaml"],

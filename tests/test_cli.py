@@ -362,6 +362,50 @@ def test_validate_missing_config_file(tmp_path: Path) -> None:
     assert str(missing) in assert_one_error_line(cli("validate", "--config-file", str(missing)))
 
 
+def bundle_asking(tmp_path: Path, env: list[str]) -> Path:
+    (tmp_path / "config.json").write_text(spec_text(env))
+    return tmp_path
+
+
+def test_validate_resolves_the_request_against_the_host() -> None:
+    result = cli("validate", str(EXAMPLE_BUNDLE))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == (f"ok: {EXAMPLE_BUNDLE / 'config.json'}: amd 1 (0000:23:00.0): "
+                                              "/dev/dri/card2 /dev/dri/renderD129 /dev/kfd")
+    other = REPO / "examples" / "hosts" / "shuffled-4x-gfx942" / "sys"  # the same request, another host
+    result = cli("validate", str(EXAMPLE_BUNDLE), env=clean_env(OCI_GPU_HOOK_SYSFS_ROOT=str(other)))
+    assert result.stdout.splitlines()[-1].startswith(f"ok: {EXAMPLE_BUNDLE / 'config.json'}: amd 1 (0000:1b:00.0): ")
+
+
+def test_validate_a_bundle_without_a_request(tmp_path: Path) -> None:
+    result = cli("validate", str(bundle_asking(tmp_path, ["PATH=/bin"])))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == f"ok: {tmp_path / 'config.json'}: no GPU requested"
+
+
+@pytest.mark.parametrize(("env", "sysfs", "expected"), [
+    (["AMD_VISIBLE_DEVICES=1,9"], EXAMPLE_SYSFS, "'9' is out of range (the host has 8 amd GPUs)"),
+    (["AMD_VISIBLE_DEVICES=gpu1"], EXAMPLE_SYSFS, "'gpu1'"),
+    (["AMD_VISIBLE_DEVICES=0"], REPO / "examples" / "hosts" / "intel-i915-xe" / "sys", "AMD_VISIBLE_DEVICES=0"),
+], ids=["out-of-range", "malformed", "no-such-gpu-on-this-host"])
+def test_validate_refuses_what_a_container_start_would_refuse(tmp_path: Path, env: list[str], sysfs: Path,
+                                                              expected: str) -> None:
+    bundle = bundle_asking(tmp_path, env)
+    line = assert_one_error_line(cli("validate", str(bundle), env=clean_env(OCI_GPU_HOOK_SYSFS_ROOT=str(sysfs))))
+    assert line.startswith(f"oci-gpu-hook: error: {bundle / 'config.json'}: ")
+    assert expected in line
+    started = cli("dry-run", str(bundle), env=clean_env(OCI_GPU_HOOK_SYSFS_ROOT=str(sysfs)))  # the same refusal
+    assert started.returncode == 1 and line.split(": ", 3)[-1] in started.stderr
+
+
+def test_validate_refuses_a_links_hook_that_is_not_there(tmp_path: Path) -> None:
+    gone = tmp_path / "bin" / "oci-gpu-hook"
+    line = assert_one_error_line(cli("validate", str(EXAMPLE_BUNDLE),
+                                     env=clean_env(OCI_GPU_HOOK_HOOK_PATH=str(gone))))
+    assert f"hook_path {gone} (from " in line and "OCI_GPU_HOOK_HOOK_PATH" in line
+    assert f"oci-gpu-hook launchers {gone.parent}" in line
+
+
 def test_validate_bad_spec(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"ociVersion": "1.0.2", "process": {"env": "x"}}))
     line = assert_one_error_line(cli("validate", str(tmp_path)))

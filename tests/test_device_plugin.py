@@ -568,3 +568,37 @@ def test_list_prints_stable_names_and_the_spec_options_exclude_each_other(tmp_pa
                              timeout=60)
     assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr
     assert "is not trusted" in refused.stderr and "Traceback" not in refused.stderr
+
+
+# --- --list needs no gRPC -------------------------------------------------------------------------
+
+# `oci-gpu-hook` run by an interpreter where grpc and protobuf cannot be imported (not installed: the
+# device-plugin extra left out)
+WITHOUT_GRPC = """import sys
+sys.modules.update({name: None for name in ("grpc", "google.protobuf")})
+from oci_gpu_hook.entry.cli import main
+sys.exit(main())
+"""
+
+
+def without_grpc(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OCI_GPU_HOOK_")}
+    env["OCI_GPU_HOOK_CONFIG"] = os.devnull
+    repo = Path(__file__).resolve().parent.parent
+    return subprocess.run([sys.executable, "-c", WITHOUT_GRPC, *args], capture_output=True, text=True, timeout=60,
+                          cwd=repo, env=env, check=False)
+
+
+def test_list_works_without_grpc(tmp_path: Path) -> None:
+    sysfs = fakesysfs.build(str(tmp_path / "sys"), fakesysfs.seed_host())
+    done = without_grpc("--sysfs-root", sysfs, "device-plugin", "--list")
+    assert done.returncode == 0, done.stderr
+    with_grpc = subprocess.run([sys.executable, "-m", "oci_gpu_hook.entry.cli", "--sysfs-root", sysfs,
+                                "device-plugin", "--list"], capture_output=True, text=True, timeout=60,
+                               env={**os.environ, "OCI_GPU_HOOK_CONFIG": os.devnull}, check=False)
+    assert done.stdout == with_grpc.stdout and len(done.stdout.splitlines()) == 8
+    serving = without_grpc("--sysfs-root", sysfs, "device-plugin", "--kubelet-dir", str(tmp_path))
+    assert serving.returncode == 1
+    assert serving.stderr.startswith("oci-gpu-hook: error: device-plugin needs grpcio and protobuf (")
+    assert serving.stderr.endswith("pip install 'oci-gpu-hook[device-plugin]'\n")
+    assert serving.stderr.count("\n") == 1

@@ -72,11 +72,11 @@ KILL_ENV = "OCI_GPU_HOOK_INSTALL_KILL_AT"
 TEMP_MARK = ".oci-gpu-hook."  # in the temp names of atomic writes: .<name>.oci-gpu-hook.<pid>.<hex>
 
 # The shipped hooks.d/oci-gpu-hook-<stage>.json, for installs without the source tree (a wheel does
-# not carry hooks.d/); a test keeps the two identical.
+# not carry hooks.d/); a test keeps the two identical, and both name the launcher install writes.
 HOOK_TEMPLATE: dict[str, Any] = {
     "version": "1.0.0",
     "hook": {
-        "path": "/usr/local/bin/oci-gpu-hook",
+        "path": f"{LAUNCHER_DIR}/oci-gpu-hook",
         "args": ["oci-gpu-hook", "STAGE"],
         "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
         "timeout": 10,

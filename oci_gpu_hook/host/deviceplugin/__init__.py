@@ -76,20 +76,20 @@ def command(args: list[str], config: Config) -> int:
         from oci_gpu_hook.cliparse import UsageError
 
         raise UsageError("device-plugin: --cdi-dir and --no-cdi-specs exclude each other")
+    if opts.list:  # the inventory only: no gRPC needed
+        from oci_gpu_hook.host.deviceplugin.devices import CDI_KIND, plugin_devices
+
+        for device in plugin_devices(config.sysfs_root, opts.resource_strategy):
+            numa = "-" if device.numa is None else str(device.numa)
+            print(f"{device.resource}  {device.id}  {CDI_KIND}={device.cdi_name}  numa {numa}  "
+                  f"hive {device.hive if device.hive is not None else '-'}")
+        return 0
     try:
         from oci_gpu_hook.host.deviceplugin import server
     except ImportError as err:
         raise HookError(f"device-plugin needs grpcio and protobuf ({err}): "
                         "pip install 'oci-gpu-hook[device-plugin]'") from None
 
-    if opts.list:
-        from oci_gpu_hook.host.deviceplugin.devices import plugin_devices
-
-        for device in plugin_devices(config.sysfs_root, opts.resource_strategy):
-            numa = "-" if device.numa is None else str(device.numa)
-            print(f"{device.resource}  {device.id}  {server.CDI_KIND}={device.cdi_name}  numa {numa}  "
-                  f"hive {device.hive if device.hive is not None else '-'}")
-        return 0
     specs = None
     if not opts.no_cdi_specs:
         from oci_gpu_hook.host.deviceplugin.specs import SpecKeeper
