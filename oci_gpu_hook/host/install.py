@@ -11,9 +11,13 @@ What it writes (real paths; ``--prefix DIR`` puts each of them under DIR, creati
   directory this podman reads (:mod:`podman`: containers.conf ``[engine] hooks_dir``, else
   podman's default ``/usr/share/containers/oci/hooks.d``), ``hook.path`` the installed launcher;
 - cdi: the CDI spec of each kind with devices in ``cdi_dir`` (``<vendor>-<class>.json``);
-- docker: the ``oci-gpu`` runtime merged into ``/etc/docker/daemon.json`` (:mod:`docker`);
-- containerd: the drop-in at :data:`containerd.DROP_IN_PATH` (config version 2 or 3; native CDI on
-  1.7+) and the main config with the ``imports`` line that loads it (:mod:`containerd`);
+- docker: the ``oci-gpu`` runtime merged into ``/etc/docker/daemon.json`` (``--docker-default-runtime``:
+  also ``"default-runtime": "oci-gpu"``), and the ``amd-container-runtime`` name Docker 28.3+'s
+  ``--gpus`` looks for on dockerd's PATH, unless someone else's is there (:mod:`docker`);
+- containerd: the drop-in at :data:`containerd.DROP_IN_PATH` (config version 2, 3 or 4; native CDI on
+  1.7+) and the main config with the ``imports`` line that loads it (:mod:`containerd`); which
+  containerd the node runs is read under ``--host-root`` or given as ``--containerd-version``
+  (:mod:`containerd_detect`);
 - crio: the drop-in :data:`crio.DROP_IN_PATH` (CDI spec dirs, the ``oci-gpu`` runtime handler);
 - systemd: the ``watch`` unit in :data:`SYSTEMD_UNIT`, its ExecStart the installed launcher;
 - the manifest :data:`MANIFEST_PATH`: each file written (its sha256 and mode, its integration, and
