@@ -43,6 +43,7 @@ UNIT = "containerd.service"
 DPKG_STATUS = "/var/lib/dpkg/status"
 DPKG_PACKAGES = ("containerd.io", "containerd")
 MAX_BINARY = 512 << 20  # read no file bigger than this (containerd is ~50 MB)
+MAX_DATA = 64 << 20  # nor scan a writable segment bigger than this (containerd's is ~0.6 MB)
 RUN_TIMEOUT = 10
 
 _VERSION = re.compile(r"v?(\d{1,4})\.(\d{1,4})(?:\.(\d{1,6}))?(?:[-+~.][0-9A-Za-z.~+-]*)?")
@@ -219,7 +220,7 @@ def go_version_string(data: bytes) -> str | None:
     lengths = {len(p) for p in _PACKAGES}
     found: list[str] = []
     for offset, _vaddr, filesz, flags in segments:
-        if not flags & 2:  # PF_W: the variables live in the writable segment
+        if not flags & 2 or filesz > MAX_DATA:  # PF_W: the variables live in the writable segment
             continue
         count = filesz // size
         words = struct.unpack_from(f"{order}{count}{code}", data, offset)
