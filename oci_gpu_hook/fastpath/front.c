@@ -387,7 +387,7 @@ static int jstring(struct json *j, const char **start, size_t *len)
 
 /* A number, and one that Python's reading takes (fastjson._parse_int: at most 4,000 digits; _parse_float: no
  * overflow to infinity): an integer of up to MAX_NUMBER characters; with a fraction or an exponent, digits before
- * the point D and exponent E with D + E <= 300, so that |x| < 10^300. */
+ * the point D and exponent E with D + E <= 308, so that |x| < 10^308 < DBL_MAX. */
 static int jnumber(struct json *j)
 {
     size_t start = j->i, digits = 0;
@@ -432,7 +432,7 @@ static int jnumber(struct json *j)
     }
     if (j->i - start > MAX_NUMBER)
         return 0;
-    return !real || (long)digits + exponent <= 300;
+    return !real || (long)digits + exponent <= 308;
 }
 
 static int jvalue(struct json *j, enum want want);
