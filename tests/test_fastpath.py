@@ -200,7 +200,7 @@ for attempt in range(10):
     with open(config, "w") as handle:
         handle.write(f'sysfs_root = "{sysfs}"\nhook_path = "/bin/true"\n[request_env]\namd = ["MY_GPUS_A"]\n')
     st = os.stat(config)
-    headers = {name: launchers.front_header(name, base, defaults, False) for name in ("oci-gpu-hook", "oci-gpu-runtime")}
+    headers = {name: launchers.front_header(name, base, defaults, False) for name in launchers.ROLES}
     with open(config, "r+") as handle:  # the same size, the same second
         text = handle.read()
         handle.seek(0)

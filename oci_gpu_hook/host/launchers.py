@@ -94,28 +94,37 @@ def launcher_defaults(items: list[str], command: str) -> dict[str, str]:
     return defaults
 
 
-_SITE_PACKAGES: list[str] = []
+# What site-packages and stdlib directories the interpreter has when ``site`` runs at its start-up.
+_STARTUP_PATHS = ("import site, sysconfig; print(repr((site.getsitepackages(), "
+                  "[sysconfig.get_path(n) for n in ('stdlib', 'platstdlib')])))")
+_PATHS: list[list[str]] = []
+
+
+def _startup_paths() -> list[list[str]]:
+    """[site-packages, stdlib directories] of this interpreter's environment as ``site`` sets them up.  Under
+    ``python -S`` (an installed launcher runs so) ``site`` did not run and ``sys.prefix`` is the base interpreter's,
+    not the virtual environment's: then the interpreter itself is asked, with ``site``."""
+    if not _PATHS:
+        if sys.flags.no_site:
+            import ast
+            import subprocess
+
+            done = subprocess.run([sys.executable, "-I", "-c", _STARTUP_PATHS], capture_output=True, text=True,
+                                  timeout=120)
+            if done.returncode != 0:
+                raise HookError(f"cannot ask {sys.executable} for its site-packages: {done.stderr.strip()[:500]}")
+            _PATHS.extend(ast.literal_eval(done.stdout.strip()))
+        else:
+            import site
+            import sysconfig
+
+            _PATHS.extend([site.getsitepackages(), [sysconfig.get_path(n) for n in ("stdlib", "platstdlib")]])
+    return _PATHS
 
 
 def site_packages() -> list[str]:
-    """The site-packages directories of this interpreter's environment, as :func:`site.getsitepackages` gives them
-    when ``site`` ran at start-up.  Under ``python -S`` (an installed launcher runs so) ``site`` did not run, and
-    ``sys.prefix`` is the base interpreter's rather than the virtual environment's: then the interpreter itself is
-    asked, with ``site``."""
-    if not _SITE_PACKAGES:
-        if not sys.flags.no_site:
-            import site
-
-            _SITE_PACKAGES.extend(site.getsitepackages())
-        else:
-            import subprocess
-
-            ask = "import site, sys; sys.stdout.write(chr(0).join(site.getsitepackages()))"
-            done = subprocess.run([sys.executable, "-I", "-c", ask], capture_output=True, text=True, timeout=120)
-            if done.returncode != 0:
-                raise HookError(f"cannot ask {sys.executable} for its site-packages: {done.stderr.strip()[:500]}")
-            _SITE_PACKAGES.extend(p for p in done.stdout.split("\0") if p)
-    return list(_SITE_PACKAGES)
+    """The site-packages directories of this interpreter's environment, whether or not ``site`` ran here."""
+    return list(_startup_paths()[0])
 
 
 def _package_parent() -> str:
@@ -128,10 +137,7 @@ def code_paths() -> list[str]:
 
 
 def stdlib_paths() -> list[str]:
-    import sysconfig
-
-    return [p for p in dict.fromkeys([sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib")])
-            if p and os.path.isdir(p)]
+    return [p for p in dict.fromkeys(_startup_paths()[1]) if p and os.path.isdir(p)]
 
 
 def editable_reason() -> str | None:
