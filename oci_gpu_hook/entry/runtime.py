@@ -298,7 +298,7 @@ def _crun_read(command: str, command_args: list[str]) -> tuple[str, str]:
     if len(positional) != 1:
         raise ArgvError(f"`{command}` requires a {'minimum' if not positional else 'maximum'} of 1 arguments")
     bundle = next((value for key, value in reversed(found) if key == "bundle"), None)
-    config = next((value for key, value in reversed(found) if key == "config"), None) or _CRUN_DEFAULT_CONFIG
+    config = next((value for key, value in reversed(found) if key == "config"), _CRUN_DEFAULT_CONFIG)
     if bundle == "" or config == "":
         raise ArgvError("realpath `` failed")
     if config != _CRUN_DEFAULT_CONFIG and not config.startswith("/"):
