@@ -166,6 +166,25 @@ def test_the_table_without_crun(place: dict[str, Path], shape: str, expected: st
     assert shim_choice(_argv(shape, place, "c1")) == _expected(expected, place)
 
 
+# Command lines that crun 1.8 refuses and later releases read (options added since): the shim rewrites the file
+# those read (harmless where the crun at hand refuses; a missed rewrite would not be).
+LATER_RELEASES = [
+    ("run --keep -b {A} {ID}", "A"),  # 1.16
+    ("run --k -d -b {A} {ID}", "A"),
+    ("--log-level=debug create -b {A} {ID}", "A"),  # 1.18
+    ("--log- json create -b {A} {ID}", "A"),  # 1.8 to 1.16: --log-format; ambiguous since
+    ("--r {ROOT} create -b {B} {ID}", "B"),  # --root until --rootless got its own key
+    ("create --keep -b {A} {ID}", REFUSED),  # never an option of create
+]
+
+
+@pytest.mark.parametrize(("shape", "expected"), LATER_RELEASES, ids=[c[0] for c in LATER_RELEASES])
+def test_what_later_crun_releases_read(place: dict[str, Path], shape: str, expected: str | None,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(place["C"])
+    assert shim_choice(_argv(shape, place, "c1")) == _expected(expected, place)
+
+
 def test_container_id_and_options() -> None:
     argv = ["--log", "file:/l", "--log-format", "json", "--root=/r", "run", "-db/b", "--pid-file", "/p", "c9"]
     command, options, rest = parse_argv(argv, CRUN)
@@ -303,3 +322,59 @@ def test_crun_refusals_are_left_to_crun(tmp_path: Path, native: bool) -> None:
                               timeout=120)
         assert (done.returncode, done.stdout) == (0, "crun stub\n"), done.stderr
         assert (bundle / "config.json").read_text() == _spec(["AMD_VISIBLE_DEVICES=1"])
+
+
+# ------------------------------------------------------------------ one outcome per command line
+
+RUNC_SHAPES = ["create --b {A} {ID}", "create --b={A} {ID}", "create -b={A} {ID}", "create -bundle {A} {ID}",
+               "create -bundle={A} {ID}", "create {ID} --bundle {A}", "create {ID} -b {A}",
+               "create -b {A} --bundle={B} {ID}", "create --bundle {A} --bundle {B} {ID}", "run -d -b {A} {ID}",
+               "run --detach=true -b {A} {ID}", "create --no-pivot=false -b {A} {ID}", "--root={ROOT} create {ID}",
+               "create --preserve-fds 08 -b {A} {ID}", "create --preserve-fds=0x1 -b {A} {ID}",
+               "create --bundle -x {ID}", "--log-format json create -b {A} {ID}", "create -b {A}/ {ID}"]
+SHAPES = list(dict.fromkeys([c[0] for c in CASES] + COMMON + RUNC_SHAPES))
+
+
+@pytest.fixture(scope="module")
+def both(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    if launchers.find_cc() is None:
+        pytest.skip("no cc")
+    base = tmp_path_factory.mktemp("argv-oracle")
+    paths = {"base": base, "ROOT": base / "root", "LOG": base / "log"}
+    for runtime in ("runc", "crun"):
+        stub_dir = base / f"stub-{runtime}"
+        stub_dir.mkdir()
+        (stub_dir / runtime).write_text(STUB)
+        (stub_dir / runtime).chmod(0o755)
+        config = base / f"{runtime}.toml"
+        config.write_text(f'runtime = "{runtime}"\nsysfs_root = "{cl.SEED_SYSFS}"\nhook_path = "/bin/true"\n')
+        for native in (True, False):
+            launchers.write_launchers(str(base / f"{runtime}-{native}"), {"OCI_GPU_HOOK_CONFIG": str(config)},
+                                      native=native)
+    for label in ("A", "B", "C"):
+        (base / label).mkdir()
+        paths[label] = base / label
+    return paths
+
+
+@pytest.mark.parametrize("runtime", ["runc", "crun"])
+@pytest.mark.parametrize("where", ["A", "B", "C", "C/other.json", None])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_native_and_python_shims_agree(both: dict[str, Path], runtime: str, where: str | None, shape: str) -> None:
+    """For every command line, with the one GPU request in any one of the files a runtime could open (or in none):
+    the native front and the Python launcher give the same status and output and leave the same files, under runc's
+    rules and under crun's."""
+    files = [both["A"] / "config.json", both["B"] / "config.json", both["C"] / "config.json",
+             both["C"] / "other.json"]
+    target = _expected(where, both) if where else None
+    argv = _argv(shape, both, "c1")
+    env = {"PATH": f"{both['base'] / f'stub-{runtime}'}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+           "STUB_OUT": str(both["base"])}
+    results = []
+    for native in (True, False):
+        for path in files:
+            path.write_text(_spec(["AMD_VISIBLE_DEVICES=1"] if str(path) == target else ["FOO=1"]))
+        done = subprocess.run([str(both["base"] / f"{runtime}-{native}" / "oci-gpu-runtime"), *argv],
+                              capture_output=True, text=True, env=env, cwd=both["C"], timeout=120)
+        results.append((done.returncode, done.stdout, done.stderr, [p.read_text() for p in files]))
+    assert results[0] == results[1]

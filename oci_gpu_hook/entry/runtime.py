@@ -181,26 +181,43 @@ def _runc_parse_argv(args: list[str]) -> tuple[str | None, dict[str, str], list[
 
 # --- crun ------------------------------------------------------------------------------------------------------
 
-# crun 1.8 (src/crun.c, src/create.c, src/run.c) reads its command line with glibc's argp, that is getopt_long
-# in order: the options end at the first argument that is no option (the command, the container id) or after
-# "--"; a short option takes its value from the rest of its word or from the next word ("-bDIR", "-b DIR"); a long
-# one from after "=" or from the next word, under its name or any prefix that names one option ("--bund DIR").
-# Each table: option -> (what it sets, its argument: 0 none, 1 required, 2 optional).  argp adds --help/-?, --usage
+# crun (src/crun.c, src/create.c, src/run.c) reads its command line with glibc's argp, that is getopt_long in
+# order: the options end at the first argument that is no option (the command, the container id) or after "--";
+# a short option takes its value from the rest of its word or from the next word ("-bDIR", "-b DIR"); a long one
+# from after "=" or from the next word, under its name or any prefix that names one option ("--bund DIR").  Each
+# table: option -> (what it sets, its argument: 0 none, 1 required, 2 optional).  argp adds --help/-?, --usage
 # (both print and exit), --program-name and the hidden --HANG (sleeps, then goes on) to every parser.
 _ARGP_OPTIONS = {"help": ("help", 0), "usage": ("usage", 0), "program-name": ("program-name", 1),
                  "HANG": ("HANG", 2)}
-_CRUN_GLOBAL = ({"debug": ("debug", 0), "cgroup-manager": ("cgroup-manager", 1),
-                 "systemd-cgroup": ("systemd-cgroup", 0), "log": ("log", 1), "log-format": ("log-format", 1),
-                 "root": ("root", 1), "rootless": ("root", 1),  # crun 1.8 files --rootless under --root's key
-                 "version": ("version", 0), **_ARGP_OPTIONS},
-                {"v": ("version", 0), "V": ("version", 0), "?": ("help", 0)})
-_CRUN_CREATE_LONG = {"bundle": ("bundle", 1), "config": ("config", 1), "console-socket": ("console-socket", 1),
-                     "preserve-fds": ("preserve-fds", 1), "no-pivot": ("no-pivot", 0), "pid-file": ("pid-file", 1),
-                     "no-subreaper": ("no-subreaper", 0), "no-new-keyring": ("no-new-keyring", 0)}
-_CRUN_COMMAND_OPTIONS = {
-    "create": ({**_CRUN_CREATE_LONG, **_ARGP_OPTIONS}, {"b": ("bundle", 1), "f": ("config", 1), "?": ("help", 0)}),
-    "run": ({**_CRUN_CREATE_LONG, "detach": ("detach", 0), **_ARGP_OPTIONS},
-            {"b": ("bundle", 1), "f": ("config", 1), "d": ("detach", 0), "?": ("help", 0)}),
+_CRUN_GLOBAL_1_8 = {"debug": ("debug", 0), "cgroup-manager": ("cgroup-manager", 1),
+                    "systemd-cgroup": ("systemd-cgroup", 0), "log": ("log", 1), "log-format": ("log-format", 1),
+                    "root": ("root", 1), "rootless": ("root", 1),  # files --rootless under --root's key
+                    "version": ("version", 0)}
+_CRUN_GLOBAL_SHORT = {"v": ("version", 0), "V": ("version", 0), "?": ("help", 0)}
+_CRUN_CREATE = {"bundle": ("bundle", 1), "config": ("config", 1), "console-socket": ("console-socket", 1),
+                "preserve-fds": ("preserve-fds", 1), "no-pivot": ("no-pivot", 0), "pid-file": ("pid-file", 1),
+                "no-subreaper": ("no-subreaper", 0), "no-new-keyring": ("no-new-keyring", 0)}
+_CRUN_CREATE_SHORT = {"b": ("bundle", 1), "f": ("config", 1), "?": ("help", 0)}
+_CRUN_RUN_1_8 = {**_CRUN_CREATE, "detach": ("detach", 0)}
+_CRUN_RUN_SHORT = {**_CRUN_CREATE_SHORT, "d": ("detach", 0)}
+
+
+def _crun_version(global_long: dict[str, tuple[str, int]], run_long: dict[str, tuple[str, int]],
+                  ) -> tuple[tuple[dict[str, tuple[str, int]], dict[str, tuple[str, int]]],
+                             dict[str, tuple[dict[str, tuple[str, int]], dict[str, tuple[str, int]]]]]:
+    return ({**global_long, **_ARGP_OPTIONS}, _CRUN_GLOBAL_SHORT), {
+        "create": ({**_CRUN_CREATE, **_ARGP_OPTIONS}, _CRUN_CREATE_SHORT),
+        "run": ({**run_long, **_ARGP_OPTIONS}, _CRUN_RUN_SHORT)}
+
+
+# The option tables of every crun release whose command line differs from the one before (options added or
+# re-keyed change what a prefix names).  The options that name the config file are the same in all of them.
+_CRUN_RELEASES = {
+    "1.8": _crun_version(_CRUN_GLOBAL_1_8, _CRUN_RUN_1_8),
+    "1.16": _crun_version(_CRUN_GLOBAL_1_8, {**_CRUN_RUN_1_8, "keep": ("keep", 0)}),
+    "1.18": _crun_version({**_CRUN_GLOBAL_1_8, "log-level": ("log-level", 1)}, {**_CRUN_RUN_1_8, "keep": ("keep", 0)}),
+    "1.29": _crun_version({**_CRUN_GLOBAL_1_8, "log-level": ("log-level", 1), "rootless": ("rootless", 1)},
+                          {**_CRUN_RUN_1_8, "keep": ("keep", 0)}),
 }
 _CRUN_COMMANDS = frozenset({"create", "delete", "exec", "list", "kill", "ps", "run", "spec", "start", "state",
                             "update", "pause", "resume", "checkpoint", "restore"})
@@ -256,10 +273,12 @@ def _getopt(args: list[str], tables: tuple[dict[str, tuple[str, int]], dict[str,
     return found, i
 
 
-def _crun_parse_argv(args: list[str]) -> tuple[str | None, dict[str, str], list[str]]:
+def _crun_parse_release(args: list[str], release: str) -> tuple[str | None, dict[str, str], list[str]]:
+    """parse_argv for crun ``release``."""
+    global_tables, command_tables = _CRUN_RELEASES[release]
     options: dict[str, str] = {}
     try:
-        found, at = _getopt(args, _CRUN_GLOBAL)
+        found, at = _getopt(args, global_tables)
     except ArgvError:
         return None, options, []
     values = {key: value or "" for key, value in found}
@@ -277,21 +296,32 @@ def _crun_parse_argv(args: list[str]) -> tuple[str | None, dict[str, str], list[
     if values.get("cgroup-manager", "cgroupfs") not in ("systemd", "cgroupfs", "disabled"):
         return None, options, rest  # crun: unknown cgroup manager specified
     command = args[at] if args[at] in _CRUN_COMMANDS else None
-    if command in _CRUN_COMMAND_OPTIONS:
+    if command in command_tables:
         if values.get("log-format", "text") not in ("text", "json") or (
                 colon and log_kind not in ("file", "syslog", "journald")):
             return None, options, rest  # crun: unknown log format type, unknown log type
         try:
-            _crun_read(command, rest)
+            _crun_read_release(command, rest, command_tables[command])
         except ArgvError:
             return None, options, rest
     return command, options, rest
 
 
-def _crun_read(command: str, command_args: list[str]) -> tuple[str, str]:
+def _crun_parse_argv(args: list[str]) -> tuple[str | None, dict[str, str], list[str]]:
+    """The reading of every crun release: a create or run that any of them would run (where another refuses, a
+    rewrite is harmless; a missed one would not be), else crun 1.8's."""
+    readings = [_crun_parse_release(args, release) for release in _CRUN_RELEASES]
+    rewriting = [r for r in readings if r[0] in REWRITE_COMMANDS]
+    if any(r[0] != rewriting[0][0] or r[2] != rewriting[0][2] for r in rewriting):
+        raise HookError("crun releases read this command line differently; nothing rewritten, nothing run")
+    return rewriting[0] if rewriting else readings[0]
+
+
+def _crun_read_release(command: str, command_args: list[str],
+                       tables: tuple[dict[str, tuple[str, int]], dict[str, tuple[str, int]]]) -> tuple[str, str]:
     """(the config file crun opens, the container id) for ``crun create|run ARGS...``; ArgvError where crun refuses
     the command line before it opens one (its argp, argument count, an empty bundle or config name)."""
-    found, at = _getopt(command_args, _CRUN_COMMAND_OPTIONS[command])
+    found, at = _getopt(command_args, tables)
     if any(key in ("help", "usage") for key, _value in found):
         raise ArgvError("help requested")
     positional = command_args[at:]
@@ -299,7 +329,7 @@ def _crun_read(command: str, command_args: list[str]) -> tuple[str, str]:
         raise ArgvError(f"`{command}` requires a {'minimum' if not positional else 'maximum'} of 1 arguments")
     bundle = next((value for key, value in reversed(found) if key == "bundle"), None)
     config = next((value for key, value in reversed(found) if key == "config"), _CRUN_DEFAULT_CONFIG)
-    if bundle == "" or config == "":
+    if bundle == "" or not config:
         raise ArgvError("realpath `` failed")
     if config != _CRUN_DEFAULT_CONFIG and not config.startswith("/"):
         config = os.path.realpath(config)  # crun: made absolute before it enters the bundle
@@ -308,6 +338,21 @@ def _crun_read(command: str, command_args: list[str]) -> tuple[str, str]:
     elif not bundle.startswith("/"):
         bundle = os.path.realpath(bundle)
     return (os.path.join(bundle, config) if config == _CRUN_DEFAULT_CONFIG else config), positional[0]
+
+
+def _crun_read(command: str, command_args: list[str]) -> tuple[str, str]:
+    """:func:`_crun_read_release` for every crun release that reads the command line (all of them agree)."""
+    readings, refusals = set(), []
+    for _global_tables, command_tables in _CRUN_RELEASES.values():
+        try:
+            readings.add(_crun_read_release(command, command_args, command_tables[command]))
+        except ArgvError as err:
+            refusals.append(err)
+    if not readings:
+        raise refusals[0]
+    if len(readings) > 1:
+        raise HookError("crun releases read this command line differently; nothing rewritten, nothing run")
+    return readings.pop()
 
 
 # --- either ----------------------------------------------------------------------------------------------------
@@ -365,7 +410,7 @@ def container_id(command_args: list[str], command: str = "run", kind: str = RUNC
     and where the runtime would refuse the command line, the last argument that is no flag."""
     try:
         return _crun_read(command, command_args)[1] if kind == CRUN else parse_command(command, command_args)[1]
-    except (ArgvError, KeyError):
+    except (ArgvError, HookError, KeyError):
         positional = [a for a in command_args if not a.startswith("-")]
         return positional[-1] if positional else ""
 

@@ -891,8 +891,8 @@ static int plain_value(const char *v)
 }
 
 /* g_argv[*i] is one of ``options`` ("NAME" a flag, "NAME=" an option with a value), spelled --NAME, --NAME=V,
- * --NAME V, or -N / -N V for a one-letter NAME; 1 with *i past it and its value in *value, else 0 */
-static int common_option(int *i, const char *const *options, const char **value)
+ * --NAME V, or -N / -N V for a one-letter NAME: the option (with *i past it and its value in *value), else NULL */
+static const char *common_option(int *i, const char *const *options, const char **value)
 {
     const char *arg = g_argv[*i];
     for (int k = 0; options[k]; k++) {
@@ -909,23 +909,23 @@ static int common_option(int *i, const char *const *options, const char **value)
             continue;
         if (!takes) {
             if (v)
-                return 0; /* --flag=VALUE: runc reads a bool, crun refuses */
+                return NULL; /* --flag=VALUE: runc reads a bool, crun refuses */
             *value = NULL;
             (*i)++;
-            return 1;
+            return options[k];
         }
         if (!v) {
             if (*i + 1 >= g_argc)
-                return 0;
+                return NULL;
             v = g_argv[++*i];
         }
         if (!plain_value(v))
-            return 0;
+            return NULL;
         *value = v;
         (*i)++;
-        return 1;
+        return options[k];
     }
-    return 0;
+    return NULL;
 }
 
 /* The config.json that the runtime opens for this create/run, when the command line has the form that podman
@@ -947,28 +947,25 @@ static const char *common_config_path(char *path, size_t size)
                                                  "no-new-keyring", "preserve-fds=", NULL};
     static const char *const run_options[] = {"bundle=", "b=", "pid-file=", "console-socket=", "no-pivot",
                                               "no-new-keyring", "preserve-fds=", "detach", "d", NULL};
-    const char *bundle = NULL, *value, *id;
+    const char *bundle = NULL, *value, *option, *id;
     int i = 1, run;
     while (i < g_argc && g_argv[i][0] == '-') {
-        int log_format = strncmp(g_argv[i], "--log-format", 12) == 0;
-        if (!common_option(&i, globals, &value))
+        if (!(option = common_option(&i, globals, &value)))
             return NULL;
-        if (log_format && strcmp(value, "text") != 0 && strcmp(value, "json") != 0)
+        if (strcmp(option, "log-format=") == 0 && strcmp(value, "text") != 0 && strcmp(value, "json") != 0)
             return NULL;
     }
     if (i >= g_argc || (strcmp(g_argv[i], "create") != 0 && strcmp(g_argv[i], "run") != 0))
         return NULL;
     run = strcmp(g_argv[i++], "run") == 0;
     while (i < g_argc - 1) {
-        int names_bundle = strncmp(g_argv[i], "--bundle", 8) == 0 || strcmp(g_argv[i], "-b") == 0;
-        int preserve = strncmp(g_argv[i], "--preserve-fds", 14) == 0;
-        if (!common_option(&i, run ? run_options : create_options, &value))
+        if (!(option = common_option(&i, run ? run_options : create_options, &value)))
             return NULL;
-        if (names_bundle) {
+        if (strcmp(option, "bundle=") == 0 || strcmp(option, "b=") == 0) {
             if (bundle)
                 return NULL; /* runc refuses some pairs ("Cannot use two forms of the same flag") */
             bundle = value;
-        } else if (preserve) {
+        } else if (strcmp(option, "preserve-fds=") == 0) {
             size_t len = strlen(value);
             if (len > 9 || strspn(value, "0123456789") != len || (value[0] == '0' && len > 1))
                 return NULL;
