@@ -251,7 +251,10 @@ def test_config_made_untrusted_after_the_bake(tmp_path: Path, how: str) -> None:
     etc = tmp_path / "etc"
     etc.mkdir()
     config = etc / "config.toml"
-    config.write_text(f'sysfs_root = "{cl.SEED_SYSFS}"\n')
+    fake = tmp_path / "fake-runc"
+    fake.write_text('#!/bin/sh\necho "fake-runc $*"\n')
+    fake.chmod(0o755)
+    config.write_text(f'sysfs_root = "{cl.SEED_SYSFS}"\nruntime = "{fake}"\n')
     config.chmod(0o644)
     defaults = {"OCI_GPU_HOOK_CONFIG": str(config)}
     launchers.write_launchers(str(tmp_path / "native"), defaults, native=True)
@@ -274,6 +277,11 @@ def test_config_made_untrusted_after_the_bake(tmp_path: Path, how: str) -> None:
     native, python = precreate(tmp_path / "native", clean_spec), precreate(tmp_path / "python", clean_spec)
     assert python.returncode == 1 and b"not trusted" in python.stderr
     assert (native.returncode, native.stdout, native.stderr) == (python.returncode, python.stdout, python.stderr)
+    # a pass-through command still reaches the runtime the bytes name, through either launcher
+    for kind in ("native", "python"):
+        done = subprocess.run([str(tmp_path / kind / "oci-gpu-runtime"), "state", "c1"], capture_output=True,
+                              text=True, env=cl.hook_env(), timeout=60)
+        assert (done.returncode, done.stdout) == (0, "fake-runc state c1\n"), (kind, done.stderr)
 
 
 def test_changed_config_goes_to_python(tmp_path: Path) -> None:

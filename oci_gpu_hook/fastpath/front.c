@@ -4,7 +4,7 @@
  * the settings of that install baked in (a generated header, see oci_gpu_hook/host/launchers.py).
  *
  *   shim (OGH_ROLE_SHIM): no argument is "create" or "run"  -> exec the real runtime at once
- *                         (pass-through never reads the config file, never starts Python);
+ *                         (pass-through only compares the config file with the bytes baked, never starts Python);
  *                         else a command line in the common form, whose config.json is clean: exec the runtime.
  *   hook (OGH_ROLE_HOOK): "prestart"/"createRuntime": the state on stdin names the bundle, its
  *                         config.json is scanned -> clean: exit 0;
@@ -772,7 +772,7 @@ static int config_trusted(const char *path)
     return got == 0;
 }
 
-/* The config file is the one baked: byte for byte the same (none when none was baked), and still trusted. */
+/* The config file is the one baked: byte for byte the same (none when none was baked). */
 static int config_as_baked(int named)
 {
     char *buf;
@@ -790,12 +790,14 @@ static int config_as_baked(int named)
         return 0;
     same = len == (size_t)OGH_CONFIG_LEN && memcmp(buf, OGH_CONFIG_BYTES, len) == 0;
     free(buf);
-    return same && config_trusted(OGH_CONFIG_PATH);
+    return same;
 }
 
 /* The baked defaults, as the Python launcher's os.environ.setdefault; then 1 when the settings are
- * still the ones baked in: the same config file, unchanged and trusted, and no OCI_GPU_HOOK_* value that
- * Python would reject (only the bool variables have values to reject; the others are paths and strings).
+ * still the ones baked in: the same config file, unchanged, and no OCI_GPU_HOOK_* value that Python
+ * would reject (only the bool variables have values to reject; the others are paths and strings).
+ * Whether the file is still trusted is asked apart (config_still_trusted): a pass-through command needs
+ * only the runtime, which is the baked one while the bytes are.
  * (Values that only narrow what is granted, or say where to log, do not matter to a container that asks
  * for nothing: Python logs no line for it.) */
 static int settings_as_baked(void)
@@ -817,6 +819,12 @@ static int settings_as_baked(void)
     if (strcmp(path ? path : OGH_DEFAULT_CONFIG, OGH_CONFIG_PATH) != 0)
         return 0;
     return config_as_baked(path != NULL);
+}
+
+/* config.check_trusted still passes for the config file (when there is one): else Python refuses it */
+static int config_still_trusted(void)
+{
+    return !OGH_CONFIG_EXISTS || config_trusted(OGH_CONFIG_PATH);
 }
 
 /* ------------------------------------------------------------------ the shim */
@@ -999,8 +1007,8 @@ int main(int argc, char **argv)
     if (!name || !name[0])
         name = as_baked ? OGH_RUNTIME : NULL;
     if (!rewrite) {
-        /* pass-through: the config file is not read here; a runtime named in it is used while the file
-         * is as it was baked, else Python decides (it falls back to runc when the file is broken) */
+        /* pass-through: the config file is not parsed here; the runtime named in it is used while the file
+         * holds the bytes baked, else Python decides (it falls back to runc when the file is broken) */
         if (!name || !find_runtime(name)) {
             const char *what = "";
             /* Python cannot be trusted here: the runtime of the install still gets the command */
@@ -1013,7 +1021,8 @@ int main(int argc, char **argv)
         }
         exec_runtime();
     }
-    if (as_baked && find_runtime(name) && common_config_path(path, sizeof path) && file_clean(path))
+    if (as_baked && config_still_trusted() && find_runtime(name) && common_config_path(path, sizeof path) &&
+        file_clean(path))
         exec_runtime();
     to_python(NULL, 0, 0);
     return 1;
@@ -1071,7 +1080,7 @@ int main(int argc, char **argv)
     g_argc = argc;
     g_argv = argv;
     as_baked = settings_as_baked();
-    if (argc != 2 || !as_baked ||
+    if (argc != 2 || !as_baked || !config_still_trusted() ||
         (strcmp(argv[1], "prestart") != 0 && strcmp(argv[1], "createRuntime") != 0 &&
          strcmp(argv[1], "precreate") != 0))
         to_python(NULL, 0, 0);
