@@ -475,7 +475,8 @@ def rewrite_bundle(path: str, config: Config, cid: str) -> None:
 def passthrough_runtime_name() -> str:
     """The runtime for a command that only passes through (``state``, ``delete``, ``kill``, ...): it must reach
     the real runtime whatever the config file holds, so a broken file falls back to its ``runtime`` line,
-    read leniently, and then to the default."""
+    read leniently, and then to the default.  An untrusted file (:mod:`oci_gpu_hook.trust`) is not read at
+    all: its ``runtime`` would be exec'd as root."""
     from oci_gpu_hook.config import DEFAULT_CONFIG_PATH, FIELDS, load_config
 
     name = os.environ.get("OCI_GPU_HOOK_RUNTIME")
@@ -486,6 +487,10 @@ def passthrough_runtime_name() -> str:
     except Exception:
         pass
     path = os.environ.get("OCI_GPU_HOOK_CONFIG") or DEFAULT_CONFIG_PATH
+    from oci_gpu_hook.trust import problem
+
+    if problem(path):  # a file others could change never names what root execs: the default then
+        return FIELDS["runtime"].default
     try:
         with open(path, "rb") as handle:
             lines = handle.read(1 << 20).decode("utf-8", "replace").splitlines()
