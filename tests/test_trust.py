@@ -167,7 +167,7 @@ def test_a_pass_through_command_never_execs_the_runtime_an_untrusted_config_name
     env = clean_env(OCI_GPU_HOOK_CONFIG=str(path), PATH=f"{tmp_path / 'bin'}:/usr/bin:/bin")
     (tmp_path / "bin").mkdir()
     runc = tmp_path / "bin" / "runc"  # the default runtime, found on PATH
-    runc.write_text(f"#!/bin/sh\necho default runtime \"$@\"\n")
+    runc.write_text("#!/bin/sh\necho default runtime \"$@\"\n")
     runc.chmod(0o755)
     done = run("oci_gpu_hook.entry.runtime", "state", "some-id", env=env, stdin="")
     assert not marker.exists()
