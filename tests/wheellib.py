@@ -1,10 +1,11 @@
 """The wheel as an operator gets it: built from a clean copy of this checkout, installed into a venv of its own,
 and a private root (a mount namespace) for ``install`` to write its real paths into.
 
-``built_wheel()`` builds once per test session (``pip wheel`` of a copy without build/, egg-info or caches, so
-that nothing stale of an earlier build gets in).  ``make_venv`` is the README's production route
-(``python3 -m venv DIR && DIR/bin/pip install ...``) with the wheel; its dependencies come from the index this
-test environment was installed from, pinned to the versions installed here (pip's cache makes that fast).
+``built_wheel()`` builds once per test session (``pip wheel`` of the files a clone has, copied by
+tests/plainvenv.py, so that nothing stale of an earlier build/ or egg-info gets in).  ``make_venv`` is the
+README's production route (``python3 -m venv DIR && DIR/bin/pip install ...``) with the wheel; its dependencies
+come from the index this test environment was installed from, pinned to the versions installed here (pip's
+cache makes that fast).
 ``PrivateRoot`` holds a mount namespace open whose /etc, /usr/local, /usr/share/containers and /var/lib are
 overlays with their upper layers in a temporary directory: what ``install`` writes there is at the paths
 podman, dockerd and containerd read by default, and the host never changes.
@@ -21,10 +22,9 @@ import tempfile
 from functools import cache
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-# not part of what a clean clone builds from
-SKIPPED = (".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", "*.pyc", ".pytest_cache", ".ruff_cache",
-           ".hypothesis")
+from tests import plainvenv
+
+REPO = plainvenv.REPO
 OVERLAID = ("/etc", "/usr/local", "/usr/share/containers", "/var/lib")
 
 
@@ -33,8 +33,7 @@ def built_wheel() -> Path:
     """The wheel of this checkout (built once per session; removed at exit)."""
     work = Path(tempfile.mkdtemp(prefix="ogh-wheel-"))
     atexit.register(shutil.rmtree, work, True)
-    source = work / "src"
-    shutil.copytree(REPO, source, symlinks=True, ignore=shutil.ignore_patterns(*SKIPPED))
+    source = plainvenv.copy_tree(work / "src")
     done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
                            "--disable-pip-version-check", "-q", "-w", str(work / "dist"), str(source)],
                           capture_output=True, text=True, timeout=300, check=False)
@@ -47,7 +46,8 @@ def built_wheel() -> Path:
 
 def make_venv(directory: Path, wheel: Path) -> Path:
     """``python3 -m venv DIRECTORY`` and ``pip install WHEEL`` into it; its python."""
-    subprocess.run([sys.executable, "-m", "venv", str(directory)], check=True, capture_output=True, timeout=300)
+    subprocess.run([plainvenv.base_python(), "-m", "venv", str(directory)], check=True, capture_output=True,
+                   timeout=300)
     frozen = subprocess.run([sys.executable, "-m", "pip", "freeze", "--exclude-editable"], capture_output=True,
                             text=True, check=True, timeout=120).stdout
     constraints = directory / "constraints.txt"
