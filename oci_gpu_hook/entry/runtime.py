@@ -472,11 +472,12 @@ def rewrite_bundle(path: str, config: Config, cid: str) -> None:
     record_plan(config, "oci-gpu-runtime", cid, plan, started)
 
 
-def passthrough_runtime_name() -> str:
+def passthrough_runtime_name(baked: str | None = None) -> str:
     """The runtime for a command that only passes through (``state``, ``delete``, ``kill``, ...): it must reach
     the real runtime whatever the config file holds, so a broken file falls back to its ``runtime`` line,
     read leniently, and then to the default.  An untrusted file (:mod:`oci_gpu_hook.trust`) is not read at
-    all: its ``runtime`` would be exec'd as root."""
+    all (its ``runtime`` would be exec'd as root): ``baked``, the runtime the launcher was written with (from
+    the file while it was trusted), stands in, as the native front's baked runtime does, else the default."""
     from oci_gpu_hook.config import DEFAULT_CONFIG_PATH, FIELDS, load_config
 
     name = os.environ.get("OCI_GPU_HOOK_RUNTIME")
@@ -489,8 +490,8 @@ def passthrough_runtime_name() -> str:
     path = os.environ.get("OCI_GPU_HOOK_CONFIG") or DEFAULT_CONFIG_PATH
     from oci_gpu_hook.trust import problem
 
-    if problem(path):  # a file others could change never names what root execs: the default then
-        return FIELDS["runtime"].default
+    if problem(path):  # a file others could change never names what root execs
+        return baked or FIELDS["runtime"].default
     try:
         with open(path, "rb") as handle:
             lines = handle.read(1 << 20).decode("utf-8", "replace").splitlines()
@@ -508,7 +509,7 @@ def passthrough_runtime_name() -> str:
     return FIELDS["runtime"].default
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, baked_runtime: str | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     kind = RUNC
     command, options, command_args = parse_argv(args)
@@ -525,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
                 rewrite_bundle(config_path(command_args, command, kind), config,
                                container_id(command_args, command, kind))
         else:
-            runtime = resolve_runtime(passthrough_runtime_name())
+            runtime = resolve_runtime(passthrough_runtime_name(baked_runtime))
             if args in (["--version"], ["-v"]):
                 from oci_gpu_hook import __version__
 

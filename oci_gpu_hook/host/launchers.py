@@ -47,7 +47,7 @@ for key, value in {defaults!r}.items():
     os.environ.setdefault(key, value)
 {trust}sys.path[:0] = {paths!r}
 from oci_gpu_hook.{module} import main
-sys.exit(main())
+sys.exit(main({main_args}))
 """
 
 # The trust check of a Python launcher: os only (no import beyond what -I -S loads anyway).
@@ -171,7 +171,10 @@ def launcher_text(module: str, defaults: dict[str, str], *, trust: bool = False,
         trust_text = TRUST.format(checked=checked, passthrough=module == "entry.runtime", runtime=runtime)
     if argv0:
         trust_text += f"sys.argv[0] = {argv0!r}\n"
-    return LAUNCHER.format(python=sys.executable, paths=paths, module=module, defaults=defaults, trust=trust_text)
+    # the shim's pass-through commands fall back to the runtime baked here when the config file is untrusted
+    main_args = f"baked_runtime={runtime!r}" if module == "entry.runtime" else ""
+    return LAUNCHER.format(python=sys.executable, paths=paths, module=module, defaults=defaults, trust=trust_text,
+                           main_args=main_args)
 
 
 def find_cc() -> str | None:
