@@ -1,17 +1,19 @@
 """What a container asked for: qualified ``kind=name`` entries, parsed strictly, resolved per backend.
 
-Sources, per kind (``amd``, ``intel``):
+Sources, per kind (``amd``, ``intel``, ``nvidia``):
 
 1. CDI names in ``cdi.k8s.io/<key>`` annotations (``amd.com/gpu=1,intel.com/gpu=card0``), as the
    kubelet and device plugins write them.  When they name any device of a kind, they decide for that
    kind and its env variables are ignored.  Names of kinds no backend serves are someone else's.
-2. The kind's env variables (``AMD_VISIBLE_DEVICES``, ``INTEL_VISIBLE_DEVICES``; the last entry wins,
-   as in runc), unless ``allow_env_requests`` is off.  At most one variable of a kind may ask.
+2. The kind's env variables (``AMD_VISIBLE_DEVICES``, ``INTEL_VISIBLE_DEVICES``, ``NVIDIA_VISIBLE_DEVICES``;
+   the last entry wins, as in runc), unless ``allow_env_requests`` is off.  At most one variable of a kind
+   may ask.
 3. ``dry-run --devices``, which replaces both.
 
 Syntax of a value: ``all``; ``none``, ``void`` or empty (no device: nothing is changed at all); else
 a comma list of indices (``1``), inclusive ranges (``0-3``) and the backend's own forms (AMD: PCI
-addresses, unique ids; Intel: ``cardN``, PCI addresses).  Duplicates collapse.  Anything unknown,
+addresses, unique ids; Intel: ``cardN``, PCI addresses; NVIDIA: ``GPU-<uuid>``, PCI addresses, ``<gpu>:<mig>``,
+``MIG-<uuid>``; its indices count whole GPUs).  Duplicates collapse.  Anything unknown,
 malformed or out of range is a :class:`HookError` naming the bad token and what is valid.
 """
 
@@ -228,7 +230,8 @@ def valid_values(kind: str, devices: tuple[Device, ...]) -> str:
 
     if not devices:
         return f"this host has no {kind} GPUs; valid: none"
-    last = len(devices) - 1
+    indexed = getattr(backend(kind), "indexed", None)  # NVIDIA: indices count GPUs, not MIG devices
+    last = len(indexed(devices) if indexed else devices) - 1
     parts = ["all", "none", f"indices 0-{last}" if last else "index 0"]
     if last:
         parts.append(f"ranges like 0-{last}")

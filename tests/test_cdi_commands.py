@@ -122,8 +122,8 @@ def test_a_right_node_lists_clean_and_exits_0(dirs: tuple[Path, Path]) -> None:
 
 
 def test_other_vendors_specs_are_fine(dirs: tuple[Path, Path]) -> None:
-    write_spec(dirs[0] / "nvidia.yaml", {"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu",
-                                         "devices": [{"name": "0", "containerEdits": {}}]})
+    write_spec(dirs[0] / "example.yaml", {"cdiVersion": "0.5.0", "kind": "example.com/gpu",
+                                          "devices": [{"name": "0", "containerEdits": {}}]})
     write_spec(dirs[1] / "notes.txt", {"not": "a spec"})  # CDI reads only .json and .yaml
     assert listing(*dirs)[1] == []
 
