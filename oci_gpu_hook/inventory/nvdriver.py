@@ -9,8 +9,9 @@ firmware), found the way it finds them:
   native-ABI entry whose soname is one of a capability's libraries (``libcuda.so.1``) and whose file,
   every symlink resolved inside the driver root, is that library of exactly this version
   (``libcuda.so.550.54.15``); leftovers of other versions are never given;
-* binaries in the driver root's ``/usr/bin``, ``/usr/sbin``, ``/bin``, ``/sbin``, ``/usr/local/bin`` and
-  ``/usr/local/sbin``; firmware ``/lib/firmware/nvidia/<version>/`` when it is there.
+* binaries in the driver root's ``/usr/bin``, ``/usr/sbin``, ``/bin``, ``/sbin``, ``/usr/local/bin``,
+  ``/usr/local/sbin`` and ``/usr/local/nvidia/bin`` (where GKE-style installs put them); firmware
+  ``/lib/firmware/nvidia/<version>/`` when it is there.
 
 Each file is a read-only bind mount (``ro, nosuid, nodev``) at its resolved host path; each soname
 (``libcuda.so.1``, and ``libcuda.so`` as the toolkit adds it) is a symlink beside it; the libraries'
@@ -46,7 +47,7 @@ BINARIES = {
     "utility": ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nv-fabricmanager"),
     "compute": ("nvidia-cuda-mps-control", "nvidia-cuda-mps-server"),
 }
-BIN_DIRS = ("/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin", "/usr/local/sbin")
+BIN_DIRS = ("/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin", "/usr/local/sbin", "/usr/local/nvidia/bin")
 FIRMWARE_DIR = "/lib/firmware/nvidia"
 LD_CACHE = "/etc/ld.so.cache"
 
