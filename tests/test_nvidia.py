@@ -133,14 +133,28 @@ def test_mig_instance_whose_minor_disagrees_or_is_missing_is_ignored(tmp_path: P
     inv, base = fake(tmp_path, HOSTS["nvidia-mig"]())
     access = base / "proc" / "driver" / "nvidia" / "capabilities" / "gpu1" / "mig" / "gi2" / "ci0" / "access"
     access.write_text("DeviceFileMinor: 9\nDeviceFileMode: 292\n")
-    inv = scan(str(base / "sys"), proc_root=str(base / "proc"))
+    with pytest.raises(HookError, match=r"says DeviceFileMinor 9, mig-minors says 157; refusing to number nvidia GPUs "
+                                        "while a device is half there"):
+        scan(str(base / "sys"), proc_root=str(base / "proc"))  # the per-container scan: skipping would renumber
+    inv = scan(str(base / "sys"), proc_root=str(base / "proc"), strict=False)
     assert [d.mig for d in inv.devices("nvidia") if d.mig] == [(1, 0), (5, 0), (5, 1)]
-    assert any(name == "0000:3b:00.0 MIG gi2/ci0" and "DeviceFileMinor 9" in why for name, why in inv.ignored)
+    assert any(name == "0000:3b:00.0 MIG gi2/ci0" and why.startswith("/") and "DeviceFileMinor 9" in why
+               for name, why in inv.ignored)
     devices = base / "proc" / "devices"
     devices.write_text(devices.read_text().replace("236 nvidia-caps\n", ""))
-    inv = scan(str(base / "sys"), proc_root=str(base / "proc"))
+    inv = scan(str(base / "sys"), proc_root=str(base / "proc"))  # no caps major: no MIG device at all, no renumbering
     assert [d.label for d in inv.devices("nvidia")] == ["0", "1"]
     assert sum("no 'nvidia-caps' character major" in why for _n, why in inv.ignored) == 4
+
+
+def test_a_gpu_half_there_stops_the_per_container_scan(tmp_path: Path) -> None:
+    inv, base = fake(tmp_path, HOSTS["nvidia-h100"]())
+    (base / "proc" / "driver" / "nvidia" / "gpus" / "0000:43:00.0" / "information").unlink()
+    with pytest.raises(HookError, match=r"cannot read .*/0000:43:00\.0/information; refusing to number nvidia GPUs"):
+        scan(str(base / "sys"), proc_root=str(base / "proc"))
+    inv = scan(str(base / "sys"), proc_root=str(base / "proc"), strict=False)
+    assert [g.pci_address for g in inv.devices("nvidia")] == ["0000:1b:00.0", "0000:52:00.0", "0000:c1:00.0"]
+    assert any(name == "0000:43:00.0" and why.startswith("cannot read") for name, why in inv.ignored)
 
 
 def test_drm_nodes_need_nvidia_drm(tmp_path: Path) -> None:

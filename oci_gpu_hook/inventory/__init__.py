@@ -38,7 +38,10 @@ if TYPE_CHECKING:
     from oci_gpu_hook.config import Config
     from oci_gpu_hook.core.devices import Node
 
-__all__ = ["KINDS", "Device", "Inventory", "backend", "parse_pci_address", "scan", "scan_host"]
+__all__ = ["HALF_THERE", "KINDS", "Device", "Inventory", "backend", "parse_pci_address", "scan", "scan_host"]
+# A backend's reason that starts with this names a device that is half there (being removed, or being
+# reconfigured): the per-container scan stops on it, as on a broken DRM entry, since skipping it renumbers.
+HALF_THERE = "half there: "
 
 
 class Device:
@@ -175,6 +178,9 @@ def scan(sysfs_root: str = "/sys", kinds: Iterable[str] | None = None, *, strict
     found: dict[str, KindInventory] = {}
     for kind in wanted:
         devices, shared, looked_at = backend(kind).discover(root, drm, proc, os.path.abspath(driver_root))
+        half = next((why for why in looked_at.values() if why.startswith(HALF_THERE)), None)
+        if strict and half:
+            raise HookError(f"{half[len(HALF_THERE):]}; refusing to number {kind} GPUs while a device is half there")
         for directory, reason in looked_at.items():
             if seen.get(directory) != "":
                 seen[directory] = reason
@@ -187,7 +193,7 @@ def scan(sysfs_root: str = "/sys", kinds: Iterable[str] | None = None, *, strict
         ignored.append((device.name, device.problem or reason or _unclaimed_reason(device, set(wanted) == set(KINDS))))
     for what, reason in seen.items():  # devices without DRM nodes a backend looked at (NVIDIA)
         if reason:
-            ignored.append((os.path.basename(what) if what.startswith("/") else what, reason))
+            ignored.append((os.path.basename(what) if what.startswith("/") else what, reason.removeprefix(HALF_THERE)))
     return Inventory(found, ignored, root, proc)
 
 

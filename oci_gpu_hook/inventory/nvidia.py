@@ -36,7 +36,7 @@ import os
 
 from oci_gpu_hook.core.devices import Node
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.inventory import Device
+from oci_gpu_hook.inventory import HALF_THERE, Device
 from oci_gpu_hook.inventory.sysfs import HEX_DIGITS, driver, follow, numa_node, parse_pci_address, read
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
@@ -122,7 +122,7 @@ def _numbered(directory: str, prefix: str) -> list[int]:
 
 def _gpu_problem(sys_dir: str, address: str) -> str:
     if not os.path.isdir(sys_dir):
-        return f"{address}: the driver lists it, sysfs has no such PCI device"
+        return f"{HALF_THERE}{address}: the driver lists it, sysfs has no such PCI device"
     vendor = (read(os.path.join(sys_dir, "vendor")) or "").lower()
     if vendor != VENDOR:
         return f"vendor {vendor or 'unknown'}, not NVIDIA's {VENDOR}"
@@ -160,7 +160,7 @@ def discover(root: str, drm: list[DrmDevice], proc_root: str = "/proc",
         minor = (info or {}).get("Device Minor", "")
         why = ""
         if info is None:
-            why = f"cannot read {gpus_dir}/{name}/information"
+            why = f"{HALF_THERE}cannot read {gpus_dir}/{name}/information"
         elif pci is None:
             why = f"Bus Location {address!r} is not a PCI address"
         elif not (minor.isdigit() and minor.isascii()):
@@ -233,9 +233,9 @@ def _mig_devices(proc_root: str, gpus: list[Device], caps_major: int | None, see
                     minor = minors.get(cap)
                     stated = _access_minor(access)
                     if minor is None:
-                        why = why or f"{cap} is not in {proc_root}/driver/nvidia-caps/mig-minors"
+                        why = why or f"{HALF_THERE}{cap} is not in {proc_root}/driver/nvidia-caps/mig-minors"
                     elif stated is not None and stated != minor:
-                        why = why or f"{access} says DeviceFileMinor {stated}, mig-minors says {minor}"
+                        why = why or f"{HALF_THERE}{access} says DeviceFileMinor {stated}, mig-minors says {minor}"
                     caps.append(minor)
                 if why:
                     seen[what] = why
