@@ -655,3 +655,44 @@ def test_fake_libraries_are_elf_shared_objects() -> None:
     assert data[:4] == b"\x7fELF" and data[16] == 3  # ET_DYN
     assert b"libcuda.so.1\0" in data and b"libc.so.6\0" in data
     assert isinstance(FakeGpu(pci="0000:01:00.0", card=None, render=None).migs, tuple)
+
+
+# --- operator commands ---------------------------------------------------------------------------
+
+
+def cli(name: str, *args: str) -> subprocess.CompletedProcess[str]:
+    base = roots(name)
+    return subprocess.run([sys.executable, "-m", "oci_gpu_hook.entry.cli", "--sysfs-root", str(base / "sys"),
+                           "--proc-root", str(base / "proc"), "--driver-root", str(base / "driver"), *args],
+                          capture_output=True, text=True,
+                          env={"PATH": os.environ["PATH"], "OCI_GPU_HOOK_CONFIG": "/dev/null"})
+
+
+def test_list_shows_labels_uuids_and_what_is_ignored() -> None:
+    done = cli("nvidia-mig", "list")
+    assert done.returncode == 0, done.stderr
+    rows = [line.split() for line in done.stdout.splitlines() if line.startswith("nvidia")]
+    assert [r[1] for r in rows] == ["0", "1", "0:0", "0:1", "0:2", "0:3"]
+    assert rows[2][3:5] == ["0", "(gpu1/gi1/ci0)"]
+    assert "shared by nvidia GPUs: /dev/nvidiactl (c 195:255), /dev/nvidia-uvm (c 510:0)" in done.stdout
+    listed = json.loads(cli("nvidia-mig", "list", "--json").stdout)
+    assert [(d["label"], d["minor"], d["mig"]) for d in listed["devices"]][:3] == [("0", 1, None), ("1", 0, None),
+                                                                                  ("0:0", 1, [1, 0])]
+
+
+def test_watch_once_writes_the_nvidia_spec(tmp_path: Path) -> None:
+    done = cli("nvidia-h100", "watch", "--once", "--output", f"{tmp_path}/")
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["nvidia.com-gpu.json"]
+    spec = json.loads((tmp_path / "nvidia.com-gpu.json").read_text())
+    assert spec["kind"] == "nvidia.com/gpu" and spec["containerEdits"]["mounts"]
+
+
+def test_inspect_names_nvidia_nodes() -> None:
+    from oci_gpu_hook.entry.commands import _device_names
+
+    names = _device_names(config("nvidia-mig"))
+    assert names[("c", 195, 1)] == "nvidia 0 /dev/nvidia1 (0000:3b:00.0)"
+    assert names[("c", 236, 185)] == "nvidia 0:3 /dev/nvidia-caps/nvidia-cap185 (0000:3b:00.0 partition 3)"
+    assert names[("c", 226, 129)] == "nvidia 0 /dev/dri/renderD129 (0000:3b:00.0)"
+    assert names[("c", 195, 255)] == "/dev/nvidiactl (all nvidia GPUs)"
