@@ -201,6 +201,11 @@ def load_file(path: str) -> dict[str, Any]:
             raw = handle.read()
     except OSError as err:
         raise HookError(f"{where}: cannot read ({err.strerror})") from None
+    return parse_bytes(raw, where)
+
+
+def parse_bytes(raw: bytes, where: str) -> dict[str, Any]:
+    """The checked keys of the config file whose bytes are ``raw``."""
     data = parse_toml_subset(raw)
     if data is None:  # outside the subset: the real parser decides (and words the errors)
         import tomllib

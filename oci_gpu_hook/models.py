@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from oci_gpu_hook.config import ACCESS_VALUES, FIELDS, KINDS
 from oci_gpu_hook.core.devices import Node
-from oci_gpu_hook.inventory import Device, Inventory
+from oci_gpu_hook.inventory import Device, Inventory, stable_name
 
 _ENV_NAME = "^[A-Za-z_][A-Za-z0-9_]*$"
 _KIND = Literal[tuple(KINDS)]  # type: ignore[valid-type]
@@ -71,6 +71,7 @@ class DeviceModel(BaseModel):
 
     kind: _KIND  # type: ignore[valid-type]
     index: int = Field(ge=0)
+    name: str = Field(description="the stable CDI device name: a GPU's PCI address, a partition's <pci>-p<N>")
     pci_address: str = Field(pattern="^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\\.[0-7]$")
     partition: int | None = Field(ge=0, le=7)
     drm_name: str
@@ -98,7 +99,8 @@ class DeviceModel(BaseModel):
         return cls(
             label=device.label, uuid=device.uuid, minor=device.minor, mig=device.mig, parent=device.parent,
             display_nodes=[NodeModel.of(n) for n in device.display_nodes],
-            kind=device.kind, index=device.index, pci_address=device.pci_address, partition=device.partition,
+            kind=device.kind, index=device.index, name=stable_name(device), pci_address=device.pci_address,
+            partition=device.partition,
             drm_name=device.drm_name, compute_mode=device.compute_mode, memory_mode=device.memory_mode,
             vendor_id=device.vendor_id, device_id=device.device_id, driver=device.driver, model=device.model,
             numa_node=device.numa_node, nodes=[NodeModel.of(n) for n in device.nodes], links=list(device.links),

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from oci_gpu_hook.config import Config
     from oci_gpu_hook.core.devices import Rule
     from oci_gpu_hook.inventory import Device, Inventory
-    from oci_gpu_hook.request import Ask, Request
+    from oci_gpu_hook.request import Request
 
 
 class Plan:
@@ -139,25 +139,11 @@ def plan_for_spec(spec: Any, config: Config, devices: str | None = None) -> Plan
 
     kinds = None if config.mask_other_gpus else [a.kind for a in asks if a.values]
     inventory = scan(config.sysfs_root, kinds, proc_root=config.proc_root, driver_root=config.driver_root)
-    if devices is None:
-        _ignore_env_beside_spec_devices(spec, asks, inventory)
-    return build_plan(inventory, resolve(asks, inventory), config, env)
-
-
-def _ignore_env_beside_spec_devices(spec: Any, asks: list[Ask], inventory: Inventory) -> None:
-    """An image cannot widen what the operator granted: when the spec already carries devices of a kind (CDI,
-    ``--device``, the orchestrator), an env request of that kind adds nothing and is noted as ignored."""
+    if devices is not None:  # the operator's list: nothing in the spec holds it back
+        return build_plan(inventory, resolve(asks, inventory), config, env)
     from oci_gpu_hook.bundle import spec_device_numbers
-    from oci_gpu_hook.request import CDI_SOURCE
 
-    present = spec_device_numbers(spec)
-    if not present:
-        return
-    for ask in asks:
-        if ask.source == CDI_SOURCE or not ask.values:
-            continue
-        mine = {n.number for d in inventory.devices(ask.kind) for n in d.nodes}
-        if present & mine:
-            ask.note = (f"{ask.source}={','.join(ask.values)} ignored: the container already has {ask.kind} GPUs "
-                        "(CDI, --device or the orchestrator); an image's env cannot add to them")
-            ask.values = []
+    # One grant, whoever injects (request.resolve): devices the spec already carries bound every request of
+    # their kind; an image's env cannot widen them, annotations must name exactly them.
+    return build_plan(inventory, resolve(asks, inventory, spec_device_numbers(spec)), config, env)
+

@@ -10,6 +10,13 @@ Sources, per kind (``amd``, ``intel``, ``nvidia``):
    may ask.
 3. ``dry-run --devices``, which replaces both.
 
+When the spec already carries device nodes of a kind (native CDI, ``--device``, the orchestrator; a
+device counts as there when one of its own nodes is, shared ones like ``/dev/kfd`` identify none),
+:func:`resolve` holds that kind to one grant, whoever injects: an env request of the kind adds nothing
+(an image cannot widen what the operator granted) and is noted as ignored; annotations naming devices
+of the kind must name exactly the devices there (then nothing is added twice), else the container is
+refused with one line naming both sets, never given their union.
+
 Syntax of a value: ``all``; ``none``, ``void`` or empty (no device: nothing is changed at all); else
 a comma list of indices (``1``), inclusive ranges (``0-3``) and the backend's own forms (AMD: PCI
 addresses, unique ids; Intel: ``cardN``, PCI addresses; NVIDIA: ``GPU-<uuid>``, PCI addresses, ``<gpu>:<mig>``,
@@ -25,7 +32,7 @@ from oci_gpu_hook.errors import HookError
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Mapping, Sequence, Set
 
     from oci_gpu_hook.config import Config
     from oci_gpu_hook.inventory import Device, Inventory
@@ -52,20 +59,23 @@ class Ask:
 
 
 class Request:
-    """The asks of a container and, once resolved, the devices each kind's backend chose."""
+    """The asks of a container that count and, once resolved, the devices each kind's backend chose; ``notes``
+    say what resolution set aside."""
 
-    __slots__ = ("asks", "devices")
+    __slots__ = ("asks", "devices", "notes")
 
-    def __init__(self, asks: list[Ask], devices: dict[str, tuple[Device, ...]] | None = None) -> None:
+    def __init__(self, asks: list[Ask], devices: dict[str, tuple[Device, ...]] | None = None,
+                 notes: tuple[str, ...] = ()) -> None:
         self.asks = asks
         self.devices = devices or {}
+        self.notes = notes
 
     def __bool__(self) -> bool:
         return any(self.devices.values())
 
     @property
     def note(self) -> str:
-        return "; ".join(a.note for a in self.asks if a.note)
+        return "; ".join([*(a.note for a in self.asks if a.note), *self.notes])
 
     @property
     def source(self) -> str:
@@ -154,16 +164,55 @@ def parse_devices_option(text: str, kinds: Sequence[str]) -> list[Ask]:
             if ",".join(v).strip().lower() not in NO_GPU]
 
 
-def resolve(asks: list[Ask], inventory: Inventory) -> Request:
-    """The devices each ask names, per kind in index order."""
+def resolve(asks: list[Ask], inventory: Inventory, present: Set[tuple[str, int, int]] = frozenset()) -> Request:
+    """The devices each ask names, per kind in index order.
+
+    ``present``: (type, major, minor) of the device nodes the spec already carries.  Per kind with devices
+    there, one grant (module docstring): an env ask is set aside with a note; annotations must name exactly
+    those devices, else a HookError naming both sets.
+    """
     devices: dict[str, tuple[Device, ...]] = {}
+    counted: list[Ask] = []
+    notes: list[str] = []
     for ask in asks:
-        chosen: dict[int, Device] = {d.index: d for d in devices.get(ask.kind, ())}
+        there = _present(ask.kind, inventory.devices(ask.kind), present) if present and ask.values else ()
+        if there and ask.source != CDI_SOURCE:
+            notes.append(f"{ask.source}={','.join(ask.values)} ignored: the container already has {ask.kind} GPUs "
+                         "(CDI, --device or the orchestrator); an image's env cannot add to them")
+            continue
+        counted.append(ask)
+        named: dict[int, Device] = {}
         for value in ask.values:
             for device in select(ask.kind, value, inventory.devices(ask.kind), ask.source):
-                chosen[device.index] = device
+                named[device.index] = device
+        if there and named and set(named) != {d.index for d in there}:
+            raise HookError(
+                f"{ask.source} name {_listed(ask.kind, [named[i] for i in sorted(named)])}, but the container "
+                f"already has {_listed(ask.kind, there)} (CDI, --device or the orchestrator): refused, one grant "
+                "whoever injects and never their union (a stale CDI spec on this node, or an orchestrator that "
+                "disagrees with itself)")
+        chosen = {d.index: d for d in devices.get(ask.kind, ())}
+        chosen.update(named)
         devices[ask.kind] = tuple(chosen[i] for i in sorted(chosen))
-    return Request(asks, devices)
+    return Request(counted, devices, tuple(notes))
+
+
+def _present(kind: str, devices: tuple[Device, ...], present: Set[tuple[str, int, int]]) -> tuple[Device, ...]:
+    """The devices one of whose own nodes (never a shared one) the spec already carries (the backend's
+    ``present`` where its devices share nodes: an NVIDIA MIG device and its GPU)."""
+    from oci_gpu_hook.inventory import backend
+
+    own = getattr(backend(kind), "present", None)
+    if own is not None:
+        return own(devices, present)  # type: ignore[no-any-return]
+    return tuple(d for d in devices if any(n.number in present for n in d.nodes))
+
+
+def _listed(kind: str, devices: Sequence[Device]) -> str:
+    """``amd device 0000:23:00.0`` / ``amd devices 0000:05:00.0-p0, 0000:05:00.0-p1``: by stable name."""
+    from oci_gpu_hook.inventory import stable_name
+
+    return f"{kind} device{'s' if len(devices) != 1 else ''} {', '.join(stable_name(d) for d in devices)}"
 
 
 def select(kind: str, value: str, devices: tuple[Device, ...], source: str = "request") -> tuple[Device, ...]:

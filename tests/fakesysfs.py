@@ -1,10 +1,10 @@
 """Build directory trees that mimic a host's sysfs, symlinks and all.
 
-Used by the tests and to (re)generate the example hosts under ``examples/hosts``:
+Used by the tests and to (re)generate the example hosts under ``examples/hosts`` (into a new directory):
 
-    python -m tests.fakesysfs examples/hosts/seed-8x-gfx1100/sys seed
-    python -m tests.fakesysfs examples/hosts/shuffled-4x-gfx942/sys shuffled
-    python -m tests.fakesysfs examples/hosts/nvidia-4x-h100/sys nvidia-h100   # also writes ../proc, ../driver
+    python -m tests.fakesysfs examples/hosts/seed-8x-gfx1100/sys seed-8x-gfx1100
+    python -m tests.fakesysfs examples/hosts/shuffled-4x-gfx942/sys shuffled-4x-gfx942
+    python -m tests.fakesysfs examples/hosts/nvidia-4x-h100/sys nvidia-4x-h100   # also writes ../proc, ../driver
 
 A host with NVIDIA GPUs also has ``/sys/bus/pci/devices`` links (its backend reads the PCI devices there),
 ``module/nvidia*`` and its non-GPU functions (NVSwitches, audio); its /proc and driver roots are
@@ -397,6 +397,35 @@ def _build_kfd(root: str, host: FakeHost) -> None:
                        "".join(f"{k} {link[k]}\n" for k in _LINK_KEYS))
 
 
+def remove_gpu(root: str, host: FakeHost, pci: str) -> None:
+    """Take the GPU at ``pci`` out of a tree built from ``host``, as a hot-remove or a failed reset leaves sysfs:
+    its PCI device, its partitions' platform devices, their /sys/class/drm links and its KFD topology nodes."""
+    import shutil
+
+    gpu = next(g for g in host.gpus if g.pci == pci)
+    names = [f"card{gpu.card}", f"card{gpu.card}-DP-1"] if gpu.card is not None else []
+    names += [f"renderD{gpu.render}"] if gpu.render is not None else []
+    for k in range(gpu.xcps):
+        assert gpu.card is not None and gpu.render is not None
+        names += [f"card{gpu.card + 1 + k}", f"renderD{gpu.render + 1 + k}"]
+        shutil.rmtree(os.path.join(root, "devices", "platform", f"amdgpu_xcp{gpu.xcp_sep}{gpu.xcp_first + k}"))
+    for name in names:
+        os.unlink(os.path.join(root, "class", "drm", name))
+    shutil.rmtree(_pci_dir(root, gpu))
+    domain, bus, rest = pci.split(":")
+    slot, func = rest.split(".")
+    location = int(bus, 16) << 8 | int(slot, 16) << 3 | int(func)
+    nodes_dir = os.path.join(root, "devices", "virtual", "kfd", "kfd", "topology", "nodes")
+    for number in os.listdir(nodes_dir) if os.path.isdir(nodes_dir) else ():
+        with open(os.path.join(nodes_dir, number, "gpu_id")) as handle:
+            if handle.read().strip() == "0":
+                continue  # a CPU node
+        with open(os.path.join(nodes_dir, number, "properties")) as handle:
+            props = dict(line.split() for line in handle if line.strip())
+        if int(props["location_id"]) >> 3 == location >> 3 and int(props["domain"]) == int(domain, 16):
+            shutil.rmtree(os.path.join(nodes_dir, number))
+
+
 SEED_BUSES = ("03", "23", "43", "63", "83", "a3", "c3", "e3")
 
 
@@ -551,10 +580,16 @@ def build_all(sys_root: str, host: FakeHost) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) not in (1, 2) or (len(argv) == 2 and argv[1] not in HOSTS):
-        print(f"usage: python -m tests.fakesysfs DIR [{'|'.join(HOSTS)}]", file=sys.stderr)
+    """``python -m tests.fakesysfs DIR [HOST]``: HOST is an examples/hosts/ directory name (or its short name
+    in :data:`HOSTS`), default the seed host."""
+    names = {**{d: n for n, d in EXAMPLE_DIRS.items()}, **{n: n for n in HOSTS}}
+    if len(argv) not in (1, 2) or (len(argv) == 2 and argv[1] not in names):
+        print(f"usage: python -m tests.fakesysfs DIR [{'|'.join(EXAMPLE_DIRS.values())}]", file=sys.stderr)
         return 2
-    build_all(argv[0], HOSTS[argv[1] if len(argv) == 2 else "seed"]())
+    if os.path.lexists(argv[0]):
+        print(f"fakesysfs: {argv[0]} exists: name a new directory (remove the old tree first)", file=sys.stderr)
+        return 1
+    build_all(argv[0], HOSTS[names[argv[1]] if len(argv) == 2 else "seed"]())
     return 0
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,74 @@ state = '/run/containerd'
             BinaryName = ''
 """
 CONTAINERS_CONF = '[engine]\nhooks_dir = ["/usr/share/containers/oci/hooks.d", "/etc/containers/oci/hooks.d"]\n'
+
+
+# --- containerd binaries as a node has them (install reads their version from their bytes) ---------------
+
+
+def go_build_info(version: str) -> bytes:
+    """A containerd binary as containerd's Makefile builds it (official releases, Docker's containerd.io;
+    checked against v1.7.24 and v2.1.9 built from their tags): Go's build info records the ``-ldflags`` that set
+    ``version.Version``.  Not an ELF file this machine runs, so install must read it, not run it."""
+    module = "github.com/containerd/containerd" + ("/v2" if version.lstrip("v").startswith("2") else "")
+    info = (f"path\t{module}/cmd/containerd\nmod\t{module}\t(devel)\t\n"
+            "dep\tgithub.com/containerd/ttrpc\tv1.2.7\t\n"  # a dependency's version is not containerd's
+            f'build\t-ldflags="-X {module}/version.Version={version} -X {module}/version.Revision={"8" * 40} '
+            f'-X {module}/version.Package={module} -s -w "\nbuild\tGOOS=linux\n')
+    return b"\x7fELF\x02\x01\x01" + bytes(57) + b"\xff Go buildinf:\x08\x02" + bytes(16) + info.encode() + bytes(64)
+
+
+def go_string_variables(strings: list[str], *, wide: bool = True, little: bool = True, machine: int = 183) -> bytes:
+    """A minimal ELF file whose writable segment holds the Go string headers (pointer, length) of ``strings``, in
+    order, pointing into a read-only segment: how a Go binary built without build-info flags (Debian's
+    ``-trimpath`` build) keeps a package's string variables.  ``machine`` 183 is aarch64: not run here."""
+    order, word = ("<" if little else ">"), ("Q" if wide else "I")
+    size = 8 if wide else 4
+    rodata = b"".join(s.encode() for s in strings)
+    ro_off, ro_va, rw_off, rw_va = 0x1000, 0x401000, 0x2000, 0x602000
+    headers, at = b"", ro_va
+    for text in ["garbage", *strings, "tail"]:  # a header either side that points nowhere useful
+        length = len(text.encode())
+        headers += struct.pack(order + word * 2, at if text in strings else 0x7fff0000, length)
+        at += length if text in strings else 0
+    if wide:
+        head = struct.pack(order + "16sHHIQQQIHHHHHH", b"\x7fELF\x02" + (b"\x01" if little else b"\x02") + b"\x01",
+                           2, machine, 1, 0, 64, 0, 0, 64, 56, 2, 0, 0, 0)
+        phdrs = b"".join(struct.pack(order + "IIQQQQQQ", 1, flags, off, va, va, n, n, 0x1000)
+                         for flags, off, va, n in ((4, ro_off, ro_va, len(rodata)), (6, rw_off, rw_va, len(headers))))
+    else:
+        head = struct.pack(order + "16sHHIIIIIHHHHHH", b"\x7fELF\x01" + (b"\x01" if little else b"\x02") + b"\x01",
+                           2, machine, 1, 0, 52, 0, 0, 52, 32, 2, 0, 0, 0)
+        phdrs = b"".join(struct.pack(order + "IIIIIIII", 1, off, va, va, n, n, flags, 0x1000)
+                         for flags, off, va, n in ((4, ro_off, ro_va, len(rodata)), (6, rw_off, rw_va, len(headers))))
+    assert len(headers) % size == 0
+    image = bytearray(head + phdrs)
+    image += bytes(ro_off - len(image)) + rodata
+    image += bytes(rw_off - len(image)) + headers
+    return bytes(image)
+
+
+# Debian 12's containerd 1.6.20 (-trimpath, no -ldflags record): the version package's variables side by side,
+# Package, Revision, Version, as in /usr/bin/containerd there
+DEBIAN_1_6 = ["api.proto", "github.com/containerd/containerd", "1.6.20~ds1-1+deb12u3", "1.6.20~ds1", "/var/lib/cni"]
+
+
+def containerd_binary(root: Path, version: str, style: str = "build-info", real: str = "/usr/bin/containerd") -> Path:
+    """A containerd binary at ``real`` under ``root`` that says ``version``: ``build-info`` (Makefile build),
+    ``variables`` (a distribution's build, laid out as Debian's: Package, Revision, Version), or
+    ``script`` (a ``#!/bin/sh`` that prints what ``containerd --version`` prints: install may run it)."""
+    path = root / real.lstrip("/")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if style == "build-info":
+        path.write_bytes(go_build_info(version))
+    elif style == "variables":
+        path.write_bytes(go_string_variables([*DEBIAN_1_6[:2], f"{version}-1+deb12u3", version, DEBIAN_1_6[-1]]))
+    elif style == "script":
+        path.write_text(f"#!/bin/sh\necho containerd github.com/containerd/containerd {version} {'8' * 40}\n")
+    else:
+        raise ValueError(style)
+    path.chmod(0o755)
+    return path
 
 
 def put(root: Path, real: str, text: str, mode: int = 0o644, owner: tuple[int, int] = (0, 0)) -> Path:

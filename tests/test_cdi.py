@@ -110,6 +110,25 @@ def test_every_cdi_name_is_a_valid_request_for_the_same_gpu() -> None:
             assert device["containerEdits"].get("hooks", [{"args": [0, 0]}])[0]["args"][2:] == links
 
 
+def test_every_device_has_its_stable_name_in_the_spec() -> None:
+    """Every GPU and every partition (p0 of a partitioned GPU included) is a CDI device under its stable name,
+    with exactly its own nodes: the name the device plugin hands out, which no GPU coming or going moves."""
+    from oci_gpu_hook.inventory import stable_name
+
+    seen = set()
+    for host, kind in sorted({(h, k) for h, k, _f in GOLDEN}):
+        inventory = _scan(host)
+        by_name = {d["name"]: d["containerEdits"]["deviceNodes"] for d in cdi.generate(inventory, kind,
+                                                                                        _config(host))["devices"]}
+        for device in inventory.devices(kind):
+            nodes = by_name[stable_name(device)]
+            assert [(n["path"], n["major"], n["minor"]) for n in nodes] == [
+                (n.path, n.major, n.minor) for n in (*device.nodes, *device.display_nodes)], (host.name,
+                                                                                           stable_name(device))
+            seen.add(stable_name(device))
+    assert {"0000:05:00.0-p0", "0000:26:00.0-p7", "0000:23:00.0", "0:3"} <= seen  # 0:3: a MIG device without NVML
+
+
 def _broken(change: str) -> dict[str, Any]:
     spec = copy.deepcopy(_spec(REPO / "examples" / "hosts" / "seed-8x-gfx1100"))
     node = spec["devices"][0]["containerEdits"]["deviceNodes"][0]
@@ -173,7 +192,8 @@ def test_write_is_atomic_and_only_on_change(tmp_path: Path) -> None:
 
 
 def test_cli_writes_into_a_cdi_directory(tmp_path: Path) -> None:
-    env = {"PATH": os.environ["PATH"], "OCI_GPU_HOOK_CONFIG": "/dev/null"}
+    # the links hook the spec names must be there, or cdi list reports it (tests/test_cdi_commands.py)
+    env = {"PATH": os.environ["PATH"], "OCI_GPU_HOOK_CONFIG": "/dev/null", "OCI_GPU_HOOK_HOOK_PATH": "/bin/sh"}
     host = REPO / "examples" / "hosts" / "seed-8x-gfx1100" / "sys"
     base = [sys.executable, "-m", "oci_gpu_hook.entry.cli", "--sysfs-root", str(host), "cdi"]
     done = subprocess.run([*base, "generate", "--output", str(tmp_path), "--format", "yaml"],

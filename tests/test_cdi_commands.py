@@ -24,10 +24,12 @@ OTHER = REPO / "examples" / "hosts" / "shuffled-4x-gfx942" / "sys"
 
 
 def hook(*args: str, cdi_dir: Path | None = None, sysfs: Path = SEED,
-         umask: int | None = None) -> subprocess.CompletedProcess[str]:
+         umask: int | None = None, hook_path: str | None = None) -> subprocess.CompletedProcess[str]:
     env = clean_env(OCI_GPU_HOOK_SYSFS_ROOT=str(sysfs))
     if cdi_dir is not None:
         env["OCI_GPU_HOOK_CDI_DIR"] = str(cdi_dir)
+    if hook_path is not None:
+        env["OCI_GPU_HOOK_HOOK_PATH"] = hook_path
 
     def set_umask() -> None:
         if umask is not None:
@@ -75,12 +77,84 @@ def test_output_dir_that_cannot_be_made_is_one_line(tmp_path: Path) -> None:
 
 def test_output_file_needs_a_spec_extension_and_a_kind(tmp_path: Path) -> None:
     assert "ends in .json or .yaml" in assert_one_error_line(
-        hook("cdi", "generate", "--kind", "amd", "--output", f"{tmp_path}/spec"), 2)
+        hook("cdi", "generate", "--kind", "amd", "--output", f"{tmp_path}/spec.txt"), 2)
     assert "--kind" in assert_one_error_line(hook("cdi", "generate", "--output", f"{tmp_path}/spec.json"), 2)
     assert os.listdir(tmp_path) == []
     done = hook("cdi", "generate", "--kind", "amd", "--output", f"{tmp_path}/sub/spec.yaml")
     assert done.returncode == 0, done.stderr
     assert yaml.safe_load((tmp_path / "sub" / "spec.yaml").read_text())["kind"] == "amd.com/gpu"
+
+
+def test_output_dir_without_a_slash_is_created(tmp_path: Path) -> None:
+    """`cdi generate --output /var/run/cdi` on a fresh host: a name without an extension is a directory."""
+    out = tmp_path / "var" / "run" / "cdi"
+    done = hook("cdi", "generate", "--output", str(out))
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == f"wrote: {out}/amd.com-gpu.json\n"
+    assert os.listdir(out) == ["amd.com-gpu.json"]
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755
+    assert json.loads((out / "amd.com-gpu.json").read_text()) == generated()
+    again = hook("cdi", "generate", "--output", str(out))
+    assert again.returncode == 0 and again.stderr == f"unchanged: {out}/amd.com-gpu.json\n"
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o775, 0o757])
+def test_output_dir_is_never_made_below_a_directory_others_can_write(tmp_path: Path, mode: int) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(mode)  # no sticky bit: anyone in the group (or anyone) could swap what is made below
+    line = assert_one_error_line(hook("cdi", "generate", "--output", f"{shared}/cdi"))
+    assert line.startswith(f"oci-gpu-hook: error: --output {shared}/cdi is not trusted: {shared} is writable by ")
+    assert os.listdir(shared) == []
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    existing.chmod(mode)
+    line = assert_one_error_line(hook("cdi", "generate", "--output", str(existing)))
+    assert f"{existing} is writable by " in line
+    assert os.listdir(existing) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
+def test_output_dir_owned_by_another_user_is_refused(tmp_path: Path) -> None:
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 1234, 1234)
+    line = assert_one_error_line(hook("cdi", "generate", "--output", f"{theirs}/cdi/"))
+    assert f"{theirs} is owned by uid 1234, not by root" in line
+    assert os.listdir(theirs) == []
+
+
+INTEL_AMD = REPO / "examples" / "hosts" / "intel-igpu-2x-gfx1100" / "sys"
+
+
+def test_two_kinds_to_stdout_json_is_refused_with_what_to_do() -> None:
+    line = assert_one_error_line(hook("cdi", "generate", sysfs=INTEL_AMD), 2)
+    assert "2 kinds (amd, intel)" in line and "--kind" in line and "--output DIR/" in line
+    assert "--format yaml" in line
+
+
+def test_two_kinds_to_stdout_yaml_is_one_valid_document_per_kind(tmp_path: Path) -> None:
+    done = hook("cdi", "generate", "--format", "yaml", sysfs=INTEL_AMD)
+    assert done.returncode == 0, done.stderr
+    documents = list(yaml.safe_load_all(done.stdout))
+    assert [d["kind"] for d in documents] == ["amd.com/gpu", "intel.com/gpu"]
+    for document, kind in zip(documents, ("amd", "intel"), strict=True):
+        one = hook("cdi", "generate", "--kind", kind, "--format", "yaml", sysfs=INTEL_AMD)
+        assert document == yaml.safe_load(one.stdout)
+        path = tmp_path / f"{kind}.yaml"
+        path.write_text(yaml.safe_dump(document))
+        assert hook("cdi", "validate", str(path)).returncode == 0
+    single = hook("cdi", "generate", "--format", "yaml")  # one kind: a plain document, as before
+    assert not single.stdout.startswith("---") and yaml.safe_load(single.stdout)["kind"] == "amd.com/gpu"
+
+
+def test_generate_notes_a_hook_path_that_is_not_there(tmp_path: Path) -> None:
+    missing = str(tmp_path / "libexec" / "oci-gpu-hook")
+    done = hook("cdi", "generate", "--output", str(tmp_path / "cdi"), hook_path=missing)
+    assert done.returncode == 0
+    assert done.stderr.splitlines()[-1] == (
+        f"note: hook_path {missing} is not an executable file here: a container given one of these devices fails "
+        f"to start until it is (oci-gpu-hook install, or oci-gpu-hook launchers {tmp_path / 'libexec'})")
 
 
 # --- list: the node's spec directories ------------------------------------------------------
@@ -91,9 +165,10 @@ def write_spec(path: Path, spec: dict[str, Any]) -> None:
     path.write_text(yaml.safe_dump(spec) if path.suffix == ".yaml" else json.dumps(spec))
 
 
-def listing(etc: Path, run: Path, cdi_dir: Path | None = None,
-            sysfs: Path = SEED) -> tuple[subprocess.CompletedProcess[str], list[str]]:
-    done = hook("cdi", "list", "--spec-dirs", f"{etc},{run}", cdi_dir=cdi_dir or run, sysfs=sysfs)
+def listing(etc: Path, run: Path, cdi_dir: Path | None = None, sysfs: Path = SEED,
+            hook_path: str | None = None) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    done = hook("cdi", "list", "--spec-dirs", f"{etc},{run}", cdi_dir=cdi_dir or run, sysfs=sysfs,
+                hook_path=hook_path)
     problems = [line[len("problem: "):] for line in done.stdout.splitlines() if line.startswith("problem: ")]
     if problems:
         assert done.returncode == 1
@@ -203,6 +278,66 @@ def test_default_spec_dirs_add_cdi_dir(tmp_path: Path) -> None:
     assert spec_dirs(None, Config(cdi_dir="/var/run/cdi")) == ["/etc/cdi", "/var/run/cdi"]
     assert spec_dirs(None, Config(cdi_dir=str(tmp_path))) == ["/etc/cdi", "/var/run/cdi", str(tmp_path)]
     assert spec_dirs(f"{tmp_path}/a,{tmp_path}/b", Config()) == [f"{tmp_path}/a", f"{tmp_path}/b"]
+
+
+def executable(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\nexit 0\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_list_checks_every_hook_a_spec_names(dirs: tuple[Path, Path], tmp_path: Path) -> None:
+    """A spec whose hook is gone is not "current": every CDI container given its devices would fail."""
+    etc, run = dirs
+    hook_file = executable(tmp_path / "libexec" / "oci-gpu-hook")
+    done = hook("cdi", "generate", "--output", str(run), hook_path=str(hook_file))
+    assert done.returncode == 0, done.stderr
+    listed, problems = listing(etc, run, hook_path=str(hook_file))
+    assert problems == [] and f"spec file {run}/amd.com-gpu.json: current\n" in listed.stdout
+    hook_file.unlink()
+    listed, problems = listing(etc, run, hook_path=str(hook_file))
+    assert f"spec file {run}/amd.com-gpu.json: current; BROKEN: it names a hook that cannot run" in listed.stdout
+    assert problems == [
+        f"{run}/amd.com-gpu.json names the hook {hook_file}, which is missing: every container given 0, 1, 2, 3, "
+        f"4, 5 ... fails to start (fix: oci-gpu-hook launchers {tmp_path / 'libexec'}, or set hook_path and "
+        f"oci-gpu-hook cdi generate --output {run}/)"]
+    executable(hook_file).chmod(0o644)
+    _, problems = listing(etc, run, hook_path=str(hook_file))
+    assert len(problems) == 1 and f"{hook_file}, which is not an executable file" in problems[0]
+
+
+def test_list_names_install_as_the_fix_for_the_launcher_path(dirs: tuple[Path, Path]) -> None:
+    from oci_gpu_hook.host.install import LAUNCHER_DIR
+
+    etc, run = dirs
+    launcher = f"{LAUNCHER_DIR}/oci-gpu-hook"
+    if os.path.exists(launcher):
+        pytest.skip(f"{launcher} is installed on this machine")
+    spec = generated()
+    for device in spec["devices"]:
+        for entry in device["containerEdits"].get("hooks", []):
+            entry["path"] = launcher
+    write_spec(run / "amd.com-gpu.json", spec)
+    _, problems = listing(etc, run, hook_path=launcher)
+    assert problems == [f"{run}/amd.com-gpu.json names the hook {launcher}, which is missing: every container given "
+                        f"0, 1, 2, 3, 4, 5 ... fails to start (fix: oci-gpu-hook install (or oci-gpu-hook launchers "
+                        f"{LAUNCHER_DIR}))"]
+
+
+def test_list_checks_the_hooks_of_another_spec_of_our_kind(dirs: tuple[Path, Path], tmp_path: Path) -> None:
+    etc, run = dirs
+    gone = tmp_path / "gone" / "hook"
+    write_spec(etc / "amd.json", {"cdiVersion": "0.5.0", "kind": "amd.com/gpu", "devices": [
+        {"name": "gpu0", "containerEdits": {"deviceNodes": [{"path": "/dev/dri/renderD128"}]}}],
+        "containerEdits": {"hooks": [{"hookName": "createContainer", "path": str(gone)}]}})
+    write_spec(etc / "example.json", {"cdiVersion": "0.5.0", "kind": "example.com/gpu", "devices": [
+        {"name": "0", "containerEdits": {"hooks": [{"hookName": "createContainer", "path": str(gone)}]}}]})
+    _, problems = listing(etc, run)
+    assert problems == [f"{etc}/amd.json also defines amd.com/gpu devices (it provides: gpu0)",
+                        f"{etc}/amd.json names the hook {gone}, which is missing: every container given all of its "
+                        f"devices fails to start (fix: oci-gpu-hook launchers {gone.parent}, or set hook_path and "
+                        f"oci-gpu-hook cdi generate --output {run}/)"]  # another vendor's kind is not ours to judge
 
 
 # --- validate: CDI versions ------------------------------------------------------------------

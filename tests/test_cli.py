@@ -63,11 +63,12 @@ def test_list_table() -> None:
     result = cli("list")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].split()[:5] == ["KIND", "INDEX", "PCI", "ADDRESS", "PARTITION"]
+    assert lines[0].split()[:6] == ["KIND", "INDEX", "NAME", "PCI", "ADDRESS", "PARTITION"]
     rows = [line.split() for line in lines[1:9]]
     assert [row[1] for row in rows] == [str(i) for i in range(8)]
-    assert rows[1][:9] == ["amd", "1", "0000:23:00.0", "-", "-", "card2", "renderD129", "0", "0x3149e0fac5157acf"]
-    assert rows[7][:8] == ["amd", "7", "0000:e3:00.0", "-", "-", "card8", "renderD135", "1"]
+    assert rows[1][:10] == ["amd", "1", "0000:23:00.0", "0000:23:00.0", "-", "-", "card2", "renderD129", "0",
+                            "0x3149e0fac5157acf"]
+    assert rows[7][:9] == ["amd", "7", "0000:e3:00.0", "0000:e3:00.0", "-", "-", "card8", "renderD135", "1"]
     assert lines[9] == "shared by amd GPUs: /dev/kfd (c 234:0)"
     assert lines[10].startswith("ignored: 0000:c1:00.0: ast")
     assert len(lines) == 11
@@ -75,7 +76,9 @@ def test_list_table() -> None:
 
 def test_list_partitions_and_other_kinds() -> None:
     cpx = cli("list", "--sysfs-root", str(REPO / "examples" / "hosts" / "mi300x-2x-cpx" / "sys")).stdout.splitlines()
-    assert cpx[10].split()[:6] == ["amd", "9", "0000:26:00.0", "1", "(amdgpu_xcp_7)", "CPX/NPS1"]
+    # the stable name of a partition: its GPU's PCI address and its partition number
+    assert cpx[10].split()[:7] == ["amd", "9", "0000:26:00.0-p1", "0000:26:00.0", "1", "(amdgpu_xcp_7)", "CPX/NPS1"]
+    assert cpx[1].split()[:3] == ["amd", "0", "0000:05:00.0-p0"]
     mixed = cli("list", "--sysfs-root", str(REPO / "examples" / "hosts" / "intel-igpu-2x-gfx1100" / "sys"))
     kinds = [line.split()[:2] for line in mixed.stdout.splitlines()[1:4]]
     assert kinds == [["amd", "0"], ["amd", "1"], ["intel", "0"]]
@@ -97,7 +100,8 @@ def test_list_json_matches_the_schema() -> None:
     assert data["sysfs_root"] == str(EXAMPLE_SYSFS)
     assert len(data["devices"]) == 8
     gpu1 = data["devices"][1]
-    assert (gpu1["kind"], gpu1["index"], gpu1["pci_address"]) == ("amd", 1, "0000:23:00.0")
+    assert (gpu1["kind"], gpu1["index"], gpu1["name"], gpu1["pci_address"]) == ("amd", 1, "0000:23:00.0",
+                                                                                 "0000:23:00.0")
     assert gpu1["nodes"] == [{"path": "/dev/dri/card2", "type": "c", "major": 226, "minor": 2},
                              {"path": "/dev/dri/renderD129", "type": "c", "major": 226, "minor": 129}]
     assert gpu1["unique_id"] == "0x3149e0fac5157acf"
@@ -357,6 +361,50 @@ def test_validate_config_that_is_not_toml(tmp_path: Path) -> None:
 def test_validate_missing_config_file(tmp_path: Path) -> None:
     missing = tmp_path / "absent.toml"
     assert str(missing) in assert_one_error_line(cli("validate", "--config-file", str(missing)))
+
+
+def bundle_asking(tmp_path: Path, env: list[str]) -> Path:
+    (tmp_path / "config.json").write_text(spec_text(env))
+    return tmp_path
+
+
+def test_validate_resolves_the_request_against_the_host() -> None:
+    result = cli("validate", str(EXAMPLE_BUNDLE))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == (f"ok: {EXAMPLE_BUNDLE / 'config.json'}: amd 1 (0000:23:00.0): "
+                                              "/dev/dri/card2 /dev/dri/renderD129 /dev/kfd")
+    other = REPO / "examples" / "hosts" / "shuffled-4x-gfx942" / "sys"  # the same request, another host
+    result = cli("validate", str(EXAMPLE_BUNDLE), env=clean_env(OCI_GPU_HOOK_SYSFS_ROOT=str(other)))
+    assert result.stdout.splitlines()[-1].startswith(f"ok: {EXAMPLE_BUNDLE / 'config.json'}: amd 1 (0000:1b:00.0): ")
+
+
+def test_validate_a_bundle_without_a_request(tmp_path: Path) -> None:
+    result = cli("validate", str(bundle_asking(tmp_path, ["PATH=/bin"])))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == f"ok: {tmp_path / 'config.json'}: no GPU requested"
+
+
+@pytest.mark.parametrize(("env", "sysfs", "expected"), [
+    (["AMD_VISIBLE_DEVICES=1,9"], EXAMPLE_SYSFS, "'9' is out of range (the host has 8 amd GPUs)"),
+    (["AMD_VISIBLE_DEVICES=gpu1"], EXAMPLE_SYSFS, "'gpu1'"),
+    (["AMD_VISIBLE_DEVICES=0"], REPO / "examples" / "hosts" / "intel-i915-xe" / "sys", "AMD_VISIBLE_DEVICES=0"),
+], ids=["out-of-range", "malformed", "no-such-gpu-on-this-host"])
+def test_validate_refuses_what_a_container_start_would_refuse(tmp_path: Path, env: list[str], sysfs: Path,
+                                                              expected: str) -> None:
+    bundle = bundle_asking(tmp_path, env)
+    line = assert_one_error_line(cli("validate", str(bundle), env=clean_env(OCI_GPU_HOOK_SYSFS_ROOT=str(sysfs))))
+    assert line.startswith(f"oci-gpu-hook: error: {bundle / 'config.json'}: ")
+    assert expected in line
+    started = cli("dry-run", str(bundle), env=clean_env(OCI_GPU_HOOK_SYSFS_ROOT=str(sysfs)))  # the same refusal
+    assert started.returncode == 1 and line.split(": ", 3)[-1] in started.stderr
+
+
+def test_validate_refuses_a_links_hook_that_is_not_there(tmp_path: Path) -> None:
+    gone = tmp_path / "bin" / "oci-gpu-hook"
+    line = assert_one_error_line(cli("validate", str(EXAMPLE_BUNDLE),
+                                     env=clean_env(OCI_GPU_HOOK_HOOK_PATH=str(gone))))
+    assert f"hook_path {gone} (from " in line and "OCI_GPU_HOOK_HOOK_PATH" in line
+    assert f"oci-gpu-hook launchers {gone.parent}" in line
 
 
 def test_validate_bad_spec(tmp_path: Path) -> None:

@@ -124,9 +124,9 @@ def _main_config(base: Path, socket: Path) -> str:
     )
 
 
-def _write_config(base: Path, socket: Path, runtime: Path) -> Path:
+def _write_config(base: Path, socket: Path, runtime: Path, cdi: bool = False) -> Path:
     """What ``install`` writes on a node: the main config with its imports line, and the drop-in built
-    from the parsed main config; conf.d is the test's, not /etc/containerd/conf.d."""
+    from the parsed main config (native CDI on with ``cdi``); conf.d is the test's, not /etc/containerd/conf.d."""
     conf_d = base / "conf.d"
     conf_d.mkdir()
     main = _main_config(base, socket)
@@ -136,7 +136,7 @@ def _write_config(base: Path, socket: Path, runtime: Path) -> Path:
         imported = containerd.with_import(main)
     assert imported is not None
     assert f'imports = ["{conf_d}/*.toml"]  # added by oci-gpu-hook install\n' in imported
-    (conf_d / "oci-gpu-hook.toml").write_text(drop_in(str(runtime), tomllib.loads(main)))
+    (conf_d / "oci-gpu-hook.toml").write_text(drop_in(str(runtime), tomllib.loads(main), cdi=cdi))
     config = base / "config.toml"
     config.write_text(imported)
     return config
@@ -384,3 +384,28 @@ def test_a_drop_in_without_the_main_config_loses_the_hosts_cri_config(tmp_path: 
     assert cri["cni"]["bin_dir"] != CNI_BIN_DIR
     assert "docker.io" not in cri["registry"]["mirrors"]
     assert cri["containerd"]["runtimes"]["runc"]["options"] == {}  # SystemdCgroup lost
+
+
+def test_containerd_1_6_ignores_enable_cdi(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """What install writes when it cannot tell the node's containerd version: a version 2 drop-in with native CDI
+    on.  containerd 1.6 (which has no CDI) must start with it, the CRI plugin and our runtime loaded."""
+    cl.need("containerd", "ctr")
+    base = tmp_path_factory.mktemp("ctrd-cdi")
+    runtime = base / "oci-gpu-runtime"
+    config = _write_config(base, base / "c.sock", runtime, cdi=True)
+    assert "enable_cdi = true" in (base / "conf.d" / "oci-gpu-hook.toml").read_text()
+    d = Daemon(base=base, config=config, socket=base / "c.sock", namespace=f"ogh-test-{uuid.uuid4().hex[:8]}",
+               runtime=runtime, runtime_no_env=runtime, hook_log=base / "hook.log",
+               daemon_log=base / "containerd.log")
+    try:
+        _start(d)
+        plugins = d.ctr("plugins", "ls").stdout
+        assert any(line.split()[:2] == ["io.containerd.grpc.v1", "cri"] and line.split()[-1] == "ok"
+                   for line in plugins.splitlines()), plugins
+        log = d.daemon_log.read_text()
+        assert f"failed to load plugin {CRI}" not in log
+        (started,) = [line for line in log.splitlines() if "Start cri plugin with config" in line]
+        assert f"BinaryName:{runtime}" in started and f"SandboxImage:{SANDBOX_IMAGE}" in started
+    finally:
+        problems = _stop(d)
+    assert not problems, "containerd teardown: " + "; ".join(problems)

@@ -122,20 +122,22 @@ def test_adapter_on_the_seed_host(tmp_path: Path) -> None:
     root = fakesysfs.build(str(tmp_path / "sys"), fakesysfs.seed_host())
     devices = plugin_devices(root, "mixed")
     assert [(d.id, d.cdi_name, d.numa, d.resource, d.partition, d.hive) for d in devices] == [
-        (f"0000:{b}:00.0", str(i), 0 if i < 4 else 1, "amd.com/gpu", None, None)
+        (f"0000:{b}:00.0", f"0000:{b}:00.0", 0 if i < 4 else 1, "amd.com/gpu", None, None)
         for i, b in enumerate(fakesysfs.SEED_BUSES)]
     assert devices[1].host_nodes == ("/dev/dri/card2", "/dev/dri/renderD129", "/dev/kfd")
+    assert devices[1].numbers == (("c", 226, 2), ("c", 226, 129)) and devices[1].shared == (("c", 234, 0),)
 
 
 @pytest.mark.parametrize(("mode", "sep", "per_gpu"), [("CPX", "_", 8), ("DPX", ".", 2)])
 def test_adapter_on_mi300x_partitions(tmp_path: Path, mode: str, sep: str, per_gpu: int) -> None:
     """The inventory's partitions (both kernel namings) pass straight through: stable IDs, the mode's resource,
-    the GPU's NUMA node and XGMI hive, and the CDI index names of the generated spec."""
+    the GPU's NUMA node and XGMI hive, and the stable CDI names of the generated spec (p0 included)."""
     root = fakesysfs.build(str(tmp_path / "sys"), fakesysfs.mi300x_host(mode, sep))
     devices = plugin_devices(root, "mixed")
     assert [d.id for d in devices] == [device_id(pci, p) for pci in ("0000:05:00.0", "0000:26:00.0")
                                        for p in range(per_gpu)]
-    assert [d.cdi_name for d in devices] == [str(i) for i in range(2 * per_gpu)]
+    assert [d.cdi_name for d in devices] == [f"{pci}-p{p}" for pci in ("0000:05:00.0", "0000:26:00.0")
+                                             for p in range(per_gpu)]
     assert {d.resource for d in devices} == {f"amd.com/{mode.lower()}_nps1"}
     assert {d.hive for d in devices} == {0x7D3B9E2F10AC4411}
     assert [d.numa for d in devices] == [0] * per_gpu + [1] * per_gpu

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -144,9 +145,143 @@ def test_precreate_non_utf8_and_custom_names(install: dict[str, Path]) -> None:
 
 
 def test_precreate_beyond_the_size_limit(install: dict[str, Path]) -> None:
+    """Over the front's 64 MiB: Python gets all of stdin, and the outcome is Python's."""
     text = plain([REQUEST], {"padding": "p" * (65 << 20)}).encode()
     front = precreate(install["native"], text)
-    assert front.returncode != 0 or b"renderD129" in front.stdout  # never a silent pass-through
+    assert ran_python(install)
+    assert front.returncode == 0 and b"renderD129" in front.stdout, front.stderr
+
+
+def test_first_launcher_baked_after_a_config_write_is_fast(tmp_path: Path) -> None:
+    """Baking reads the config file, which moves its access time (relatime): the stamp must not care, nor about
+    any later read."""
+    install = make_install(tmp_path)
+    clean_spec = plain(["FOO=1"]).encode()
+    for _ in range(2):
+        assert precreate(install["native"], clean_spec).stdout == clean_spec
+        assert not ran_python(install)
+        bundle = tmp_path / "bundle"
+        bundle.mkdir(exist_ok=True)
+        (bundle / "config.json").write_bytes(clean_spec)
+        fake = tmp_path / "fake-runc"
+        fake.write_text("#!/bin/sh\necho fake\n")
+        fake.chmod(0o755)
+        done = subprocess.run([str(install["native"] / "oci-gpu-runtime"), "create", "--bundle", str(bundle), "c1"],
+                              capture_output=True, text=True, env={**cl.hook_env(), "OCI_GPU_HOOK_RUNTIME": str(fake)},
+                              timeout=60)
+        assert (done.returncode, done.stdout) == (0, "fake\n"), done.stderr
+        assert not ran_python(install)
+        install["config"].read_bytes()  # another reader
+
+
+def test_same_size_edit_with_the_times_put_back_goes_to_python(tmp_path: Path) -> None:
+    """An edit that keeps the size, with atime and mtime put back as they were: the content tells."""
+    install = make_install(tmp_path, 'amd = ["MY_GPUS_A"]')
+    config = install["config"]
+    before = config.stat()
+    config.write_text(config.read_text().replace("MY_GPUS_A", "MY_GPUS_B"))
+    os.utime(config, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert config.stat().st_size == before.st_size
+    front = precreate(install["native"], plain(["MY_GPUS_B=1"]).encode())
+    assert ran_python(install)
+    assert front.returncode == 0 and b"renderD129" in front.stdout, front.stderr
+
+
+COARSE = r"""
+import json, os, subprocess, sys, time
+from oci_gpu_hook.host import launchers
+image, mount, base, sysfs = sys.argv[1:]
+subprocess.run(["mount", "-o", "loop", image, mount], check=True)
+config = os.path.join(mount, "config.toml")
+defaults = {"OCI_GPU_HOOK_CONFIG": config}
+for attempt in range(10):
+    while time.time() % 1 > 0.3:  # start early in a second: the write, the bake and the edit fit in it
+        time.sleep(0.02)
+    with open(config, "w") as handle:
+        handle.write(f'sysfs_root = "{sysfs}"\nhook_path = "/bin/true"\n[request_env]\namd = ["MY_GPUS_A"]\n')
+    st = os.stat(config)
+    headers = {name: launchers.front_header(name, base, defaults, False) for name in launchers.ROLES}
+    with open(config, "r+") as handle:  # the same size, the same second
+        text = handle.read()
+        handle.seek(0)
+        handle.write(text.replace("MY_GPUS_A", "MY_GPUS_B"))
+    after = os.stat(config)
+    keys = ("st_dev", "st_ino", "st_size", "st_mode", "st_uid", "st_mtime_ns", "st_ctime_ns")
+    if all(getattr(st, k) == getattr(after, k) for k in keys):
+        break
+else:
+    sys.exit("no edit within one second of the bake")
+launchers.front_header = lambda name, *args: headers[name]
+launchers.write_launchers(base, defaults, native=True, trust=False)
+spec = json.dumps({"process": {"env": ["MY_GPUS_B=1"]}, "root": {"path": "r"}}).encode()
+done = subprocess.run([os.path.join(base, "oci-gpu-hook"), "precreate"], input=spec, capture_output=True,
+                      env={"PATH": os.environ["PATH"]})
+print(json.dumps({"stat_equal": True, "ns": after.st_mtime_ns % 10**9, "status": done.returncode,
+                  "stdout": done.stdout.decode(), "stderr": done.stderr.decode()}))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a filesystem (in a private mount namespace)")
+def test_same_size_edit_in_the_same_second_on_whole_second_timestamps(tmp_path: Path) -> None:
+    """ext4 with 128-byte inodes keeps whole-second times: an edit of the same size in the same second as the bake
+    leaves every stat field as it was (checked), and the front still sees it and hands over (a grant, not the
+    stale names' pass-through)."""
+    cl.need("unshare", "mkfs.ext4", "mount")
+    image, mount = tmp_path / "coarse.img", tmp_path / "mnt"
+    mount.mkdir()
+    with image.open("wb") as handle:
+        handle.truncate(8 << 20)
+    subprocess.run(["mkfs.ext4", "-q", "-F", "-I", "128", str(image)], check=True, capture_output=True)
+    done = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable, "-c", COARSE, str(image),
+                           str(mount), str(tmp_path / "bin"), str(cl.SEED_SYSFS)], capture_output=True, text=True,
+                          cwd=cl.REPO, timeout=300)
+    if done.returncode != 0 and "mount" in done.stderr and "loop" in done.stderr:
+        pytest.skip(f"no loop mount here: {done.stderr.strip()[-200:]}")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["stat_equal"] and result["ns"] == 0  # whole seconds, and a stat stamp would have matched
+    assert result["status"] == 0 and "renderD129" in result["stdout"], result
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="makes files owned by another user")
+@pytest.mark.parametrize("how", ["file-o+w", "file-owner", "dir-g+w", "link-to-theirs"])
+def test_config_made_untrusted_after_the_bake(tmp_path: Path, how: str) -> None:
+    """The front checks the config as config.check_trusted does: a config made writable or handed to another user
+    after the launchers were written is refused by both launchers alike, even for a container asking nothing."""
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    config = etc / "config.toml"
+    fake = tmp_path / "fake-runc"
+    fake.write_text('#!/bin/sh\necho "fake-runc $*"\n')
+    fake.chmod(0o755)
+    config.write_text(f'sysfs_root = "{cl.SEED_SYSFS}"\nruntime = "{fake}"\n')
+    config.chmod(0o644)
+    defaults = {"OCI_GPU_HOOK_CONFIG": str(config)}
+    launchers.write_launchers(str(tmp_path / "native"), defaults, native=True)
+    launchers.write_launchers(str(tmp_path / "python"), defaults, native=False)
+    clean_spec = plain(["FOO=1"]).encode()
+    assert precreate(tmp_path / "native", clean_spec).stdout == clean_spec
+    if how == "file-o+w":
+        config.chmod(0o646)
+    elif how == "file-owner":
+        os.chown(config, 65534, 65534)
+    elif how == "dir-g+w":
+        etc.chmod(0o775)
+    else:
+        theirs = tmp_path / "theirs"
+        theirs.mkdir()
+        (theirs / "config.toml").write_bytes(config.read_bytes())
+        os.chown(theirs, 65534, 65534)
+        config.unlink()
+        config.symlink_to(theirs / "config.toml")
+    native, python = precreate(tmp_path / "native", clean_spec), precreate(tmp_path / "python", clean_spec)
+    assert python.returncode == 1 and b"not trusted" in python.stderr
+    assert (native.returncode, native.stdout, native.stderr) == (python.returncode, python.stdout, python.stderr)
+    # a pass-through command still reaches the runtime the bytes name, through either launcher
+    for kind in ("native", "python"):
+        done = subprocess.run([str(tmp_path / kind / "oci-gpu-runtime"), "state", "c1"], capture_output=True,
+                              text=True, env=cl.hook_env(), timeout=60)
+        assert (done.returncode, done.stdout) == (0, "fake-runc state c1\n"), (kind, done.stderr)
 
 
 def test_changed_config_goes_to_python(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.host import containerd, install
 from oci_gpu_hook.inventory import scan
 from tests.containerlib import INSTALL_DEV
-from tests.installtrees import isolated_env, snapshot
+from tests.installtrees import containerd_binary, isolated_env, snapshot
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_SYSFS = REPO / "examples" / "hosts" / "seed-8x-gfx1100" / "sys"
@@ -128,8 +128,10 @@ def at(prefix: Path, real: str) -> Path:
 
 
 def containerd_host(prefix: Path, main: str | None = None) -> None:
-    """/etc/containerd, and the main config ``main`` (mode 0640, its own owner and mtime) if given."""
+    """/etc/containerd, and the main config ``main`` (mode 0640, its own owner and mtime) if given; Debian 12's
+    containerd 1.6 (no native CDI), in /opt/bin: not where install writes."""
     at(prefix, "/etc/containerd").mkdir(parents=True, exist_ok=True)
+    containerd_binary(prefix, "1.6.20~ds1", "variables", "/opt/bin/containerd")
     if main is not None:
         config = at(prefix, MAIN)
         config.write_text(main)
@@ -221,8 +223,11 @@ def test_uninstall_gives_back_the_tree_exactly(prefix: Path, capsys: pytest.Capt
     if host in ("containerd-dir", "populated-prefix"):  # no main config: a new one that imports conf.d
         assert at(prefix, MAIN).read_text() == NEW_MAIN
         assert f"new: {at(prefix, MAIN)} (containerd config (imports); mode 0644)" in out
+        # containerd-dir: 1.6, no native CDI; populated-prefix: no binary at all: native CDI on, which 1.6 ignores
+        cdi = {} if host == "containerd-dir" else {"enable_cdi": True, "cdi_spec_dirs": ["/etc/cdi", "/var/run/cdi"]}
         assert drop_in_cri(prefix) == {"containerd": {"runtimes": {
-            "runc": {"runtime_type": "io.containerd.runc.v2"}, "oci-gpu": OUR_RUNTIME}}}
+            "runc": {"runtime_type": "io.containerd.runc.v2"}, "oci-gpu": OUR_RUNTIME}}, **cdi}
+        assert ("containerd 1.6.20~ds1 (" if host == "containerd-dir" else "containerd version unknown (") in out
     if host == "populated-prefix":
         assert f"replaced: {at(prefix, containerd.DROP_IN_PATH)} (" in out
         assert f"replaced: {at(prefix, RUNTIME)} (" in out
@@ -278,7 +283,7 @@ def test_the_installed_files(prefix: Path, capsys: pytest.CaptureFixture[str]) -
         assert stat.S_IMODE(os.stat(at(prefix, real)).st_mode) == mode, real
     for path in prefix.rglob("*"):
         if path.is_file():
-            assert str(prefix) not in path.read_text(), path
+            assert str(prefix).encode() not in path.read_bytes(), path
 
 
 def test_the_manifest_records_every_file_and_directory(prefix: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -446,14 +451,14 @@ def test_a_host_without_gpus_gets_no_cdi_spec(prefix: Path, tmp_path: Path,
     assert at(prefix, containerd.DROP_IN_PATH).is_file()  # containerd still gets its runtime
     ok(capsys, "--prefix", str(prefix), "--uninstall")
     assert snapshot(prefix) == before
-    assert set(before) == {"etc", "etc/containerd"}
+    assert set(before) == {"etc", "etc/containerd", "opt", "opt/bin", "opt/bin/containerd"}
 
 
 def test_a_file_already_as_install_wants_it_is_left_in_place(prefix: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     drop_in = at(prefix, containerd.DROP_IN_PATH)
     drop_in.parent.mkdir(parents=True)
-    drop_in.write_text(containerd.drop_in(RUNTIME))
+    drop_in.write_text(containerd.drop_in(RUNTIME, cdi=True))  # no containerd found: native CDI on
     drop_in.chmod(0o644)
     original, identity = snapshot(prefix), (drop_in.stat().st_ino, drop_in.stat().st_mtime_ns)
     out = ok(capsys, "--prefix", str(prefix))
@@ -575,7 +580,12 @@ def test_errors_are_one_line_and_write_nothing(prefix: Path) -> None:
     line = assert_one_error_line(cli_subprocess("install", *INSTALL_DEV, "--prefix", str(prefix), "--uninstall"))
     assert "'/etc/../etc/passwd' is not a normalized absolute path" in line
 
-    for args, message in ((["--uninstall", "--hook", "prestart"], "takes no --hook or --set"),
+    for args, message in ((["--uninstall", "--hook", "prestart"], "takes no --hook: it removes"),
+                          (["--uninstall", "--set", "OCI_GPU_HOOK_LOG_FILE=/x", "--host-root", "/"],
+                           "takes no --set, --host-root: it removes"),
+                          (["--uninstall", "--docker-default-runtime"], "takes no --docker-default-runtime"),
+                          (["--containerd-version", "latest"], "--containerd-version 'latest': expected the node's"),
+                          (["--host-root", str(at(prefix, MANIFEST))], "not a directory (the node's / as mounted"),
                           (["--hook", "poststop"], "invalid choice: 'poststop'"),
                           (["--set", "PATH=/bin"], "expected OCI_GPU_HOOK_NAME=VALUE"),
                           (["--only", "podman,lxc"], "expected a comma list of podman, docker"),

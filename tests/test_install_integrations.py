@@ -103,7 +103,7 @@ def test_containerd_v3_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert cri["enable_cdi"] is True and cri["cdi_spec_dirs"] == ["/etc/cdi", "/var/run/cdi"]
     main = tomllib.loads(at(tmp_path, containerd.MAIN_CONFIG_PATH).read_text())
     assert main == {**tomllib.loads(CONTAINERD_V3), "imports": ["/etc/containerd/conf.d/*.toml"]}
-    assert "native CDI is on (enable_cdi)" in out
+    assert "note: containerd: containerd 2.x (" in out and "native CDI on (enable_cdi), drop-in config version 3" in out
     hook = at(tmp_path, "/etc/containers/oci/hooks.d/oci-gpu-hook-precreate.json")
     assert hook.read_text() == '{"the operator": "s own"}\n'  # --only containerd: podman's hooks untouched
 
@@ -187,13 +187,14 @@ def test_only_installs_and_uninstalls_one_integration_at_a_time(tmp_path: Path,
     run(capsys, prefix, "--only", "docker")
     manifest = json.loads(at(prefix, install.MANIFEST_PATH).read_text())
     assert [(e["path"], e["integration"]) for e in manifest["files"]] == [
-        (LAUNCHER, "core"), (RUNTIME, "core"), (docker.DAEMON_JSON, "docker")]
+        (LAUNCHER, "core"), (RUNTIME, "core"), (docker.DAEMON_JSON, "docker"), (docker.GPUS_PATH, "docker")]
     run(capsys, prefix, "--only", "containerd,crio")  # adds, never takes docker's out
     paths = {e["path"] for e in json.loads(at(prefix, install.MANIFEST_PATH).read_text())["files"]}
     assert {docker.DAEMON_JSON, containerd.DROP_IN_PATH, containerd.MAIN_CONFIG_PATH, crio.DROP_IN_PATH} <= paths
     out, _ = run(capsys, prefix, "--uninstall", "--only", "docker")
     assert f"restored: {at(prefix, docker.DAEMON_JSON)}" in out
     assert at(prefix, docker.DAEMON_JSON).read_text() == DAEMON_JSON
+    assert not at(prefix, docker.GPUS_PATH).exists()
     assert at(prefix, containerd.DROP_IN_PATH).is_file()
     run(capsys, prefix, "--uninstall")
     assert snapshot(prefix, mtimes=True) == original

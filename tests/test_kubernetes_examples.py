@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import re
 import subprocess
 import sys
@@ -16,8 +17,11 @@ import yaml
 from oci_gpu_hook import __version__
 from oci_gpu_hook.config import FIELDS, KINDS
 from oci_gpu_hook.host.containerd import RUNTIME_NAME, drop_in
+from tests.containerlib import INSTALL_DEV, SEED_SYSFS
+from tests.installtrees import CONTAINERD_V2, CONTAINERD_V3, containerd_binary, put
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "kubernetes"
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "examples" / "kubernetes"
 LAUNCHER_DIR = "/usr/local/libexec/oci-gpu-hook"
 CDI_KIND = KINDS["amd"][0]
 DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
@@ -54,7 +58,7 @@ def _commands(usage: str) -> set[str]:
 
 
 def test_containerd_drop_in_is_what_the_code_writes() -> None:
-    """The example is the drop-in install writes on a node without a main config (main None)."""
+    """The example is the drop-in install writes on a containerd 1.6 node without a main config (main None)."""
     text = (EXAMPLES / "containerd-oci-gpu.toml").read_text()
     assert text == drop_in(f"{LAUNCHER_DIR}/oci-gpu-runtime", None)
     data = tomllib.loads(text)
@@ -110,7 +114,7 @@ def test_daemon_set(usage: str) -> None:
     volumes = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
     # install reads the main config and replaces it (a rename in /etc/containerd): the whole directory.
     assert set(volumes.values()) == {"/etc/containers/oci/hooks.d", "/etc/containerd", "/var/run/cdi", "/sys",
-                                     LAUNCHER_DIR, "/var/lib/oci-gpu-hook", DEVICE_PLUGIN_DIR}
+                                     LAUNCHER_DIR, "/var/lib/oci-gpu-hook", DEVICE_PLUGIN_DIR, "/"}
     types = {v["hostPath"]["path"]: v["hostPath"]["type"] for v in pod["volumes"]}
     assert types["/etc/containerd"] == "Directory"  # never create a containerd config on a node without one
     containers = {c["name"]: c for c in pod["initContainers"] + pod["containers"]}
@@ -122,6 +126,9 @@ def test_daemon_set(usage: str) -> None:
                 assert mount.get("readOnly") is True
                 env = {e["name"]: e["value"] for e in container["env"]}
                 assert env["OCI_GPU_HOOK_SYSFS_ROOT"] == mount["mountPath"]
+            elif host == "/":  # install finds the node's containerd there (--host-root), and only reads it
+                assert mount == {"name": mount["name"], "mountPath": "/host", "readOnly": True}
+                assert container["name"] == "install" and container["command"][-2:] == ["--host-root", "/host"]
             else:  # install writes the real paths (hook.path, BinaryName): same path inside and outside
                 assert mount["mountPath"] == host
     header = (EXAMPLES / "daemonset.yaml").read_text().split("apiVersion")[0]
@@ -131,13 +138,14 @@ def test_daemon_set(usage: str) -> None:
     installed = {volumes[m["name"]] for m in installer["volumeMounts"]}
     # everything install reads or writes, /etc/containerd included; the kubelet's directory is the plugin's
     assert installed == set(volumes.values()) - {DEVICE_PLUGIN_DIR}
-    assert not any(m.get("readOnly") for m in installer["volumeMounts"] if volumes[m["name"]] != "/sys")
+    assert not any(m.get("readOnly") for m in installer["volumeMounts"] if volumes[m["name"]] not in ("/sys", "/"))
     init_commands = [_hook_command(c["command"]) for c in pod["initContainers"] if c["name"] != "copy-environment"]
     main_commands = [_hook_command(c["command"]) for c in pod["containers"]]
-    assert init_commands == [("install", ["--only", "containerd,cdi", "--set",
-                                          "OCI_GPU_HOOK_ALLOW_ENV_REQUESTS=false"])]  # no --prefix
-    assert main_commands == [("watch", []), ("device-plugin", ["--resource-strategy=mixed"])]
-    assert {"install", "watch", "device-plugin"} <= _commands(usage)
+    assert init_commands == [("install", ["--only", "containerd,cdi", "--set", "OCI_GPU_HOOK_ALLOW_ENV_REQUESTS=false",
+                                          "--host-root", "/host"])]  # no --prefix
+    # the plugin keeps the CDI spec current itself: no watch beside it (two writers of one file)
+    assert main_commands == [("device-plugin", ["--resource-strategy=mixed"])]
+    assert {"install", "device-plugin"} <= _commands(usage)
     for name, args in init_commands + main_commands:
         assert name in _commands(usage)
         help_text = _cli(name, "--help")
@@ -152,12 +160,15 @@ def test_daemon_set(usage: str) -> None:
     for container in containers.values():
         if container["name"] not in ("copy-environment", "device-plugin"):
             assert container["securityContext"]["privileged"] is True
-    # The device plugin reads sysfs and writes its sockets where the kubelet looks: no privileges needed.
+    # The device plugin reads sysfs, writes its sockets where the kubelet looks and the CDI spec where
+    # containerd reads it (--cdi-dir's default, cdi_dir): no privileges needed.
     plugin = containers["device-plugin"]
     assert plugin["securityContext"] == {"privileged": False, "allowPrivilegeEscalation": False,
                                          "capabilities": {"drop": ["ALL"]}}
     mounts = {volumes[m["name"]]: m for m in plugin["volumeMounts"]}
-    assert mounts.keys() == {"/sys", DEVICE_PLUGIN_DIR}
+    assert mounts.keys() == {"/sys", DEVICE_PLUGIN_DIR, FIELDS["cdi_dir"].default}
+    assert not mounts[FIELDS["cdi_dir"].default].get("readOnly")
+    assert "--no-cdi-specs" not in plugin["command"]
     assert mounts[DEVICE_PLUGIN_DIR]["mountPath"] == DEVICE_PLUGIN_DIR  # the --kubelet-dir default
     assert f"(default {DEVICE_PLUGIN_DIR})" in " ".join(_cli("device-plugin", "--help").split())
     assert types[DEVICE_PLUGIN_DIR] == "Directory"  # the kubelet makes it; a node without one runs no plugin
@@ -191,3 +202,48 @@ def test_contract_names_real_commands_and_settings(usage: str) -> None:
     assert 'adds `imports = ["/etc/containerd/conf.d/*.toml"]` to the main config' in flat
     assert "after editing the CRI section of `/etc/containerd/config.toml`, run `oci-gpu-hook install` again" in flat
     assert "known problem" not in flat
+
+
+DAEMONSET_NODES = {
+    # Docker's containerd.io 1.7 package in /usr/bin, the node's version 2 config
+    "1.7": ("v1.7.24", "/usr/bin/containerd", CONTAINERD_V2, 2),
+    # containerd 2.x from the release tarball in /usr/local/bin, its version 3 config
+    "2.x": ("v2.1.9", "/usr/local/bin/containerd", CONTAINERD_V3, 3),
+    # containerd 2.x running on its built-in defaults: /etc/containerd is there, config.toml is not
+    "2.x-no-config": ("v2.1.9", "/usr/local/bin/containerd", None, 3),
+}
+
+
+@pytest.mark.parametrize("node", DAEMONSET_NODES)
+def test_daemon_set_install_on_a_node(tmp_path: Path, node: str) -> None:
+    """The install container's command, exactly as the DaemonSet has it, on a tree that looks like the node: the
+    pod's mounts are the node's own paths (the tree), /host is the tree, and the container has no containerd."""
+    version, binary, main, config_version = DAEMONSET_NODES[node]
+    pod = _load("daemonset.yaml")["spec"]["template"]["spec"]
+    (installer,) = (c for c in pod["initContainers"] if c["name"] == "install")
+    mounts = {m["mountPath"]: m for m in installer["volumeMounts"]}
+    assert mounts["/host"]["readOnly"] is True
+    node_root = tmp_path / "node"
+    containerd_binary(node_root, version, "build-info", binary)
+    (node_root / "etc/containerd").mkdir(parents=True, exist_ok=True)
+    if main is not None:
+        put(node_root, "/etc/containerd/config.toml", main)
+    _name, args = _hook_command(installer["command"])
+    args = [str(node_root) if a == "/host" else a for a in args]
+    empty = tmp_path / "empty-path"
+    empty.mkdir()
+    env = {"PATH": str(empty), "OCI_GPU_HOOK_CONFIG": os.devnull, "OCI_GPU_HOOK_SYSFS_ROOT": str(SEED_SYSFS)}
+    done = subprocess.run([sys.executable, "-m", "oci_gpu_hook.entry.cli", "install", *INSTALL_DEV, *args,
+                           "--prefix", str(node_root)], capture_output=True, text=True, env=env, timeout=120,
+                          cwd=REPO, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    drop_in_file = tomllib.loads((node_root / "etc/containerd/conf.d/oci-gpu-hook.toml").read_text())
+    assert drop_in_file["version"] == config_version
+    cri = drop_in_file["plugins"]["io.containerd.grpc.v1.cri" if config_version == 2
+                                  else "io.containerd.cri.v1.runtime"]
+    assert cri["enable_cdi"] is True and cri["cdi_spec_dirs"] == ["/etc/cdi", "/var/run/cdi"]
+    assert cri["containerd"]["runtimes"][RUNTIME_NAME]["options"]["BinaryName"] == f"{LAUNCHER_DIR}/oci-gpu-runtime"
+    assert tomllib.loads((node_root / "etc/containerd/config.toml").read_text())["version"] == config_version
+    assert f"note: containerd: containerd {version[1:]} ({node_root}{binary}, its build info): native CDI on" \
+        in done.stdout
+    assert "no native CDI" not in done.stdout

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -130,3 +131,59 @@ def test_editable_install_refused_unless_allowed(tmp_path: Path) -> None:
     assert not (tmp_path / "bin").exists()
     out = subprocess.run([*cmd, "--allow-editable"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
+
+
+def _installed_venv(base: Path) -> Path:
+    """A virtual environment with the package in its site-packages (as ``pip install .`` puts it), not editable."""
+    venv = base / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True,
+                   timeout=300)
+    python = venv / "bin" / "python"
+    site = subprocess.run([str(python), "-c", "import site; print(site.getsitepackages()[0])"], check=True,
+                          capture_output=True, text=True, cwd=base, timeout=60).stdout.strip()
+    shutil.copytree(cl.REPO / "oci_gpu_hook", Path(site) / "oci_gpu_hook",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    return python
+
+
+def test_launchers_and_install_through_an_installed_launcher(tmp_path: Path) -> None:
+    """The README's route: after editing the config, run ``launchers`` (or ``install``) again, through the launcher
+    it wrote, which runs Python with -I -S.  Not refused as an editable install, and it writes the very launchers
+    that ``launchers`` run the usual way wrote."""
+    python = _installed_venv(tmp_path)
+    env = cl.hook_env()
+    bin_dir = tmp_path / "bin"
+    first = subprocess.run([str(python), "-m", "oci_gpu_hook.entry.cli", "launchers", str(bin_dir)],
+                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert first.returncode == 0, first.stderr
+    names = sorted(os.listdir(bin_dir))
+    assert names == (["oci-gpu-hook", "oci-gpu-hook.py", "oci-gpu-runtime", "oci-gpu-runtime.py"]
+                     if launchers.find_cc() else ["oci-gpu-hook", "oci-gpu-runtime"])
+    before = {name: (bin_dir / name).read_bytes() for name in names}
+    again = subprocess.run([str(bin_dir / "oci-gpu-hook"), "launchers", str(bin_dir)], capture_output=True,
+                           text=True, env=env, cwd=tmp_path, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert "outside site-packages" not in again.stderr
+    assert {name: (bin_dir / name).read_bytes() for name in names} == before
+    plain = subprocess.run([str(bin_dir / "oci-gpu-hook"), "launchers", str(tmp_path / "py"), "--no-native"],
+                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert plain.returncode == 0, plain.stderr
+    site = subprocess.run([str(python), "-c", "import site; print(site.getsitepackages())"], capture_output=True,
+                          text=True, cwd=tmp_path, timeout=60).stdout.strip()
+    assert f"sys.path[:0] = {site}" in (tmp_path / "py" / "oci-gpu-hook").read_text()
+    staged = subprocess.run([str(bin_dir / "oci-gpu-hook"), "install", "--dry-run", "--prefix", str(tmp_path / "root")],
+                            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert staged.returncode == 0, staged.stderr
+    assert "outside site-packages" not in staged.stderr
+
+
+def test_an_editable_install_is_still_refused_through_its_launcher(tmp_path: Path) -> None:
+    """The same check, run under -I -S, still tells an editable checkout from an install."""
+    if launchers.editable_reason() is None:
+        pytest.skip("the package is installed in site-packages here")
+    (tmp_path / "config.toml").write_text("")
+    hook, _shim = cl.write_launchers(tmp_path / "bin", tmp_path / "config.toml")
+    out = subprocess.run([str(hook), "launchers", str(tmp_path / "other")], capture_output=True, text=True,
+                         env=cl.hook_env(), timeout=300)
+    assert out.returncode == 1 and "outside site-packages" in out.stderr and "--allow-editable" in out.stderr
+    assert not (tmp_path / "other").exists()

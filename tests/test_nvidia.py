@@ -673,7 +673,8 @@ def test_list_shows_labels_uuids_and_what_is_ignored() -> None:
     assert done.returncode == 0, done.stderr
     rows = [line.split() for line in done.stdout.splitlines() if line.startswith("nvidia")]
     assert [r[1] for r in rows] == ["0", "1", "0:0", "0:1", "0:2", "0:3"]
-    assert rows[2][3:5] == ["0", "(gpu1/gi1/ci0)"]
+    assert rows[2][2:6] == ["0:0", "0000:3b:00.0", "0", "(gpu1/gi1/ci0)"]  # no NVML: the MIG index names it
+    assert rows[0][2] == HOSTS["nvidia-mig"]().nvidia[1].uuid  # a GPU's stable name: its UUID
     assert "shared by nvidia GPUs: /dev/nvidiactl (c 195:255), /dev/nvidia-uvm (c 510:0)" in done.stdout
     listed = json.loads(cli("nvidia-mig", "list", "--json").stdout)
     assert [(d["label"], d["minor"], d["mig"]) for d in listed["devices"]][:3] == [("0", 1, None), ("1", 0, None),
@@ -696,3 +697,25 @@ def test_inspect_names_nvidia_nodes() -> None:
     assert names[("c", 236, 185)] == "nvidia 0:3 /dev/nvidia-caps/nvidia-cap185 (0000:3b:00.0 partition 3)"
     assert names[("c", 226, 129)] == "nvidia 0 /dev/dri/renderD129 (0000:3b:00.0)"
     assert names[("c", 195, 255)] == "/dev/nvidiactl (all nvidia GPUs)"
+
+
+def test_one_grant_whoever_injects_tells_a_mig_device_from_its_gpu() -> None:
+    """A spec that already carries a MIG device's nodes (its GPU's node among them) holds that MIG device, not the
+    whole GPU: an annotation naming it agrees; one naming the GPU is refused; an image's env adds nothing."""
+    cfg = config("nvidia-mig")
+    mig = [{"path": p, "type": "c", "major": ma, "minor": mi} for p, ma, mi in (
+        ("/dev/nvidia1", 195, 1), ("/dev/nvidia-caps/nvidia-cap183", 236, 183),
+        ("/dev/nvidia-caps/nvidia-cap185", 236, 185))]
+    doc = spec([])
+    doc["linux"]["devices"] = mig
+    doc["annotations"] = {"cdi.k8s.io/x": "nvidia.com/gpu=0:3"}
+    assert [d.label for d in plan_for_spec(doc, cfg).devices] == ["0:3"]
+    doc["annotations"] = {"cdi.k8s.io/x": "nvidia.com/gpu=0"}
+    with pytest.raises(HookError, match="one grant whoever injects"):
+        plan_for_spec(doc, cfg)
+    doc = spec(["NVIDIA_VISIBLE_DEVICES=all"])
+    doc["linux"]["devices"] = mig[:1]  # the whole GPU 0
+    plan = plan_for_spec(doc, cfg)
+    assert plan.devices == () and "NVIDIA_VISIBLE_DEVICES=all ignored" in plan.request.note
+    doc["annotations"] = {"cdi.k8s.io/x": "nvidia.com/gpu=0"}
+    assert [d.label for d in plan_for_spec(doc, cfg).devices] == ["0"]

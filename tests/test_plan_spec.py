@@ -441,11 +441,49 @@ def test_env_request_beside_devices_of_its_kind_adds_nothing() -> None:
     new, plan = rewrite(spec_with([f"{NAME}=1"], {"devices": [{"path": "/dev/fuse", "type": "c", "major": 10,
                                                                 "minor": 229}]}))
     assert [d.index for d in plan.devices] == [1]
-    # the orchestrator's annotations still decide
+    # annotations naming other devices than the spec's: refused, never the union (one grant, whoever injects)
     spec = spec_with([f"{NAME}=all"], linux)
     spec["annotations"] = {"cdi.k8s.io/x": "amd.com/gpu=2"}
-    _, plan = rewrite(spec)
+    with pytest.raises(HookError) as info:
+        rewrite(spec)
+    assert "name amd device 0000:43:00.0, but the container already has amd device 0000:23:00.0" in str(info.value)
+
+
+def _native_cdi(*indices: int) -> dict[str, Any]:
+    """linux.devices and device rules as a runtime applying our CDI spec itself leaves them (containerd, podman)."""
+    devices = seed().devices("amd")
+    nodes = [n for i in indices for n in devices[i].nodes] + list(seed().shared("amd"))
+    return {"devices": [n.made(0o666, 0, 0).to_oci() for n in nodes],
+            "resources": {"devices": [{"allow": False, "access": "rwm"},
+                                      *(n.rule("rwm").to_oci() for n in nodes)]}}
+
+
+@pytest.mark.parametrize("annotation", ["amd.com/gpu=0000:43:00.0", "amd.com/gpu=2",
+                                        "amd.com/gpu=0000:43:00.0,amd.com/gpu=2"])
+def test_annotation_agreeing_with_native_cdi_devices_is_one_grant(annotation: str) -> None:
+    """The shim sees what containerd's CDI injected plus the plugin's annotation for the same GPU: nothing is
+    added twice; only what CDI cannot carry that the plan has (none here but the links hook) is added."""
+    spec = spec_with([], _native_cdi(2))
+    spec["annotations"] = {"cdi.k8s.io/oci-gpu-hook_gpu": annotation}
+    before = copy.deepcopy(spec)
+    new, plan = rewrite(spec)
     assert [d.index for d in plan.devices] == [2]
+    assert new is not None
+    assert new["linux"] == before["linux"]  # each node once, each rule once
+    assert list(new["hooks"]) == ["createRuntime"]  # the by-path links: the one thing the plan still adds
+    again, _ = rewrite(new)
+    assert again is None
+
+
+def test_annotation_disagreeing_with_native_cdi_devices_is_refused() -> None:
+    spec = spec_with([], _native_cdi(2))
+    spec["annotations"] = {"cdi.k8s.io/oci-gpu-hook_gpu": "amd.com/gpu=0000:63:00.0"}
+    with pytest.raises(HookError) as info:
+        rewrite(spec)
+    assert "\n" not in str(info.value) and "a stale CDI spec on this node" in str(info.value)
+    # dry-run --devices is the operator's own list: the spec's devices do not hold it back
+    _, plan = rewrite(spec, devices="3")
+    assert [d.index for d in plan.devices] == [3]
 
 
 def test_per_container_path_imports_only_the_requested_backends(tmp_path: Path) -> None:

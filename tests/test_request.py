@@ -394,3 +394,142 @@ def test_any_text_in_env_resolves_or_raises_hook_error(value: str) -> None:
         from_env([f"{NAME}={value}"], (NAME,), seed())
     except HookError:
         pass
+
+
+# --- stable names: partitions by <pci>-p<N> ------------------------------------------------------------
+
+CPX_SYSFS = REPO / "examples" / "hosts" / "mi300x-2x-cpx" / "sys"
+DPX_SYSFS = REPO / "examples" / "hosts" / "mi300x-2x-dpx-dot-naming" / "sys"
+
+
+@functools.cache
+def cpx() -> Inventory:
+    return scan(str(CPX_SYSFS))
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ("0000:05:00.0-p0", [0]),
+    ("0000:05:00.0-p3", [3]),
+    ("05:00.0-p7", [7]),
+    ("0000:26:00.0-P3", [11]),  # case does not matter, as for PCI addresses
+    ("0000:26:00.0-p3,0000:26:00.0-p3,11", [11]),
+    ("0000:05:00.0-p1,0000:26:00.0", [1, *range(8, 16)]),
+])
+def test_partition_names_name_one_partition(value: str, expected: list[int]) -> None:
+    chosen = select("amd", value, cpx().devices("amd"), "cdi.k8s.io annotations")
+    assert [d.index for d in chosen] == expected
+
+
+def test_every_device_has_a_stable_name_that_requests_it() -> None:
+    from oci_gpu_hook.inventory import stable_name
+
+    for inventory in (seed(), cpx(), scan(str(DPX_SYSFS))):
+        for device in inventory.devices("amd"):
+            name = stable_name(device)
+            assert select("amd", name, inventory.devices("amd")) == (device,), name
+            assert name == (device.pci_address if device.partition is None
+                            else f"{device.pci_address}-p{device.partition}")
+
+
+@pytest.mark.parametrize(("host", "value", "why"), [
+    ("cpx", "0000:05:00.0-p8", "is not a valid partition name (expected PCI-pN"),
+    ("cpx", "0000:05:00.0-p", "is not a valid partition name"),
+    ("cpx", "0000:05:00.0-p01", "is not a valid partition name"),
+    ("cpx", "0000:05:00.0-x1", "is not a valid partition name"),
+    ("cpx", "0000:zz:00.0-p1", "is not a valid partition name"),
+    ("cpx", "0000:06:00.0-p1", "is not a partition of an AMD GPU on this host"),
+    ("seed", "0000:23:00.0-p0", "is not a partition: the AMD GPU at 0000:23:00.0 is not partitioned "
+                                "(its name is 0000:23:00.0)"),
+    ("dpx", "0000:26:00.0-p2", "is not a partition of the AMD GPU at 0000:26:00.0 in its mode "
+                               "(DPX: 0000:26:00.0-p0, 0000:26:00.0-p1)"),
+])
+def test_bad_partition_names_are_strict_errors(host: str, value: str, why: str) -> None:
+    inventory = {"cpx": cpx, "seed": seed, "dpx": lambda: scan(str(DPX_SYSFS))}[host]()
+    with pytest.raises(HookError) as info:
+        select("amd", value, inventory.devices("amd"), "cdi.k8s.io annotations")
+    message = str(info.value)
+    assert message.startswith(f"cdi.k8s.io annotations={value}: '{value}' {why}"), message
+    assert "valid:" in message and "\n" not in message
+
+
+def test_valid_forms_list_partition_names() -> None:
+    text = valid_values("amd", cpx().devices("amd"))
+    assert "partitions like 0000:05:00.0-p0" in text
+    assert "partitions like" not in valid_values("amd", seed().devices("amd"))  # no partitions there
+    with pytest.raises(HookError, match=r"is not a GPU index, range, PCI address, partition name \(PCI-pN\) or "
+                                        r"unique id"):
+        select("amd", "banana", cpx().devices("amd"))
+
+
+# --- one grant, whoever injects --------------------------------------------------------------------
+
+def numbers(inventory: Inventory, *indices: int, shared: bool = True) -> set[tuple[str, int, int]]:
+    """The device numbers a runtime's CDI injection of those devices puts into linux.devices."""
+    devices = inventory.devices("amd")
+    found = {n.number for i in indices for n in devices[i].nodes}
+    return found | ({n.number for n in inventory.shared("amd")} if shared else set())
+
+
+def annotated(value: str, env: list[str] | None = None) -> list:
+    return requested(env, {"cdi.k8s.io/oci-gpu-hook_gpu": value}, config())
+
+
+def test_annotation_naming_the_present_devices_is_one_grant() -> None:
+    request = resolve_asks(annotated("amd.com/gpu=0000:43:00.0"), seed(), numbers(seed(), 2))
+    assert amd(request) == [2] and not request.note
+    both = resolve_asks(annotated("amd.com/gpu=0000:43:00.0,amd.com/gpu=5"), seed(), numbers(seed(), 2, 5))
+    assert amd(both) == [2, 5]
+
+
+def test_annotation_disagreeing_with_the_present_devices_is_refused_in_one_line() -> None:
+    with pytest.raises(HookError) as info:
+        resolve_asks(annotated("amd.com/gpu=0000:63:00.0"), seed(), numbers(seed(), 2))
+    message = str(info.value)
+    assert message == ("cdi.k8s.io annotations name amd device 0000:63:00.0, but the container already has amd "
+                       "device 0000:43:00.0 (CDI, --device or the orchestrator): refused, one grant whoever "
+                       "injects and never their union (a stale CDI spec on this node, or an orchestrator that "
+                       "disagrees with itself)")
+    # more, fewer, or overlapping: all refused, never the union
+    for value, present in (("amd.com/gpu=2,amd.com/gpu=3", (2,)), ("amd.com/gpu=2", (2, 3)),
+                           ("amd.com/gpu=2,amd.com/gpu=3", (3, 4))):
+        with pytest.raises(HookError, match="never their union"):
+            resolve_asks(annotated(value), seed(), numbers(seed(), *present))
+
+
+def test_one_grant_for_partitions_names_them_by_stable_name() -> None:
+    inventory = cpx()
+    request = resolve_asks(annotated("amd.com/gpu=0000:26:00.0-p3"), inventory, numbers(inventory, 11))
+    assert amd(request) == [11]
+    whole = resolve_asks(annotated("amd.com/gpu=0000:05:00.0"), inventory, numbers(inventory, *range(8)))
+    assert amd(whole) == list(range(8))
+    with pytest.raises(HookError) as info:
+        resolve_asks(annotated("amd.com/gpu=0000:26:00.0-p3"), inventory, numbers(inventory, 3, 4))
+    assert "name amd device 0000:26:00.0-p3, but the container already has amd devices 0000:05:00.0-p3, " \
+           "0000:05:00.0-p4 (" in str(info.value)
+
+
+def test_what_does_not_identify_a_device_does_not_count() -> None:
+    """Only a device's own nodes make it present: /dev/kfd (shared), a fuse node or a card alone of another
+    kind's numbers change nothing; one node of a device (its render node) is enough."""
+    kfd_only = {n.number for n in seed().shared("amd")} | {("c", 10, 229)}
+    assert amd(resolve_asks(annotated("amd.com/gpu=4"), seed(), kfd_only)) == [4]
+    render_only = {n.number for n in seed().devices("amd")[2].nodes if "render" in n.path}
+    with pytest.raises(HookError) as info:
+        resolve_asks(annotated("amd.com/gpu=4"), seed(), render_only)
+    assert "already has amd device 0000:43:00.0 (" in str(info.value)
+
+
+def test_an_annotation_naming_no_device_adds_nothing_and_refuses_nothing() -> None:
+    request = resolve_asks(annotated("amd.com/gpu=none"), seed(), numbers(seed(), 2))
+    assert amd(request) == [] and not request
+
+
+def test_env_beside_present_devices_is_set_aside_without_changing_the_asks() -> None:
+    asks = requested([f"{NAME}=all"], None, config())
+    request = resolve_asks(asks, seed(), numbers(seed(), 1))
+    assert amd(request) == [] and not request
+    assert request.source == "none" and request.value is None
+    assert f"{NAME}=all ignored: the container already has amd GPUs" in request.note
+    assert asks[0].values == ["all"] and not asks[0].note  # decided in resolution; the asks are as parsed
+    # nothing present: the env asks as usual
+    assert amd(resolve_asks(asks, seed(), set())) == list(range(8))

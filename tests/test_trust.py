@@ -153,6 +153,27 @@ def test_every_entry_point_refuses_an_untrusted_config(tmp_path: Path, entry: st
     assert not (tmp_path / "cdi").exists()
 
 
+@root_only
+@pytest.mark.parametrize("how", ["owner", "mode", "directory"])
+def test_a_pass_through_command_never_execs_the_runtime_an_untrusted_config_names(tmp_path: Path, how: str) -> None:
+    """``state``/``kill``/``delete`` must reach the runtime even with a broken config, but never the one an
+    untrusted file names: that would exec a path of another user's choosing as root."""
+    marker = tmp_path / "ran"
+    evil = tmp_path / "evil"
+    evil.write_text(f"#!/bin/sh\ntouch {marker}\n")
+    evil.chmod(0o755)
+    path = _config(tmp_path / "etc", f'runtime = "{evil}"\nnot toml at all [\n')
+    spoil(path.parent if how == "directory" else path, 0o666 if how == "mode" else "owner")
+    env = clean_env(OCI_GPU_HOOK_CONFIG=str(path), PATH=f"{tmp_path / 'bin'}:/usr/bin:/bin")
+    (tmp_path / "bin").mkdir()
+    runc = tmp_path / "bin" / "runc"  # the default runtime, found on PATH
+    runc.write_text("#!/bin/sh\necho default runtime \"$@\"\n")
+    runc.chmod(0o755)
+    done = run("oci_gpu_hook.entry.runtime", "state", "some-id", env=env, stdin="")
+    assert not marker.exists()
+    assert done.stdout == "default runtime state some-id\n", done.stderr
+
+
 def test_a_trusted_config_still_works(tmp_path: Path) -> None:
     path = _config(tmp_path / "etc", "debug = false\n")
     done = hook("precreate", env=clean_env(OCI_GPU_HOOK_CONFIG=str(path)), stdin=spec_text(["AMD_VISIBLE_DEVICES=1"]))

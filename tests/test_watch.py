@@ -747,4 +747,5 @@ def test_a_compute_mode_change_rewrites_the_spec_and_says_the_mode(tmp_path: Pat
     second = setup.watcher.regenerate("change drm")
     assert second.kind == "wrote" and "4 GPUs, mode DPX/NPS1" in second.text
     assert device_names(setup.spec) == {"0", "1", "2", "3", "0000:05:00.0", "0000:26:00.0", "0xe3a9b1d2c4f56070",
-                                        "0xe3a9b1d2c4f56071", "all"}
+                                        "0xe3a9b1d2c4f56071", "0000:05:00.0-p0", "0000:05:00.0-p1",
+                                        "0000:26:00.0-p0", "0000:26:00.0-p1", "all"}

@@ -4,8 +4,11 @@ containerd and CRI-O read.
 One spec per kind (``amd.com/gpu``, ``intel.com/gpu``, ``nvidia.com/gpu``), in ``cdi_dir`` as
 ``<vendor>-<class>.json``.  One CDI device per device under its index; the
 backend's other names (AMD: each GPU's PCI address and unique id, naming all its
-partitions; Intel: ``cardN`` and the PCI address) are devices with the same
-edits (CDI has no aliases); plus ``all``.  Each device's edits are the plan's
+partitions, and each partition's ``<pci>-p<N>``; Intel: ``cardN`` and the PCI
+address) are devices with the same edits (CDI has no aliases); plus ``all``.
+Among them every device's stable name (:func:`oci_gpu_hook.inventory.stable_name`),
+the one to use across process boundaries (the device plugin answers with it):
+an index names other hardware once a GPU before it leaves.  Each device's edits are the plan's
 :func:`~oci_gpu_hook.plan.device_edits` (its nodes, and the ``createRuntime``
 hook that makes its ``/dev/dri/by-path`` links); the kind's shared nodes
 (``/dev/kfd``; NVIDIA: ``/dev/nvidiactl``, ``/dev/nvidia-uvm*``, and the driver's
@@ -27,7 +30,7 @@ from oci_gpu_hook.atomic import write_atomic
 from oci_gpu_hook.config import Config
 from oci_gpu_hook.core.edits import Edits
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.inventory import Device, Inventory, backend
+from oci_gpu_hook.inventory import Device, Inventory, backend, stable_name
 from oci_gpu_hook.plan import device_edits, shared_edits
 
 # Device names starting with a digit need CDI 0.5.0 (specs-go/version.go: requiresV050); nothing
@@ -50,6 +53,10 @@ def device_names(devices: tuple[Device, ...], kind: str) -> list[tuple[str, tupl
     other names (all valid request entries; NVIDIA MIG devices are named ``GPU:MIG`` there)."""
     names = [(str(d.index), (d,)) for d in devices if d.mig is None]
     names.extend(backend(kind).aliases(devices))
+    named = {name for name, chosen in names if len(chosen) == 1}
+    missing = [stable_name(d) for d in devices if stable_name(d) not in named]
+    if missing:  # a backend whose aliases leave a device without its stable name: never write such a spec
+        raise HookError(f"internal error: no CDI device named {missing[0]} (the stable name of a {kind} device)")
     return names
 
 

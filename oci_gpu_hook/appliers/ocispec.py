@@ -5,7 +5,7 @@ Nodes go to ``linux.devices`` and one allow rule per node to
 the device cgroup themselves (v1 or v2), and the rules survive ``runc update``
 and systemd reloads.  The ``/dev/dri/by-path`` links, which the OCI spec cannot
 express, are made by a ``createRuntime`` hook (``oci-gpu-hook links``, the
-configured ``hook_path``) that gets them as arguments; masked paths go to
+configured ``hook_path``, see :func:`links_hook_path`) that gets them as arguments; masked paths go to
 ``linux.maskedPaths``.  A driver's files (NVIDIA) are read-only bind ``mounts``
 (``ro, nosuid, nodev``) that the runtime makes; their soname links and the
 container's ld cache, which the spec cannot express either, are a second
@@ -58,15 +58,76 @@ def hooks(edits: Edits, hook_path: str) -> list[dict[str, Any]]:
     return out
 
 
-def apply(spec: Any, plan: Plan, config: Config, check_hook: bool = True) -> bool:
-    """Write ``plan`` into ``spec`` in place; return whether anything changed.  ``check_hook``: refuse to name
-    a links hook that the runtime could not run (``dry-run`` only warns)."""
+def _executable(path: str) -> bool:
+    return os.path.isfile(path) and os.access(path, os.X_OK)
+
+
+def _stand_in_problem(candidate: str) -> str | None:
+    """Why this installation's own ``oci-gpu-hook`` at ``candidate`` may not be named as the links hook, or
+    None: it must be an executable file that nobody but root (or the invoking user) can have changed, and so
+    must the interpreter of a script and the package it runs (:mod:`oci_gpu_hook.trust`)."""
+    from oci_gpu_hook.trust import problem
+
+    if not _executable(candidate):
+        return f"{candidate} is not an executable file"
+    checked = [candidate]
+    try:
+        with open(candidate, "rb") as handle:
+            head = handle.read(256)
+    except OSError as err:
+        return f"cannot read {candidate}: {err.strerror}"
+    if head.startswith(b"#!"):
+        words = head[2:].split(b"\n", 1)[0].split()
+        if not words:
+            return f"{candidate} is a script without an interpreter"
+        checked.append(os.fsdecode(words[0]))
+        checked.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the package it imports
+    for path in checked:
+        why = problem(path) if os.path.exists(path) else f"{path} is missing"
+        if why:
+            return why
+    return None
+
+
+def links_hook_path(config: Config, argv0: str | None = None) -> str:
+    """The executable that the ``createRuntime`` links hook names.
+
+    ``hook_path`` when the runtime can run it.  When ``hook_path`` is the default and missing (a plain
+    ``pip install`` without ``oci-gpu-hook launchers`` or ``install``), this installation's own
+    ``oci-gpu-hook`` stands in: the one next to the running entry point (``sys.argv[0]``), provided nobody but
+    root could have changed it, its interpreter or the package.  Otherwise one line says what to do: a
+    container is never given a hook that would fail, or a path that is not there."""
+    path = config.hook_path
+    if _executable(path):
+        return path
+    from oci_gpu_hook.config import FIELDS
+
+    default = FIELDS["hook_path"].default
+    if path != default:
+        raise HookError(f"hook_path {path} (from {config.source}) is not an executable file: the createRuntime "
+                        "hook that makes /dev/dri/by-path links would fail; write the launchers there "
+                        f"(oci-gpu-hook launchers {os.path.dirname(path) or '.'}) or fix hook_path")
+    import sys
+
+    start = os.path.abspath(argv0 if argv0 is not None else sys.argv[0])
+    candidate = start if os.path.basename(start) == "oci-gpu-hook" else os.path.join(os.path.dirname(start),
+                                                                                    "oci-gpu-hook")
+    why = _stand_in_problem(candidate)
+    if why is None:
+        return candidate
+    raise HookError(f"hook_path {path} is not an executable file, nor can this installation's oci-gpu-hook "
+                    f"stand in ({why}): the createRuntime hook that makes /dev/dri/by-path links would fail; run "
+                    f"`oci-gpu-hook launchers {os.path.dirname(default)}` (or `oci-gpu-hook install`), "
+                    "or set hook_path")
+
+
+def apply(spec: Any, plan: Plan, config: Config, hook_path: str | None = None) -> bool:
+    """Write ``plan`` into ``spec`` in place; return whether anything changed.  The links hook names
+    ``hook_path``, by default :func:`links_hook_path` (which refuses a hook the runtime could not run)."""
     if not plan:
         return False
-    if check_hook and hooks(plan.edits, config.hook_path) and not os.access(config.hook_path, os.X_OK):
-        raise HookError(f"hook_path {config.hook_path} is not an executable file: the createRuntime hook that makes "
-                        "/dev/dri/by-path links or a driver's soname links would fail (install the launchers, or "
-                        "set hook_path)")
+    if (plan.edits.links or plan.edits.symlinks or plan.edits.ldcache) and hook_path is None:
+        hook_path = links_hook_path(config)
     spec = check_object(spec)
     rules = device_rules(spec, create=True)
     linux = spec["linux"]
@@ -98,14 +159,14 @@ def apply(spec: Any, plan: Plan, config: Config, check_hook: bool = True) -> boo
     devices.extend(new_devices)
     rules.extend(rule.to_oci() for rule in missing)
     changed |= _add_mounts(spec, plan.edits)
-    changed |= _add_hooks(spec, plan, config)
+    changed |= _add_hooks(spec, plan.edits, hook_path or config.hook_path)
     changed |= _add_masked(linux, plan.edits.masked)
     changed |= _add_env(spec, plan.edits.env)
     return changed
 
 
-def _add_hooks(spec: dict[str, Any], plan: Plan, config: Config) -> bool:
-    wanted = hooks(plan.edits, config.hook_path)
+def _add_hooks(spec: dict[str, Any], edits: Edits, hook_path: str) -> bool:
+    wanted = hooks(edits, hook_path)
     if not wanted:
         return False
     spec_hooks = field(spec, "hooks", dict, "hooks", create=True)

@@ -22,10 +22,11 @@ if TYPE_CHECKING:
 
 
 def cmd_list(args: list[str], config: Config) -> int:
-    parser = _parser("list", "List the host's GPUs and compute partitions, per kind, in each vendor's index order.")
+    parser = _parser("list", "List the host's GPUs and compute partitions, per kind, in each vendor's index order; "
+                             "NAME is the stable CDI name (the same hardware while others come and go).")
     parser.add_argument("--json", action="store_true", help="print JSON (schemas/inventory.schema.json)")
     opts = parser.parse_args(args)
-    from oci_gpu_hook.inventory import scan_host
+    from oci_gpu_hook.inventory import scan_host, stable_name
 
     inventory = scan_host(config)
     if opts.json:
@@ -33,15 +34,16 @@ def cmd_list(args: list[str], config: Config) -> int:
 
         print(InventoryModel.of(inventory).model_dump_json(indent=2))
         return 0
-    rows = [("KIND", "INDEX", "PCI ADDRESS", "PARTITION", "MODE", "CARD", "RENDER", "NUMA", "UNIQUE ID/UUID", "MODEL")]
+    rows = [("KIND", "INDEX", "NAME", "PCI ADDRESS", "PARTITION", "MODE", "CARD", "RENDER", "NUMA", "UNIQUE ID",
+             "MODEL")]
     for device in inventory.all_devices:
         card, render = device.card, device.render
         mode = "/".join(m for m in (device.compute_mode, device.memory_mode) if m) or "-"
         rows.append((
-            device.kind, device.label, device.pci_address,
+            device.kind, device.label, stable_name(device), device.pci_address,
             "-" if device.partition is None else f"{device.partition} ({device.drm_name})",
             mode, os.path.basename(card.path) if card else "-", os.path.basename(render.path) if render else "-",
-            "-" if device.numa_node is None else str(device.numa_node), device.unique_id_hex or device.uuid or "-",
+            "-" if device.numa_node is None else str(device.numa_node), device.unique_id_hex or "-",
             f"{device.model} ({device.vendor_id}:{device.device_id})",
         ))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
@@ -86,10 +88,7 @@ def cmd_dry_run(args: list[str], config: Config) -> int:
     schemas.validate(original, "oci-config.schema.json", path)
     rewritten = json.loads(json.dumps(original))
     plan = plan_for_spec(rewritten, config, opts.devices)
-    ocispec.apply(rewritten, plan, config, check_hook=False)
-    if plan.edits.links and not os.access(config.hook_path, os.X_OK):
-        print(f"# note: hook_path {config.hook_path} is not executable here; the links hook would fail",
-              file=sys.stderr)
+    ocispec.apply(rewritten, plan, config)  # the links hook as the shim would name it, or the shim's refusal
     schemas.validate(rewritten, "oci-config.schema.json", f"{path} (rewritten)")
     print(f"# {plan.summary()}", file=sys.stderr)
     new_text = json.dumps(rewritten, indent=2, allow_nan=False) + "\n"
@@ -106,7 +105,9 @@ def cmd_dry_run(args: list[str], config: Config) -> int:
 
 
 def cmd_validate(args: list[str], config: Config) -> int:
-    parser = _parser("validate", "Check the config file and OCI config.json files against the project's schemas.")
+    parser = _parser("validate", "Check the config file, and OCI config.json files against the project's schemas "
+                                 "and this host: the GPUs each one asks for, as a container start would resolve "
+                                 "them.")
     parser.add_argument("--config-file", metavar="FILE",
                         help="config file to check (default: OCI_GPU_HOOK_CONFIG or /etc/oci-gpu-hook/config.toml)")
     parser.add_argument("specs", nargs="*", metavar="BUNDLE_DIR|CONFIG_FILE")
@@ -122,9 +123,25 @@ def cmd_validate(args: list[str], config: Config) -> int:
         print(f"ok: no config file at {config_path} (defaults apply)")
     for target in opts.specs:
         path = _spec_path(target)
-        schemas.validate(_load_spec(path), "oci-config.schema.json", path)
-        print(f"ok: {path}")
+        spec = _load_spec(path)
+        schemas.validate(spec, "oci-config.schema.json", path)
+        print(f"ok: {path}: {_check_request(spec, path, config)}")
     return 0
+
+
+def _check_request(spec: object, path: str, config: Config) -> str:
+    """What the spec-rewrite paths would give this container on this host (the plan's summary), after the same
+    rewrite in memory; a request that would stop the container is its one-line error, naming ``path``."""
+    from oci_gpu_hook.appliers import ocispec
+    from oci_gpu_hook.plan import plan_for_spec
+
+    copy = json.loads(json.dumps(spec))
+    try:
+        plan = plan_for_spec(copy, config)
+        ocispec.apply(copy, plan, config)
+    except HookError as err:
+        raise HookError(f"{path}: {err}") from None
+    return plan.summary()
 
 
 def cmd_launchers(args: list[str], config: Config) -> int:
@@ -245,11 +262,15 @@ def cmd_inspect(args: list[str], config: Config) -> int:
 
 
 SPEC_EXTENSIONS = (".json", ".yaml")  # what CDI consumers read (pkg/cdi/spec-dirs.go); nothing else
+SPEC_FILE_EXTENSIONS = (".json", ".yaml", ".yml")  # what `cdi generate --output` takes as a file, not a directory
 DEFAULT_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")  # CDI's order: a later directory overrides an earlier one
 
 
 def make_dirs(directory: str, what: str) -> None:
-    """Create ``directory`` and any missing parent, each mode 0755 whatever the umask; one line on failure."""
+    """Create ``directory`` and any missing parent, each mode 0755 whatever the umask, only below a directory
+    nobody but root (or the invoking user) can change (:mod:`oci_gpu_hook.trust`); one line on failure."""
+    from oci_gpu_hook.trust import problem
+
     missing = []
     path = os.path.abspath(directory)
     while not os.path.lexists(path):
@@ -257,6 +278,10 @@ def make_dirs(directory: str, what: str) -> None:
         path = os.path.dirname(path)
     if not os.path.isdir(path):
         raise HookError(f"{what} {directory}: {path} is not a directory")
+    why = problem(directory if not missing else path)
+    if why:
+        raise HookError(f"{what} {directory} is not trusted: {why} (CDI consumers run as root and apply what "
+                        "a spec there says)")
     for path in reversed(missing):
         try:
             os.mkdir(path, 0o755)
@@ -313,6 +338,42 @@ def _read_spec_dirs(dirs: list[str], ours: set[str]) -> tuple[list[tuple[int, st
     return found, problems
 
 
+def _hooks_of(spec: dict[str, Any]) -> list[tuple[str, str]]:
+    """(path, the devices that run it) for every hook a CDI spec names: spec-wide hooks run for any of its
+    devices."""
+    def hooks(edits: object) -> list[str]:
+        found = edits.get("hooks") if isinstance(edits, dict) else None
+        return [h["path"] for h in found or [] if isinstance(h, dict) and isinstance(h.get("path"), str)]
+
+    named: dict[str, list[str]] = {}
+    for path in hooks(spec.get("containerEdits")):
+        named.setdefault(path, []).append("all of its devices")
+    for device in spec.get("devices") or []:
+        if isinstance(device, dict) and isinstance(device.get("name"), str):
+            for path in hooks(device.get("containerEdits")):
+                named.setdefault(path, []).append(device["name"])
+    return [(path, ", ".join(users[:6]) + (" ..." if len(users) > 6 else "")) for path, users in named.items()]
+
+
+def _hook_problems(file: str, spec: dict[str, Any], config: Config) -> list[str]:
+    """A hook path that the runtime cannot run makes every container given one of the spec's devices fail."""
+    from oci_gpu_hook.host.install import LAUNCHER_DIR
+
+    problems = []
+    for path, users in _hooks_of(spec):
+        if os.path.isabs(path) and os.path.isfile(path) and os.access(path, os.X_OK):
+            continue
+        why = "is missing" if not os.path.lexists(path) else "is not an executable file"
+        if os.path.dirname(path) == LAUNCHER_DIR:
+            fix = "oci-gpu-hook install (or oci-gpu-hook launchers " + LAUNCHER_DIR + ")"
+        else:
+            fix = (f"oci-gpu-hook launchers {os.path.dirname(path) or '.'}, or set hook_path and "
+                   f"oci-gpu-hook cdi generate --output {config.cdi_dir}/")
+        problems.append(f"{file} names the hook {path}, which {why}: every container given {users} fails to "
+                        f"start (fix: {fix})")
+    return problems
+
+
 def _device_names_of(spec: dict[str, Any]) -> list[str]:
     return [d["name"] for d in spec.get("devices") or [] if isinstance(d, dict) and isinstance(d.get("name"), str)]
 
@@ -324,6 +385,7 @@ def _cdi_list(config: Config, inventory: Inventory, dirs: list[str]) -> list[str
     ours = {config.cdi_kind(k): k for k in config.backends}
     found, problems = _read_spec_dirs(dirs, set(ours))
     print(f"spec dirs (later overrides earlier): {', '.join(dirs)}")
+    hook_problems = {path: _hook_problems(path, spec, config) for _p, path, spec in found if spec.get("kind") in ours}
     real_dirs = {os.path.realpath(d) for d in dirs}
     if os.path.realpath(config.cdi_dir) not in real_dirs:
         problems.append(f"cdi_dir {config.cdi_dir} is not one of the spec dirs: CDI consumers never read our specs")
@@ -357,8 +419,12 @@ def _cdi_list(config: Config, inventory: Inventory, dirs: list[str]) -> list[str
             state = "current" if current else "STALE: differs from this host"
             if not current:
                 problems.append(f"{installed} is stale (oci-gpu-hook cdi generate --output {config.cdi_dir}/)")
+        if hook_problems.get(installed):
+            state += "; BROKEN: it names a hook that cannot run"
         print(f"spec file {installed}: {state}")
         problems.extend(_conflicts(cdi_kind, installed, found))
+    for found_problems in hook_problems.values():
+        problems.extend(found_problems)
     return problems
 
 
@@ -396,10 +462,12 @@ def cmd_cdi(args: list[str], config: Config) -> int:
     parser = _parser("cdi", "CDI specs of this host's GPUs (one per kind), for podman, containerd and CRI-O.")
     sub = parser.add_subparsers(dest="action", required=True, metavar="generate|list|validate")
     gen = sub.add_parser("generate", help="print (or write) the CDI spec of each kind on this host")
-    gen.add_argument("--output", metavar="DIR/|FILE",
-                     help="an existing directory, or a path ending in '/', gets <vendor>-<class>.<format> per kind "
-                          "(created mode 0755 if missing; /etc/cdi, /var/run/cdi); any other path is a FILE "
-                          "(.json or .yaml) and needs --kind; written atomically, mode 0644; default: print")
+    gen.add_argument("--output", metavar="DIR|FILE",
+                     help="a directory (/etc/cdi, /var/run/cdi: a name without an extension, or ending in '/') gets "
+                          "<vendor>-<class>.<format> per kind (created mode 0755 if missing, below root-owned "
+                          "directories only); a FILE ending in .json or .yaml holds one kind and needs --kind; "
+                          "written atomically, mode 0644; default: print (several kinds: --format yaml, one "
+                          "document each)")
     gen.add_argument("--kind", choices=list(KINDS), help="only this kind (default: every kind with devices)")
     gen.add_argument("--format", choices=("json", "yaml"), default=None,
                      help="default: from the output file's extension, else json")
@@ -433,30 +501,40 @@ def cmd_cdi(args: list[str], config: Config) -> int:
                             f"node's CDI specs (the 'problem:' lines above)")
         return 0
     output = opts.output
-    to_dir = bool(output) and (output.endswith("/") or os.path.isdir(output))
+    # A path whose last component has no extension (/var/run/cdi) is a directory, made when missing.
+    to_dir = bool(output) and (output.endswith("/") or os.path.isdir(output)
+                               or not os.path.splitext(os.path.basename(output))[1])
     if output and not to_dir:
-        if not output.endswith((".json", ".yaml", ".yml")):
+        if not output.endswith(SPEC_FILE_EXTENSIONS):
             raise UsageError(f"--output {output}: a CDI spec file ends in .json or .yaml "
-                             "(a directory: end it with '/')")
+                             "(a directory: a name without an extension, or end it with '/')")
         if not opts.kind:
-            raise UsageError(f"--output {output}: a file holds one kind's spec: add --kind")
+            raise UsageError(f"--output {output}: a file holds one kind's spec: add --kind (or name a directory)")
+    fmt = opts.format or ("yaml" if (output or "").endswith((".yaml", ".yml")) else "json")
     inventory = scan_host(config)
     kinds = [opts.kind] if opts.kind else [k for k in config.backends if inventory.devices(k)]
     if not kinds or not any(inventory.devices(k) for k in kinds):
         raise HookError(f"no GPUs under {inventory.sysfs_root}: a CDI spec needs at least one device")
+    if not output and len(kinds) > 1 and fmt == "json":
+        raise UsageError(f"this host has devices of {len(kinds)} kinds ({', '.join(kinds)}) and a CDI spec holds "
+                         "one: add --kind KIND, --output DIR/ (one file per kind), or --format yaml (one YAML "
+                         "document per kind)")
     if to_dir:
         make_dirs(output, "--output")
     for kind in kinds:
         spec = cdi.generate(inventory, kind, config)
-        fmt = opts.format or ("yaml" if (output or "").endswith((".yaml", ".yml")) else "json")
         cdi.validate(spec, f"generated CDI spec of {kind}")
         text = cdi.render(spec, fmt)
         if not output:
-            sys.stdout.write(text)
+            sys.stdout.write(("---\n" if len(kinds) > 1 else "") + text)  # a YAML stream: one document per kind
             continue
         path = os.path.join(output, cdi.file_name(config, kind, fmt)) if to_dir else output
         changed = cdi.write(path, text)
         print(f"{'wrote' if changed else 'unchanged'}: {path}", file=sys.stderr)
+    if not (os.path.isfile(config.hook_path) and os.access(config.hook_path, os.X_OK)):
+        print(f"note: hook_path {config.hook_path} is not an executable file here: a container given one of these "
+              "devices fails to start until it is (oci-gpu-hook install, or oci-gpu-hook launchers "
+              f"{os.path.dirname(config.hook_path)})", file=sys.stderr)
     return 0
 
 

@@ -4,19 +4,37 @@
  * the settings of that install baked in (a generated header, see oci_gpu_hook/host/launchers.py).
  *
  *   shim (OGH_ROLE_SHIM): no argument is "create" or "run"  -> exec the real runtime at once
- *                         (pass-through never reads the config file, never starts Python);
- *                         else every config.json runc could read is scanned -> clean: exec the runtime.
+ *                         (pass-through only compares the config file with the bytes baked, never starts Python);
+ *                         else a command line in the common form, whose config.json is clean: exec the runtime.
  *   hook (OGH_ROLE_HOOK): "prestart"/"createRuntime": the state on stdin names the bundle, its
  *                         config.json is scanned -> clean: exit 0;
  *                         "precreate": the config on stdin is scanned -> clean: copy it to stdout.
  *
- * "Clean" means CERTAIN that no source the Python path honours can ask for a device: the bytes are
- * valid UTF-8 and valid JSON, contain no backslash-u escape, and contain none of the request variable
- * names of any backend and not "cdi.k8s.io", compared without regard to case.  Anything else, any
- * error, a config file that changed since the launcher was written, an OCI_GPU_HOOK_* variable the
- * fast path cannot vouch for: hand over to the Python launcher with the same argv and the same stdin
- * bytes (a memfd).  Before Python runs, the interpreter and every directory it will load code from
- * must be owned by root and writable by nobody else.
+ * One outcome per config, whatever the launcher: the front only ever does what the Python path would do, and
+ * where it cannot be certain of that it hands over to the Python launcher with the same argv and the same stdin
+ * bytes (a memfd).  "Clean" means CERTAIN that the Python path reads the text without objection and that no
+ * source it honours asks for a device: the bytes are valid UTF-8 and one valid JSON object; no object repeats a
+ * key, even in another ASCII case; no key holds an escape or a non-ASCII byte, or spells a config.json field in
+ * another case; no number is too large for Python's reading; nesting stays shallow; process, process.env and
+ * annotations have the types Python reads; there is no backslash-u escape; and none of the request variable
+ * names of any backend nor "cdi.k8s.io" occurs, compared without regard to case.  Anything else, any error, a
+ * config file that is not byte for byte the one the launcher was baked from, an OCI_GPU_HOOK_* variable the
+ * fast path cannot vouch for: hand over.  Before Python runs, the interpreter and every directory it will
+ * load code from must be owned by root and writable by nobody else.
+ *
+ * The Python each part mirrors:
+ *   settings_as_baked   oci_gpu_hook/config.py load_config (env values: check_value of the bool fields),
+ *                       the launcher's os.environ.setdefault of the baked defaults,
+ *                       oci_gpu_hook/host/launchers.py baked_settings (the config bytes baked)
+ *   config_trusted      oci_gpu_hook/trust.py problem (config.py check_trusted)
+ *   json_object_ok      oci_gpu_hook/fastjson.py loads, oci_gpu_hook/bundle.py loads (_pairs, _check_case),
+ *                       bundle.py process_env and annotations
+ *   clean               oci_gpu_hook/request.py requested (env_value, annotation_names)
+ *   state_clean         oci_gpu_hook/appliers/live.py parse_state, then run's read of BUNDLE/config.json
+ *   precreate           oci_gpu_hook/entry/cli.py cmd_precreate
+ *   find_runtime        oci_gpu_hook/entry/runtime.py resolve_runtime
+ *   common_config_path  oci_gpu_hook/entry/runtime.py parse_argv and config_path, for runc and for crun
+ *   untrusted           the TRUST check of oci_gpu_hook/host/launchers.py
  */
 #define _GNU_SOURCE
 #include <ctype.h>
@@ -27,6 +45,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/sysmacros.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -37,7 +56,6 @@
 #include OGH_BAKED /* OGH_ROLE, OGH_PYTHON, OGH_SCRIPT, OGH_DEFAULTS, OGH_CONFIG_*, OGH_RUNTIME, OGH_NEEDLES, ... */
 
 #define OGH_MAX_INPUT (64L << 20) /* larger inputs go to Python, which reads anything */
-#define MAX_DEPTH 400
 
 extern char **environ;
 
@@ -116,8 +134,9 @@ static void check_trust(void)
         refuse(what, path);
 }
 
-/* exec the Python launcher with the same argv; ``input`` (when not NULL) becomes its stdin again */
-static void to_python(const char *input, size_t len)
+/* exec the Python launcher with the same argv; ``input`` (when not NULL) becomes its stdin again, followed by
+ * what is left of stdin when ``more`` */
+static void to_python(const char *input, size_t len, int more)
 {
     char **args;
     int i, n = 0;
@@ -145,6 +164,26 @@ static void to_python(const char *input, size_t len)
             }
             done += (size_t)w;
         }
+        while (more) {
+            char chunk[65536];
+            ssize_t r = read(0, chunk, sizeof chunk), w = 0;
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r == 0)
+                break;
+            while (r > 0 && w < r) {
+                ssize_t k = write(fd, chunk + w, (size_t)(r - w));
+                if (k < 0 && errno == EINTR)
+                    continue;
+                if (k <= 0)
+                    break;
+                w += k;
+            }
+            if (r < 0 || w < r) {
+                dprintf(2, "oci-gpu-hook: error: cannot keep stdin for the Python path: %s\n", strerror(errno));
+                _exit(1);
+            }
+        }
         if (lseek(fd, 0, SEEK_SET) != 0 || dup2(fd, 0) != 0) {
             dprintf(2, "oci-gpu-hook: error: cannot hand stdin to the Python path: %s\n", strerror(errno));
             _exit(1);
@@ -152,7 +191,7 @@ static void to_python(const char *input, size_t len)
         if (fd != 0)
             close(fd);
     }
-    args = calloc((size_t)g_argc + 5, sizeof *args);
+    args = calloc((g_argc > 1 ? (size_t)g_argc - 1 : 0) + 5, sizeof *args);
     if (!args)
         _exit(1);
     args[n++] = (char *)OGH_PYTHON;
@@ -169,7 +208,9 @@ static void to_python(const char *input, size_t len)
 
 /* ------------------------------------------------------------------ reading */
 
-/* 1 with the whole of fd in *out, 0 when it is too large or unreadable */
+/* 1 with the whole of fd in *out; 0 when it is unreadable; TOO_LARGE with the first OGH_MAX_INPUT bytes in *out
+ * (the rest still unread) */
+#define TOO_LARGE 2
 static int read_fd(int fd, char **out, size_t *len)
 {
     size_t cap = 65536, n = 0;
@@ -181,8 +222,9 @@ static int read_fd(int fd, char **out, size_t *len)
         if (n == cap) {
             char *bigger;
             if (cap >= (size_t)OGH_MAX_INPUT) {
-                free(buf);
-                return 0;
+                *out = buf;
+                *len = n;
+                return TOO_LARGE;
             }
             cap *= 2;
             bigger = realloc(buf, cap + 1);
@@ -209,6 +251,15 @@ static int read_fd(int fd, char **out, size_t *len)
     return 1;
 }
 
+/* 1 with the whole of fd in *out, else 0 (unreadable or too large) */
+static int read_all(int fd, char **out, size_t *len)
+{
+    int got = read_fd(fd, out, len);
+    if (got == TOO_LARGE)
+        free(*out);
+    return got == 1;
+}
+
 static int read_path(const char *path, char **out, size_t *len)
 {
     struct stat st;
@@ -219,7 +270,7 @@ static int read_path(const char *path, char **out, size_t *len)
         close(fd);
         return 0;
     }
-    ok = read_fd(fd, out, len);
+    ok = read_all(fd, out, len);
     close(fd);
     return ok;
 }
@@ -266,15 +317,24 @@ static int utf8_ok(const unsigned char *s, size_t n)
 }
 
 /* A strict JSON reader (RFC 8259, as Python's json with strict=True and no NaN/Infinity) that only
- * validates, and notes the top-level members the hook needs from the state. */
+ * validates, refuses what the Python path would refuse or might read otherwise (see the top), and notes the
+ * top-level members the hook needs from the state. */
 struct json {
     const char *s;
     size_t n, i;
     int depth;
+    int spec;       /* a config.json: its field spellings and the types of process, process.env, annotations */
+    int want_state; /* the state: note id, pid and bundle */
     const char *id, *bundle, *pid; /* spans of the top-level values, when want_state */
     size_t id_len, bundle_len, pid_len;
-    int want_state;
 };
+
+/* what a value must be, where the Python path reads it (bundle.process_env, bundle.annotations) */
+enum want { ANY, TOP, PROCESS, ENV, OBJECT, STRING };
+
+#define MAX_DEPTH 100      /* Python reads ~1,000 levels; configs have ~6 */
+#define MAX_KEYS 1024      /* keys of one object compared pairwise */
+#define MAX_NUMBER 1000    /* characters of one number (Python: integers of up to 4,000 digits) */
 
 static void ws(struct json *j)
 {
@@ -325,19 +385,29 @@ static int jstring(struct json *j, const char **start, size_t *len)
     return 0;
 }
 
+/* A number, and one that Python's reading takes (fastjson._parse_int: at most 4,000 digits; _parse_float: no
+ * overflow to infinity): an integer of up to MAX_NUMBER characters; with a fraction or an exponent, digits before
+ * the point D and exponent E with D + E <= 308, so that |x| < 10^308 < DBL_MAX. */
 static int jnumber(struct json *j)
 {
-    size_t start = j->i;
+    size_t start = j->i, digits = 0;
+    long exponent = 0;
+    int real = 0;
     if (j->i < j->n && j->s[j->i] == '-')
         j->i++;
     if (j->i >= j->n || !isdigit((unsigned char)j->s[j->i]))
         return 0;
-    if (j->s[j->i] == '0')
+    if (j->s[j->i] == '0') {
         j->i++;
-    else
-        while (j->i < j->n && isdigit((unsigned char)j->s[j->i]))
+        digits = 1;
+    } else {
+        while (j->i < j->n && isdigit((unsigned char)j->s[j->i])) {
             j->i++;
+            digits++;
+        }
+    }
     if (j->i < j->n && j->s[j->i] == '.') {
+        real = 1;
         j->i++;
         if (j->i >= j->n || !isdigit((unsigned char)j->s[j->i]))
             return 0;
@@ -345,18 +415,27 @@ static int jnumber(struct json *j)
             j->i++;
     }
     if (j->i < j->n && (j->s[j->i] == 'e' || j->s[j->i] == 'E')) {
+        int negative = 0;
+        real = 1;
         j->i++;
         if (j->i < j->n && (j->s[j->i] == '+' || j->s[j->i] == '-'))
-            j->i++;
+            negative = j->s[j->i++] == '-';
         if (j->i >= j->n || !isdigit((unsigned char)j->s[j->i]))
             return 0;
-        while (j->i < j->n && isdigit((unsigned char)j->s[j->i]))
+        while (j->i < j->n && isdigit((unsigned char)j->s[j->i])) {
+            if (exponent < 100000)
+                exponent = exponent * 10 + (j->s[j->i] - '0');
             j->i++;
+        }
+        if (negative)
+            exponent = -exponent;
     }
-    return j->i > start;
+    if (j->i - start > MAX_NUMBER)
+        return 0;
+    return !real || (long)digits + exponent <= 308;
 }
 
-static int jvalue(struct json *j);
+static int jvalue(struct json *j, enum want want);
 
 static int jliteral(struct json *j, const char *word)
 {
@@ -367,10 +446,53 @@ static int jliteral(struct json *j, const char *word)
     return 1;
 }
 
-static int jcontainer(struct json *j, char open)
+/* A key that bundle.loads reads as its bytes and compares as Go does: no escape (its text is its bytes), ASCII
+ * only (ASCII case is then all the folding that str.lower and Go's EqualFold do), and in a spec no field name
+ * of config.json spelled in another case (bundle._check_case refuses those at the levels it reads). */
+static int key_ok(const struct json *j, const char *key, size_t len)
+{
+    int other_case = 0;
+    for (size_t k = 0; k < len; k++)
+        if (key[k] == '\\' || (unsigned char)key[k] >= 0x80)
+            return 0;
+    if (!j->spec)
+        return 1;
+    for (int f = 0; OGH_FIELD_NAMES[f]; f++) {
+        if (strlen(OGH_FIELD_NAMES[f]) != len || strncasecmp(OGH_FIELD_NAMES[f], key, len) != 0)
+            continue;
+        if (memcmp(OGH_FIELD_NAMES[f], key, len) == 0)
+            return 1;
+        other_case = 1;
+    }
+    return !other_case;
+}
+
+struct span {
+    const char *s;
+    size_t n;
+};
+
+/* what the member ``key`` of an object of kind ``kind`` must be */
+static enum want member_want(const struct json *j, enum want kind, const char *key, size_t len)
+{
+    if (!j->spec)
+        return ANY;
+    if (kind == TOP && len == 7 && memcmp(key, "process", 7) == 0)
+        return PROCESS;
+    if (kind == TOP && len == 11 && memcmp(key, "annotations", 11) == 0)
+        return OBJECT;
+    if (kind == PROCESS && len == 3 && memcmp(key, "env", 3) == 0)
+        return ENV;
+    return ANY;
+}
+
+/* an object (kind TOP, PROCESS, OBJECT or ANY) or an array (kind ENV: of strings) at j->i */
+static int jcontainer(struct json *j, char open, enum want kind)
 {
     char close = open == '{' ? '}' : ']';
-    int top = j->depth == 0 && open == '{';
+    struct span local[16], *keys = local;
+    size_t nkeys = 0, cap = sizeof local / sizeof local[0];
+    int ok = 0;
     if (++j->depth > MAX_DEPTH)
         return 0;
     j->i++;
@@ -383,23 +505,44 @@ static int jcontainer(struct json *j, char open)
     for (;;) {
         const char *key = NULL;
         size_t key_len = 0, vstart;
+        enum want want = kind == ENV ? STRING : ANY;
         ws(j);
         if (open == '{') {
-            if (!jstring(j, &key, &key_len))
-                return 0;
+            if (!jstring(j, &key, &key_len) || !key_ok(j, key, key_len))
+                goto done;
+            /* no key twice, in any ASCII case: bundle._pairs and live._unique_keys refuse repeats, and Go
+             * decodes keys of one struct that fold alike into one field */
+            for (size_t k = 0; k < nkeys; k++)
+                if (keys[k].n == key_len && strncasecmp(keys[k].s, key, key_len) == 0)
+                    goto done;
+            if (nkeys == cap) {
+                struct span *bigger;
+                if (cap >= MAX_KEYS)
+                    goto done;
+                bigger = malloc(2 * cap * sizeof *bigger);
+                if (!bigger)
+                    goto done;
+                memcpy(bigger, keys, nkeys * sizeof *keys);
+                if (keys != local)
+                    free(keys);
+                keys = bigger;
+                cap *= 2;
+            }
+            keys[nkeys].s = key;
+            keys[nkeys++].n = key_len;
             ws(j);
             if (j->i >= j->n || j->s[j->i] != ':')
-                return 0;
+                goto done;
             j->i++;
             ws(j);
+            want = member_want(j, kind, key, key_len);
         }
         vstart = j->i;
-        if (!jvalue(j))
-            return 0;
-        if (top && j->want_state) {
+        if (!jvalue(j, want))
+            goto done;
+        if (kind == TOP && j->want_state) {
             const char *v = j->s + vstart;
             size_t vlen = j->i - vstart;
-            /* the last of duplicate keys wins, as in Python */
             if (key_len == 2 && memcmp(key, "id", 2) == 0) {
                 j->id = v;
                 j->id_len = vlen;
@@ -413,7 +556,7 @@ static int jcontainer(struct json *j, char open)
         }
         ws(j);
         if (j->i >= j->n)
-            return 0;
+            goto done;
         if (j->s[j->i] == ',') {
             j->i++;
             continue;
@@ -421,23 +564,40 @@ static int jcontainer(struct json *j, char open)
         if (j->s[j->i] == close) {
             j->i++;
             j->depth--;
-            return 1;
+            ok = 1;
         }
-        return 0;
+        goto done;
     }
+done:
+    if (keys != local)
+        free(keys);
+    return ok;
 }
 
-static int jvalue(struct json *j)
+static int jvalue(struct json *j, enum want want)
 {
     const char *s;
     size_t len;
     ws(j);
     if (j->i >= j->n)
         return 0;
+    switch (want) {
+    case TOP:
+        return j->s[j->i] == '{' && jcontainer(j, '{', TOP);
+    case PROCESS: /* bundle.field: absent, null or an object */
+    case OBJECT:
+        return j->s[j->i] == '{' ? jcontainer(j, '{', want) : jliteral(j, "null");
+    case ENV: /* bundle.process_env: null or a list of strings */
+        return j->s[j->i] == '[' ? jcontainer(j, '[', ENV) : jliteral(j, "null");
+    case STRING:
+        return jstring(j, &s, &len);
+    case ANY:
+        break;
+    }
     switch (j->s[j->i]) {
     case '{':
     case '[':
-        return jcontainer(j, j->s[j->i]);
+        return jcontainer(j, j->s[j->i], ANY);
     case '"':
         return jstring(j, &s, &len);
     case 't':
@@ -451,13 +611,13 @@ static int jvalue(struct json *j)
     }
 }
 
-/* 1: valid UTF-8, one JSON object and nothing else */
+/* 1: valid UTF-8, one JSON object as described above and nothing else */
 static int json_object_ok(struct json *j)
 {
     if (!utf8_ok((const unsigned char *)j->s, j->n))
         return 0;
     ws(j);
-    if (j->i >= j->n || j->s[j->i] != '{' || !jvalue(j))
+    if (!jvalue(j, TOP))
         return 0;
     ws(j);
     return j->i == j->n;
@@ -493,19 +653,18 @@ static int clean(const char *s, size_t n)
 
 static int spec_clean(const char *s, size_t n)
 {
-    struct json j = {s, n, 0, 0, NULL, NULL, NULL, 0, 0, 0, 0};
+    struct json j = {.s = s, .n = n, .spec = 1};
     return json_object_ok(&j) && clean(s, n);
 }
 
-/* ``missing_ok``: a config.json that does not exist counts as clean (the shim: a runtime given that bundle
- * fails before any container exists, so nothing can be granted through it) */
-static int file_clean(const char *path, int missing_ok)
+/* the config.json at ``path`` exists, is read and is clean (a missing one: Python says so) */
+static int file_clean(const char *path)
 {
     char *buf;
     size_t len;
     int ok;
     if (!read_path(path, &buf, &len))
-        return missing_ok && access(path, F_OK) != 0 && (errno == ENOENT || errno == ENOTDIR);
+        return 0;
     ok = spec_clean(buf, len);
     free(buf);
     return ok;
@@ -522,13 +681,127 @@ static int bool_ok(const char *v)
     return 0;
 }
 
+/* trust.problem's rule for one entry: owned by root or the effective uid, and writable by group or others
+ * only when it is a symlink (its mode means nothing), a sticky directory or /dev/null */
+static int entry_trusted(const struct stat *st)
+{
+    if (st->st_uid != 0 && st->st_uid != geteuid())
+        return 0;
+    if (!(st->st_mode & (S_IWGRP | S_IWOTH)) || S_ISLNK(st->st_mode))
+        return 1;
+    if (S_ISDIR(st->st_mode) && (st->st_mode & S_ISVTX))
+        return 1;
+    return S_ISCHR(st->st_mode) && major(st->st_rdev) == 1 && minor(st->st_rdev) == 3;
+}
+
+/* the next component of the '/'-separated ``rest`` (skipping empty ones and "."), copied to ``name``; 0 at the end */
+static int next_component(const char **rest, char *name, size_t size)
+{
+    for (;;) {
+        const char *p = *rest, *end;
+        size_t len;
+        while (*p == '/')
+            p++;
+        if (!*p)
+            return 0;
+        end = strchr(p, '/');
+        len = end ? (size_t)(end - p) : strlen(p);
+        *rest = p + len;
+        if (len == 1 && p[0] == '.')
+            continue;
+        if (len >= size)
+            return -1;
+        memcpy(name, p, len);
+        name[len] = '\0';
+        return 1;
+    }
+}
+
+/* trust.problem(path) is None: walk from / down with lstat, each symlink met followed by hand (its target's
+ * components go before the rest), ".." taken lexically; a missing component ends the walk, trusted */
+static int config_trusted(const char *path)
+{
+    char rest[2 * PATH_MAX], current[PATH_MAX], candidate[PATH_MAX], target[PATH_MAX], name[NAME_MAX + 1];
+    const char *cursor;
+    struct stat st;
+    int links = 0, got;
+    if (path[0] != '/' || strlen(path) >= sizeof rest)
+        return 0;
+    strcpy(rest, path);
+    strcpy(current, "/");
+    if (lstat("/", &st) != 0 || !entry_trusted(&st))
+        return 0;
+    cursor = rest;
+    while ((got = next_component(&cursor, name, sizeof name)) == 1) {
+        const char *peek;
+        char ignored[NAME_MAX + 1];
+        if (strcmp(name, "..") == 0) {
+            char *slash = strrchr(current, '/');
+            slash[slash == current ? 1 : 0] = '\0';
+            continue;
+        }
+        if (snprintf(candidate, sizeof candidate, "%s%s%s", current, strcmp(current, "/") ? "/" : "", name) >=
+            (int)sizeof candidate)
+            return 0;
+        if (lstat(candidate, &st) != 0)
+            return errno == ENOENT;
+        if (!entry_trusted(&st))
+            return 0;
+        if (S_ISLNK(st.st_mode)) {
+            char joined[2 * PATH_MAX];
+            ssize_t n;
+            if (++links > 40)
+                return 0;
+            n = readlink(candidate, target, sizeof target);
+            if (n < 0 || (size_t)n >= sizeof target)
+                return 0;
+            target[n] = '\0';
+            if (target[0] == '/')
+                strcpy(current, "/");
+            if (snprintf(joined, sizeof joined, "%s/%s", target, cursor) >= (int)sizeof joined)
+                return 0;
+            strcpy(rest, joined);
+            cursor = rest;
+            continue;
+        }
+        peek = cursor;
+        if (!S_ISDIR(st.st_mode) && next_component(&peek, ignored, sizeof ignored) != 0)
+            return 1; /* opening it fails with ENOTDIR, and says so */
+        strcpy(current, candidate);
+    }
+    return got == 0;
+}
+
+/* The config file is the one baked: byte for byte the same (none when none was baked). */
+static int config_as_baked(int named)
+{
+    char *buf;
+    size_t len;
+    int same, fd = open(OGH_CONFIG_PATH, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) /* as Python: a missing default file is no file; a named one that is missing is an error */
+        return !OGH_CONFIG_EXISTS && errno == ENOENT && !named;
+    if (!OGH_CONFIG_EXISTS) {
+        close(fd);
+        return 0;
+    }
+    same = read_all(fd, &buf, &len);
+    close(fd);
+    if (!same)
+        return 0;
+    same = len == (size_t)OGH_CONFIG_LEN && memcmp(buf, OGH_CONFIG_BYTES, len) == 0;
+    free(buf);
+    return same;
+}
+
 /* The baked defaults, as the Python launcher's os.environ.setdefault; then 1 when the settings are
- * still the ones baked in: the same config file, unchanged, and no OCI_GPU_HOOK_* value that
- * Python would reject.  (Values that only narrow what is granted, or say where to log, do not matter
- * to a container that asks for nothing.) */
+ * still the ones baked in: the same config file, unchanged, and no OCI_GPU_HOOK_* value that Python
+ * would reject (only the bool variables have values to reject; the others are paths and strings).
+ * Whether the file is still trusted is asked apart (config_still_trusted): a pass-through command needs
+ * only the runtime, which is the baked one while the bytes are.
+ * (Values that only narrow what is granted, or say where to log, do not matter to a container that asks
+ * for nothing: Python logs no line for it.) */
 static int settings_as_baked(void)
 {
-    struct stat st;
     const char *path, *v;
     for (int i = 0; OGH_DEFAULTS[i]; i += 2)
         setenv(OGH_DEFAULTS[i], OGH_DEFAULTS[i + 1], 0);
@@ -545,15 +818,13 @@ static int settings_as_baked(void)
         path = NULL;
     if (strcmp(path ? path : OGH_DEFAULT_CONFIG, OGH_CONFIG_PATH) != 0)
         return 0;
-    if (stat(OGH_CONFIG_PATH, &st) != 0) {
-        /* as Python: a missing default file is no file; a named one that is missing is an error */
-        return !OGH_CONFIG_EXISTS && errno == ENOENT && !path;
-    }
-    return OGH_CONFIG_EXISTS && st.st_dev == (dev_t)OGH_CONFIG_DEV && st.st_ino == (ino_t)OGH_CONFIG_INO &&
-           st.st_size == (off_t)OGH_CONFIG_SIZE && st.st_mtim.tv_sec == OGH_CONFIG_MTIME_S &&
-           st.st_mtim.tv_nsec == OGH_CONFIG_MTIME_NS && st.st_ctim.tv_sec == OGH_CONFIG_CTIME_S &&
-           st.st_ctim.tv_nsec == OGH_CONFIG_CTIME_NS && st.st_mode == (mode_t)OGH_CONFIG_MODE &&
-           st.st_uid == (uid_t)OGH_CONFIG_UID;
+    return config_as_baked(path != NULL);
+}
+
+/* config.check_trusted still passes for the config file (when there is one): else Python refuses it */
+static int config_still_trusted(void)
+{
+    return !OGH_CONFIG_EXISTS || config_trusted(OGH_CONFIG_PATH);
 }
 
 /* ------------------------------------------------------------------ the shim */
@@ -606,64 +877,126 @@ static int find_runtime(const char *name)
 
 static void exec_runtime(void)
 {
-    char **args = calloc((size_t)g_argc + 1, sizeof *args);
+    /* argv[0] is the runtime even when this front was started with no argv at all (argc 0) */
+    size_t n = g_argc > 1 ? (size_t)g_argc : 1;
+    char **args = calloc(n + 1, sizeof *args);
     if (!args)
         _exit(1);
     args[0] = g_runtime;
     for (int i = 1; i < g_argc; i++)
         args[i] = g_argv[i];
+    args[n] = NULL;
     execv(g_runtime, args);
     dprintf(2, "oci-gpu-hook: error: cannot run %s: %s\n", g_runtime, strerror(errno));
     _exit(1);
 }
 
-static int is_bundle_flag(const char *arg, const char **value)
+/* a value both runtimes take as it stands: not empty and no option (runc's flag package and crun's getopt both
+ * take "--bundle -x" as the bundle "-x", but no runtime caller writes that) */
+static int plain_value(const char *v)
 {
-    const char *name = arg;
-    size_t len;
-    const char *eq;
-    if (name[0] != '-')
-        return 0;
-    name += name[1] == '-' ? 2 : 1;
-    eq = strchr(name, '=');
-    len = eq ? (size_t)(eq - name) : strlen(name);
-    if (!((len == 1 && name[0] == 'b') || (len == 6 && memcmp(name, "bundle", 6) == 0)))
-        return 0;
-    *value = eq ? eq + 1 : NULL;
-    return 1;
+    return v && v[0] && v[0] != '-';
 }
 
-/* every config.json runc could take for this create/run: the working directory's and that of each
- * value that follows a bundle flag, wherever it stands (a misread argv only adds files to scan) */
-static int bundles_clean(void)
+/* g_argv[*i] is one of ``options`` ("NAME" a flag, "NAME=" an option with a value), spelled --NAME, --NAME=V,
+ * --NAME V, or -N / -N V for a one-letter NAME: the option (with *i past it and its value in *value), else NULL */
+static const char *common_option(int *i, const char *const *options, const char **value)
 {
-    char path[PATH_MAX];
-    if (!file_clean("config.json", 1))
-        return 0;
-    for (int i = 1; i < g_argc; i++) {
-        const char *value = NULL;
-        if (!is_bundle_flag(g_argv[i], &value))
+    const char *arg = g_argv[*i];
+    for (int k = 0; options[k]; k++) {
+        size_t len = strlen(options[k]);
+        int takes = options[k][len - 1] == '=';
+        const char *v = NULL;
+        size_t name_len = len - (size_t)takes;
+        if (name_len == 1 && arg[0] == '-' && arg[1] == options[k][0] && !arg[2])
+            ; /* -N */
+        else if (strncmp(arg, "--", 2) == 0 && strncmp(arg + 2, options[k], name_len) == 0 &&
+                 (arg[2 + name_len] == '\0' || arg[2 + name_len] == '='))
+            v = arg[2 + name_len] == '=' ? arg + 3 + name_len : NULL;
+        else
             continue;
-        if (!value) {
-            if (i + 1 >= g_argc)
-                return 0;
-            value = g_argv[i + 1];
+        if (!takes) {
+            if (v)
+                return NULL; /* --flag=VALUE: runc reads a bool, crun refuses */
+            *value = NULL;
+            (*i)++;
+            return options[k];
         }
-        if (!value[0])
-            continue; /* an empty bundle is the working directory, scanned above */
-        if (snprintf(path, sizeof path, "%s%sconfig.json", value,
-                     value[strlen(value) - 1] == '/' ? "" : "/") >= (int)sizeof path)
-            return 0;
-        if (!file_clean(path, 1))
-            return 0;
+        if (!v) {
+            if (*i + 1 >= g_argc)
+                return NULL;
+            v = g_argv[++*i];
+        }
+        if (!plain_value(v))
+            return NULL;
+        *value = v;
+        (*i)++;
+        return options[k];
     }
-    return 1;
+    return NULL;
+}
+
+/* The config.json that the runtime opens for this create/run, when the command line has the form that podman
+ * (conmon), containerd and Docker write and that runc 1.1 (urfave/cli over Go's flag package) and crun 1.8
+ * (glibc argp) read alike; else NULL, and Python reads the command line with the rules of the real runtime
+ * (runtime.parse_argv, runtime.config_path).  The form:
+ *
+ *   [GLOBAL...] create|run [OPTION...] ID
+ *   GLOBAL  --root V, --log V, --log-format text|json (each also --NAME=V), --debug, --systemd-cgroup
+ *   OPTION  --bundle V, -b V, --bundle=V (one of them, once), --pid-file V, --console-socket V (also --NAME=V),
+ *           --no-pivot, --no-new-keyring, --preserve-fds N; for run also --detach, -d
+ *
+ * where no V is empty or starts with '-', N is a decimal number, and ID is the last argument, not empty and no
+ * option.  Both runtimes then open BUNDLE/config.json, BUNDLE being the working directory when not named. */
+static const char *common_config_path(char *path, size_t size)
+{
+    static const char *const globals[] = {"root=", "log=", "log-format=", "debug", "systemd-cgroup", NULL};
+    static const char *const create_options[] = {"bundle=", "b=", "pid-file=", "console-socket=", "no-pivot",
+                                                 "no-new-keyring", "preserve-fds=", NULL};
+    static const char *const run_options[] = {"bundle=", "b=", "pid-file=", "console-socket=", "no-pivot",
+                                              "no-new-keyring", "preserve-fds=", "detach", "d", NULL};
+    const char *bundle = NULL, *value, *option, *id;
+    int i = 1, run;
+    while (i < g_argc && g_argv[i][0] == '-') {
+        if (!(option = common_option(&i, globals, &value)))
+            return NULL;
+        if (strcmp(option, "log-format=") == 0 && strcmp(value, "text") != 0 && strcmp(value, "json") != 0)
+            return NULL;
+    }
+    if (i >= g_argc || (strcmp(g_argv[i], "create") != 0 && strcmp(g_argv[i], "run") != 0))
+        return NULL;
+    run = strcmp(g_argv[i++], "run") == 0;
+    while (i < g_argc - 1) {
+        if (!(option = common_option(&i, run ? run_options : create_options, &value)))
+            return NULL;
+        if (strcmp(option, "bundle=") == 0 || strcmp(option, "b=") == 0) {
+            if (bundle)
+                return NULL; /* runc refuses some pairs ("Cannot use two forms of the same flag") */
+            bundle = value;
+        } else if (strcmp(option, "preserve-fds=") == 0) {
+            size_t len = strlen(value);
+            if (len > 9 || strspn(value, "0123456789") != len || (value[0] == '0' && len > 1))
+                return NULL;
+        }
+    }
+    if (i != g_argc - 1)
+        return NULL;
+    id = g_argv[i];
+    if (!id[0] || id[0] == '-')
+        return NULL;
+    if (!bundle)
+        bundle = ".";
+    if ((size_t)snprintf(path, size, "%s%sconfig.json", bundle, bundle[strlen(bundle) - 1] == '/' ? "" : "/") >=
+        size)
+        return NULL;
+    return path;
 }
 
 int main(int argc, char **argv)
 {
     int as_baked, rewrite = 0;
     const char *name;
+    char path[PATH_MAX];
     g_argc = argc;
     g_argv = argv;
     as_baked = settings_as_baked();
@@ -674,23 +1007,24 @@ int main(int argc, char **argv)
     if (!name || !name[0])
         name = as_baked ? OGH_RUNTIME : NULL;
     if (!rewrite) {
-        /* pass-through: the config file is not read here; a runtime named in it is used while the file
-         * is as it was baked, else Python decides (it falls back to runc when the file is broken) */
+        /* pass-through: the config file is not parsed here; the runtime named in it is used while the file
+         * holds the bytes baked, else Python decides (it falls back to runc when the file is broken) */
         if (!name || !find_runtime(name)) {
             const char *what = "";
             /* Python cannot be trusted here: the runtime of the install still gets the command */
             if (untrusted(&what) && find_runtime(OGH_RUNTIME))
                 exec_runtime();
-            to_python(NULL, 0);
+            to_python(NULL, 0, 0);
         }
         if (argc == 2 && (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "-v") == 0)) {
             dprintf(1, "%s\n", OGH_VERSION_LINE);
         }
         exec_runtime();
     }
-    if (as_baked && find_runtime(name) && bundles_clean())
+    if (as_baked && config_still_trusted() && find_runtime(name) && common_config_path(path, sizeof path) &&
+        file_clean(path))
         exec_runtime();
-    to_python(NULL, 0);
+    to_python(NULL, 0, 0);
     return 1;
 }
 #endif
@@ -715,7 +1049,7 @@ static int write_all(int fd, const char *s, size_t n)
 /* the state's id, pid and bundle as Python's parse_state accepts them, and the bundle's config.json clean */
 static int state_clean(const char *s, size_t n)
 {
-    struct json j = {s, n, 0, 0, NULL, NULL, NULL, 0, 0, 0, 1};
+    struct json j = {.s = s, .n = n, .want_state = 1};
     char path[PATH_MAX];
     if (memchr(s, '\\', n) || !json_object_ok(&j))
         return 0;
@@ -735,34 +1069,37 @@ static int state_clean(const char *s, size_t n)
     if (memchr(path, '\0', j.bundle_len - 2) != NULL && strlen(path) != j.bundle_len - 2)
         return 0;
     strcat(path, path[strlen(path) - 1] == '/' ? "config.json" : "/config.json");
-    return file_clean(path, 0);
+    return file_clean(path);
 }
 
 int main(int argc, char **argv)
 {
     char *input = NULL;
     size_t len = 0;
-    int as_baked;
+    int as_baked, got;
     g_argc = argc;
     g_argv = argv;
     as_baked = settings_as_baked();
-    if (argc != 2 || !as_baked ||
+    if (argc != 2 || !as_baked || !config_still_trusted() ||
         (strcmp(argv[1], "prestart") != 0 && strcmp(argv[1], "createRuntime") != 0 &&
          strcmp(argv[1], "precreate") != 0))
-        to_python(NULL, 0);
+        to_python(NULL, 0, 0);
     if (chdir("/") != 0)
-        to_python(NULL, 0);
-    if (!read_fd(0, &input, &len)) {
-        dprintf(2, "oci-gpu-hook: error: cannot read stdin (or it is larger than %ld bytes)\n", OGH_MAX_INPUT);
+        to_python(NULL, 0, 0);
+    got = read_fd(0, &input, &len);
+    if (!got) {
+        dprintf(2, "oci-gpu-hook: error: cannot read stdin: %s\n", strerror(errno));
         return 1;
     }
+    if (got == TOO_LARGE)
+        to_python(input, len, 1); /* Python reads stdin of any size: it gets all of it */
     if (strcmp(argv[1], "precreate") == 0) {
         if (spec_clean(input, len))
             return write_all(1, input, len) ? 0 : 1;
     } else if (state_clean(input, len)) {
         return 0;
     }
-    to_python(input, len);
+    to_python(input, len, 0);
     return 1;
 }
 #endif

@@ -6,13 +6,16 @@ the shim for every create/start/delete of those pods, and the shim writes the
 plan into each bundle before runc sees it.  It is a drop-in for the main
 config's ``imports``.
 
-Config versions: 2 (containerd 1.x: the CRI plugin ``io.containerd.grpc.v1.cri``) and 3
-(containerd 2.x: the CRI runtime plugin ``io.containerd.cri.v1.runtime``, runtimes under its
-``containerd.runtimes``).  A version 1 config (no ``version`` key) is not changed: install skips
-containerd with a note (``containerd config migrate`` converts it).  On containerd 1.7+ and 2.x the
-drop-in also turns on containerd's native CDI (``enable_cdi``, ``cdi_spec_dirs``), the preferred
-path for Kubernetes: the device plugin's ``cdi.k8s.io/*`` annotations or CDI devices are applied
-by containerd itself, with no shim in the way.
+Config versions: 2 (containerd 1.x: the CRI plugin ``io.containerd.grpc.v1.cri``), 3 (containerd
+2.x: the CRI runtime plugin ``io.containerd.cri.v1.runtime``, runtimes under its
+``containerd.runtimes``) and 4 (what ``containerd config default`` writes from 2.3 on: server
+settings moved into plugins, the CRI runtime plugin as in 3).  The drop-in takes the main config's
+version; 2.x also reads (and migrates) an older one.  A version 1 config (no ``version`` key) is not
+changed: install skips containerd with a note (``containerd config migrate`` converts it).  On
+containerd 1.7+ and 2.x the drop-in also turns on containerd's native CDI (``enable_cdi``,
+``cdi_spec_dirs``), the preferred path for Kubernetes: the device plugin's CDI devices are applied
+by containerd itself, with no shim in the way.  Which containerd the node runs is found by
+:mod:`containerd_detect`, never from install's own PATH.
 
 containerd 1.x merges an imported file plugin by plugin: the drop-in's
 ``plugins."io.containerd.grpc.v1.cri"`` table *replaces* the main config's
@@ -41,7 +44,7 @@ DROP_IN_DIR = "/etc/containerd/conf.d"
 DROP_IN_PATH = f"{DROP_IN_DIR}/oci-gpu-hook.toml"
 CRI = "io.containerd.grpc.v1.cri"
 CRI_V3 = "io.containerd.cri.v1.runtime"
-CRI_PLUGIN = {2: CRI, 3: CRI_V3}
+CRI_PLUGIN = {2: CRI, 3: CRI_V3, 4: CRI_V3}  # 4: containerd 2.3+ (its server settings moved; CRI as in 3)
 CDI_SPEC_DIRS = ["/etc/cdi", "/var/run/cdi"]
 
 
@@ -54,23 +57,6 @@ def config_version(main: dict[str, Any] | None) -> int:
 def has_cdi(containerd_version: tuple[int, int] | None) -> bool:
     """Native CDI: containerd 1.7 and later."""
     return containerd_version is not None and containerd_version >= (1, 7)
-
-
-def installed_version() -> tuple[int, int] | None:
-    """``containerd --version`` of the containerd on PATH as (major, minor); None if there is none."""
-    import re
-    import shutil
-    import subprocess
-
-    binary = shutil.which("containerd")
-    if binary is None:
-        return None
-    try:
-        out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10, check=False).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    match = re.search(r"\sv?(\d+)\.(\d+)\.\d+", out)
-    return (int(match.group(1)), int(match.group(2))) if match else None
 
 
 def cri_table(main: dict[str, Any] | None, binary: str, runtime_name: str = RUNTIME_NAME, *,

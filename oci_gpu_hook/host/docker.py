@@ -1,4 +1,5 @@
-"""Docker: the ``oci-gpu`` runtime in ``/etc/docker/daemon.json``, merged into the operator's file.
+"""Docker: the ``oci-gpu`` runtime in ``/etc/docker/daemon.json``, merged into the operator's file, and the
+name ``docker run --gpus`` looks for.
 
 ``docker run --runtime oci-gpu`` then starts containers through ``oci-gpu-runtime`` (dockerd hands
 the path to containerd's runc shim as its ``BinaryName``; the shim is called with runc's global flags,
@@ -6,8 +7,28 @@ the path to containerd's runc shim as its ``BinaryName``; the shim is called wit
 a runtime: the shim's settings come from the config file baked into the launcher
 (``install --set OCI_GPU_HOOK_CONFIG=...``) or /etc/oci-gpu-hook/config.toml.
 
-Docker 20.10 (Debian 12's docker.io) has no CDI; Docker 25+ does with ``"features": {"cdi": true}``
-and ``docker run --device amd.com/gpu=1``.
+**default-runtime.**  Without ``--runtime oci-gpu`` dockerd runs runc, which knows nothing of
+``AMD_VISIBLE_DEVICES``: the container starts without its GPU and nothing says so.
+``install --docker-default-runtime`` also writes ``"default-runtime": "oci-gpu"``, so every container
+goes through the shim (one without a GPU request goes straight on to runc); it is refused when the file
+names another default-runtime (``nvidia``, AMD's ``amd``), which it would silently replace.
+
+**docker run --gpus** (Docker 28.3+, moby ``daemon/devices_amd_linux.go``, ``devices_linux.go``).  When
+dockerd starts, it registers a device driver for ``--gpus``: NVIDIA's if ``nvidia-container-runtime-hook``
+(29.2+: or ``nvidia-cdi-hook``) is on its PATH, else AMD's if ``amd-container-runtime`` is (from 29.3 also
+when CDI is on, the default since 28.2).  AMD's driver only adds ``AMD_VISIBLE_DEVICES`` to the
+container's environment, after the image's and ``-e``'s (the last one wins, here as in runc):
+``--gpus all`` -> ``all``, ``--gpus 2`` -> ``0,1``, ``--gpus '"device=1,2"'`` -> ``1,2``, no count ->
+``void`` (no GPU).  It adds no runtime and no hook, and never runs ``amd-container-runtime``: the
+container's runtime (``--runtime`` or ``default-runtime``) does the rest, here the shim.  From 29.3 it
+first tries CDI: with an ``amd.com`` spec (and no ``nvidia.com`` one, which it prefers), dockerd itself
+injects ``amd.com/gpu=<id>`` from this project's CDI spec and sets no variable.  So install puts a small
+``amd-container-runtime`` script (:data:`GPUS_PATH`, on systemd's default PATH; run, it execs the shim)
+unless a file of that name that is not ours is on dockerd's PATH (AMD's toolkit): that one registers the
+same driver, and is left alone.
+
+Docker 20.10 (Debian 12's docker.io) has no such driver (``--gpus`` fails: "could not select device
+driver") and no CDI; Docker 25+ has CDI (``docker run --device amd.com/gpu=1``; on by default from 28.2).
 
 Adding the runtime keeps every other byte of the file where it can: with no ``runtimes`` key yet,
 the entry is inserted as one line after the opening brace; otherwise the file is written again from
@@ -18,12 +39,20 @@ still there.
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Callable
 from typing import Any
 
 from oci_gpu_hook.errors import HookError
 
 DAEMON_JSON = "/etc/docker/daemon.json"
 RUNTIME_NAME = "oci-gpu"
+GPUS_NAME = "amd-container-runtime"  # moby daemon/devices_amd_linux.go: amdContainerRuntimeExecutableName
+GPUS_PATH = f"/usr/local/bin/{GPUS_NAME}"
+# systemd's default PATH, which docker.service keeps; dockerd looks the name up there when it starts
+DOCKERD_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
+NVIDIA_NAMES = ("nvidia-container-runtime-hook", "nvidia-cdi-hook")  # moby registers NVIDIA's driver first
+MARK = "# Written by oci-gpu-hook install (docker): the name Docker's --gpus looks for"
 
 
 def _parse(text: str, where: str) -> dict[str, Any]:
@@ -43,45 +72,101 @@ def _line(path: str) -> str:
     return f'"runtimes": {{{json.dumps(RUNTIME_NAME)}: {{"path": {json.dumps(path)}}}}}'
 
 
-def merged(text: str | None, path: str, where: str = DAEMON_JSON) -> str | None:
-    """``text`` (None: no file) with our runtime; None when it has exactly that entry already."""
+def _insertions(path: str, default_runtime: bool) -> list[str]:
+    """What install inserts after the opening brace of a file with neither key (without its trailing comma)."""
+    default = f'\n  "default-runtime": {json.dumps(RUNTIME_NAME)},'
+    return [f"{default if default_runtime else ''}\n  {_line(path)}"]
+
+
+def _has(data: dict[str, Any], path: str, default_runtime: bool) -> bool:
+    return ((data.get("runtimes") or {}).get(RUNTIME_NAME) == {"path": path}
+            and (not default_runtime or data.get("default-runtime") == RUNTIME_NAME))
+
+
+def merged(text: str | None, path: str, where: str = DAEMON_JSON, default_runtime: bool = False) -> str | None:
+    """``text`` (None: no file) with our runtime (and, with ``default_runtime``, ``"default-runtime": "oci-gpu"``);
+    None when it has exactly that already.  A default-runtime other than runc or ours is not replaced."""
     if text is None or not text.strip():
-        return "{\n  " + _line(path) + "\n}\n"
+        return "{" + _insertions(path, default_runtime)[0] + "\n}\n"
     data = _parse(text, where)
-    runtimes = data.get("runtimes")
-    if runtimes is not None and runtimes.get(RUNTIME_NAME) == {"path": path}:
+    if _has(data, path, default_runtime):
         return None
-    if runtimes is None:
+    current = data.get("default-runtime")
+    if default_runtime and current not in (None, "runc", RUNTIME_NAME):
+        raise HookError(f"{where} has \"default-runtime\": {json.dumps(current)}; --docker-default-runtime would "
+                        f"replace it: set it to {json.dumps(RUNTIME_NAME)} yourself, or leave the option out")
+    runtimes = data.get("runtimes")
+    if runtimes is None and (not default_runtime or "default-runtime" not in data):
         start = text.index("{") + 1
-        rest = text[start:]
         comma = "," if data else ""
-        result = text[:start] + "\n  " + _line(path) + comma + rest
+        result = text[:start] + _insertions(path, default_runtime)[0] + comma + text[start:]
     else:
-        data["runtimes"] = {**runtimes, RUNTIME_NAME: {"path": path}}
+        data["runtimes"] = {**(runtimes or {}), RUNTIME_NAME: {"path": path}}
+        if default_runtime:
+            data["default-runtime"] = RUNTIME_NAME
         result = json.dumps(data, indent=2) + "\n"
-    if _parse(result, where).get("runtimes", {}).get(RUNTIME_NAME) != {"path": path}:
+    if not _has(_parse(result, where), path, default_runtime):
         raise HookError(f"could not add the runtime to {where}; add it by hand")
     return result
 
 
 def unmerged(text: str, path: str, where: str = DAEMON_JSON) -> str | None:
-    """``text`` without our runtime entry; None when it has none."""
+    """``text`` without our runtime entry (and without ``"default-runtime": "oci-gpu"``, which would stop dockerd
+    from starting once the runtime is gone); None when it has neither."""
     data = _parse(text, where)
     runtimes = data.get("runtimes")
-    if not runtimes or RUNTIME_NAME not in runtimes:
+    ours_default = data.get("default-runtime") == RUNTIME_NAME
+    if not (runtimes and RUNTIME_NAME in runtimes) and not ours_default:
         return None
-    for comma in (",", ""):
-        inserted = "\n  " + _line(path) + comma
-        if inserted in text:
-            result = text.replace(inserted, "", 1)
-            try:
-                if _parse(result, where) == {k: v for k, v in data.items() if k != "runtimes"}:
-                    return result
-            except HookError:
-                pass
-    rest = {k: v for k, v in runtimes.items() if k != RUNTIME_NAME}
-    if rest:
-        data["runtimes"] = rest
-    else:
-        del data["runtimes"]
-    return json.dumps(data, indent=2) + "\n"
+    rest = {k: v for k, v in data.items() if k != "runtimes" and not (k == "default-runtime" and ours_default)}
+    for default_runtime in (True, False):
+        for comma in (",", ""):
+            inserted = _insertions(path, default_runtime)[0] + comma
+            if inserted in text:
+                result = text.replace(inserted, "", 1)
+                try:
+                    if _parse(result, where) == rest:
+                        return result
+                except HookError:
+                    pass
+    others = {k: v for k, v in (runtimes or {}).items() if k != RUNTIME_NAME}
+    if others:
+        rest["runtimes"] = others
+    ordered = {k: rest[k] for k in data if k in rest}
+    return json.dumps(ordered, indent=2) + "\n"
+
+
+# --- docker run --gpus -----------------------------------------------------------------------------
+
+
+def gpus_script(runtime: str) -> str:
+    """The ``amd-container-runtime`` install puts on dockerd's PATH: Docker only looks for the name; run, it is
+    the shim."""
+    return (f"#!/bin/sh\n{MARK}.\n"
+            "# Docker 28.3+ registers its AMD driver for `docker run --gpus` when a program of this name is on\n"
+            "# dockerd's PATH (and NVIDIA's nvidia-container-runtime-hook is not): --gpus all, --gpus 2,\n"
+            "# --gpus '\"device=1,2\"' become AMD_VISIBLE_DEVICES=all, 0,1, 1,2 in the container's environment.\n"
+            "# dockerd never runs this file; the container's runtime (--runtime oci-gpu, or default-runtime)\n"
+            "# reads that variable.  Run anyway, it is that runtime.\n"
+            f'exec {runtime} "$@"\n')
+
+
+def ours(disk_path: str) -> bool:
+    """A file install wrote as :data:`GPUS_NAME` (never a symlink: whatever it points at is someone else's)."""
+    try:
+        if os.path.islink(disk_path):
+            return False
+        with open(disk_path, "rb") as handle:
+            return MARK.encode() in handle.read(256)
+    except OSError:
+        return False
+
+
+def on_dockerd_path(disk: Callable[[str], str], name: str) -> list[str]:
+    """The files called ``name`` in dockerd's PATH directories (as seen through ``disk``), one per real file."""
+    found: dict[str, str] = {}
+    for directory in DOCKERD_PATH:
+        candidate = disk(f"{directory}/{name}")
+        if os.path.lexists(candidate):
+            found.setdefault(os.path.realpath(candidate), candidate)
+    return list(found.values())

@@ -11,9 +11,13 @@ What it writes (real paths; ``--prefix DIR`` puts each of them under DIR, creati
   directory this podman reads (:mod:`podman`: containers.conf ``[engine] hooks_dir``, else
   podman's default ``/usr/share/containers/oci/hooks.d``), ``hook.path`` the installed launcher;
 - cdi: the CDI spec of each kind with devices in ``cdi_dir`` (``<vendor>-<class>.json``);
-- docker: the ``oci-gpu`` runtime merged into ``/etc/docker/daemon.json`` (:mod:`docker`);
-- containerd: the drop-in at :data:`containerd.DROP_IN_PATH` (config version 2 or 3; native CDI on
-  1.7+) and the main config with the ``imports`` line that loads it (:mod:`containerd`);
+- docker: the ``oci-gpu`` runtime merged into ``/etc/docker/daemon.json`` (``--docker-default-runtime``:
+  also ``"default-runtime": "oci-gpu"``), and the ``amd-container-runtime`` name Docker 28.3+'s
+  ``--gpus`` looks for on dockerd's PATH, unless someone else's is there (:mod:`docker`);
+- containerd: the drop-in at :data:`containerd.DROP_IN_PATH` (config version 2, 3 or 4; native CDI on
+  1.7+) and the main config with the ``imports`` line that loads it (:mod:`containerd`); which
+  containerd the node runs is read under ``--host-root`` or given as ``--containerd-version``
+  (:mod:`containerd_detect`);
 - crio: the drop-in :data:`crio.DROP_IN_PATH` (CDI spec dirs, the ``oci-gpu`` runtime handler);
 - systemd: the ``watch`` unit in :data:`SYSTEMD_UNIT`, its ExecStart the installed launcher;
 - the manifest :data:`MANIFEST_PATH`: each file written (its sha256 and mode, its integration, and
@@ -72,11 +76,11 @@ KILL_ENV = "OCI_GPU_HOOK_INSTALL_KILL_AT"
 TEMP_MARK = ".oci-gpu-hook."  # in the temp names of atomic writes: .<name>.oci-gpu-hook.<pid>.<hex>
 
 # The shipped hooks.d/oci-gpu-hook-<stage>.json, for installs without the source tree (a wheel does
-# not carry hooks.d/); a test keeps the two identical.
+# not carry hooks.d/); a test keeps the two identical, and both name the launcher install writes.
 HOOK_TEMPLATE: dict[str, Any] = {
     "version": "1.0.0",
     "hook": {
-        "path": "/usr/local/bin/oci-gpu-hook",
+        "path": f"{LAUNCHER_DIR}/oci-gpu-hook",
         "args": ["oci-gpu-hook", "STAGE"],
         "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
         "timeout": 10,
@@ -174,11 +178,14 @@ def unit_file(launcher: str) -> str:
 
 def wanted(config: Config, hook: str, defaults: dict[str, str], notes: list[str],
            disk: Callable[[str], str], only: set[str] | None = None,
-           errors: list[str] | None = None, native: bool | None = False, trust: bool = False) -> list[Item]:
+           errors: list[str] | None = None, native: bool | None = False, trust: bool = False, *,
+           docker_default_runtime: bool = False, containerd_version: str | None = None,
+           host_root: str | None = None) -> list[Item]:
     """Every file this install writes, in the order it writes them.  An integration that cannot be done is
     left out: a note (``Skip``) or an error in ``errors`` (raised when ``errors`` is None).  The launchers:
     ``native`` as ``launchers.launcher_files`` takes it (None: the native front when a compiler is found);
-    ``trust``: they refuse code that a non-root user could change."""
+    ``trust``: they refuse code that a non-root user could change.  ``docker_default_runtime``: make
+    oci-gpu dockerd's default-runtime; ``containerd_version``, ``host_root``: see :func:`containerd_items`."""
     from oci_gpu_hook.host.launchers import launcher_files
 
     items = [Item(path, data, 0o755, "launcher")
@@ -186,8 +193,9 @@ def wanted(config: Config, hook: str, defaults: dict[str, str], notes: list[str]
     planners: dict[str, Callable[[], list[Item]]] = {
         "podman": lambda: podman_items(hook, disk, notes),
         "cdi": lambda: cdi_items(config, notes),
-        "docker": lambda: docker_items(disk, notes, only is not None),
-        "containerd": lambda: containerd_items(disk, notes, only is not None),
+        "docker": lambda: docker_items(disk, notes, only is not None, docker_default_runtime),
+        "containerd": lambda: containerd_items(disk, notes, only is not None, containerd_version=containerd_version,
+                                               host_root=host_root),
         "crio": lambda: crio_items(config, disk, only is not None),
         "systemd": lambda: systemd_items(disk, notes, only is not None),
     }
@@ -255,26 +263,58 @@ def _read_text(disk_path: str) -> tuple[str | None, int]:
         raise HookError(f"cannot read {disk_path}: {getattr(err, 'strerror', None) or err}") from None
 
 
-def docker_items(disk: Callable[[str], str], notes: list[str], explicit: bool) -> list[Item]:
+def docker_items(disk: Callable[[str], str], notes: list[str], explicit: bool,
+                 default_runtime: bool = False) -> list[Item]:
+    """daemon.json with the ``oci-gpu`` runtime (and ``default-runtime`` when asked), and the
+    ``amd-container-runtime`` name Docker's ``--gpus`` looks for on dockerd's PATH (see :mod:`docker`)."""
     from oci_gpu_hook.host import docker
 
     if not explicit and not os.path.isdir(disk(os.path.dirname(docker.DAEMON_JSON))):
         raise Skip(f"no {os.path.dirname(docker.DAEMON_JSON)} here: docker is not configured")
+    runtime = f"{LAUNCHER_DIR}/oci-gpu-runtime"
     text, mode = _read_text(disk(docker.DAEMON_JSON))
-    new = docker.merged(text, f"{LAUNCHER_DIR}/oci-gpu-runtime", disk(docker.DAEMON_JSON))
+    new = docker.merged(text, runtime, disk(docker.DAEMON_JSON), default_runtime)
     data = text if new is None else new
     assert data is not None
-    notes.append("restart dockerd (or send it SIGHUP) to load the oci-gpu runtime; "
-                 "then: docker run --runtime oci-gpu -e AMD_VISIBLE_DEVICES=N ... (Docker 20.10 has no CDI)")
-    return [Item(docker.DAEMON_JSON, data.encode(), mode, "docker daemon.json (runtime oci-gpu)", merge="docker")]
+    what = "docker daemon.json (runtime oci-gpu" + (", default-runtime oci-gpu)" if default_runtime else ")")
+    items = [Item(docker.DAEMON_JSON, data.encode(), mode, what, merge="docker")]
+    foreign = [p for p in docker.on_dockerd_path(disk, docker.GPUS_NAME) if not docker.ours(p)]
+    if foreign:
+        notes.append(f"docker: {', '.join(foreign)} is not this install's (AMD's container toolkit?): left as it is, "
+                     f"and {docker.GPUS_PATH} is not written; that file already makes Docker 28.3+ register its AMD "
+                     "driver, so `docker run --runtime oci-gpu --gpus ...` reaches this shim just the same")
+    else:
+        items.append(Item(docker.GPUS_PATH, docker.gpus_script(runtime).encode(), 0o755,
+                          "the name Docker's --gpus looks for on dockerd's PATH"))
+    nvidia = [p for name in docker.NVIDIA_NAMES for p in docker.on_dockerd_path(disk, name)]
+    if nvidia:
+        notes.append(f"docker: NVIDIA's {', '.join(nvidia)} is on dockerd's PATH: Docker then registers its NVIDIA "
+                     "driver for --gpus instead of AMD's (it looks for NVIDIA first), --gpus sets "
+                     "NVIDIA_VISIBLE_DEVICES and never asks this shim for a GPU; ask with "
+                     "-e AMD_VISIBLE_DEVICES=N or --device amd.com/gpu=N (CDI) instead")
+    current = json.loads(data).get("default-runtime") if data.strip() else None
+    if current == docker.RUNTIME_NAME:
+        notes.append("docker: default-runtime is oci-gpu: every container goes through the shim (one without a "
+                     "GPU request goes straight on to runc)")
+    else:
+        notes.append("docker: containers run through the shim only with --runtime oci-gpu; without it, runc runs "
+                     "them and a GPU request (--gpus, -e AMD_VISIBLE_DEVICES) gets no GPU, with no error. "
+                     "install --docker-default-runtime makes oci-gpu dockerd's default-runtime")
+    notes.append("restart dockerd to load the oci-gpu runtime and the --gpus driver (it looks for "
+                 f"{docker.GPUS_NAME} only when it starts); then: docker run --runtime oci-gpu --gpus device=1 ... "
+                 "(Docker 28.3+) or -e AMD_VISIBLE_DEVICES=1 (any Docker)")
+    return items
 
 
-def containerd_items(disk: Callable[[str], str], notes: list[str], explicit: bool = False) -> list[Item]:
+def containerd_items(disk: Callable[[str], str], notes: list[str], explicit: bool = False, *,
+                     containerd_version: str | None = None, host_root: str | None = None) -> list[Item]:
     """The drop-in (built from the node's main config, see :mod:`containerd`) and the main config with
-    the ``imports`` line it needs; nothing on a host without /etc/containerd."""
+    the ``imports`` line it needs; nothing on a host without /etc/containerd.  The config version and
+    native CDI follow the node's containerd, found under ``host_root`` (default: the prefix) or given
+    as ``containerd_version`` (:mod:`containerd_detect`)."""
     import tomllib
 
-    from oci_gpu_hook.host import containerd
+    from oci_gpu_hook.host import containerd, containerd_detect
 
     if not explicit and not os.path.isdir(disk(os.path.dirname(containerd.MAIN_CONFIG_PATH))):
         raise Skip(f"no {os.path.dirname(containerd.MAIN_CONFIG_PATH)} here: containerd is not configured")
@@ -284,19 +324,15 @@ def containerd_items(disk: Callable[[str], str], notes: list[str], explicit: boo
         main = tomllib.loads(text) if text is not None else None
     except tomllib.TOMLDecodeError as err:
         raise HookError(f"{main_disk} is not valid TOML ({err})") from None
-    found = containerd.installed_version()
-    version = containerd.config_version(main) if main is not None else (3 if found and found[0] >= 2 else 2)
-    if version not in containerd.CRI_PLUGIN:
-        raise Skip(f"{main_disk} is a version {(main or {}).get('version', 1)} config: containerd is left as it "
+    if main is not None and containerd.config_version(main) not in containerd.CRI_PLUGIN:
+        raise Skip(f"{main_disk} is a version {main.get('version', 1)} config: containerd is left as it "
                    "is (convert it with `containerd config migrate`, then install again)")
-    cdi = version == 3 or containerd.has_cdi(found)
-    if cdi:
-        notes.append("containerd: native CDI is on (enable_cdi): the preferred path for Kubernetes pods "
-                     "(device plugin CDI devices/annotations); the oci-gpu RuntimeClass is there too")
-    else:
-        notes.append("containerd: no native CDI before 1.7 (found "
-                     f"{'.'.join(map(str, found)) if found else 'no containerd binary'}): pods use the oci-gpu "
-                     "RuntimeClass")
+    detection = containerd_detect.detect(host_root or disk("/"), option=containerd_version,
+                                         path_env=os.environ.get("PATH"))
+    chosen = containerd_detect.plan(detection, containerd.config_version(main) if main is not None else None,
+                                    main_disk)
+    version, cdi = chosen.version, chosen.cdi
+    notes.append(f"containerd: {chosen.note}")
     items = [Item(containerd.DROP_IN_PATH,
                   containerd.drop_in(f"{LAUNCHER_DIR}/oci-gpu-runtime", main, version=version, cdi=cdi).encode(),
                   0o644, "containerd drop-in")]
@@ -1204,11 +1240,27 @@ def command(args: list[str], config: Config) -> int:
                         help="Python launchers only (default: the native front when a C compiler is found)")
     parser.add_argument("--allow-editable", action="store_true",
                         help="install from an editable (development) install; root would then run code from it")
+    parser.add_argument("--docker-default-runtime", action="store_true",
+                        help="docker: also make oci-gpu dockerd's default-runtime, so that every docker run (and "
+                             "--gpus) goes through the shim; refused when daemon.json names another default-runtime")
+    parser.add_argument("--containerd-version", metavar="X.Y", default=None,
+                        help="the node's containerd version (default: found under --host-root: the binary "
+                             "containerd.service runs, the usual binary paths, dpkg; else the main config's version)")
+    parser.add_argument("--host-root", metavar="DIR", default=None,
+                        help="where this install sees the node's root file system (read only is enough; /host in a "
+                             "pod with the node's / mounted there): install looks there for containerd's binary and "
+                             "package (default: the --prefix, else /)")
     parser.add_argument("--uninstall", action="store_true",
                         help=f"remove what the manifest ({MANIFEST_PATH}) lists, restoring the files install "
                              "replaced; files changed since install are kept")
     opts = parser.parse_args(args)
     only = parse_only(opts.only)
+    if opts.containerd_version is not None:
+        from oci_gpu_hook.host.containerd_detect import explicit
+
+        explicit(opts.containerd_version)  # a bad value stops here, before anything is read or written
+    if opts.host_root is not None and not os.path.isdir(opts.host_root):
+        raise HookError(f"install --host-root {opts.host_root}: not a directory (the node's / as mounted here)")
     if opts.prefix and not os.path.isdir(opts.prefix):
         if os.path.lexists(opts.prefix):
             raise HookError(f"install --prefix {opts.prefix}: not a directory")
@@ -1240,8 +1292,12 @@ def run(opts: Any, only: set[str] | None, installer: Installer, config: Config) 
     from oci_gpu_hook.host.launchers import launcher_defaults
 
     if opts.uninstall:
-        if opts.hook is not None or opts.set:
-            raise HookError("install --uninstall takes no --hook or --set: it removes what the manifest lists")
+        given = [flag for flag, value in (("--hook", opts.hook is not None), ("--set", opts.set),
+                                          ("--docker-default-runtime", opts.docker_default_runtime),
+                                          ("--containerd-version", opts.containerd_version is not None),
+                                          ("--host-root", opts.host_root is not None)) if value]
+        if given:
+            raise HookError(f"install --uninstall takes no {', '.join(given)}: it removes what the manifest lists")
         installer.uninstall(only)
         return 0
     from oci_gpu_hook.host.launchers import editable_reason
@@ -1252,7 +1308,9 @@ def run(opts: Any, only: set[str] | None, installer: Installer, config: Config) 
     notes: list[str] = []
     errors: list[str] = []
     items = wanted(config, opts.hook or "precreate", launcher_defaults(opts.set, "install"), notes, installer.disk,
-                   only, errors, native=False if opts.no_native else None, trust=not editable)
+                   only, errors, native=False if opts.no_native else None, trust=not editable,
+                   docker_default_runtime=opts.docker_default_runtime, containerd_version=opts.containerd_version,
+                   host_root=os.path.abspath(opts.host_root) if opts.host_root else None)
     failed = {e.split(":", 1)[0] for e in errors}
     selected = None if only is None and not failed else (set(only or INTEGRATIONS) - failed) | {"core"}
     installer.install(items, notes, selected, errors)

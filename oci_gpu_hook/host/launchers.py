@@ -4,15 +4,24 @@ Two kinds, written by ``oci-gpu-hook launchers DIR`` (and ``install``):
 
 - **native front** (when a C compiler is found: ``$CC``, else ``cc``/``gcc`` on PATH): ``DIR/oci-gpu-hook``
   and ``DIR/oci-gpu-runtime`` are compiled from ``oci_gpu_hook/fastpath/front.c`` with this install's
-  settings baked in (interpreter, sys.path, ``--set`` defaults, the config file's identity, its runtime,
-  every request variable name).  When there is nothing to do (a pass-through runtime command; a
-  container that certainly asks for no device) they do it without starting Python; otherwise they exec
-  the Python launcher next to them (``DIR/oci-gpu-hook.py``, ``DIR/oci-gpu-runtime.py``).
+  settings baked in (interpreter, sys.path, ``--set`` defaults, the config file's bytes, its runtime, every
+  request variable name, the field names of config.json).  When there is nothing to do (a pass-through runtime
+  command; a container that certainly asks for no device) they do it without starting Python; otherwise they
+  exec the Python launcher next to them (``DIR/oci-gpu-hook.py``, ``DIR/oci-gpu-runtime.py``).
 - **Python launcher** (no compiler, or ``--no-native``): ``DIR/oci-gpu-hook`` and ``DIR/oci-gpu-runtime``
   are the ``python -I -S`` scripts themselves.
 
 Both refuse to run package code from a path that a non-root user can write, or that is gone (one
 line on stderr, exit 1), unless written with ``allow_untrusted`` (tests, editable checkouts).
+
+**The front's settings stamp.**  What the front knows of the config file (its runtime, its request names) is
+only right while the file holds the bytes it was baked from, so the front bakes those bytes (the file as read
+once, and parsed from that same read: a file over 1 MiB, or one that cannot be read or parsed, bakes no fast
+path) and, on every create, run and hook, reads the file again and compares it in full with them, then checks
+it as trusted as :func:`oci_gpu_hook.config.check_trusted` does.  Any difference hands over to Python.  No
+clock or stat field is compared: reading a file changes its access time (``relatime``), and on a filesystem
+with whole-second timestamps an edit of the same size in the same second leaves every stat field as it was;
+the content cannot miss an edit.  Reading a small file costs the front a few microseconds.
 """
 
 from __future__ import annotations
@@ -85,28 +94,57 @@ def launcher_defaults(items: list[str], command: str) -> dict[str, str]:
     return defaults
 
 
+# What site-packages and stdlib directories the interpreter has when ``site`` runs at its start-up.
+_STARTUP_PATHS = ("import site, sysconfig; print(repr((site.getsitepackages(), "
+                  "[sysconfig.get_path(n) for n in ('stdlib', 'platstdlib')])))")
+_PATHS: list[list[str]] = []
+
+
+def _startup_paths() -> list[list[str]]:
+    """[site-packages, stdlib directories] of this interpreter's environment as ``site`` sets them up.  Under
+    ``python -S`` (an installed launcher runs so) ``site`` did not run and ``sys.prefix`` is the base interpreter's,
+    not the virtual environment's: then the interpreter itself is asked, with ``site``."""
+    if not _PATHS:
+        if sys.flags.no_site:
+            import ast
+            import subprocess
+
+            done = subprocess.run([sys.executable, "-I", "-c", _STARTUP_PATHS], capture_output=True, text=True,
+                                  timeout=120)
+            if done.returncode != 0:
+                raise HookError(f"cannot ask {sys.executable} for its site-packages: {done.stderr.strip()[:500]}")
+            _PATHS.extend(ast.literal_eval(done.stdout.strip()))
+        else:
+            import site
+            import sysconfig
+
+            _PATHS.extend([site.getsitepackages(), [sysconfig.get_path(n) for n in ("stdlib", "platstdlib")]])
+    return _PATHS
+
+
+def site_packages() -> list[str]:
+    """The site-packages directories of this interpreter's environment, whether or not ``site`` ran here."""
+    return list(_startup_paths()[0])
+
+
+def _package_parent() -> str:
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
 def code_paths() -> list[str]:
     """Where a launcher loads code from: this package's parent and the environment's site-packages."""
-    import site
-
-    package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    return list(dict.fromkeys([package_parent, *site.getsitepackages()]))
+    return list(dict.fromkeys([_package_parent(), *site_packages()]))
 
 
 def stdlib_paths() -> list[str]:
-    import sysconfig
-
-    return [p for p in dict.fromkeys([sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib")])
-            if p and os.path.isdir(p)]
+    return [p for p in dict.fromkeys(_startup_paths()[1]) if p and os.path.isdir(p)]
 
 
 def editable_reason() -> str | None:
     """Why this is an editable (development) install, or None: the package must live in a site-packages
     directory of the interpreter."""
-    import site
-
-    package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    inside = [p for p in site.getsitepackages() if package_parent == os.path.normpath(p)]
+    package_parent = _package_parent()
+    inside = [p for p in site_packages() if package_parent == os.path.normpath(p)]
     if not inside:
         return (f"the package is loaded from {package_parent}, outside site-packages (an editable install?); "
                 "install it into a root-owned environment (python3 -m venv /opt/oci-gpu-hook && "
@@ -143,17 +181,28 @@ def find_cc() -> str | None:
 
 
 def _c_string(text: str) -> str:
-    data = text.encode("utf-8", "surrogateescape")
-    return '"' + "".join(chr(b) if 0x20 <= b < 0x7F and b not in b'"\\?' else f"\\{b:03o}" for b in data) + '"'
+    return _c_bytes(text.encode("utf-8", "surrogateescape"))
+
+
+def _c_bytes(data: bytes) -> str:
+    """A C string literal of exactly ``data`` (NUL bytes and all), 64 bytes a line."""
+    def line(chunk: bytes) -> str:
+        return '"' + "".join(chr(b) if 0x20 <= b < 0x7F and b not in b'"\\?' else f"\\{b:03o}" for b in chunk) + '"'
+
+    return "\n    ".join(line(data[i:i + 64]) for i in range(0, len(data), 64)) if data else '""'
 
 
 def _c_list(items: list[str]) -> str:
     return "{" + ", ".join([*(_c_string(i) for i in items), "NULL"]) + "}"
 
 
+MAX_BAKED_CONFIG = 1 << 20  # a config file larger than this bakes no fast path
+
+
 def baked_settings(defaults: dict[str, str]) -> dict[str, object]:
     """What the native front needs to know about this install's config, read as a container start reads it
-    (the environment of the runtime is unknown here: only the baked defaults count)."""
+    (the environment of the runtime is unknown here: only the baked defaults count).  ``content``: the bytes of
+    the config file the settings were parsed from (None: no file)."""
     from oci_gpu_hook import config as cfg
 
     fast = True
@@ -165,34 +214,35 @@ def baked_settings(defaults: dict[str, str]) -> dict[str, object]:
             except HookError:
                 fast = False
     path = defaults.get("OCI_GPU_HOOK_CONFIG") or cfg.DEFAULT_CONFIG_PATH
+    if not path.startswith("/"):
+        fast = False  # Python reads it from another working directory than the front would
     values: dict[str, object] = {}
-    stat = None
+    content = None
     try:
-        # A file changed within a clock tick of its last change can keep the same ctime: let the clock move
-        # past the file's ctime first, so that any later change shows in the stamp the front compares.
-        import time
-
-        if time.time_ns() - os.stat(path).st_ctime_ns < 50_000_000:
-            time.sleep(0.05)
-        stat = os.stat(path)
+        cfg.check_trusted(path)
+        with open(path, "rb") as handle:
+            content = handle.read(MAX_BAKED_CONFIG + 1)
+        values = cfg.parse_bytes(content, f"config file {path}")  # the settings of exactly the bytes baked
     except FileNotFoundError:
         if defaults.get("OCI_GPU_HOOK_CONFIG"):
             fast = False
-    except OSError:
+    except (OSError, HookError):
         fast = False
-    if stat is not None:
-        try:
-            values = cfg.load_file(path)
-        except HookError:
-            fast = False
-        else:
-            if os.stat(path) != stat:  # changed while reading: bake nothing
-                fast = False
+    if content is not None and len(content) > MAX_BAKED_CONFIG:
+        fast = False
     names = {name for names in cfg.FIELDS["request_env"].default.values() for name in names}
     for names_of_kind in dict(values.get("request_env") or {}).values():  # type: ignore[call-overload]
         names.update(names_of_kind)
-    return {"fast": fast, "path": path, "stat": stat, "runtime": values.get("runtime", cfg.FIELDS["runtime"].default),
+    return {"fast": fast, "path": path, "content": content if fast else None,
+            "runtime": values.get("runtime", cfg.FIELDS["runtime"].default),
             "needles": sorted({n.lower() for n in names} | {CDI_NEEDLE})}
+
+
+def _spec_field_names() -> list[str]:
+    """Every field name of config.json whose spelling :func:`oci_gpu_hook.bundle.loads` checks."""
+    from oci_gpu_hook.bundle import _FIELDS
+
+    return sorted({name for names in _FIELDS.values() for name in names})
 
 
 def front_header(name: str, directory: str, defaults: dict[str, str], trust: bool) -> str:
@@ -200,7 +250,8 @@ def front_header(name: str, directory: str, defaults: dict[str, str], trust: boo
     from oci_gpu_hook.config import DEFAULT_CONFIG_PATH
 
     baked = baked_settings(defaults)
-    st = baked["stat"]
+    content = baked["content"]
+    assert content is None or isinstance(content, bytes)
     pairs = [x for item in defaults.items() for x in item]
     lines = [
         f"#define OGH_ROLE {ROLES[name]}",
@@ -215,16 +266,12 @@ def front_header(name: str, directory: str, defaults: dict[str, str], trust: boo
         f"static const char OGH_CONFIG_PATH[] = {_c_string(str(baked['path']))};",
         f"static const char OGH_RUNTIME[] = {_c_string(str(baked['runtime']))};",
         f"static const char *const OGH_NEEDLES[] = {_c_list(list(baked['needles']))};",  # type: ignore[call-overload]
+        f"static const char *const OGH_FIELD_NAMES[] = {_c_list(_spec_field_names())};",
         f"static const char OGH_VERSION_LINE[] = {_c_string(f'oci-gpu-runtime {__version__}')};",
-        f"#define OGH_CONFIG_EXISTS {int(st is not None)}",
+        f"#define OGH_CONFIG_EXISTS {int(content is not None)}",
+        f"#define OGH_CONFIG_LEN {len(content or b'')}",
+        f"static const char OGH_CONFIG_BYTES[] = {_c_bytes(content or b'')};",
     ]
-    fields = {"DEV": "st_dev", "INO": "st_ino", "SIZE": "st_size", "MODE": "st_mode", "UID": "st_uid"}
-    for macro, attr in fields.items():
-        lines.append(f"#define OGH_CONFIG_{macro} {getattr(st, attr) if st else 0}ULL")
-    for macro, attr in (("MTIME", "st_mtime_ns"), ("CTIME", "st_ctime_ns")):
-        ns = getattr(st, attr) if st else 0
-        lines.append(f"#define OGH_CONFIG_{macro}_S {ns // 1_000_000_000}LL")
-        lines.append(f"#define OGH_CONFIG_{macro}_NS {ns % 1_000_000_000}LL")
     return "\n".join(lines) + "\n"
 
 

@@ -293,6 +293,48 @@ def resolve_targets(target: str | None, config: Config, kind: str | None = None)
     return targets
 
 
+def update_spec(inventory: Inventory, kind: str, path: str, fmt: str, config: Config, *,
+                name_kind: bool = False) -> Outcome:
+    """Bring the spec of ``kind`` at ``path`` in line with ``inventory``: generate, validate, write atomically
+    when its text changed; with no device of the kind, remove a stale spec of this project's kind.  The one
+    regeneration, for ``watch`` and the device plugin.  ``name_kind``: say the kind and path in the "no GPUs"
+    line (several targets).  A HookError when the spec cannot be written or the stale one removed."""
+    devices = inventory.devices(kind)
+    if not devices:
+        return _no_gpus(inventory.sysfs_root, kind, path, config, name_kind)
+    spec = cdi.generate(inventory, kind, config)
+    cdi.validate(spec, f"generated CDI spec of {kind}")
+    modes = sorted({"/".join(m for m in (d.compute_mode, d.memory_mode) if m) for d in devices} - {""})
+    counts = (f"({len(spec['devices'])} devices, {len(devices)} GPU{'s' if len(devices) != 1 else ''}"
+              f"{', mode ' + ' '.join(modes) if modes else ''})")
+    if cdi.write(path, cdi.render(spec, fmt)):
+        return Outcome("wrote", f"wrote {path} {counts}")
+    return Outcome("unchanged", f"unchanged {path} {counts}")
+
+
+def _no_gpus(sysfs_root: str, kind: str, path: str, config: Config, name_kind: bool) -> Outcome:
+    what = f"{kind} GPUs" if name_kind else "GPUs"
+    prefix = f"no {what} under {sysfs_root}: nothing written (a CDI spec needs a device)"
+    if name_kind:
+        prefix += f" to {path}"
+    if not os.path.lexists(path):
+        return Outcome("none", prefix)
+    try:
+        existing = cdi.load(path)
+    except HookError as err:
+        return Outcome("none", f"{prefix}; left {path} alone ({err})")
+    cdi_kind = config.cdi_kind(kind)
+    if existing.get("kind") != cdi_kind:
+        return Outcome("none", f"{prefix}; left {path} alone (kind {existing.get('kind')!r}, not {cdi_kind!r})")
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return Outcome("none", prefix)
+    except OSError as err:
+        raise HookError(f"no {kind} GPUs, but cannot remove the stale spec {path}: {err.strerror}") from None
+    return Outcome("removed", f"{prefix}; removed the stale spec {path}")
+
+
 OUTCOME_WEIGHT = {"failed": 4, "wrote": 3, "removed": 2, "unchanged": 1, "none": 0}
 
 
@@ -339,39 +381,7 @@ class Watcher:
         return Outcome(worst.kind, "; ".join(o.text for o in outcomes))
 
     def _one(self, inventory: Inventory, kind: str, path: str, fmt: str) -> Outcome:
-        devices = inventory.devices(kind)
-        if not devices:
-            return self._no_gpus(inventory.sysfs_root, kind, path)
-        spec = cdi.generate(inventory, kind, self.config)
-        cdi.validate(spec, f"generated CDI spec of {kind}")
-        modes = sorted({"/".join(m for m in (d.compute_mode, d.memory_mode) if m) for d in devices} - {""})
-        counts = (f"({len(spec['devices'])} devices, {len(devices)} GPU{'s' if len(devices) != 1 else ''}"
-                  f"{', mode ' + ' '.join(modes) if modes else ''})")
-        if cdi.write(path, cdi.render(spec, fmt)):
-            return Outcome("wrote", f"wrote {path} {counts}")
-        return Outcome("unchanged", f"unchanged {path} {counts}")
-
-    def _no_gpus(self, sysfs_root: str, kind: str, path: str) -> Outcome:
-        what = "GPUs" if len(self.targets) == 1 else f"{kind} GPUs"
-        prefix = f"no {what} under {sysfs_root}: nothing written (a CDI spec needs a device)"
-        if len(self.targets) > 1:
-            prefix += f" to {path}"
-        if not os.path.lexists(path):
-            return Outcome("none", prefix)
-        try:
-            existing = cdi.load(path)
-        except HookError as err:
-            return Outcome("none", f"{prefix}; left {path} alone ({err})")
-        cdi_kind = self.config.cdi_kind(kind)
-        if existing.get("kind") != cdi_kind:
-            return Outcome("none", f"{prefix}; left {path} alone (kind {existing.get('kind')!r}, not {cdi_kind!r})")
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            return Outcome("none", prefix)
-        except OSError as err:
-            raise HookError(f"no {kind} GPUs, but cannot remove the stale spec {path}: {err.strerror}") from None
-        return Outcome("removed", f"{prefix}; removed the stale spec {path}")
+        return update_spec(inventory, kind, path, fmt, self.config, name_kind=len(self.targets) > 1)
 
     def regenerate(self, reason: str) -> Outcome:
         """:meth:`generate`, with any failure logged instead of raised; one log line either way."""

@@ -38,7 +38,8 @@ if TYPE_CHECKING:
     from oci_gpu_hook.config import Config
     from oci_gpu_hook.core.devices import Node
 
-__all__ = ["HALF_THERE", "KINDS", "Device", "Inventory", "backend", "parse_pci_address", "scan", "scan_host"]
+__all__ = ["HALF_THERE", "KINDS", "Device", "Inventory", "backend", "parse_pci_address", "scan", "scan_host",
+           "stable_name"]
 # A backend's reason that starts with this names a device that is half there (being removed, or being
 # reconfigured): the per-container scan stops on it, as on a broken DRM entry, since skipping it renumbers.
 HALF_THERE = "half there: "
@@ -154,6 +155,13 @@ def backend(kind: str) -> ModuleType:
     name = f"oci_gpu_hook.inventory.{kind}"
     __import__(name)  # not importlib: importing it costs ~1 ms on every container start
     return sys.modules[name]
+
+
+def stable_name(device: Device) -> str:
+    """The CDI name that names ``device``'s hardware for as long as it exists, whatever else comes and goes
+    (the backend's ``stable_name``: AMD ``0000:05:00.0`` or ``0000:05:00.0-p3``, Intel the PCI address,
+    NVIDIA the GPU's or MIG device's UUID)."""
+    return str(backend(device.kind).stable_name(device))
 
 
 def scan(sysfs_root: str = "/sys", kinds: Iterable[str] | None = None, *, strict: bool = True,

@@ -17,10 +17,21 @@ partitions) whose render minor has a KFD topology node.  Facts (sources in
 * Index order: GPUs by PCI address; within a GPU, partitions by render minor.
 * ``/dev/kfd`` (dynamic major, from ``class/kfd/kfd/dev``) is shared by all.
 
+Stable names (:func:`stable_name`): an index is a position, and names other
+hardware when a GPU before it leaves or returns; a stable name names the same
+hardware for as long as it exists.  A whole (unpartitioned) GPU's is its PCI
+address (``0000:23:00.0``); a partition's is its GPU's PCI address and its
+partition number, ``<pci>-p<N>`` (``0000:05:00.0-p3``; N is the KFD
+``location_id & 7``, 0 to 7), for every partition of a partitioned GPU, p0
+included (the PCI address of a partitioned GPU names all its partitions).
+The CDI spec, ``list``, the device plugin's Allocate and the ``cdi.k8s.io``
+annotation it writes use these; index names stay in the spec for people.
+
 Request entries beyond indices and ranges: a PCI address (``0000:23:00.0`` or
 ``23:00.0``) or a unique id (``0x3149e0fac5157acf``, ``GPU-3149e0fac5157acf``,
 or bare hex longer than 8 digits, zero padding optional, as AMD's toolkit
-reads it) names every partition of its GPU.
+reads it) names every partition of its GPU; a partition name
+(``0000:05:00.0-p3`` or ``05:00.0-p3``) names one partition.
 """
 
 from __future__ import annotations
@@ -39,7 +50,7 @@ if TYPE_CHECKING:
 NAME = "amd"
 DRIVER = "amdgpu"
 XCP_PREFIXES = ("amdgpu_xcp_", "amdgpu_xcp.")
-FORMS = "PCI address or unique id"  # request entries besides indices and ranges
+FORMS = "PCI address, partition name (PCI-pN) or unique id"  # request entries besides indices and ranges
 
 
 def _properties(node_dir: str) -> dict[str, int]:
@@ -156,6 +167,8 @@ def match(token: str, devices: tuple[Device, ...]) -> tuple[Device, ...] | str |
     """The devices an AMD-specific entry names; None when ``token`` is not of these forms; a str saying why
     when it is of one of them and names nothing."""
     lower = token.lower()
+    if ":" in token and "-" in token:
+        return _match_partition(lower, devices)
     if ":" in token:
         address = lower if lower.count(":") == 2 else "0000:" + lower
         if parse_pci_address(address) is None:
@@ -175,8 +188,37 @@ def match(token: str, devices: tuple[Device, ...]) -> tuple[Device, ...] | str |
     return _whole_gpus(devices, chosen) if chosen else "is not the unique id of an AMD GPU on this host"
 
 
+def stable_name(device: Device) -> str:
+    """The name of ``device`` that names the same hardware for as long as it exists: a whole GPU's PCI
+    address, a partition's ``<pci>-p<N>`` (module docstring).  The one definition: the CDI spec, ``list``
+    and the device plugin take it from here."""
+    if device.partition is None:
+        return device.pci_address
+    return f"{device.pci_address}-p{device.partition}"
+
+
+def _match_partition(lower: str, devices: tuple[Device, ...]) -> tuple[Device, ...] | str:
+    """``0000:05:00.0-p3`` (or ``05:00.0-p3``): one partition of a partitioned GPU."""
+    address, dash_p, number = lower.rpartition("-p")
+    if address.count(":") == 1:
+        address = "0000:" + address
+    if not dash_p or parse_pci_address(address) is None or len(number) != 1 or number not in "01234567":
+        return "is not a valid partition name (expected PCI-pN, N 0 to 7, e.g. 0000:05:00.0-p3)"
+    gpu = [d for d in devices if d.pci_address == address]
+    if not gpu:
+        return "is not a partition of an AMD GPU on this host (no AMD GPU at that PCI address)"
+    if gpu[0].partition is None:
+        return f"is not a partition: the AMD GPU at {address} is not partitioned (its name is {address})"
+    chosen = tuple(d for d in gpu if d.partition == int(number))
+    if not chosen:
+        there = ", ".join(stable_name(d) for d in gpu)
+        return f"is not a partition of the AMD GPU at {address} in its mode ({gpu[0].compute_mode}: {there})"
+    return chosen
+
+
 def aliases(devices: tuple[Device, ...]) -> list[tuple[str, tuple[Device, ...]]]:
-    """CDI names besides the indices: each GPU by PCI address and by unique id (all its partitions)."""
+    """CDI names besides the indices: each GPU by PCI address and by unique id (all its partitions), and
+    each partition of a partitioned GPU by its stable name."""
     out: list[tuple[str, tuple[Device, ...]]] = []
     for address in dict.fromkeys(d.pci_address for d in devices):
         gpu = tuple(d for d in devices if d.pci_address == address)
@@ -184,6 +226,7 @@ def aliases(devices: tuple[Device, ...]) -> list[tuple[str, tuple[Device, ...]]]
         unique = {d.unique_id for d in gpu if d.unique_id is not None}
         if len(unique) == 1:
             out.append((f"0x{unique.pop():016x}", gpu))
+        out.extend((stable_name(d), (d,)) for d in gpu if d.partition is not None)
     return out
 
 
@@ -193,6 +236,9 @@ def examples(devices: tuple[Device, ...]) -> list[str]:
         return []
     first = devices[0]
     out = [f"PCI addresses like {first.pci_address}"]
+    partition = next((d for d in devices if d.partition is not None), None)
+    if partition is not None:
+        out.append(f"partitions like {stable_name(partition)}")
     if first.unique_id is not None:
         out.append(f"unique ids like {first.unique_id_hex}")
     return out

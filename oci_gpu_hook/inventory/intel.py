@@ -4,7 +4,9 @@ As Intel's device plugin finds them: a PCI device of vendor ``0x8086`` bound to
 ``i915`` or ``xe`` with DRM minors (``controlD`` links and connectors are not
 nodes).  Index order is PCI address order.  Names follow Intel's CDI naming
 (``cardN``, the card node's name) besides indices; request entries are
-indices, ranges, ``cardN`` and PCI addresses.
+indices, ranges, ``cardN`` and PCI addresses.  The stable name of a GPU
+(:func:`stable_name`) is its PCI address: ``cardN`` follows probe order and
+can change at a reboot or a driver reload.
 """
 
 from __future__ import annotations
@@ -53,6 +55,11 @@ def discover(root: str, drm: list[DrmDevice], _proc_root: str = "/proc",
 def card_name(device: Device) -> str:
     card = device.card
     return os.path.basename(card.path) if card else ""
+
+
+def stable_name(device: Device) -> str:
+    """The name that names the same GPU for as long as it exists: its PCI address."""
+    return device.pci_address
 
 
 def match(token: str, devices: tuple[Device, ...]) -> tuple[Device, ...] | str | None:

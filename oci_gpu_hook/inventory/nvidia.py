@@ -42,7 +42,7 @@ from oci_gpu_hook.inventory.sysfs import HEX_DIGITS, driver, follow, numa_node, 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Sequence, Set
 
     from oci_gpu_hook.config import Config
     from oci_gpu_hook.core.edits import Edits
@@ -333,6 +333,25 @@ def match(token: str, devices: tuple[Device, ...]) -> tuple[Device, ...] | str |
     return None
 
 
+def stable_name(device: Device) -> str:
+    """A GPU's UUID; a MIG device's UUID when NVML says it, else its ``GPU:MIG`` index (which moves when
+    instances before it are destroyed: run where NVML works for stable MIG names)."""
+    if device.mig is not None:
+        from oci_gpu_hook.inventory import nvml
+
+        nvml.fill_mig_uuids((device,))
+    return device.uuid or (device.label if device.mig is not None else device.pci_address)
+
+
+def present(devices: tuple[Device, ...], numbers: Set[tuple[str, int, int]]) -> tuple[Device, ...]:
+    """The devices a spec already carries: a MIG device when all its nodes are there (its GPU's and both caps
+    nodes), a whole GPU when its node is there and no MIG device of it is (a MIG grant carries the GPU's node)."""
+    migs = [d for d in devices if d.mig is not None and all(n.number in numbers for n in d.nodes)]
+    parents = {d.parent for d in migs}
+    gpus = [d for d in devices if d.mig is None and d.index not in parents and d.nodes[0].number in numbers]
+    return tuple(sorted(gpus + migs, key=lambda d: d.index))
+
+
 def aliases(devices: tuple[Device, ...]) -> list[tuple[str, tuple[Device, ...]]]:
     """CDI names besides the GPU indices: ``GPU:MIG`` and the UUIDs (MIG UUIDs when NVML can say them)."""
     from oci_gpu_hook.inventory import nvml
@@ -345,6 +364,8 @@ def aliases(devices: tuple[Device, ...]) -> list[tuple[str, tuple[Device, ...]]]
     for device in devices:
         if device.uuid:
             out.append((device.uuid, (device,)))
+        elif device.mig is None:  # no UUID (never seen): its PCI address is its stable name
+            out.append((device.pci_address, (device,)))
     return out
 
 
@@ -405,6 +426,8 @@ def kind_edits(inventory: Inventory, options: frozenset[str] | None, config: Con
 
     caps = frozenset(CAPABILITIES) if options is None else options
     nodes = list(inventory.shared(NAME))
+    if not nodes:  # no NVIDIA GPU: nothing of the driver either
+        return Edits()
     if "display" in caps and nodes and os.path.isdir(os.path.join(inventory.sysfs_root, "module", "nvidia_modeset")):
         nodes.append(Node("/dev/nvidia-modeset", "c", nodes[0].major, MODESET_MINOR))
     made = tuple(n.made(config.device_file_mode, config.device_uid, config.device_gid) for n in nodes)

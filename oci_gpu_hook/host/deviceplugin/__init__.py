@@ -24,6 +24,23 @@ def _seconds(text: str, what: str, low: float, high: float) -> float:
     return value
 
 
+def _managed_dir(directory: str) -> None:
+    """A CDI directory the plugin is to write: created when missing; one that cannot be, or that is not
+    trusted, is the one error line at start (as for ``watch``)."""
+    import os
+
+    from oci_gpu_hook.appliers.cdi import check_output_dir
+    from oci_gpu_hook.errors import HookError
+
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as err:
+        raise HookError(f"--cdi-dir {directory}: cannot create it: {err.strerror}") from None
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise HookError(f"--cdi-dir {directory}: cannot write into it")
+    check_output_dir(os.path.abspath(directory))
+
+
 def command(args: list[str], config: Config) -> int:
     import signal
 
@@ -44,24 +61,44 @@ def command(args: list[str], config: Config) -> int:
                         help="also answer Allocate with the device nodes (for nodes with neither CDI nor the shim)")
     parser.add_argument("--no-uevents", action="store_true",
                         help="do not listen for drm/kfd uevents (rescan only every --rescan-interval)")
+    parser.add_argument("--cdi-dir", metavar="DIR", action="append", default=None,
+                        help="a CDI spec directory the plugin manages (repeatable): it keeps amd.com-gpu.json there "
+                             "current after every scan and checks it before each Allocate, rewriting a stale one, "
+                             f"so a runtime resolves each name it hands out to that device (default: cdi_dir, "
+                             f"{config.cdi_dir})")
+    parser.add_argument("--no-cdi-specs", action="store_true",
+                        help="manage no CDI spec (then something else, e.g. `oci-gpu-hook watch`, must keep the "
+                             "runtime's specs current)")
     parser.add_argument("--list", action="store_true", help="print the devices as they would be advertised; exit")
     opts = parser.parse_args(args)
     interval = _seconds(opts.rescan_interval, "--rescan-interval", 0.1, 3600)
+    if opts.no_cdi_specs and opts.cdi_dir:
+        from oci_gpu_hook.cliparse import UsageError
+
+        raise UsageError("device-plugin: --cdi-dir and --no-cdi-specs exclude each other")
+    if opts.list:  # the inventory only: no gRPC needed
+        from oci_gpu_hook.host.deviceplugin.devices import CDI_KIND, plugin_devices
+
+        for device in plugin_devices(config.sysfs_root, opts.resource_strategy):
+            numa = "-" if device.numa is None else str(device.numa)
+            print(f"{device.resource}  {device.id}  {CDI_KIND}={device.cdi_name}  numa {numa}  "
+                  f"hive {device.hive if device.hive is not None else '-'}")
+        return 0
     try:
         from oci_gpu_hook.host.deviceplugin import server
     except ImportError as err:
         raise HookError(f"device-plugin needs grpcio and protobuf ({err}): "
                         "pip install 'oci-gpu-hook[device-plugin]'") from None
 
-    tracker = server.Tracker(config.sysfs_root, opts.resource_strategy)
-    if opts.list:
-        from oci_gpu_hook.host.deviceplugin.devices import plugin_devices
+    specs = None
+    if not opts.no_cdi_specs:
+        from oci_gpu_hook.host.deviceplugin.specs import SpecKeeper
 
-        for device in plugin_devices(config.sysfs_root, opts.resource_strategy):
-            numa = "-" if device.numa is None else str(device.numa)
-            print(f"{device.resource}  {device.id}  {server.CDI_KIND}={device.cdi_name}  numa {numa}  "
-                  f"hive {device.hive if device.hive is not None else '-'}")
-        return 0
+        directories = opts.cdi_dir or [config.cdi_dir]
+        for directory in directories:
+            _managed_dir(directory)
+        specs = SpecKeeper(config, directories, server.log_line)
+    tracker = server.Tracker(config.sysfs_root, opts.resource_strategy, specs=specs)
     events = None
     if not opts.no_uevents:
         from oci_gpu_hook.host.watch import KernelUevents

@@ -13,12 +13,18 @@ noticed then), shortly after each drm/kfd uevent, and before every Allocate.  A 
 the list: Unhealthy while it is missing from sysfs, Healthy again when it comes
 back under the same ID.
 
-Allocate answers each container with the CDI names of its devices, both in
+Allocate answers each container with the stable CDI names of its devices
+(``amd.com/gpu=0000:05:00.0``, ``amd.com/gpu=0000:05:00.0-p3``; never an index,
+which names other hardware once a GPU before it leaves), both in
 ``cdi_devices`` (kubelet passes them in the CRI's CDI field, which containerd
 1.7+ with CDI enabled and CRI-O apply) and in one container annotation,
 ``cdi.k8s.io/oci-gpu-hook_<resource>`` (which containerd 1.6 copies into
 config.json for the ``oci-gpu`` RuntimeClass, where ``oci-gpu-runtime`` applies
 it).  ``--device-specs`` adds the nodes as device specs, for nodes with neither.
+
+The CDI specs of the managed directories (:mod:`.specs`) are regenerated after
+every scan and checked before every answer: a name is handed out only when the
+spec a runtime will read maps it to the device numbers the plugin sees now.
 """
 
 from __future__ import annotations
@@ -37,8 +43,10 @@ from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.host.deviceplugin import api_pb2 as api
 from oci_gpu_hook.host.deviceplugin import api_pb2_grpc as api_grpc
 from oci_gpu_hook.host.deviceplugin.allocation import preferred
-from oci_gpu_hook.host.deviceplugin.devices import CDI_KIND, PluginDevice, plugin_devices
+from oci_gpu_hook.host.deviceplugin.devices import CDI_KIND, PluginDevice, devices_of, scan_amd
+from oci_gpu_hook.host.deviceplugin.specs import SpecKeeper
 from oci_gpu_hook.host.watch import RESYNC, EventSource
+from oci_gpu_hook.inventory import Inventory
 
 VERSION = "v1beta1"
 DEFAULT_DIR = "/var/lib/kubelet/device-plugins"
@@ -49,7 +57,7 @@ PROGRAM = "oci-gpu-hook device-plugin"
 UEVENT_SUBSYSTEMS = ("drm", "kfd")
 
 Log = Callable[[str], None]
-Scan = Callable[[str, str], list[PluginDevice]]
+Scan = Callable[[str], Inventory]
 
 
 def log_line(message: str) -> None:
@@ -73,24 +81,30 @@ def _order(device: PluginDevice) -> tuple[str, int]:
 
 
 class Tracker:
-    """The devices of the host, by ID; every device seen since start stays, Unhealthy while missing."""
+    """The devices of the host, by ID; every device seen since start stays, Unhealthy while missing.  With
+    ``specs``, the managed CDI specs follow every scan."""
 
-    def __init__(self, sysfs_root: str, strategy: str, scan: Scan = plugin_devices, log: Log = log_line) -> None:
+    def __init__(self, sysfs_root: str, strategy: str, scan: Scan = scan_amd, log: Log = log_line,
+                 specs: SpecKeeper | None = None) -> None:
         self.sysfs_root = sysfs_root
         self.strategy = strategy
         self.scan = scan
         self.log = log
+        self.specs = specs
         self.devices: dict[str, PluginDevice] = {}
+        self.inventory: Inventory | None = None  # the scan the device list is from
         self.generation = 0
         self.changed = threading.Condition()
-        self.scan_lock = threading.Lock()
+        self.scan_lock = threading.Lock()  # a scan, its device list and the specs written from it, together
         self.last_error: str | None = None
 
     def rescan(self, reason: str) -> bool:
-        """Read sysfs again; True when anything the plugin advertises changed.  Never raises for sysfs."""
+        """Read sysfs again (and bring the managed specs in line with it); True when anything the plugin
+        advertises changed.  Never raises for sysfs."""
         with self.scan_lock:
             try:
-                found = self.scan(self.sysfs_root, self.strategy)
+                inventory = self.scan(self.sysfs_root)
+                found = devices_of(inventory, self.strategy)
             except Exception as err:  # sysfs changing under the scan must not end the plugin
                 detail = str(err) if isinstance(err, (HookError, OSError)) else f"{type(err).__name__}: {err}"
                 message = f"rescan ({reason}) failed, keeping the last device list: {detail}"
@@ -99,6 +113,9 @@ class Tracker:
                 self.last_error = message
                 return False
             self.last_error = None
+            self.inventory = inventory
+            if self.specs is not None:
+                self.specs.update(inventory, reason)
             current = {d.id: d for d in found}
             for device_id, old in self.devices.items():
                 if device_id not in current:
@@ -123,6 +140,13 @@ class Tracker:
     def of(self, resource: str) -> list[PluginDevice]:
         with self.changed:
             return sorted((d for d in self.devices.values() if d.resource == resource), key=_order)
+
+    def check_specs(self, devices: list[PluginDevice]) -> str | None:
+        """With :attr:`scan_lock` held: None when every managed spec maps ``devices`` to their numbers now
+        (rewriting a wrong one first), else why not."""
+        if self.specs is None or self.inventory is None:
+            return None
+        return self.specs.ensure(self.inventory, devices)
 
     def wait(self, generation: int, timeout: float) -> int:
         """Block until the generation differs from ``generation`` or ``timeout`` passes; return the current one."""
@@ -190,11 +214,16 @@ class Servicer(api_grpc.DevicePluginServicer):
         return device
 
     def Allocate(self, request: api.AllocateRequest, context: grpc.ServicerContext) -> api.AllocateResponse:
-        self.tracker.rescan("allocate")  # CDI index names follow the host as it is now
+        self.tracker.rescan("allocate")  # health, and the managed specs, as the host is now
         response = api.AllocateResponse()
         for container in request.container_requests:
-            devices = [self._device(i, context) for i in dict.fromkeys(container.devices_ids)]
-            devices.sort(key=lambda d: int(d.cdi_name) if d.cdi_name.isdigit() else -1)
+            with self.tracker.scan_lock:  # the devices and the specs checked for them: of one scan
+                devices = [self._device(i, context) for i in dict.fromkeys(container.devices_ids)]
+                devices.sort(key=_order)
+                problem = self.tracker.check_specs(devices)
+            if problem is not None:
+                self.log(f"allocate {self.resource}: {problem}")
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, problem)
             names = [f"{CDI_KIND}={d.cdi_name}" for d in devices]
             answer = response.container_responses.add()
             for name in names:

@@ -1,0 +1,366 @@
+"""The README is the operator's manual, and every shell block in it is run, or says why it cannot be.
+
+Each ``sh`` block (and each text block that starts with a ``$ `` command) has a marker on the line before
+it, an HTML comment (invisible when rendered):
+
+- ``<!-- test: node -->``: run exactly as written, in README order with the other node blocks, in one private
+  mount namespace that stands for a GPU node (see :func:`node_script`): ``install`` writes its real paths
+  there and the host never changes;
+- ``<!-- test: example -->``: run exactly as written from the checkout (as its owner), against the example
+  hosts; a ``$ `` text block is run and its output compared (a ``...`` line stands for any lines);
+- ``; output below`` after either: the next block (``text``) is the exact stdout; ``; output: NAME below``
+  also names it, and ``; output: NAME`` expects that output again;
+- ``<!-- test: ci -->``: every line is a line of ``.ci/run``, which CI runs;
+- ``<!-- not run: REASON -->``: it cannot run here, and why.
+
+An unmarked shell block, an unknown marker, or a shell block fenced as bash/shell/console fails.  The shipped
+hooks.d files, the runc prestart example, the README's prestart JSON and the systemd unit must name exactly
+what ``install`` writes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from oci_gpu_hook.host import install
+from tests import containerlib as cl
+from tests import dockersave, plainvenv
+
+REPO = Path(__file__).resolve().parent.parent
+README = REPO / "README.md"
+SHELL_FENCES = {"sh"}
+WRONG_SHELL_FENCES = {"bash", "shell", "console", "zsh", "shell-session"}
+ENVIRONMENTS = ("node", "example", "ci")
+ROOT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# The node's GPUs are the seed example host's (its path inside the namespace is filled in).
+NODE_CONFIG = 'sysfs_root = "{src}/examples/hosts/seed-8x-gfx1100/sys"\n'
+# podman on this VM: no systemd, no events journal, no network setup, the ulimits the machine's hard limits allow.
+CONTAINERS_CONF = """[containers]
+default_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]
+netns = "none"
+
+[engine]
+cgroup_manager = "cgroupfs"
+events_logger = "none"
+runtime = "runc"
+"""
+# Overlaid in the node namespace (upper layers in the test's directory): everything install, pip and podman
+# write.  /usr/share rather than /usr/share/containers, which a host may lack.
+OVERLAID = ("/etc", "/usr/local", "/opt", "/usr/share", "/var")
+
+
+@dataclass
+class Block:
+    line: int  # of the opening fence, 1-based
+    lang: str
+    text: str
+    marker: str | None  # the comment's text
+    env: str | None = None  # node, example, ci; None: not run
+    reason: str | None = None
+    output: str | None = None  # the exact stdout expected, when the marker says so
+
+    def where(self) -> str:
+        return f"README.md:{self.line}"
+
+
+def parse(text: str) -> tuple[list[Block], list[str]]:
+    """Every fenced block with its marker, and the problems with the markers."""
+    lines = text.splitlines()
+    raw: list[Block] = []
+    i = 0
+    while i < len(lines):
+        opening = re.match(r"^```(\S*)\s*$", lines[i])
+        if not opening:
+            i += 1
+            continue
+        end = i + 1
+        while end < len(lines) and lines[end].rstrip() != "```":
+            end += 1
+        before = i - 1
+        while before >= 0 and not lines[before].strip():
+            before -= 1
+        comment = re.match(r"^<!--\s*(.*?)\s*-->$", lines[before].strip()) if before >= 0 else None
+        raw.append(Block(i + 1, opening.group(1), "\n".join(lines[i + 1:end]) + "\n",
+                         comment.group(1) if comment else None))
+        i = end + 1
+    problems: list[str] = []
+    blocks: list[Block] = []
+    outputs: dict[str, str] = {}  # "output: NAME below" shows one; "output: NAME" expects it again
+    skip = set()
+    for n, block in enumerate(raw):
+        if n in skip:
+            continue
+        blocks.append(block)
+        shell = block.lang in SHELL_FENCES or (block.lang in ("", "text") and block.text.startswith("$ "))
+        if block.lang in WRONG_SHELL_FENCES:
+            problems.append(f"{block.where()}: a shell block is fenced ```sh, not ```{block.lang}")
+            continue
+        if not shell:
+            continue
+        if block.marker is None:
+            problems.append(f"{block.where()}: a shell block without a marker (<!-- test: node|example|ci --> "
+                            "or <!-- not run: REASON -->) on the line before it")
+            continue
+        if block.marker.startswith("not run:"):
+            block.reason = block.marker.removeprefix("not run:").strip()
+            if len(block.reason) < 10:
+                problems.append(f"{block.where()}: 'not run' needs its reason")
+            continue
+        test = re.fullmatch(r"test:\s*(\w+)\s*(?:;\s*output(?::\s*([\w-]+))?(\s+below)?)?", block.marker)
+        if not test or test.group(1) not in ENVIRONMENTS or (";" in block.marker and not (test.group(2) or
+                                                                                         test.group(3))):
+            problems.append(f"{block.where()}: unknown marker <!-- {block.marker} -->")
+            continue
+        block.env, name, below = test.group(1), test.group(2), bool(test.group(3))
+        if below:
+            following = raw[n + 1] if n + 1 < len(raw) else None
+            if following is None or following.lang != "text" or following.line - block.line > \
+                    block.text.count("\n") + 3:
+                problems.append(f"{block.where()}: 'output below' but no ```text block right after it")
+                continue
+            block.output = following.text
+            if name:
+                outputs[name] = following.text
+            skip.add(n + 1)
+            blocks.append(following)
+        elif name:
+            if name not in outputs:
+                problems.append(f"{block.where()}: 'output: {name}' but no output of that name is shown above it")
+            block.output = outputs.get(name)
+        if block.env == "ci" and block.output is not None:
+            problems.append(f"{block.where()}: a ci block has no output to compare")
+        if block.env != "example" and block.text.startswith("$ "):
+            problems.append(f"{block.where()}: a '$ ' transcript runs only as an example block")
+    return blocks, problems
+
+
+def readme_blocks() -> list[Block]:
+    return parse(README.read_text())[0]
+
+
+def shell_blocks(env: str) -> list[Block]:
+    return [b for b in readme_blocks() if b.env == env]
+
+
+# --- the markers ------------------------------------------------------------------------------------------
+
+
+def test_every_shell_block_is_run_or_says_why() -> None:
+    blocks, problems = parse(README.read_text())
+    assert problems == []
+    shell = [b for b in blocks if b.env or b.reason]
+    assert {b.env for b in shell} >= {"node", "example", "ci", None}
+    not_run = [b for b in shell if b.reason]
+    assert len(not_run) <= len(shell) // 3, "most blocks must run"
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    ("```sh\nls\n```\n", "a shell block without a marker"),
+    ("<!-- test: somewhere -->\n```sh\nls\n```\n", "unknown marker <!-- test: somewhere -->"),
+    ("<!-- not run: -->\n```sh\nls\n```\n", "'not run' needs its reason"),
+    ("<!-- test: node -->\n```bash\nls\n```\n", "fenced ```sh, not ```bash"),
+    ("```\n$ oci-gpu-hook list\nKIND\n```\n", "a shell block without a marker"),
+    ("<!-- test: node; output below -->\n```sh\nls\n```\n\nText.\n", "no ```text block right after it"),
+    ("<!-- test: node; output: gpu1 -->\n```sh\nls\n```\n", "no output of that name is shown above it"),
+    ("<!-- test: node; outputs -->\n```sh\nls\n```\n", "unknown marker"),
+    ("<!-- test: ci; output below -->\n```sh\nls\n```\n```text\nx\n```\n", "a ci block has no output to compare"),
+], ids=["unmarked", "unknown", "no-reason", "bash", "transcript", "no-output", "nothing-above", "bad-output",
+        "ci-output"])
+def test_the_checker_refuses(text: str, problem: str) -> None:
+    problems = parse("Intro.\n\n" + text)[1]
+    assert len(problems) >= 1 and problem in problems[0], problems
+
+
+def test_ci_blocks_are_what_ci_runs() -> None:
+    ci_lines = {line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines()}
+    for block in shell_blocks("ci"):
+        for line in block.text.splitlines():
+            assert line.strip() in ci_lines, f"{block.where()}: {line!r} is not a line of .ci/run"
+
+
+# --- example blocks: from the checkout ---------------------------------------------------------------------
+
+
+def matches(expected: list[str], actual: list[str]) -> bool:
+    """``expected`` equals ``actual``, a line '...' standing for any run of lines (none included)."""
+    if not expected:
+        return not actual
+    if expected[0] == "...":
+        return any(matches(expected[1:], actual[k:]) for k in range(len(actual) + 1))
+    return bool(actual) and expected[0] == actual[0] and matches(expected[1:], actual[1:])
+
+
+def as_checkout_owner() -> tuple[dict[str, Any], int]:
+    """subprocess keywords that run a command as the checkout's owner (root runs it for a user's checkout)."""
+    owner = REPO.stat().st_uid
+    if os.geteuid() != 0 or owner == 0:
+        return {}, os.geteuid()
+    gid = REPO.stat().st_gid
+    return {"user": owner, "group": gid, "extra_groups": []}, owner
+
+
+@pytest.mark.parametrize("block", shell_blocks("example"), ids=lambda b: b.where())
+def test_example_block_runs_as_written(block: Block, tmp_path: Path) -> None:
+    if not (REPO / ".venv" / "bin" / "oci-gpu-hook").exists():
+        pytest.fail("no .venv in the checkout: make it as the README says (python3 -m venv .venv ...)")
+    as_owner, uid = as_checkout_owner()
+    os.chown(tmp_path, uid, -1)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OCI_GPU_HOOK_")}
+    env["TMPDIR"] = str(tmp_path)  # mktemp's directory: the test's own
+    if block.text.startswith("$ "):
+        command, *expected = block.text.splitlines()
+        done = subprocess.run(["sh", "-e", "-c", command[2:]], capture_output=True, text=True, cwd=REPO, env=env,
+                              timeout=120, check=False, **as_owner)
+        assert done.returncode == 0, done.stderr
+        actual = [line.rstrip() for line in done.stdout.splitlines()]
+        assert matches([line.rstrip() for line in expected], actual), done.stdout
+        return
+    done = subprocess.run(["sh", "-e", "-c", block.text], capture_output=True, text=True, cwd=REPO, env=env,
+                          timeout=300, check=False, **as_owner)
+    assert done.returncode == 0, f"{block.where()}:\n{block.text}\n{done.stderr}"
+    if block.output is not None:
+        assert done.stdout == block.output
+
+
+# --- node blocks: a GPU node in a private mount namespace --------------------------------------------------
+
+
+def node_script(base: Path, blocks: list[Block]) -> str:
+    """The namespace, then each block as written (cwd: a fresh copy of the tree), its stdout, stderr and
+    status kept in ``base`` (bind-mounted at /run/ogh-readme, since /tmp becomes a tmpfs)."""
+    lines = ["set -e"]
+    for n, target in enumerate((*OVERLAID, os.path.expanduser("~"))):
+        upper, work = base / "ovl" / f"u{n}", base / "ovl" / f"w{n}"
+        upper.mkdir(parents=True)
+        work.mkdir(parents=True)
+        lines.append(f"mount -t overlay overlay -o lowerdir={target},upperdir={upper},workdir={work} {target}")
+    lines += [
+        "mkdir -p /var/lib/containers && mount -t tmpfs tmpfs /var/lib/containers",  # podman's storage
+        "mount -t tmpfs tmpfs /run",
+        f"mkdir /run/ogh-readme && mount --bind {base} /run/ogh-readme",
+        "mount -t tmpfs tmpfs /tmp",
+        "W=/run/ogh-readme",
+        "mkdir -p /etc/oci-gpu-hook /etc/containers",
+        "cp $W/config.toml /etc/oci-gpu-hook/config.toml",
+        "cp $W/containers.conf /etc/containers/containers.conf",
+        "podman load -q -i $W/busybox.tar > $W/load.out 2>&1",
+        "set +e",
+    ]
+    for n, _block in enumerate(blocks):
+        lines.append(f"(cd $W/src && exec sh -e $W/block.{n}.sh) > $W/out.{n} 2> $W/err.{n}; echo $? > $W/rc.{n}")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.containers
+def test_node_blocks_run_as_written(tmp_path: Path) -> None:
+    cl.need("podman", "runc", "unshare", "tar")
+    blocks = shell_blocks("node")
+    base = tmp_path / "node"
+    base.mkdir()
+    plainvenv.copy_tree(base / "src")
+    (base / "config.toml").write_text(NODE_CONFIG.format(src="/run/ogh-readme/src"))
+    (base / "containers.conf").write_text(CONTAINERS_CONF)
+    rootfs = cl.make_rootfs(tmp_path / "rootfs")
+    dockersave.build(rootfs, base / "busybox.tar", "docker.io/library/busybox:latest")
+    for n, block in enumerate(blocks):
+        (base / f"block.{n}.sh").write_text(block.text)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OCI_GPU_HOOK_")}
+    env.update(PATH=ROOT_PATH, HOME=os.path.expanduser("~"))
+    host_paths = ["/opt/oci-gpu-hook", "/usr/local/bin/oci-gpu-hook", "/usr/local/libexec/oci-gpu-hook",
+                  "/var/lib/oci-gpu-hook", "/var/run/cdi", "/etc/oci-gpu-hook", "/tmp/gpu1", "/tmp/stage"]
+    before = {path: os.path.lexists(path) for path in host_paths}
+    done = subprocess.run(["unshare", "-m", "sh", "-c", node_script(base, blocks)], capture_output=True, text=True,
+                          env=env, timeout=900, check=False)
+    assert done.returncode == 0, done.stderr
+    failures = []
+    for n, block in enumerate(blocks):
+        rc = (base / f"rc.{n}").read_text().strip()
+        out, err = (base / f"out.{n}").read_text(), (base / f"err.{n}").read_text()
+        if rc != "0":
+            failures.append(f"{block.where()} exited {rc}:\n{block.text}--- stderr:\n{err[-3000:]}")
+        elif block.output is not None and out != block.output:
+            failures.append(f"{block.where()} printed:\n{out}--- expected:\n{block.output}")
+    assert not failures, "\n\n".join(failures)
+    assert {path: os.path.lexists(path) for path in host_paths} == before  # the host never changed
+
+
+# --- what the shipped files name is what install writes -------------------------------------------------
+
+
+HOOK = f"{install.LAUNCHER_DIR}/oci-gpu-hook"
+
+
+@pytest.mark.parametrize("stage", install.HOOK_STAGES)
+def test_shipped_hooks_d_files_are_what_install_writes(stage: str) -> None:
+    shipped = (REPO / "hooks.d" / f"oci-gpu-hook-{stage}.json").read_text()
+    assert json.loads(shipped) == json.loads(install.hook_file(stage, HOOK))
+    assert json.loads(shipped)["hook"]["path"] == HOOK
+    assert install.HOOK_TEMPLATE["hook"]["path"] == HOOK
+
+
+def test_the_runc_prestart_example_and_the_readme_name_the_installed_launcher() -> None:
+    spec = json.loads((REPO / "examples" / "runc-prestart" / "config.json").read_text())
+    template = install.hook_template("prestart")["hook"]
+    assert spec["hooks"] == {"prestart": [template]}
+    snippet = next(b for b in readme_blocks() if b.lang == "json" and '"prestart"' in b.text)
+    assert json.loads("{" + snippet.text + "}")["hooks"] == spec["hooks"]
+
+
+def test_the_systemd_unit_is_what_install_writes() -> None:
+    shipped = (REPO / "examples" / "systemd" / "oci-gpu-hook-watch.service").read_text()
+    assert install.unit_file(HOOK) == shipped
+    exec_lines = [line for line in shipped.splitlines() if line.startswith(("ExecStart=", "ExecStartPre="))]
+    assert exec_lines and all(HOOK in line for line in exec_lines)
+
+
+def test_every_launcher_path_in_the_readme_is_one_install_writes() -> None:
+    text = README.read_text()
+    named = set(re.findall(r"/usr/local/libexec/oci-gpu-hook/[\w.-]+", text))
+    assert named <= {HOOK, f"{install.LAUNCHER_DIR}/oci-gpu-runtime"}, named
+    assert "/usr/local/bin/oci-gpu-hook\"" not in text  # a hook path nothing installs
+
+
+def slug(heading: str) -> str:
+    """The anchor GitHub gives a heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def test_every_link_within_the_readme_names_a_section() -> None:
+    text = README.read_text()
+    anchors = {slug(h) for h in re.findall(r"^#+ (.*)$", text, re.M)}
+    links = set(re.findall(r"\]\(#([^)]+)\)", text))
+    assert links and links <= anchors, links - anchors
+
+
+def test_no_sudo_in_the_readme() -> None:
+    """The commands are written as root runs them: `sudo` fails where there is none (CI containers)."""
+    assert not re.search(r"\bsudo\b", README.read_text())
+
+
+def test_fakesysfs_usage_is_what_the_readme_says() -> None:
+    done = subprocess.run([sys.executable, "-m", "tests.fakesysfs"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2
+    assert done.stderr.startswith("usage: python -m tests.fakesysfs DIR [seed-8x-gfx1100|")
+    assert "`python -m tests.fakesysfs DIR [HOST]`" in README.read_text()
+
+
+def test_ci_run_says_to_run_it_as_root() -> None:
+    """`.ci/run` from a user's shell stops at once with what to do (it would need root for apt-get and containers)."""
+    as_user: dict[str, Any] = {"user": 65534, "group": 65534, "extra_groups": []} if os.geteuid() == 0 else {}
+    done = subprocess.run([str(REPO / ".ci" / "run")], capture_output=True, text=True, timeout=60, check=False,
+                          cwd="/", env={"PATH": ROOT_PATH}, **as_user)
+    assert done.returncode == 1
+    assert done.stderr == (".ci/run: run it as root (it installs Debian packages and starts real containers), "
+                           "e.g. from a root shell\n")
+    assert done.stdout == ""
