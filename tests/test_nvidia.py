@@ -601,6 +601,7 @@ def nvml_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     table.write_text("".join(f"0000:3b:00.0 {gi} {ci} {u}\n" for (gi, ci), u in reversed(MIG_UUIDS.items())))
     monkeypatch.setenv("OGH_FAKE_NVML", str(table))
     monkeypatch.setattr(nvml, "_problems", {})
+    monkeypatch.setattr(nvml, "_read", {})
     return base
 
 
@@ -610,6 +611,9 @@ def test_mig_uuids_through_nvml(nvml_host: Path) -> None:
     chosen = select("nvidia", MIG_UUIDS[(5, 1)].lower(), devices, "NVIDIA_VISIBLE_DEVICES")
     assert [d.label for d in chosen] == ["0:3"]
     assert {d.mig: d.uuid for d in devices if d.mig} == MIG_UUIDS  # matched by instance ids, not NVML's order
+    from oci_gpu_hook.inventory import stable_name
+
+    assert [stable_name(d) for d in devices[2:]] == list(MIG_UUIDS.values())  # a MIG device's stable name
     from oci_gpu_hook.appliers import cdi
 
     names = [d["name"] for d in cdi.generate(inv, "nvidia", Config(driver_root=str(nvml_host / "driver")))["devices"]]

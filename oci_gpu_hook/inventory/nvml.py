@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 SONAME = "libnvidia-ml.so.1"
 NOT_FOUND = 6  # NVML_ERROR_NOT_FOUND: no MIG device at this index
 _problems: dict[str, str] = {}  # driver root -> why NVML cannot say MIG UUIDs there (once per process)
+_read: dict[tuple[str, str], dict[tuple[int, int], str]] = {}  # (driver root, GPU) -> its MIG UUIDs, once read
 
 
 def library_path(driver_root: str) -> str:
@@ -152,13 +153,17 @@ def fill_mig_uuids(devices: tuple[Device, ...]) -> str:
     root = os.path.abspath(missing[0].driver_root or "/")
     if root in _problems:
         return _problems[root]
-    try:
-        uuids = read_mig_uuids(root, list(dict.fromkeys(d.pci_address for d in missing)))
-    except HookError as err:
-        _problems[root] = (f"cannot be looked up: MIG UUIDs are known only to NVML, and {err} "
-                           "(name MIG devices as GPU:MIG)")
-        return _problems[root]
+    unread = list(dict.fromkeys(d.pci_address for d in missing if (root, d.pci_address) not in _read))
+    if unread:
+        try:
+            uuids = read_mig_uuids(root, unread)
+        except HookError as err:
+            _problems[root] = (f"cannot be looked up: MIG UUIDs are known only to NVML, and {err} "
+                               "(name MIG devices as GPU:MIG)")
+            return _problems[root]
+        for address in unread:
+            _read[(root, address)] = {(gi, ci): u for (a, gi, ci), u in uuids.items() if a == address}
     for device in missing:
         assert device.mig is not None
-        device.uuid = uuids.get((device.pci_address, *device.mig))
+        device.uuid = _read[(root, device.pci_address)].get(device.mig)
     return ""
