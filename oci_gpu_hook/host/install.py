@@ -231,10 +231,10 @@ def podman_items(hook: str, disk: Callable[[str], str], notes: list[str]) -> lis
 
 def cdi_items(config: Config, notes: list[str]) -> list[Item]:
     from oci_gpu_hook.appliers import cdi
-    from oci_gpu_hook.inventory import scan
+    from oci_gpu_hook.inventory import scan_host
 
     hook_launcher = f"{LAUNCHER_DIR}/oci-gpu-hook"
-    inventory = scan(config.sysfs_root, config.backends, strict=False)
+    inventory = scan_host(config)
     if not os.path.isabs(config.cdi_dir):
         raise HookError(f"cdi_dir {config.cdi_dir!r} is not an absolute path")
     if config.hook_path != hook_launcher:
