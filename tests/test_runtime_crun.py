@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from oci_gpu_hook.entry.runtime import CRUN, REWRITE_COMMANDS, RUNC, config_path, container_id, dialect, parse_argv
+from oci_gpu_hook.entry.runtime import dialect
 from oci_gpu_hook.host import launchers
+from oci_gpu_hook.oci.argv import CRUN, REWRITE_COMMANDS, RUNC, config_path, container_id, parse_argv
 from tests import containerlib as cl
 
 REFUSED = None

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from oci_gpu_hook.entry.runtime import REWRITE_COMMANDS, bundle_dir, container_id, parse_argv
+from oci_gpu_hook.oci.argv import REWRITE_COMMANDS, bundle_dir, container_id, parse_argv
 from tests import containerlib as cl
 
 pytestmark = pytest.mark.containers

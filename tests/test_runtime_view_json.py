@@ -21,12 +21,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from oci_gpu_hook import bundle
-from oci_gpu_hook.appliers import live
 from oci_gpu_hook.errors import HookError
+from oci_gpu_hook.oci import spec as oci_spec
+from oci_gpu_hook.oci import state
 from tests import containerlib as cl
 
-# --- bundle.loads ---------------------------------------------------------------------------------------------
+# --- oci_spec.loads ---------------------------------------------------------------------------------------------
 
 REFUSED_SPECS = [
     ('{"root": {"path": "a"}, "Root": {"path": "b"}}', "has both 'root' and 'Root' in the top level"),
@@ -63,7 +63,7 @@ REFUSED_SPECS = [
 @pytest.mark.parametrize(("text", "message"), REFUSED_SPECS, ids=[m for _t, m in REFUSED_SPECS])
 def test_refused_with_one_line(text: str, message: str) -> None:
     with pytest.raises(HookError) as caught:
-        bundle.loads(text)
+        oci_spec.loads(text)
     assert message in str(caught.value)
     assert "\n" not in str(caught.value)
 
@@ -76,15 +76,15 @@ def test_refused_with_one_line(text: str, message: str) -> None:
     '{"x": "\\ud800", "\u00e9": "\u65e5\u672c"}',
 ])
 def test_accepted(text: str) -> None:
-    assert bundle.loads(text) == json.loads(text)
+    assert oci_spec.loads(text) == json.loads(text)
 
 
 def test_example_bundle_reads_as_before() -> None:
     text = (cl.REPO / "examples" / "bundle" / "config.json").read_text()
-    assert bundle.loads(text) == json.loads(text)
+    assert oci_spec.loads(text) == json.loads(text)
 
 
-# --- hostile text: bundle.loads, live.parse_state, the precreate entry ----------------------------------------
+# --- hostile text: oci_spec.loads, state.parse_state, the precreate entry ----------------------------------------
 
 _valid = st.recursive(
     st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False, allow_infinity=False),
@@ -111,9 +111,9 @@ hostile_text = st.one_of(
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(hostile_text)
-def test_bundle_loads_answers_cleanly(text: str) -> None:
+def test_spec_loads_answers_cleanly(text: str) -> None:
     try:
-        spec = bundle.loads(text)
+        spec = oci_spec.loads(text)
     except HookError as err:
         assert str(err).startswith("config.json") and "\n" not in str(err)
         return
@@ -166,11 +166,11 @@ _objects = st.recursive(
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_objects.map(_dump))
-def test_what_bundle_loads_accepts_go_reads_alike(text: str) -> None:
+def test_what_spec_loads_accepts_go_reads_alike(text: str) -> None:
     """Objects written with repeated and case-folded keys: accepted exactly when Go would read them alike (or
     refused for a known field spelled in another case at a level the hook reads)."""
     try:
-        bundle.loads(text)
+        oci_spec.loads(text)
     except HookError as err:
         assert "\n" not in str(err)
         assert not _go_would_agree(text) or "spells" in str(err), (text, str(err))
@@ -182,7 +182,7 @@ def test_what_bundle_loads_accepts_go_reads_alike(text: str) -> None:
 @given(hostile_text)
 def test_parse_state_answers_cleanly(text: str) -> None:
     try:
-        cid, pid, path = live.parse_state(text)
+        cid, pid, path = state.parse_state(text)
     except HookError as err:
         assert "\n" not in str(err)
         return

@@ -149,14 +149,13 @@ def cmd_precreate(config: Config) -> int:
     import time
 
     from oci_gpu_hook.appliers.ocispec import rewrite_text
-    from oci_gpu_hook.log import record_plan
 
     started = time.monotonic()
     text = read_stdin()
     new_text, plan = rewrite_text(text, config)
     sys.stdout.write(text if new_text is None else new_text)
     sys.stdout.flush()
-    record_plan(config, "precreate", None, plan, started)
+    plan.record(config, "precreate", None, started)
     return 0
 
 

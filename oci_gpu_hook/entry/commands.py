@@ -65,7 +65,7 @@ def _spec_path(target: str) -> str:
 
 
 def _load_spec(path: str) -> object:
-    from oci_gpu_hook.bundle import loads, read_text
+    from oci_gpu_hook.oci.spec import loads, read_text
 
     try:
         return loads(read_text(path))  # as the runtime reads it: the same refusals as every other entry point
@@ -81,14 +81,16 @@ def cmd_dry_run(args: list[str], config: Config) -> int:
     opts = parser.parse_args(args)
     from oci_gpu_hook import schemas
     from oci_gpu_hook.appliers import ocispec
+    from oci_gpu_hook.oci.spec import ContainerSpec
     from oci_gpu_hook.plan import plan_for_spec
 
     path = _spec_path(opts.target)
     original = _load_spec(path)
     schemas.validate(original, "oci-config.schema.json", path)
-    rewritten = json.loads(json.dumps(original))
-    plan = plan_for_spec(rewritten, config, opts.devices)
-    ocispec.apply(rewritten, plan, config)  # the links hook as the shim would name it, or the shim's refusal
+    spec = ContainerSpec(json.loads(json.dumps(original)))
+    plan = plan_for_spec(spec, config, opts.devices)
+    ocispec.apply(spec, plan, config)  # the links hook as the shim would name it, or the shim's refusal
+    rewritten = spec.raw
     schemas.validate(rewritten, "oci-config.schema.json", f"{path} (rewritten)")
     print(f"# {plan.summary()}", file=sys.stderr)
     new_text = json.dumps(rewritten, indent=2, allow_nan=False) + "\n"
@@ -133,10 +135,11 @@ def _check_request(spec: object, path: str, config: Config) -> str:
     """What the spec-rewrite paths would give this container on this host (the plan's summary), after the same
     rewrite in memory; a request that would stop the container is its one-line error, naming ``path``."""
     from oci_gpu_hook.appliers import ocispec
+    from oci_gpu_hook.oci.spec import ContainerSpec
     from oci_gpu_hook.plan import plan_for_spec
 
-    copy = json.loads(json.dumps(spec))
     try:
+        copy = ContainerSpec(json.loads(json.dumps(spec)))
         plan = plan_for_spec(copy, config)
         ocispec.apply(copy, plan, config)
     except HookError as err:

@@ -1,7 +1,9 @@
-"""A container's config.json, read as the runtime reads it: the fields every entry point takes from it.
+"""A container's config.json, read as the runtime reads it, into one value: :class:`ContainerSpec`.
 
-Both the plan (what was requested: ``process.env``, ``annotations``) and the
-appliers (``root.path``, where to write) read the spec only through here.
+:func:`loads` refuses what runc would read otherwise than Python (Go's key folding, repeated keys);
+:class:`ContainerSpec` then holds what every stage of a request needs, read once: ``process.env``,
+``annotations``, the device nodes already there (``linux.devices``), ``root.path`` and runc's reading
+of ``linux.resources.devices``.  The spec-rewrite applier edits :attr:`ContainerSpec.raw` in place.
 """
 
 from __future__ import annotations
@@ -16,6 +18,59 @@ TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
+
+    from oci_gpu_hook.core.rules import Policy
+
+
+class ContainerSpec:
+    """One config.json, checked where the request path reads it: ``env`` (``process.env``, empty when absent),
+    ``annotations`` (empty when absent), ``present`` ((type, major, minor) of every well-formed ``linux.devices``
+    entry) and ``raw``, the parsed document itself.  The rules and ``root.path`` are read on demand: a
+    container that asks for nothing never needs them."""
+
+    __slots__ = ("annotations", "env", "present", "raw")
+
+    def __init__(self, raw: Any) -> None:
+        self.raw: dict[str, Any] = check_object(raw)
+        self.env: list[str] = process_env(self.raw)
+        self.annotations: dict[str, Any] = field(self.raw, "annotations", dict, "annotations", create=False) or {}
+        self.present: frozenset[tuple[str, int, int]] = _device_numbers(self.raw)
+
+    @classmethod
+    def parse(cls, text: str) -> ContainerSpec:
+        """The spec of config.json text, as runc reads it (:func:`loads`)."""
+        return cls(loads(text))
+
+    @classmethod
+    def read(cls, path: str) -> ContainerSpec:
+        return cls.parse(read_text(path))
+
+    def root(self, bundle: str) -> str:
+        """``root.path``, made absolute against the bundle as the runtime does."""
+        root = self.raw.get("root")
+        path = root.get("path") if isinstance(root, dict) else None
+        if not isinstance(path, str) or not path:
+            raise HookError(f"{bundle}/config.json has no root.path")
+        return os.path.normpath(os.path.join(bundle, path))
+
+    def device_rules(self, create: bool = False) -> list[Any]:
+        """``linux.resources.devices`` (the list itself; made when ``create``), every entry an object."""
+        linux = field(self.raw, "linux", dict, "linux", create=create)
+        resources = None if linux is None else field(linux, "resources", dict, "linux.resources", create=create)
+        rules = None if resources is None else field(resources, "devices", list, "linux.resources.devices",
+                                                     create=create)
+        if rules is None:
+            return []
+        if not all(isinstance(entry, dict) for entry in rules):
+            raise HookError("config.json: linux.resources.devices holds a non-object entry")
+        return rules
+
+    def policy(self) -> Policy:
+        """runc's reading of the container's device rules (:class:`oci_gpu_hook.core.rules.Policy`)."""
+        from oci_gpu_hook.core.devices import Rule
+        from oci_gpu_hook.core.rules import Policy
+
+        return Policy.of(Rule.from_oci(entry) for entry in self.device_rules())
 
 
 def field(parent: dict[str, Any], key: str, kind: type, where: str, create: bool) -> Any:
@@ -45,51 +100,15 @@ def process_env(spec: Any) -> list[str]:
     return env or []
 
 
-def annotations(spec: Any) -> dict[str, Any]:
-    """``annotations`` of the spec (empty when absent)."""
-    return field(check_object(spec), "annotations", dict, "annotations", create=False) or {}
-
-
-def device_rules(spec: Any, create: bool = False) -> list[Any]:
-    """``linux.resources.devices`` (the list itself; made when ``create``), every entry an object."""
-    linux = field(check_object(spec), "linux", dict, "linux", create=create)
-    resources = None if linux is None else field(linux, "resources", dict, "linux.resources", create=create)
-    rules = None if resources is None else field(resources, "devices", list, "linux.resources.devices",
-                                                 create=create)
-    if rules is None:
-        return []
-    if not all(isinstance(entry, dict) for entry in rules):
-        raise HookError("config.json: linux.resources.devices holds a non-object entry")
-    return rules
-
-
-def spec_policy(spec: Any) -> Any:
-    """runc's reading of the container's device rules (:class:`oci_gpu_hook.core.rules.Policy`)."""
-    from oci_gpu_hook.core.devices import Rule
-    from oci_gpu_hook.core.rules import Policy
-
-    return Policy.of(Rule.from_oci(entry) for entry in device_rules(spec))
-
-
-def spec_device_numbers(spec: Any) -> set[tuple[str, int, int]]:
-    """(type, major, minor) of every well-formed ``linux.devices`` entry the spec already carries."""
-    linux = check_object(spec).get("linux")
+def _device_numbers(spec: dict[str, Any]) -> frozenset[tuple[str, int, int]]:
+    linux = spec.get("linux")
     devices = linux.get("devices") if isinstance(linux, dict) else None
     found = set()
     for entry in devices if isinstance(devices, list) else ():
         if isinstance(entry, dict) and entry.get("type") in ("c", "b", "u") and all(
                 isinstance(entry.get(k), int) and not isinstance(entry.get(k), bool) for k in ("major", "minor")):
             found.add(("c" if entry["type"] == "u" else entry["type"], entry["major"], entry["minor"]))
-    return found
-
-
-def root_path(spec: Any, bundle: str) -> str:
-    """``root.path``, made absolute against the bundle as the runtime does."""
-    root = check_object(spec).get("root")
-    path = root.get("path") if isinstance(root, dict) else None
-    if not isinstance(path, str) or not path:
-        raise HookError(f"{bundle}/config.json has no root.path")
-    return os.path.normpath(os.path.join(bundle, path))
+    return frozenset(found)
 
 
 # How Go's encoding/json (runc, containerd, podman) matches an object key to a struct field: case-insensitively,
