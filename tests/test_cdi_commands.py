@@ -308,7 +308,7 @@ def test_list_checks_every_hook_a_spec_names(dirs: tuple[Path, Path], tmp_path: 
 
 
 def test_list_names_install_as_the_fix_for_the_launcher_path(dirs: tuple[Path, Path]) -> None:
-    from oci_gpu_hook.host.install import LAUNCHER_DIR
+    from oci_gpu_hook.host.install.paths import LAUNCHER_DIR
 
     etc, run = dirs
     launcher = f"{LAUNCHER_DIR}/oci-gpu-hook"

@@ -13,7 +13,8 @@ import pytest
 
 from oci_gpu_hook.config import Config
 from oci_gpu_hook.entry import cli
-from oci_gpu_hook.host import docker, install
+from oci_gpu_hook.host import docker
+from oci_gpu_hook.host.install import paths
 from oci_gpu_hook.request import requested
 from tests import containerlib as cl
 from tests import dockergpus
@@ -22,7 +23,7 @@ from tests.installtrees import DAEMON_JSON, build, isolated_env, put, snapshot
 
 REPO = Path(__file__).resolve().parent.parent
 SYSFS = REPO / "examples" / "hosts" / "seed-8x-gfx1100" / "sys"
-RUNTIME = f"{install.LAUNCHER_DIR}/oci-gpu-runtime"
+RUNTIME = f"{paths.LAUNCHER_DIR}/oci-gpu-runtime"
 __all__ = ["isolated_env"]  # the autouse fixture, imported
 
 
@@ -94,7 +95,7 @@ def test_install_writes_the_gpus_name_and_the_runtime(tmp_path: Path, capsys: py
             "and a GPU request (--gpus, -e AMD_VISIBLE_DEVICES) gets no GPU, with no error.") in out
     assert "install --docker-default-runtime makes oci-gpu dockerd's default-runtime" in out
     assert "(it looks for amd-container-runtime only when it starts)" in out
-    manifest = json.loads(at(tmp_path, install.MANIFEST_PATH).read_text())
+    manifest = json.loads(at(tmp_path, paths.MANIFEST_PATH).read_text())
     assert {e["path"]: e["integration"] for e in manifest["files"]}[docker.GPUS_PATH] == "docker"
     out, _ = run(capsys, tmp_path, "--only", "docker")  # again: nothing changes
     assert f"unchanged: {name}" in out

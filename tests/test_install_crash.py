@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from oci_gpu_hook.entry import cli
-from oci_gpu_hook.host import install
+from oci_gpu_hook.host.install import journal as install_journal
+from oci_gpu_hook.host.install import paths
 from tests.containerlib import INSTALL_DEV
 from tests.installtrees import build, isolated_env, snapshot
 
@@ -51,7 +52,7 @@ def killed_at(prefix: Path, n: int, *args: str) -> bool:
     pid = os.fork()
     if pid == 0:  # the child: never back into pytest
         try:
-            os.environ[install.KILL_ENV] = str(n)
+            os.environ[install_journal.KILL_ENV] = str(n)
             null = os.open(os.devnull, os.O_WRONLY)
             os.dup2(null, 1)
             os.dup2(null, 2)
@@ -110,7 +111,7 @@ def test_a_rollback_killed_half_way_is_done_again(tmp_path: Path) -> None:
     build(prefix, "docker-v2")
     original = snapshot(prefix, mtimes=True)
     assert killed_at(prefix, 40)
-    journal = prefix / install.JOURNAL_PATH.lstrip("/")
+    journal = prefix / paths.JOURNAL_PATH.lstrip("/")
     assert journal.is_file()
     for n in (1, 3, 6):  # the recovering run killed while it rolls back
         assert killed_at(prefix, n)

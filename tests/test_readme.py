@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from oci_gpu_hook.host import install
+from oci_gpu_hook.host.install import items, paths
 from tests import containerlib as cl
 from tests import dockersave, plainvenv
 
@@ -296,20 +296,20 @@ def test_node_blocks_run_as_written(tmp_path: Path) -> None:
 # --- what the shipped files name is what install writes -------------------------------------------------
 
 
-HOOK = f"{install.LAUNCHER_DIR}/oci-gpu-hook"
+HOOK = f"{paths.LAUNCHER_DIR}/oci-gpu-hook"
 
 
-@pytest.mark.parametrize("stage", install.HOOK_STAGES)
+@pytest.mark.parametrize("stage", paths.HOOK_STAGES)
 def test_shipped_hooks_d_files_are_what_install_writes(stage: str) -> None:
     shipped = (REPO / "hooks.d" / f"oci-gpu-hook-{stage}.json").read_text()
-    assert json.loads(shipped) == json.loads(install.hook_file(stage, HOOK))
+    assert json.loads(shipped) == json.loads(items.hook_file(stage, HOOK))
     assert json.loads(shipped)["hook"]["path"] == HOOK
-    assert install.HOOK_TEMPLATE["hook"]["path"] == HOOK
+    assert items.HOOK_TEMPLATE["hook"]["path"] == HOOK
 
 
 def test_the_runc_prestart_example_and_the_readme_name_the_installed_launcher() -> None:
     spec = json.loads((REPO / "examples" / "runc-prestart" / "config.json").read_text())
-    template = install.hook_template("prestart")["hook"]
+    template = items.hook_template("prestart")["hook"]
     assert spec["hooks"] == {"prestart": [template]}
     snippet = next(b for b in readme_blocks() if b.lang == "json" and '"prestart"' in b.text)
     assert json.loads("{" + snippet.text + "}")["hooks"] == spec["hooks"]
@@ -317,7 +317,7 @@ def test_the_runc_prestart_example_and_the_readme_name_the_installed_launcher() 
 
 def test_the_systemd_unit_is_what_install_writes() -> None:
     shipped = (REPO / "examples" / "systemd" / "oci-gpu-hook-watch.service").read_text()
-    assert install.unit_file(HOOK) == shipped
+    assert items.unit_file(HOOK) == shipped
     exec_lines = [line for line in shipped.splitlines() if line.startswith(("ExecStart=", "ExecStartPre="))]
     assert exec_lines and all(HOOK in line for line in exec_lines)
 
@@ -325,7 +325,7 @@ def test_the_systemd_unit_is_what_install_writes() -> None:
 def test_every_launcher_path_in_the_readme_is_one_install_writes() -> None:
     text = README.read_text()
     named = set(re.findall(r"/usr/local/libexec/oci-gpu-hook/[\w.-]+", text))
-    assert named <= {HOOK, f"{install.LAUNCHER_DIR}/oci-gpu-runtime"}, named
+    assert named <= {HOOK, f"{paths.LAUNCHER_DIR}/oci-gpu-runtime"}, named
     assert "/usr/local/bin/oci-gpu-hook\"" not in text  # a hook path nothing installs
 
 

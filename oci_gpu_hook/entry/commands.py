@@ -360,7 +360,7 @@ def _hooks_of(spec: dict[str, Any]) -> list[tuple[str, str]]:
 
 def _hook_problems(file: str, spec: dict[str, Any], config: Config) -> list[str]:
     """A hook path that the runtime cannot run makes every container given one of the spec's devices fail."""
-    from oci_gpu_hook.host.install import LAUNCHER_DIR
+    from oci_gpu_hook.host.install.paths import LAUNCHER_DIR
 
     problems = []
     for path, users in _hooks_of(spec):
@@ -552,7 +552,7 @@ COMMANDS: dict[str, Callable[[list[str], Config], int]] = {
 
 
 # Commands that live in their own modules (imported only when used): name -> module with command(args, config).
-MODULE_COMMANDS = {"watch": "oci_gpu_hook.host.watch", "install": "oci_gpu_hook.host.install"}
+MODULE_COMMANDS = {"watch": "oci_gpu_hook.host.watch", "install": "oci_gpu_hook.host.install.cli"}
 MODULE_COMMANDS["device-plugin"] = "oci_gpu_hook.host.deviceplugin"
 
 
