@@ -273,7 +273,7 @@ def test_our_cdi_dir_outside_the_spec_dirs(dirs: tuple[Path, Path], tmp_path: Pa
 
 def test_default_spec_dirs_add_cdi_dir(tmp_path: Path) -> None:
     from oci_gpu_hook.config import Config
-    from oci_gpu_hook.entry.commands import spec_dirs
+    from oci_gpu_hook.entry.commands.cdi import spec_dirs
 
     assert spec_dirs(None, Config(cdi_dir="/var/run/cdi")) == ["/etc/cdi", "/var/run/cdi"]
     assert spec_dirs(None, Config(cdi_dir=str(tmp_path))) == ["/etc/cdi", "/var/run/cdi", str(tmp_path)]

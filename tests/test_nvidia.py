@@ -698,9 +698,9 @@ def test_watch_once_writes_the_nvidia_spec(tmp_path: Path) -> None:
 
 
 def test_inspect_names_nvidia_nodes() -> None:
-    from oci_gpu_hook.entry.commands import _device_names
+    from oci_gpu_hook.entry.commands.inspect import device_names
 
-    names = _device_names(config("nvidia-mig"))
+    names = device_names(config("nvidia-mig"))
     assert names[("c", 195, 1)] == "nvidia 0 /dev/nvidia1 (0000:3b:00.0)"
     assert names[("c", 236, 185)] == "nvidia 0:3 /dev/nvidia-caps/nvidia-cap185 (0000:3b:00.0 partition 3)"
     assert names[("c", 226, 129)] == "nvidia 0 /dev/dri/renderD129 (0000:3b:00.0)"

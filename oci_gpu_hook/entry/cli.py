@@ -19,37 +19,96 @@ if TYPE_CHECKING:
 
     from oci_gpu_hook.config import Config
 
-USAGE = """usage: oci-gpu-hook [--sysfs-root DIR] [--proc-root DIR] [--driver-root DIR] [--config FILE] [--debug]
+USAGE_HEAD = """usage: oci-gpu-hook [--sysfs-root DIR] [--proc-root DIR] [--driver-root DIR] [--config FILE] [--debug]
                     COMMAND ...
 
 commands:
-  list [--json]                              the host's GPUs in index order
-  dry-run [--devices SPEC] [--diff] BUNDLE_DIR|CONFIG_FILE
-                                             print the rewritten config.json; change nothing
-  precreate                                  podman precreate hook: config on stdin, config on stdout
-  prestart (or createRuntime)                live hook: state on stdin; nodes and device cgroup rules
-  links PATH=TARGET...                       createRuntime hook: /dev/dri/by-path links in the container
-  ldcache [PATH=TARGET...] [--folder=DIR...] createRuntime hook: a driver's soname links, the container's ld cache
-  inspect (--pid PID | --cgroup DIR)         what a cgroup lets its processes open
-  cdi generate [--output DIR/|FILE] [--format json|yaml]
-                                             the CDI spec of this host's GPUs
-  cdi list [--spec-dirs DIR,DIR]             CDI names of this host; exit 1 if the node's specs are not right
-  cdi validate FILE...                       check spec files (CDI 0.3.0 to 1.1.0)
-  watch [--output FILE|DIR] [--debounce SECONDS] [--once] [--subsystems LIST]
-                                             keep the CDI spec current on GPU/partition uevents
-  install [--only podman,docker,containerd,crio,cdi,systemd] [--hook precreate|prestart|none] [--set VAR=VALUE]
-          [--prefix DIR] [--dry-run] [--uninstall] [--no-native] [--allow-editable]
-                                             launchers, a hooks.d file, CDI spec, containerd drop-in
-  device-plugin [--kubelet-dir DIR] [--resource-strategy single|mixed] [--device-specs]  kubelet device plugin
-  validate [--config-file FILE] [SPEC ...]   check a config file and OCI config.json files
-  launchers DIR [--no-native] [--allow-editable]
-                                             write the launchers for hooks and the shim (native front + python -I -S)
-  help [COMMAND]                             this text, or what COMMAND --help prints
-
+"""
+USAGE_TAIL = """
 exit status: 0 done, 1 failed (one error line on stderr), 2 a usage error
 """
 
-HOT_COMMANDS = frozenset({"precreate", "prestart", "createRuntime", "links", "ldcache"})
+
+class Command:
+    """One command: its lines in the usage, (synopsis, summary) pairs; ``module``, the module of
+    :mod:`oci_gpu_hook.entry.commands` whose ``run(args, config)`` does it; ``sysfs``, whether it reads sysfs (a
+    word: unless that argument is given); a hook has ``help`` (its ``--help``) instead of a module: it runs here,
+    before anything heavy is imported."""
+
+    __slots__ = ("help", "lines", "module", "name", "sysfs")
+
+    def __init__(self, name: str, lines: tuple[tuple[str, str], ...], module: str | None = None,
+                 sysfs: bool | str = False, help: str = "") -> None:
+        self.name = name
+        self.lines = lines
+        self.module = module
+        self.sysfs = sysfs
+        self.help = help
+
+    @property
+    def hook(self) -> bool:
+        return bool(self.help)
+
+
+_PRESTART_HELP = ("usage: oci-gpu-hook prestart (or createRuntime)\n\nThe live hook: the OCI state on stdin; creates "
+                  "the GPU nodes in the container and grants them in its device cgroup.\n")
+# The one table of commands, in the order of the usage.
+COMMANDS: dict[str, Command] = {c.name: c for c in (
+    Command("list", (("list [--json]", "the host's GPUs in index order"),), "list", True),
+    Command("dry-run", (("dry-run [--devices SPEC] [--diff] BUNDLE_DIR|CONFIG_FILE",
+                         "print the rewritten config.json; change nothing"),), "dry_run", True),
+    Command("precreate", (("precreate", "podman precreate hook: config on stdin, config on stdout"),),
+            help="usage: oci-gpu-hook precreate\n\npodman's precreate hook: the proposed config.json on stdin, the "
+                 "full config (with the GPUs asked for) on stdout.\n"),
+    Command("prestart", (("prestart (or createRuntime)", "live hook: state on stdin; nodes and device cgroup rules"),),
+            help=_PRESTART_HELP),
+    Command("createRuntime", (), help=_PRESTART_HELP),
+    Command("links", (("links PATH=TARGET...", "createRuntime hook: /dev/dri/by-path links in the container"),),
+            help="usage: oci-gpu-hook links PATH=TARGET...\n\ncreateRuntime hook: the /dev/dri/by-path links in the "
+                 "container (the OCI state on stdin).\n"),
+    Command("ldcache", (("ldcache [PATH=TARGET...] [--folder=DIR...]",
+                         "createRuntime hook: a driver's soname links, the container's ld cache"),),
+            help="usage: oci-gpu-hook ldcache [PATH=TARGET...] [--folder=DIR...]\n\ncreateRuntime hook: a driver's "
+                 "soname links, then the container's ld cache rebuilt with DIRs (the host's ldconfig -r; the OCI state "
+                 "on stdin).\n"),
+    Command("inspect", (("inspect (--pid PID | --cgroup DIR)", "what a cgroup lets its processes open"),),
+            "inspect", True),
+    Command("cdi", (("cdi generate [--output DIR/|FILE] [--format json|yaml]", "the CDI spec of this host's GPUs"),
+                    ("cdi list [--spec-dirs DIR,DIR]",
+                     "CDI names of this host; exit 1 if the node's specs are not right"),
+                    ("cdi validate FILE...", "check spec files (CDI 0.3.0 to 1.1.0)")), "cdi", "validate"),
+    Command("watch", (("watch [--output FILE|DIR] [--debounce SECONDS] [--once] [--subsystems LIST]",
+                       "keep the CDI spec current on GPU/partition uevents"),), "watch", True),
+    Command("install", (("install [--only podman,docker,containerd,crio,cdi,systemd] [--hook precreate|prestart|none] "
+                         "[--set VAR=VALUE]\n"
+                         "          [--prefix DIR] [--dry-run] [--uninstall] [--no-native] [--allow-editable]",
+                         "launchers, a hooks.d file, CDI spec, containerd drop-in"),), "install", "--uninstall"),
+    Command("device-plugin", (("device-plugin [--kubelet-dir DIR] [--resource-strategy single|mixed] [--device-specs]",
+                               "kubelet device plugin"),), "device_plugin", True),
+    Command("validate", (("validate [--config-file FILE] [SPEC ...]",
+                          "check a config file and OCI config.json files"),), "validate"),
+    Command("launchers", (("launchers DIR [--no-native] [--allow-editable]",
+                           "write the launchers for hooks and the shim (native front + python -I -S)"),), "launchers"),
+    Command("help", (("help [COMMAND]", "this text, or what COMMAND --help prints"),)),
+)}
+USAGE_WIDTH = 42  # a synopsis this long or shorter has its summary beside it, a longer one below it
+
+
+def usage() -> str:
+    lines = [USAGE_HEAD]
+    for synopsis, summary in (line for c in COMMANDS.values() for line in c.lines):
+        last = synopsis.rsplit("\n", 1)[-1]
+        if len(last) <= USAGE_WIDTH:
+            lines.append(f"  {synopsis}{' ' * (USAGE_WIDTH - len(last))} {summary}\n")
+        else:
+            lines.append(f"  {synopsis}\n{' ' * (USAGE_WIDTH + 3)}{summary}\n")
+    return "".join(lines) + USAGE_TAIL
+
+
+def is_hook(command: str | None) -> bool:
+    """Whether ``command`` is one of the hooks (on every container's start path)."""
+    entry = COMMANDS.get(command or "")
+    return entry is not None and entry.hook
 
 
 def split_globals(argv: list[str]) -> tuple[dict[str, Any], list[str]]:
@@ -85,32 +144,41 @@ def _usage_error(message: str) -> Exception:
     return UsageError(f"{message} (see oci-gpu-hook --help)")
 
 
-HOT_USAGE = {
-    "precreate": "usage: oci-gpu-hook precreate\n\npodman's precreate hook: the proposed config.json on stdin, "
-                 "the full config (with the GPUs asked for) on stdout.\n",
-    "prestart": "usage: oci-gpu-hook prestart (or createRuntime)\n\nThe live hook: the OCI state on stdin; "
-                "creates the GPU nodes in the container and grants them in its device cgroup.\n",
-    "links": "usage: oci-gpu-hook links PATH=TARGET...\n\ncreateRuntime hook: the /dev/dri/by-path links "
-             "in the container (the OCI state on stdin).\n",
-    "ldcache": "usage: oci-gpu-hook ldcache [PATH=TARGET...] [--folder=DIR...]\n\ncreateRuntime hook: a driver's "
-               "soname links, then the container's ld cache rebuilt with DIRs (the host's ldconfig -r; the OCI "
-               "state on stdin).\n",
-}
-HOT_USAGE["createRuntime"] = HOT_USAGE["prestart"]
-
-
 def cmd_help(rest: list[str], overrides: dict[str, Any]) -> int:
     """``help``: the usage; ``help CMD``: what ``CMD --help`` prints."""
     if not rest:
-        sys.stdout.write(USAGE)
+        sys.stdout.write(usage())
         return 0
-    if rest[0] in HOT_USAGE:
-        sys.stdout.write(HOT_USAGE[rest[0]])
+    if is_hook(rest[0]):
+        sys.stdout.write(COMMANDS[rest[0]].help)
         return 0
-    from oci_gpu_hook.entry import commands
+    return command_module(rest[0]).run([*rest[1:], "--help"], load(overrides))
 
-    handler = commands.handler_for(rest[0])
-    return handler([*rest[1:], "--help"], load(overrides))
+
+def command_module(name: str) -> Any:
+    """The module of :mod:`oci_gpu_hook.entry.commands` that runs the operator command ``name``."""
+    entry = COMMANDS.get(name)
+    if entry is None or entry.module is None:
+        valid = ", ".join([*(n for n, c in COMMANDS.items() if c.module), *(n for n, c in COMMANDS.items() if c.hook)])
+        from oci_gpu_hook.cliparse import UsageError
+
+        raise UsageError(f"unknown command '{name}' (valid: {valid}; see oci-gpu-hook --help)")
+    import importlib
+
+    return importlib.import_module(f"oci_gpu_hook.entry.commands.{entry.module}")
+
+
+def run_command(name: str, args: list[str], config: Config) -> int:
+    """An operator command: its module's ``run``, after the check that a command reading sysfs has one (a watcher
+    or a device plugin would otherwise serve nothing, quietly; inspect would drop its annotations)."""
+    module = command_module(name)
+    sysfs = COMMANDS[name].sysfs
+    reads = sysfs and "-h" not in args and "--help" not in args and not (isinstance(sysfs, str) and sysfs in args)
+    if reads and not os.path.isdir(config.sysfs_root):
+        from oci_gpu_hook.errors import HookError
+
+        raise HookError(f"sysfs root {config.sysfs_root} is not a directory (from {config.source})")
+    return module.run(args, config)  # type: ignore[no-any-return]
 
 
 def _quiet_broken_pipe() -> int:
@@ -167,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         overrides, rest = split_globals(args)
         command = rest[0] if rest else None
-        if command in HOT_COMMANDS:
+        if is_hook(command):
             if len(rest) > 1 and command not in ("links", "ldcache"):
                 raise _usage_error(f"{command} takes no arguments")
             if command in ("links", "ldcache"):  # need no config: what to make is in their arguments
@@ -184,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return live.run(read_stdin(), config)
         if command is None:
-            sys.stdout.write(USAGE)
+            sys.stdout.write(usage())
             sys.stdout.flush()
             return 2
         if command in ("-h", "--help", "help"):
@@ -195,10 +263,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"oci-gpu-hook {__version__}")
             code = 0
         else:
-            from oci_gpu_hook.entry import commands
-
             config = load(overrides)
-            code = commands.run(command, rest[1:], config)
+            code = run_command(command, rest[1:], config)
         sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
         return code
     except SystemExit as done:
@@ -211,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as err:
         from oci_gpu_hook.log import debug_from_env, record, report_failure
 
-        if isinstance(err, BrokenPipeError) and command not in HOT_COMMANDS:  # a hook's reader is podman: say it
+        if isinstance(err, BrokenPipeError) and not is_hook(command):  # a hook's reader is podman: say it
             return _quiet_broken_pipe()
         if isinstance(err, KeyboardInterrupt):
             return 130

@@ -234,3 +234,17 @@ def read_text(path: str) -> str:
         raise HookError(f"cannot read {path}: {err.strerror}") from None
     except UnicodeDecodeError:
         raise HookError(f"{path} is not UTF-8 text") from None
+
+
+def config_file(target: str) -> str:
+    """The config.json of a bundle directory, or ``target`` itself (a config file)."""
+    return os.path.join(target, "config.json") if os.path.isdir(target) else target
+
+
+def load_document(path: str) -> Any:
+    """The parsed config.json at ``path``, with the same refusals as every other entry point, naming ``path``."""
+    try:
+        return loads(read_text(path))
+    except HookError as err:
+        raise HookError(f"{path}: {err}") from None
+

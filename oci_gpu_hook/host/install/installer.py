@@ -468,7 +468,7 @@ def check_podman_hook(real: str, disk: Callable[[str], str], errors: list[str]) 
         print(f"checked: podman reads {os.path.dirname(disk(real))} ({source}) and runs {disk(path)}")
 
 
-def run(opts: Options, only: set[str] | None, installer: Installer, config: Config) -> int:
+def install_or_uninstall(opts: Options, only: set[str] | None, installer: Installer, config: Config) -> int:
     """install or uninstall (``opts.uninstall``) the ``only`` integrations (None: all)."""
     from oci_gpu_hook.host.launchers import launcher_defaults
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from oci_gpu_hook.appliers.cdi_dirs import DEFAULT_SPEC_DIRS
 from oci_gpu_hook.appliers.ocispec import HOOK_ENV
 from oci_gpu_hook.config import Config
 from oci_gpu_hook.errors import HookError
@@ -268,7 +269,7 @@ def crio_items(config: Config, disk: Callable[[str], str], explicit: bool) -> li
 
     if not explicit and not os.path.isdir(disk("/etc/crio")):
         raise Skip("no /etc/crio here: CRI-O is not configured")
-    dirs = ["/etc/cdi", "/var/run/cdi"]
+    dirs = list(DEFAULT_SPEC_DIRS)
     if os.path.normpath(config.cdi_dir) not in dirs:
         dirs.append(os.path.normpath(config.cdi_dir))
     return [Item(crio.DROP_IN_PATH, crio.drop_in(RUNTIME_LAUNCHER, dirs).encode(), 0o644,

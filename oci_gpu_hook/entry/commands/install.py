@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 
+from oci_gpu_hook.cliparse import parser as _parser
 from oci_gpu_hook.config import Config
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.host.install.installer import Installer, Options, one_at_a_time, run
+from oci_gpu_hook.host.install.installer import Installer, Options, install_or_uninstall, one_at_a_time
 from oci_gpu_hook.host.install.paths import HOOK_STAGES, INTEGRATIONS, MANIFEST_PATH
 
 
@@ -20,9 +21,7 @@ def parse_only(value: str | None) -> set[str] | None:
     return names
 
 
-def command(args: list[str], config: Config) -> int:
-    from oci_gpu_hook.cliparse import parser as _parser
-
+def run(args: list[str], config: Config) -> int:
     parser = _parser("install", "Install the launchers and each integration (podman hook, CDI specs, docker runtime, "
                                 "containerd and CRI-O drop-ins, the systemd watch unit), recorded in a manifest; "
                                 "or take them out again (--uninstall).  A killed run is rolled back by the next.")
@@ -82,5 +81,5 @@ def command(args: list[str], config: Config) -> int:
                       docker_default_runtime=opts.docker_default_runtime,
                       containerd_version=opts.containerd_version, host_root=opts.host_root)
     if opts.dry_run:
-        return run(options, only, installer, config)
-    return one_at_a_time(installer, lambda: run(options, only, installer, config))
+        return install_or_uninstall(options, only, installer, config)
+    return one_at_a_time(installer, lambda: install_or_uninstall(options, only, installer, config))
