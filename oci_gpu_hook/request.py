@@ -26,7 +26,7 @@ malformed or out of range is a :class:`HookError` naming the bad token and what 
 
 from __future__ import annotations
 
-from oci_gpu_hook.config import KINDS
+from oci_gpu_hook.core.kinds import KINDS
 from oci_gpu_hook.errors import HookError
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from oci_gpu_hook.appliers import bpf, cgroups, devicefilter
+from oci_gpu_hook.appliers import bpf, cgroups
+from oci_gpu_hook.appliers import devicefilter as df
+from oci_gpu_hook.appliers import devicefilter_decode as dfd
 from oci_gpu_hook.core.devices import Rule as DeviceRule
 from oci_gpu_hook.core.rules import first_match
 from oci_gpu_hook.errors import HookError
@@ -60,7 +62,7 @@ def attached(group: Path) -> list[int]:
 
 def test_a_program_it_cannot_read_stays_attached(group: Path) -> None:
     """A foreign program (here: `if major == 226 allow`, written with jeq) is never replaced blind."""
-    prologue = devicefilter.build([])[:6 * 8]
+    prologue = df.build([])[:6 * 8]
     jeq = struct.pack("=BBhi", 0x15, 4, 2, 226)  # if r4 == 226 goto +2
     deny = struct.pack("=BBhi", 0xB4, 0, 0, 0) + struct.pack("=BBhi", 0x95, 0, 0, 0)
     allow = struct.pack("=BBhi", 0xB4, 0, 0, 1) + struct.pack("=BBhi", 0x95, 0, 0, 0)
@@ -72,8 +74,8 @@ def test_a_program_it_cannot_read_stays_attached(group: Path) -> None:
 
 def test_swap_then_idempotent_then_every_program_extended(group: Path) -> None:
     runc_like = [DeviceRule(True, "c", 1, 3, "rwm"), DeviceRule(False, "a", None, None, "rwm")]
-    first = attach(group, devicefilter.build(runc_like))
-    second = attach(group, devicefilter.build([DeviceRule(True, "c", None, None, "rwm"),
+    first = attach(group, df.build(runc_like))
+    second = attach(group, df.build([DeviceRule(True, "c", None, None, "rwm"),
                                                 DeviceRule(False, "a", None, None, "rwm")]))
     result = cgroups.v2_grant(str(group), PLAN)
     assert f"program {first} replaced by" in result  # the one that denied renderD129
@@ -85,7 +87,7 @@ def test_swap_then_idempotent_then_every_program_extended(group: Path) -> None:
     (replacement,) = [p for p in now if p != second]
     fd = bpf.prog_fd_by_id(replacement)
     try:
-        rules = devicefilter.decode(bpf.prog_info(fd).insns)
+        rules = dfd.decode(bpf.prog_info(fd).insns)
     finally:
         os.close(fd)
     assert rules == [*PLAN, *runc_like]  # exactly old + planned

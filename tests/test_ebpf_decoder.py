@@ -1,7 +1,7 @@
 """The decoder never widens: differential tests of devicefilter against an independent concrete interpreter.
 
 Every program here is either refused (NotDecodable) or decoded into rules whose ``first_match`` is the
-program's verdict on every probed device (``devicefilter.run``, plain concrete execution, is the oracle),
+program's verdict on every probed device (``devicefilter_decode.run``, plain concrete execution, is the oracle),
 and the program built from old + grant allows exactly old plus the grant.  Programs come in runc's shape
 (``build`` over random rules), blinded the way ``bpf_jit_harden`` does, and in hostile shapes: duplicate
 loads, a field tested twice in a block, paths that join with different register contents, jset, ordered
@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from oci_gpu_hook.appliers import devicefilter as df
+from oci_gpu_hook.appliers import devicefilter_decode as dfd
 from oci_gpu_hook.core.devices import Rule
 from oci_gpu_hook.core.rules import first_match
 from oci_gpu_hook.errors import HookError
@@ -145,24 +146,24 @@ def probe(program: bytes, rules: list[Rule] | None = None, *, extra: list[int] =
     nums = numbers(program, [*extra, *(n for r in rules or () for n in (r.major, r.minor) if n is not None)])
     pick = random.Random(program)
     for _ in range(count):
-        kind, access = pick.choice(df.WORDS)
+        kind, access = pick.choice(dfd.WORDS)
         major, minor = pick.choice(nums), pick.choice(nums)
-        yield (df.TYPE_OF[kind], major, minor, df.ACCESS_OF[access]), df.run(program, access << 16 | kind,
+        yield (dfd.TYPE_OF[kind], major, minor, dfd.ACCESS_OF[access]), dfd.run(program, access << 16 | kind,
                                                                               major, minor)
 
 
 def assert_exact(program: bytes, rules: list[Rule]) -> None:
-    df.check_rules(program, rules)  # the whole space, by cells
+    dfd.check_rules(program, rules)  # the whole space, by cells
     for (kind, major, minor, access), verdict in probe(program, rules):  # and the plain oracle on points
         assert bool(verdict) == first_match(rules, kind, major, minor, access), (kind, major, minor, access)
 
 
 def assert_extension(program: bytes, rules: list[Rule], grant: list[Rule]) -> None:
-    new = df.extend(program, rules, grant)
+    new = dfd.extend(program, rules, grant)
     extra = [n for r in grant for n in (r.major, r.minor)]
     for (kind, major, minor, access), verdict in probe(program, rules, extra=extra):
         want = bool(verdict) or first_match(grant, kind, major, minor, access)
-        assert bool(df.run(new, _word(kind, access), major, minor)) == want, (kind, major, minor, access)
+        assert bool(dfd.run(new, _word(kind, access), major, minor)) == want, (kind, major, minor, access)
 
 
 def _word(kind: str, access: str) -> int:
@@ -172,8 +173,8 @@ def _word(kind: str, access: str) -> int:
 
 def decoded_or_refused(program: bytes) -> list[Rule] | None:
     try:
-        rules = df.decode(program)
-    except df.NotDecodable:
+        rules = dfd.decode(program)
+    except dfd.NotDecodable:
         return None
     assert_exact(program, rules)
     return rules
@@ -203,11 +204,11 @@ def _expected(rules: list[Rule]) -> list[Rule]:
 @given(rule_lists, st.integers(0, 1 << 30))
 def test_runc_shape_plain_and_blinded_decode_exactly(rules: list[Rule], seed: int) -> None:
     program = df.build(rules)
-    assert df.decode(program) == _expected(rules)
-    df.check_rules(program, rules)  # build is first_match, on every cell of the device space
+    assert dfd.decode(program) == _expected(rules)
+    dfd.check_rules(program, rules)  # build is first_match, on every cell of the device space
     blinded = blind(program, seed)
     assert blinded != program
-    assert df.decode(blinded) == _expected(rules)  # every constant blinded, `r0 = 0` as `r0 ^= r0`
+    assert dfd.decode(blinded) == _expected(rules)  # every constant blinded, `r0 = 0` as `r0 ^= r0`
     assert_exact(blinded, _expected(rules))
 
 
@@ -217,20 +218,20 @@ def test_extension_is_old_plus_grant(rules: list[Rule], grant: list[Rule], harde
     program = df.build(rules)
     if hardened:
         program = blind(program, len(rules))
-    decoded = df.decode(program)
+    decoded = dfd.decode(program)
     assert_extension(program, decoded, grant)
 
 
 def test_check_extension_refuses_anything_but_old_plus_grant() -> None:
     old = [Rule(True, "c", 1, 3, "rwm"), Rule(False, "a", None, None, "rwm")]
     grant = [Rule(True, "c", 226, 1, "rw")]
-    df.check_extension(df.build(old), df.build([*grant, *old]), grant)
-    with pytest.raises(df.NotDecodable, match="would allow c 226:1 m"):
-        df.check_extension(df.build(old), df.build([Rule(True, "c", 226, 1, "rwm"), *old]), grant)
-    with pytest.raises(df.NotDecodable, match="would allow c 226:0 r"):
-        df.check_extension(df.build(old), df.build([Rule(True, "c", 226, None, "rw"), *old]), grant)
-    with pytest.raises(df.NotDecodable, match="would deny c 1:3"):
-        df.check_extension(df.build(old), df.build(grant), grant)
+    dfd.check_extension(df.build(old), df.build([*grant, *old]), grant)
+    with pytest.raises(dfd.NotDecodable, match="would allow c 226:1 m"):
+        dfd.check_extension(df.build(old), df.build([Rule(True, "c", 226, 1, "rwm"), *old]), grant)
+    with pytest.raises(dfd.NotDecodable, match="would allow c 226:0 r"):
+        dfd.check_extension(df.build(old), df.build([Rule(True, "c", 226, None, "rw"), *old]), grant)
+    with pytest.raises(dfd.NotDecodable, match="would deny c 1:3"):
+        dfd.check_extension(df.build(old), df.build(grant), grant)
 
 
 # --- hostile shapes, by hand: the attacker classes of the issue ----------------------------------------
@@ -294,8 +295,8 @@ def test_hostile_programs_are_refused_or_exact(name: str, hardened: bool) -> Non
                     Rule(False, "a", None, None, "rwm")]),
 ])
 def test_other_writers_programs_decode_exactly(program: bytes, rules: list[Rule]) -> None:
-    assert df.decode(program) == rules
-    assert df.decode(blind(program, 3)) == rules
+    assert dfd.decode(program) == rules
+    assert dfd.decode(blind(program, 3)) == rules
     assert_exact(program, rules)
 
 
@@ -309,8 +310,8 @@ def test_other_writers_programs_decode_exactly(program: bytes, rules: list[Rule]
     (NOT_NEXT_BLOCK, "does not jump to the next block"),
 ])
 def test_what_cannot_be_said_in_rules_is_refused(program: bytes, message: str) -> None:
-    with pytest.raises(df.NotDecodable, match=message):
-        df.decode(program)
+    with pytest.raises(dfd.NotDecodable, match=message):
+        dfd.decode(program)
 
 
 @pytest.mark.parametrize("program", [  # with test_devicefilter's (calls, backward jumps, no exit)
@@ -324,17 +325,17 @@ def test_what_cannot_be_said_in_rules_is_refused(program: bytes, message: str) -
     asm(PROLOGUE, [i(0xBC, 0, 3), i(0x54, 0, imm=1), i(0x95)]),  # verdict from the access bits
 ])
 def test_unknown_programs_are_not_decodable(program: bytes) -> None:
-    with pytest.raises(df.NotDecodable):
-        df.decode(program)
+    with pytest.raises(dfd.NotDecodable):
+        dfd.decode(program)
 
 
 def test_the_checker_is_what_catches_a_wrong_proposal(monkeypatch: pytest.MonkeyPatch) -> None:
     """Even a decoder bug cannot widen: a proposal that differs from the program is refused."""
     program = df.build([Rule(True, "c", 1, 3, "rwm")])
-    monkeypatch.setattr(df, "_propose", lambda prog: [Rule(True, "c", None, None, "rwm"),
+    monkeypatch.setattr(dfd, "_propose", lambda prog: [Rule(True, "c", None, None, "rwm"),
                                                       Rule(False, "a", None, None, "rwm")])
-    with pytest.raises(df.NotDecodable, match="the rules read differ from the program"):
-        df.decode(program)
+    with pytest.raises(dfd.NotDecodable, match="the rules read differ from the program"):
+        dfd.decode(program)
 
 
 # --- random programs of many shapes -------------------------------------------------------------------
@@ -390,8 +391,8 @@ def programs(draw: st.DrawFn, ax: int = AX) -> bytes:
 
 
 def _leaf_verdict(program: bytes, kind: int, access: int, major: int, minor: int) -> int:
-    word = df.WORDS.index((kind, access))
-    for words, majors, minors, verdict in df._leaves(program):
+    word = dfd.WORDS.index((kind, access))
+    for words, majors, minors, verdict in dfd._leaves(program):
         if words >> word & 1 and any(lo <= major <= hi for lo, hi in majors) and any(
                 lo <= minor <= hi for lo, hi in minors):
             return verdict[word] if isinstance(verdict, tuple) else verdict
@@ -411,15 +412,15 @@ def test_random_programs_are_refused_or_decoded_exactly(program: bytes) -> None:
 def test_the_path_interpreter_is_the_concrete_one(program: bytes, data: st.DataObject) -> None:
     """The interval/vector interpreter behind every check agrees with plain execution, input by input."""
     try:
-        df._leaves(program)
-    except df.NotDecodable:
+        dfd._leaves(program)
+    except dfd.NotDecodable:
         return
     nums = numbers(program)
     for _ in range(30):
-        kind, access = data.draw(st.sampled_from(df.WORDS))
+        kind, access = data.draw(st.sampled_from(dfd.WORDS))
         major = data.draw(st.one_of(st.sampled_from(nums), st.integers(0, U32)))
         minor = data.draw(st.one_of(st.sampled_from(nums), st.integers(0, U32)))
-        assert _leaf_verdict(program, kind, access, major, minor) == df.run(program, access << 16 | kind,
+        assert _leaf_verdict(program, kind, access, major, minor) == dfd.run(program, access << 16 | kind,
                                                                              major, minor)
 
 
@@ -432,7 +433,7 @@ def test_the_path_interpreter_is_the_concrete_one(program: bytes, data: st.DataO
     (0xA4, 0xF0, 0xFF, 0x0F), (0xB4, 9, (1 << 64) - 1, U32), (0xB7, 9, (1 << 64) - 1, (1 << 64) - 1),
 ])
 def test_alu(code: int, a: int, b: int, result: int) -> None:
-    assert df._alu(code, a, b) == result
+    assert dfd._alu(code, a, b) == result
 
 
 @pytest.mark.parametrize(("code", "a", "b", "taken"), [
@@ -441,7 +442,7 @@ def test_alu(code: int, a: int, b: int, result: int) -> None:
     (0xC5, 3, (1 << 64) - 1, False), (0xC6, U32, 0, True), (0xD5, 7, 7, True), (0xB6, 8, 7, False),
 ])
 def test_jumps(code: int, a: int, b: int, taken: bool) -> None:
-    assert df._cond(code, a, b) == taken
+    assert dfd._cond(code, a, b) == taken
 
 
 # --- v2_grant's rule for explicit denies (no kernel needed for the decision itself) --------------------

@@ -5,7 +5,7 @@ Each test attaches hand-written or runc-shaped device programs to a fresh cgroup
 (EPERM = denied; ENXIO or success = allowed, see testing-here.md) and makes them (mknod = access m).
 Nothing outside the grant may go from denied to allowed, nothing may go from allowed to denied, and a
 refusal leaves exactly the programs that were attached.  The same probes hold the user-space interpreter
-(``devicefilter.run`` on the kernel's own read-back) to the kernel's verdicts.
+(``devicefilter_decode.run`` on the kernel's own read-back) to the kernel's verdicts.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 
 from oci_gpu_hook.appliers import bpf, cgroups
 from oci_gpu_hook.appliers import devicefilter as df
+from oci_gpu_hook.appliers import devicefilter_decode as dfd
 from oci_gpu_hook.core.devices import Rule
 from oci_gpu_hook.core.rules import first_match
 from oci_gpu_hook.errors import HookError
@@ -114,7 +115,7 @@ def interpreted(programs_: list[bytes]) -> dict[str, bool]:
     for kind, major, minor in DEVICES:
         for access in ACCESSES:
             word = sum(df.ACCESS_BITS[letter] for letter in access) << 16 | df.TYPE_BITS[kind]
-            out[f"{kind} {major}:{minor} {access}"] = all(df.run(p, word, major, minor) for p in programs_)
+            out[f"{kind} {major}:{minor} {access}"] = all(dfd.run(p, word, major, minor) for p in programs_)
     return out
 
 

@@ -1,4 +1,4 @@
-"""The config file's fast reader (config.parse_toml_subset) against tomllib: whatever it accepts, tomllib reads
+"""The config file's fast reader (tomlsubset.parse_toml_subset) against tomllib: whatever it accepts, tomllib reads
 the same; what it refuses goes to tomllib.  load_file checks the result with FIELDS either way."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from oci_gpu_hook import config
+from oci_gpu_hook import config, tomlsubset
 from oci_gpu_hook.errors import HookError
 
 KEYS = st.sampled_from([*config.FIELDS, "amd", "intel", "x-y", "a_b", "0", "request_env"])
@@ -77,7 +77,7 @@ def tomllib_or_error(text: str) -> object:
 @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(document())
 def test_subset_agrees_with_tomllib(text: str) -> None:
-    fast = config.parse_toml_subset(text.encode("utf-8", "surrogatepass"))
+    fast = tomlsubset.parse_toml_subset(text.encode("utf-8", "surrogatepass"))
     if fast is not None:
         assert tomllib_or_error(text) == fast
 
@@ -85,7 +85,7 @@ def test_subset_agrees_with_tomllib(text: str) -> None:
 @settings(max_examples=1000, deadline=None)
 @given(st.binary(max_size=64))
 def test_subset_on_any_bytes(raw: bytes) -> None:
-    fast = config.parse_toml_subset(raw)
+    fast = tomlsubset.parse_toml_subset(raw)
     if fast is not None:
         assert tomllib_or_error(raw.decode()) == fast
 
@@ -97,7 +97,7 @@ def test_subset_on_any_bytes(raw: bytes) -> None:
     'request_env = { amd = ["X"], intel = ["Y"] }\r\nmask_other_gpus = true\r\n',
 ])
 def test_the_usual_files_stay_in_the_subset(text: str) -> None:
-    fast = config.parse_toml_subset(text.encode())
+    fast = tomlsubset.parse_toml_subset(text.encode())
     assert fast is not None
     assert fast == tomllib.loads(text)
 

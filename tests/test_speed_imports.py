@@ -17,7 +17,8 @@ from tests import containerlib as cl
 REPO = Path(__file__).resolve().parent.parent
 # what os and the package's first lines bring (with -S the interpreter itself has not imported os)
 COMMON = {"__future__", "os", "stat", "_stat", "posixpath", "genericpath", "_collections_abc", "time",
-          "oci_gpu_hook", "oci_gpu_hook.config", "oci_gpu_hook.entry", "oci_gpu_hook.errors", "oci_gpu_hook.trust"}
+          "oci_gpu_hook", "oci_gpu_hook.config", "oci_gpu_hook.core", "oci_gpu_hook.core.kinds",
+          "oci_gpu_hook.tomlsubset", "oci_gpu_hook.entry", "oci_gpu_hook.errors", "oci_gpu_hook.trust"}
 PLAN = {"_json", "oci_gpu_hook.fastjson", "oci_gpu_hook.oci", "oci_gpu_hook.oci.spec", "oci_gpu_hook.log",
         "oci_gpu_hook.plan",
         "oci_gpu_hook.request", "oci_gpu_hook.core", "oci_gpu_hook.core.edits", "oci_gpu_hook.appliers"}

@@ -218,10 +218,13 @@ def _add_env(spec: dict[str, Any], env: tuple[str, ...]) -> bool:
     return bool(new)
 
 
+def rewrite(spec: ContainerSpec, plan: Plan, config: Config) -> str | None:
+    """The config.json text with ``plan`` written in; None when nothing changed."""
+    return fastjson.dumps(spec.raw) if apply(spec, plan, config) else None
+
+
 def rewrite_text(text: str, config: Config, devices: str | None = None) -> tuple[str | None, Plan]:
     """Parse a config.json, apply its plan; return the new text (None if unchanged) and the plan."""
     spec = ContainerSpec.parse(text)
     plan = plan_for_spec(spec, config, devices)
-    if not apply(spec, plan, config):
-        return None, plan
-    return fastjson.dumps(spec.raw), plan
+    return rewrite(spec, plan, config), plan

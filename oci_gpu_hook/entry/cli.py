@@ -216,11 +216,18 @@ def cmd_precreate(config: Config) -> int:
     """podman's precreate stage: the proposed config on stdin, the full config on stdout."""
     import time
 
-    from oci_gpu_hook.appliers.ocispec import rewrite_text
+    from oci_gpu_hook.oci.spec import ContainerSpec
+    from oci_gpu_hook.plan import plan_for_spec
 
     started = time.monotonic()
     text = read_stdin()
-    new_text, plan = rewrite_text(text, config)
+    spec = ContainerSpec.parse(text)
+    plan = plan_for_spec(spec, config)
+    new_text = None
+    if plan:  # nothing asked for: the spec-rewrite applier is not even imported
+        from oci_gpu_hook.appliers.ocispec import rewrite
+
+        new_text = rewrite(spec, plan, config)
     sys.stdout.write(text if new_text is None else new_text)
     sys.stdout.flush()
     plan.record(config, "precreate", None, started)

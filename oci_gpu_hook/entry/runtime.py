@@ -82,14 +82,20 @@ def _log_for_runtime(options: dict[str, str], message: str) -> None:
 
 def rewrite_bundle(path: str, config: Config, cid: str) -> None:
     """Write the plan into the config file ``path`` (untouched when nothing is requested)."""
-    from oci_gpu_hook.appliers.ocispec import rewrite_text
-    from oci_gpu_hook.atomic import write_atomic
-    from oci_gpu_hook.oci.spec import read_text
+    from oci_gpu_hook.oci.spec import ContainerSpec
+    from oci_gpu_hook.plan import plan_for_spec
 
     started = time.monotonic()
-    new_text, plan = rewrite_text(read_text(path), config)
-    if new_text is not None:
-        write_atomic(path, new_text)
+    spec = ContainerSpec.read(path)
+    plan = plan_for_spec(spec, config)
+    if plan:  # nothing asked for: the spec-rewrite applier is not even imported
+        from oci_gpu_hook.appliers.ocispec import rewrite
+
+        new_text = rewrite(spec, plan, config)
+        if new_text is not None:
+            from oci_gpu_hook.atomic import write_atomic
+
+            write_atomic(path, new_text)
     plan.record(config, "oci-gpu-runtime", cid, started)
 
 

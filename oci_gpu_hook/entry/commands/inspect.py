@@ -76,7 +76,7 @@ def run(args: list[str], config: Config) -> int:
         if not everything:
             print("  everything else is denied")
         return 0
-    from oci_gpu_hook.appliers import bpf, devicefilter
+    from oci_gpu_hook.appliers import bpf, devicefilter_decode
 
     print(f"cgroup v2: {directory}")
     try:
@@ -98,8 +98,8 @@ def run(args: list[str], config: Config) -> int:
             os.close(prog_fd)
         print(f"program {prog_id} '{info.name}' ({', '.join(kinds) or 'exclusive'}; first match wins):")
         try:
-            print("\n".join(show(r) for r in devicefilter.decode(info.insns)))
-        except devicefilter.NotDecodable as err:
+            print("\n".join(show(r) for r in devicefilter_decode.decode(info.insns)))
+        except devicefilter_decode.NotDecodable as err:
             print(f"  cannot decode this program ({err}); only runc's format and this project's are known")
     if len(ids) > 1:
         print("an access is allowed only if every program allows it")
