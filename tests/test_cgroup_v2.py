@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import struct
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,47 +15,17 @@ from oci_gpu_hook.appliers import devicefilter_decode as dfd
 from oci_gpu_hook.core.devices import Rule as DeviceRule
 from oci_gpu_hook.core.rules import first_match
 from oci_gpu_hook.errors import HookError
+from tests.helpers.cgroup2 import UNIFIED, attach, attached, new_group
 
-UNIFIED = Path("/sys/fs/cgroup/unified")
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not (UNIFIED / "cgroup.procs").exists(),
-                                reason="needs root and the cgroup2 hierarchy at /sys/fs/cgroup/unified")
+pytestmark = [pytest.mark.root, pytest.mark.skipif(not (UNIFIED / "cgroup.procs").exists(),
+                                                   reason="no cgroup2 hierarchy at /sys/fs/cgroup/unified")]
 PLAN = (DeviceRule(True, "c", 226, 129, "rwm"),)
-
-
-@contextlib.contextmanager
-def new_group() -> Iterator[Path]:
-    """A fresh cgroup2 group, removed afterwards (its programs go with it)."""
-    path = UNIFIED / f"ogh-test-{uuid.uuid4().hex[:12]}"
-    path.mkdir()
-    try:
-        yield path
-    finally:
-        path.rmdir()
 
 
 @pytest.fixture
 def group() -> Iterator[Path]:
     with new_group() as path:
         yield path
-
-
-def attach(group: Path, program: bytes) -> int:
-    fd = os.open(group, os.O_RDONLY | os.O_DIRECTORY)
-    prog = bpf.prog_load(program, "foreign")
-    try:
-        bpf.prog_attach(fd, prog, bpf.F_ALLOW_MULTI)
-        return bpf.prog_info(prog).id
-    finally:
-        os.close(prog)
-        os.close(fd)
-
-
-def attached(group: Path) -> list[int]:
-    fd = os.open(group, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        return bpf.prog_query(fd)[1]
-    finally:
-        os.close(fd)
 
 
 def test_a_program_it_cannot_read_stays_attached(group: Path) -> None:

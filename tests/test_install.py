@@ -23,8 +23,9 @@ from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.host import containerd
 from oci_gpu_hook.host.install import items, journal, paths
 from oci_gpu_hook.inventory import scan
-from tests.containerlib import INSTALL_DEV
-from tests.installtrees import containerd_binary, isolated_env, snapshot
+from tests.conftest import ROOT, unavailable
+from tests.helpers.containerlib import INSTALL_DEV
+from tests.helpers.installtrees import containerd_binary, isolated_env, snapshot
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_SYSFS = REPO / "examples" / "hosts" / "seed-8x-gfx1100" / "sys"
@@ -37,7 +38,6 @@ CDI_SPEC = "/var/run/cdi/amd.com-gpu.json"
 MANIFEST = "/var/lib/oci-gpu-hook/install.json"
 MAIN = containerd.MAIN_CONFIG_PATH
 CRI = "io.containerd.grpc.v1.cri"
-ROOT = os.geteuid() == 0
 __all__ = ["isolated_env"]  # the autouse fixture, imported
 
 IMPORTS_LINE = 'imports = ["/etc/containerd/conf.d/*.toml"]  # added by oci-gpu-hook install\n'
@@ -744,7 +744,7 @@ def test_install_writes_the_native_front_when_a_compiler_is_there(capsys: pytest
     import shutil
 
     if not (shutil.which("cc") or shutil.which("gcc")):
-        pytest.skip("no C compiler") if not os.environ.get("CI") else pytest.fail("CI installs gcc")
+        unavailable("no C compiler (CI installs gcc)")
     code = cli.main(["--sysfs-root", str(EXAMPLE_SYSFS), "install", "--prefix", str(prefix), "--allow-editable"])
     _out, err = capsys.readouterr()
     assert code == 0 and err == "", err

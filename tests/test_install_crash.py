@@ -1,4 +1,4 @@
-"""#8.9: install and uninstall killed (SIGKILL) at any change, then install (which recovers) and uninstall, give
+"""Install and uninstall killed (SIGKILL) at any change, then install (which recovers) and uninstall, give
 back exactly the tree that was there before the first install.
 
 The kill comes from ``OCI_GPU_HOOK_INSTALL_KILL_AT=N`` (install kills itself just before its Nth change:
@@ -24,8 +24,8 @@ import pytest
 from oci_gpu_hook.entry import cli
 from oci_gpu_hook.host.install import journal as install_journal
 from oci_gpu_hook.host.install import paths
-from tests.containerlib import INSTALL_DEV
-from tests.installtrees import build, isolated_env, snapshot
+from tests.helpers.containerlib import INSTALL_DEV
+from tests.helpers.installtrees import build, isolated_env, snapshot
 
 REPO = Path(__file__).resolve().parent.parent
 SYSFS = REPO / "examples" / "hosts" / "seed-8x-gfx1100" / "sys"

@@ -14,8 +14,8 @@ from oci_gpu_hook.entry import cli
 from oci_gpu_hook.host import containerd, crio, docker, podman
 from oci_gpu_hook.host.install import items
 from oci_gpu_hook.host.install import paths as install_paths
-from tests.containerlib import INSTALL_DEV
-from tests.installtrees import CONTAINERD_V2, CONTAINERD_V3, DAEMON_JSON, build, isolated_env, put, snapshot
+from tests.helpers.containerlib import INSTALL_DEV
+from tests.helpers.installtrees import CONTAINERD_V2, CONTAINERD_V3, DAEMON_JSON, build, isolated_env, put, snapshot
 
 REPO = Path(__file__).resolve().parent.parent
 SYSFS = REPO / "examples" / "hosts" / "seed-8x-gfx1100" / "sys"

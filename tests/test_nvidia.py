@@ -24,8 +24,9 @@ from oci_gpu_hook.inventory import Inventory, ldcache, nvdriver, nvidia, nvml, s
 from oci_gpu_hook.oci.spec import ContainerSpec
 from oci_gpu_hook.plan import build_plan, plan_for_spec
 from oci_gpu_hook.request import requested, resolve, select
-from tests.fakenvidia import build_driver, build_proc, elf_shared_object, ld_cache, mig_minor
-from tests.fakesysfs import EXAMPLE_DIRS, HOSTS, FakeGpu, FakeHost, build, build_all
+from tests.conftest import unavailable
+from tests.helpers.fakenvidia import build_driver, build_proc, elf_shared_object, ld_cache, mig_minor
+from tests.helpers.fakesysfs import EXAMPLE_DIRS, HOSTS, FakeGpu, FakeHost, build, build_all
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples" / "hosts"
@@ -400,7 +401,7 @@ def test_symlinks_and_directories_never_leave_the_rootfs(tmp_path: Path) -> None
     assert os.readlink(rootfs / "outside" / "libnvidia-ml.so.1") == "libnvidia-ml.so.1.new"  # .. stops at the root
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare")
+@pytest.mark.root("unshare")
 def test_bind_mounts_read_only_inside_the_rootfs_only(tmp_path: Path) -> None:
     """In a private mount namespace: the detached read-only copy lands on the destination inside the rootfs (through
     the image's symlinks), a symlink destination is refused, and nothing outside the rootfs is touched."""
@@ -592,9 +593,7 @@ def nvml_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The MIG example host whose libnvidia-ml is the fake above (in NVML's MIG order: reversed)."""
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
-        if os.environ.get("CI"):
-            pytest.fail("no C compiler for the fake NVML")
-        pytest.skip("no C compiler")
+        unavailable("no C compiler for the fake NVML")
     base = tmp_path / "host"
     shutil.copytree(roots("nvidia-mig"), base, symlinks=True)
     (tmp_path / "src.c").write_text(FAKE_NVML)
@@ -651,8 +650,8 @@ def tree(root: Path) -> dict[str, tuple[str, bytes]]:
 
 @pytest.mark.parametrize("name", NVIDIA_HOSTS)
 def test_checked_in_proc_and_driver_trees_are_fresh_builds(tmp_path: Path, name: str) -> None:
-    """Regenerate: rm -rf examples/hosts/DIR/{sys,proc,driver} && python -m tests.fakesysfs examples/hosts/DIR/sys
-    NAME (tests/test_inventory.py checks the sysfs tree)."""
+    """Regenerate: rm -rf examples/hosts/DIR/{sys,proc,driver} &&
+    python -m tests.helpers.fakesysfs examples/hosts/DIR/sys NAME (tests/test_inventory.py checks the sysfs tree)."""
     host = HOSTS[name]()
     assert tree(Path(build_proc(str(tmp_path / "proc"), host))) == tree(roots(name) / "proc")
     assert tree(Path(build_driver(str(tmp_path / "driver"), host))) == tree(roots(name) / "driver")

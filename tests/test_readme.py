@@ -32,8 +32,9 @@ from typing import Any
 import pytest
 
 from oci_gpu_hook.host.install import items, paths
-from tests import containerlib as cl
-from tests import dockersave, plainvenv
+from tests.conftest import ROOT
+from tests.helpers import containerlib as cl
+from tests.helpers import dockersave, plainvenv
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
@@ -202,7 +203,7 @@ def matches(expected: list[str], actual: list[str]) -> bool:
 def as_checkout_owner() -> tuple[dict[str, Any], int]:
     """subprocess keywords that run a command as the checkout's owner (root runs it for a user's checkout)."""
     owner = REPO.stat().st_uid
-    if os.geteuid() != 0 or owner == 0:
+    if not ROOT or owner == 0:
         return {}, os.geteuid()
     gid = REPO.stat().st_gid
     return {"user": owner, "group": gid, "extra_groups": []}, owner
@@ -348,16 +349,16 @@ def test_no_sudo_in_the_readme() -> None:
 
 
 def test_fakesysfs_usage_is_what_the_readme_says() -> None:
-    done = subprocess.run([sys.executable, "-m", "tests.fakesysfs"], cwd=REPO,
+    done = subprocess.run([sys.executable, "-m", "tests.helpers.fakesysfs"], cwd=REPO,
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2
-    assert done.stderr.startswith("usage: python -m tests.fakesysfs DIR [seed-8x-gfx1100|")
-    assert "`python -m tests.fakesysfs DIR [HOST]`" in README.read_text()
+    assert done.stderr.startswith("usage: python -m tests.helpers.fakesysfs DIR [seed-8x-gfx1100|")
+    assert "`python -m tests.helpers.fakesysfs DIR [HOST]`" in README.read_text()
 
 
 def test_ci_run_says_to_run_it_as_root() -> None:
     """`.ci/run` from a user's shell stops at once with what to do (it would need root for apt-get and containers)."""
-    as_user: dict[str, Any] = {"user": 65534, "group": 65534, "extra_groups": []} if os.geteuid() == 0 else {}
+    as_user: dict[str, Any] = {"user": 65534, "group": 65534, "extra_groups": []} if ROOT else {}
     done = subprocess.run([str(REPO / ".ci" / "run")], capture_output=True, text=True, timeout=60, check=False,
                           cwd="/", env={"PATH": ROOT_PATH}, **as_user)
     assert done.returncode == 1

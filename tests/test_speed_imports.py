@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import containerlib as cl
+from tests.helpers import containerlib as cl
 
 REPO = Path(__file__).resolve().parent.parent
 # what os and the package's first lines bring (with -S the interpreter itself has not imported os)
