@@ -75,7 +75,7 @@ NOGPU_ADDED_TARGET_MS = 2.0  # ... and at most this much added (shim run and cre
 PASS_THROUGH_TARGET_MS = 2.0  # shim state median - runc state median
 PRESTART_GPU_RATIO_TARGET = {"v1": 1.5, "v2": 1.6}  # runc run with the prestart hook, 1 GPU, per cgroup mode
 LIFECYCLE_ADDED_TARGET_MS = 20.0  # create + start + delete through the shim (1 GPU) - bare
-# The environment runc gives the prestart hook (as in tests/test_prestart.py).
+# The environment runc gives the prestart hook (as in tests/containers/test_live_hook.py).
 HOOK_PATH_ENV = "PATH=/usr/sbin:/usr/bin:/sbin:/bin"
 GROUP_LETTERS = "abcdef"
 CGROUP_MODES = ("v1", "v2")
