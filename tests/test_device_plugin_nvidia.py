@@ -49,9 +49,9 @@ def host_tree(base: Path, host: fakesysfs.FakeHost) -> Path:
     return base
 
 
-def spec_config(base: Path) -> Config:
+def spec_config(base: Path, hook_path: str = "/bin/sh") -> Config:
     return Config(sysfs_root=str(base / "sys"), proc_root=str(base / "proc"), driver_root=str(base / "driver"),
-                  hook_path="/bin/sh")
+                  hook_path=hook_path)
 
 
 def nvml_table(path: Path, migs: dict[tuple[int, int], tuple[str, int, int, int, int]], pci: str = MIG_GPU) -> None:
@@ -102,6 +102,7 @@ class Plugin:
     strategy: str = "single"
     rescan: float = 0.3
     events: QueueEvents | None = None
+    hook_path: str = "/bin/sh"  # the launcher the CDI specs' createRuntime hooks name
 
     def start(self, tmp_path: Path) -> Iterator[Node]:
         directory = tmp_path / "kp"  # short: a Unix socket path has at most 107 bytes
@@ -109,7 +110,7 @@ class Plugin:
         kubelet.start()
         logs: list[str] = []
         cdi_dir = tmp_path / "cdi"
-        specs = SpecKeeper(spec_config(self.base), [str(cdi_dir)], logs.append)
+        specs = SpecKeeper(spec_config(self.base, self.hook_path), [str(cdi_dir)], logs.append)
         tracker = server.Tracker(str(self.base / "sys"), self.strategy, log=logs.append, specs=specs,
                                  proc_root=str(self.base / "proc"), driver_root=str(self.base / "driver"))
         manager = server.Manager(str(directory), tracker, rescan_interval=self.rescan, poll_interval=0.1,
@@ -160,7 +161,8 @@ def test_whole_gpus_register_as_nvidia_com_gpu_by_uuid(h100: Node) -> None:
     endpoints = {r.resource_name: r.endpoint for r in h100.kubelet.registrations}
     # amd.com/gpu is always served (0 devices here); nvidia.com/gpu has its own socket
     assert endpoints == {"amd.com/gpu": "oci-gpu-hook-gpu.sock", "nvidia.com/gpu": "oci-gpu-hook-nvidia-gpu.sock"}
-    assert h100.kubelet.plugin("amd.com/gpu").lists[-1] == []
+    amd = h100.kubelet.plugin("amd.com/gpu")
+    assert h100.kubelet.wait(lambda: amd.lists, what="amd.com/gpu's device list") == [[]]
     assert (h100.cdi / SPEC).exists() and not (h100.cdi / "amd.com-gpu.json").exists()
 
 
@@ -210,7 +212,7 @@ def test_a_removed_gpu_turns_unhealthy_and_is_never_allocated(h100: Node) -> Non
     with pytest.raises(grpc.RpcError) as caught:
         h100.kubelet.allocate("nvidia.com/gpu", [gone])
     assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert "gone from the driver's /proc and sysfs: it cannot be allocated" in caught.value.details()
+    assert "gone from the driver's /proc, sysfs or NVML: it cannot be allocated" in caught.value.details()
     # the GPUs after it moved up one index; their names did not
     assert _names(h100.kubelet, "nvidia.com/gpu", [UUID["0000:52:00.0"]]) == [
         f"nvidia.com/gpu={UUID['0000:52:00.0']}"]
@@ -259,6 +261,23 @@ def test_the_keeper_rewrites_a_stale_nvidia_spec_and_checks_again(tmp_path: Path
     assert keeper.ensure(inventory, wanted) is None
     assert spec.read_text() == text and mismatch(str(spec), wanted) is None
     assert logs[-2].startswith(f"allocate: CDI spec {spec} {why}") and logs[-1].startswith("allocate: CDI spec wrote")
+
+
+def test_allocate_fails_in_one_line_when_the_nvidia_spec_cannot_be_written(tmp_path: Path) -> None:
+    """The driver's user-space is not where driver_root says (a plugin container without the node's driver files):
+    no NVIDIA spec can be written, so no NVIDIA name is handed out; AMD's resource is untouched."""
+    base = host_tree(tmp_path / "host", fakesysfs.nvidia_h100_host())
+    (base / "driver" / "etc" / "ld.so.cache").unlink()
+    for node in Plugin(base).start(tmp_path):
+        node.kubelet.devices("nvidia.com/gpu", lambda d: len(d) == 4)
+        uuid = UUID["0000:43:00.0"]
+        with pytest.raises(grpc.RpcError) as caught:
+            node.kubelet.allocate("nvidia.com/gpu", [uuid])
+        details = caught.value.details()
+        assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "\n" not in details
+        assert details.startswith(f"not allocating nvidia.com/gpu={uuid}: the CDI spec {node.cdi / SPEC} ")
+        assert "cannot be rewritten (" in details and "is not in the ld cache" in details, details
+        assert not (node.cdi / SPEC).exists()
 
 
 # --- MIG devices --------------------------------------------------------------------------------------------

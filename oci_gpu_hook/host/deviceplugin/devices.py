@@ -186,7 +186,7 @@ def _nvidia(inventory: Inventory, strategy: str) -> tuple[list[Entry], list[str]
 
 
 ADAPTERS: dict[str, Adapter] = {"amd": _amd, "nvidia": _nvidia}
-GONE = {"nvidia": "gone from the driver's /proc and sysfs"}  # default: gone from sysfs
+GONE = {"nvidia": "gone from the driver's /proc, sysfs or NVML"}  # default: gone from sysfs
 
 
 def gone(kind: str) -> str:
