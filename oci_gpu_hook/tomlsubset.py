@@ -2,7 +2,7 @@
 (~20 ms: re, typing, enum, datetime).  One key per line: bare keys, basic strings without escapes,
 literal strings, integers (decimal, 0x, 0o, 0b, with underscores), booleans, one-line arrays of
 strings, one [request_env] table or an inline table of such arrays; comments and blank lines.
-Anything else returns None and goes to tomllib; tests/test_speed_config.py proves by property test
+Anything else returns None and goes to tomllib; tests/test_toml_subset.py proves by property test
 that whatever this accepts, tomllib reads the same.
 """
 

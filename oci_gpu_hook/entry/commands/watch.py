@@ -48,7 +48,8 @@ def run(args: list[str], config: Config) -> int:
                         help="quiet period after an event before regenerating (default %(default)s)")
     parser.add_argument("--once", action="store_true", help="regenerate once and exit (no uevent socket)")
     parser.add_argument("--subsystems", metavar="LIST", default=",".join(DEFAULT_SUBSYSTEMS),
-                        help="comma-separated uevent subsystems that trigger a regeneration (default %(default)s)")
+                        help="comma-separated uevent subsystems that trigger a regeneration; pci events count only "
+                             "for GPUs' PCI functions (default %(default)s)")
     opts = parser.parse_args(args)
     debounce = parse_debounce(opts.debounce)
     subsystems = parse_subsystems(opts.subsystems)
