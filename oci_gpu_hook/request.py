@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from oci_gpu_hook.core.kinds import KINDS
 from oci_gpu_hook.errors import HookError
+from oci_gpu_hook.oci.spec import env_value
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
 
@@ -87,16 +88,6 @@ class Request:
     def value(self) -> str | None:
         entries = [f"{KINDS[a.kind][0]}={v}" for a in self.asks for v in a.values]
         return ",".join(entries) or None
-
-
-def env_value(env: Sequence[str] | None, name: str) -> str | None:
-    """The value the container's process will see for ``name`` (the last entry wins, as in runc)."""
-    prefix = name + "="
-    value = None
-    for entry in env or ():
-        if isinstance(entry, str) and entry.startswith(prefix):
-            value = entry[len(prefix):]
-    return value
 
 
 def annotation_names(annotations: Mapping[str, object] | None, kinds: Sequence[str]) -> dict[str, list[str]]:

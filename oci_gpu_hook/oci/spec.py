@@ -16,7 +16,7 @@ from oci_gpu_hook.errors import HookError
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
     from typing import Any
 
     from oci_gpu_hook.core.rules import Policy
@@ -98,6 +98,16 @@ def process_env(spec: Any) -> list[str]:
     if env and not all(isinstance(entry, str) for entry in env):
         raise HookError("config.json: process.env holds a value that is not a string")
     return env or []
+
+
+def env_value(env: Sequence[str] | None, name: str) -> str | None:
+    """The value the container's process will see for ``name`` (the last entry wins, as in runc)."""
+    prefix = name + "="
+    value = None
+    for entry in env or ():
+        if isinstance(entry, str) and entry.startswith(prefix):
+            value = entry[len(prefix):]
+    return value
 
 
 def _device_numbers(spec: dict[str, Any]) -> frozenset[tuple[str, int, int]]:
