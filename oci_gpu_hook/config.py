@@ -9,15 +9,15 @@ generated from it (:mod:`oci_gpu_hook.models`).  This module is on the
 per-container path, so it imports nothing heavy: a config file is read with
 :mod:`oci_gpu_hook.tomlsubset`, and :mod:`tomllib` is loaded only for a file
 outside that subset.  The backends and their defaults are
-:data:`oci_gpu_hook.core.kinds.KINDS`.
+:data:`oci_gpu_hook.kinds.KINDS`.
 """
 
 from __future__ import annotations
 
 import os
 
-from oci_gpu_hook.core.kinds import KINDS
 from oci_gpu_hook.errors import HookError
+from oci_gpu_hook.kinds import KINDS
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
 

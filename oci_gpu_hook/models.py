@@ -20,8 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from oci_gpu_hook.config import ACCESS_VALUES, FIELDS
 from oci_gpu_hook.core.devices import Node
-from oci_gpu_hook.core.kinds import KINDS
 from oci_gpu_hook.inventory import Device, Inventory, stable_name
+from oci_gpu_hook.kinds import KINDS
 
 _ENV_NAME = "^[A-Za-z_][A-Za-z0-9_]*$"
 _KIND = Literal[tuple(KINDS)]  # type: ignore[valid-type]

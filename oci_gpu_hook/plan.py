@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from oci_gpu_hook.config import Config
     from oci_gpu_hook.core.devices import Rule
     from oci_gpu_hook.inventory import Device, Inventory
-    from oci_gpu_hook.oci.spec import ContainerSpec
+    from oci_gpu_hook.oci_spec import ContainerSpec
     from oci_gpu_hook.request import Request
 
 

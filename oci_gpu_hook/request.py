@@ -26,9 +26,9 @@ malformed or out of range is a :class:`HookError` naming the bad token and what 
 
 from __future__ import annotations
 
-from oci_gpu_hook.core.kinds import KINDS
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.oci.spec import env_value
+from oci_gpu_hook.kinds import KINDS
+from oci_gpu_hook.oci_spec import env_value
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
 
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
     from oci_gpu_hook.config import Config
     from oci_gpu_hook.inventory import Device, Inventory
-    from oci_gpu_hook.oci.spec import ContainerSpec
+    from oci_gpu_hook.oci_spec import ContainerSpec
 
 NO_GPU = frozenset({"", "none", "void"})
 CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"

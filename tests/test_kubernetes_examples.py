@@ -16,8 +16,8 @@ import yaml
 
 from oci_gpu_hook import __version__
 from oci_gpu_hook.config import FIELDS
-from oci_gpu_hook.core.kinds import KINDS
 from oci_gpu_hook.host.containerd import RUNTIME_NAME, drop_in
+from oci_gpu_hook.kinds import KINDS
 from tests.helpers.containerlib import INSTALL_DEV, SEED_SYSFS
 from tests.helpers.installtrees import CONTAINERD_V2, CONTAINERD_V3, containerd_binary, put
 

@@ -21,7 +21,7 @@ from oci_gpu_hook.core.devices import Node
 from oci_gpu_hook.core.edits import Edits, Mount
 from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.inventory import Inventory, ldcache, nvdriver, nvidia, nvml, scan
-from oci_gpu_hook.oci.spec import ContainerSpec
+from oci_gpu_hook.oci_spec import ContainerSpec
 from oci_gpu_hook.plan import build_plan, plan_for_spec
 from oci_gpu_hook.request import requested, resolve, select
 from tests.conftest import unavailable

@@ -19,7 +19,7 @@ import pytest
 
 from oci_gpu_hook.config import Config
 from oci_gpu_hook.entry.commands.inspect import device_names
-from oci_gpu_hook.oci.spec import ContainerSpec
+from oci_gpu_hook.oci_spec import ContainerSpec
 from oci_gpu_hook.plan import plan_for_spec
 from tests.helpers import containerlib as cl
 

@@ -21,9 +21,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from oci_gpu_hook import oci_spec, oci_state
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.oci import spec as oci_spec
-from oci_gpu_hook.oci import state
 from tests.helpers import containerlib as cl
 from tests.helpers.hostiletexts import PRECREATE_INPUTS, REFUSED_SPECS, hostile_text
 
@@ -53,7 +52,7 @@ def test_example_bundle_reads_as_before() -> None:
     assert oci_spec.loads(text) == json.loads(text)
 
 
-# --- hostile text: oci_spec.loads, state.parse_state, the precreate entry ----------------------------------------
+# --- hostile text: oci_spec.loads, oci_state.parse_state, the precreate entry ----------------------------------------
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(hostile_text)
@@ -128,7 +127,7 @@ def test_what_spec_loads_accepts_go_reads_alike(text: str) -> None:
 @given(hostile_text)
 def test_parse_state_answers_cleanly(text: str) -> None:
     try:
-        cid, pid, path = state.parse_state(text)
+        cid, pid, path = oci_state.parse_state(text)
     except HookError as err:
         assert "\n" not in str(err)
         return

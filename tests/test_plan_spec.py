@@ -20,7 +20,7 @@ from oci_gpu_hook.core.devices import Rule as DeviceRule
 from oci_gpu_hook.core.rules import Policy, grants
 from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.inventory import Inventory, scan
-from oci_gpu_hook.oci.spec import ContainerSpec, process_env
+from oci_gpu_hook.oci_spec import ContainerSpec, process_env
 from oci_gpu_hook.plan import build_plan, plan_for_spec
 from oci_gpu_hook.request import Ask, Request
 

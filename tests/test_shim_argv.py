@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from oci_gpu_hook.oci.argv import bundle_dir, container_id, parse_argv
+from oci_gpu_hook.oci_argv import bundle_dir, container_id, parse_argv
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_SYSFS = REPO / "examples" / "hosts" / "seed-8x-gfx1100" / "sys"

@@ -14,8 +14,8 @@ import os
 import time
 
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.oci.spec import ContainerSpec
-from oci_gpu_hook.oci.state import parse_state
+from oci_gpu_hook.oci_spec import ContainerSpec
+from oci_gpu_hook.oci_state import parse_state
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
 

@@ -21,7 +21,7 @@ import os
 
 from oci_gpu_hook import fastjson
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.oci.spec import ContainerSpec, field
+from oci_gpu_hook.oci_spec import ContainerSpec, field
 from oci_gpu_hook.plan import plan_for_spec
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start

@@ -29,74 +29,59 @@ exit status: 0 done, 1 failed (one error line on stderr), 2 a usage error
 """
 
 
-class Command:
-    """One command: its lines in the usage, (synopsis, summary) pairs; ``module``, the module of
-    :mod:`oci_gpu_hook.entry.commands` whose ``run(args, config)`` does it; ``sysfs``, whether it reads sysfs (a
-    word: unless that argument is given); a hook has ``help`` (its ``--help``) instead of a module: it runs here,
-    before anything heavy is imported."""
-
-    __slots__ = ("help", "lines", "module", "name", "sysfs")
-
-    def __init__(self, name: str, lines: tuple[tuple[str, str], ...], module: str | None = None,
-                 sysfs: bool | str = False, help: str = "") -> None:
-        self.name = name
-        self.lines = lines
-        self.module = module
-        self.sysfs = sysfs
-        self.help = help
-
-    @property
-    def hook(self) -> bool:
-        return bool(self.help)
-
-
 _PRESTART_HELP = ("usage: oci-gpu-hook prestart (or createRuntime)\n\nThe live hook: the OCI state on stdin; creates "
                   "the GPU nodes in the container and grants them in its device cgroup.\n")
-# The one table of commands, in the order of the usage.
-COMMANDS: dict[str, Command] = {c.name: c for c in (
-    Command("list", (("list [--json]", "the host's GPUs in index order"),), "list", True),
-    Command("dry-run", (("dry-run [--devices SPEC] [--diff] BUNDLE_DIR|CONFIG_FILE",
-                         "print the rewritten config.json; change nothing"),), "dry_run", True),
-    Command("precreate", (("precreate", "podman precreate hook: config on stdin, config on stdout"),),
-            help="usage: oci-gpu-hook precreate\n\npodman's precreate hook: the proposed config.json on stdin, the "
-                 "full config (with the GPUs asked for) on stdout.\n"),
-    Command("prestart", (("prestart (or createRuntime)", "live hook: state on stdin; nodes and device cgroup rules"),),
-            help=_PRESTART_HELP),
-    Command("createRuntime", (), help=_PRESTART_HELP),
-    Command("links", (("links PATH=TARGET...", "createRuntime hook: /dev/dri/by-path links in the container"),),
-            help="usage: oci-gpu-hook links PATH=TARGET...\n\ncreateRuntime hook: the /dev/dri/by-path links in the "
-                 "container (the OCI state on stdin).\n"),
-    Command("ldcache", (("ldcache [PATH=TARGET...] [--folder=DIR...]",
-                         "createRuntime hook: a driver's soname links, the container's ld cache"),),
-            help="usage: oci-gpu-hook ldcache [PATH=TARGET...] [--folder=DIR...]\n\ncreateRuntime hook: a driver's "
-                 "soname links, then the container's ld cache rebuilt with DIRs (the host's ldconfig -r; the OCI state "
-                 "on stdin).\n"),
-    Command("inspect", (("inspect (--pid PID | --cgroup DIR)", "what a cgroup lets its processes open"),),
-            "inspect", True),
-    Command("cdi", (("cdi generate [--output DIR/|FILE] [--format json|yaml]", "the CDI spec of this host's GPUs"),
-                    ("cdi list [--spec-dirs DIR,DIR]",
-                     "CDI names of this host; exit 1 if the node's specs are not right"),
-                    ("cdi validate FILE...", "check spec files (CDI 0.3.0 to 1.1.0)")), "cdi", "validate"),
-    Command("watch", (("watch [--output FILE|DIR] [--debounce SECONDS] [--once] [--subsystems LIST]",
-                       "keep the CDI spec current on GPU/partition uevents"),), "watch", True),
-    Command("install", (("install [--only podman,docker,containerd,crio,cdi,systemd] [--hook precreate|prestart|none] "
-                         "[--set VAR=VALUE]\n"
-                         "          [--prefix DIR] [--dry-run] [--uninstall] [--no-native] [--allow-editable]",
-                         "launchers, a hooks.d file, CDI spec, containerd drop-in"),), "install", "--uninstall"),
-    Command("device-plugin", (("device-plugin [--kubelet-dir DIR] [--resource-strategy single|mixed] [--device-specs]",
-                               "kubelet device plugin"),), "device_plugin", True),
-    Command("validate", (("validate [--config-file FILE] [SPEC ...]",
-                          "check a config file and OCI config.json files"),), "validate"),
-    Command("launchers", (("launchers DIR [--no-native] [--allow-editable]",
-                           "write the launchers for hooks and the shim (native front + python -I -S)"),), "launchers"),
-    Command("help", (("help [COMMAND]", "this text, or what COMMAND --help prints"),)),
-)}
+# The one table of commands, in the order of the usage: name -> (module, sysfs, help, usage lines).  ``module``: the
+# module of oci_gpu_hook.entry.commands whose ``run(args, config)`` does it; ``sysfs``: whether it reads sysfs (a
+# word: unless that argument is given); a hook has no module but ``help`` (its --help): it runs here, before
+# anything heavy is imported.  Usage lines: (synopsis, summary) pairs.  Only constants: building it costs nothing.
+COMMANDS: dict[str, tuple[str, bool | str, str, tuple[tuple[str, str], ...]]] = {
+    "list": ("list", True, "", (("list [--json]", "the host's GPUs in index order"),)),
+    "dry-run": ("dry_run", True, "", (("dry-run [--devices SPEC] [--diff] BUNDLE_DIR|CONFIG_FILE",
+                                       "print the rewritten config.json; change nothing"),)),
+    "precreate": ("", False, "usage: oci-gpu-hook precreate\n\npodman's precreate hook: the proposed config.json on "
+                             "stdin, the full config (with the GPUs asked for) on stdout.\n",
+                  (("precreate", "podman precreate hook: config on stdin, config on stdout"),)),
+    "prestart": ("", False, _PRESTART_HELP,
+                 (("prestart (or createRuntime)", "live hook: state on stdin; nodes and device cgroup rules"),)),
+    "createRuntime": ("", False, _PRESTART_HELP, ()),
+    "links": ("", False, "usage: oci-gpu-hook links PATH=TARGET...\n\ncreateRuntime hook: the /dev/dri/by-path links "
+                         "in the container (the OCI state on stdin).\n",
+              (("links PATH=TARGET...", "createRuntime hook: /dev/dri/by-path links in the container"),)),
+    "ldcache": ("", False, "usage: oci-gpu-hook ldcache [PATH=TARGET...] [--folder=DIR...]\n\ncreateRuntime hook: a "
+                           "driver's soname links, then the container's ld cache rebuilt with DIRs (the host's "
+                           "ldconfig -r; the OCI state on stdin).\n",
+                (("ldcache [PATH=TARGET...] [--folder=DIR...]",
+                  "createRuntime hook: a driver's soname links, the container's ld cache"),)),
+    "inspect": ("inspect", True, "", (("inspect (--pid PID | --cgroup DIR)",
+                                       "what a cgroup lets its processes open"),)),
+    "cdi": ("cdi", "validate", "", (
+        ("cdi generate [--output DIR/|FILE] [--format json|yaml]", "the CDI spec of this host's GPUs"),
+        ("cdi list [--spec-dirs DIR,DIR]", "CDI names of this host; exit 1 if the node's specs are not right"),
+        ("cdi validate FILE...", "check spec files (CDI 0.3.0 to 1.1.0)"))),
+    "watch": ("watch", True, "", (("watch [--output FILE|DIR] [--debounce SECONDS] [--once] [--subsystems LIST]",
+                                   "keep the CDI spec current on GPU/partition uevents"),)),
+    "install": ("install", "--uninstall", "", (
+        ("install [--only podman,docker,containerd,crio,cdi,systemd] [--hook precreate|prestart|none] "
+         "[--set VAR=VALUE]\n          [--prefix DIR] [--dry-run] [--uninstall] [--no-native] [--allow-editable]",
+         "launchers, a hooks.d file, CDI spec, containerd drop-in"),)),
+    "device-plugin": ("device_plugin", True, "", (
+        ("device-plugin [--kubelet-dir DIR] [--resource-strategy single|mixed] [--device-specs]",
+         "kubelet device plugin"),)),
+    "validate": ("validate", False, "", (("validate [--config-file FILE] [SPEC ...]",
+                                          "check a config file and OCI config.json files"),)),
+    "launchers": ("launchers", False, "", (
+        ("launchers DIR [--no-native] [--allow-editable]",
+         "write the launchers for hooks and the shim (native front + python -I -S)"),)),
+    "help": ("", False, "", (("help [COMMAND]", "this text, or what COMMAND --help prints"),)),
+}
+MODULE, SYSFS, HELP, LINES = range(4)
 USAGE_WIDTH = 42  # a synopsis this long or shorter has its summary beside it, a longer one below it
 
 
 def usage() -> str:
     lines = [USAGE_HEAD]
-    for synopsis, summary in (line for c in COMMANDS.values() for line in c.lines):
+    for synopsis, summary in (line for c in COMMANDS.values() for line in c[LINES]):
         last = synopsis.rsplit("\n", 1)[-1]
         if len(last) <= USAGE_WIDTH:
             lines.append(f"  {synopsis}{' ' * (USAGE_WIDTH - len(last))} {summary}\n")
@@ -108,7 +93,7 @@ def usage() -> str:
 def is_hook(command: str | None) -> bool:
     """Whether ``command`` is one of the hooks (on every container's start path)."""
     entry = COMMANDS.get(command or "")
-    return entry is not None and entry.hook
+    return entry is not None and bool(entry[HELP])
 
 
 def split_globals(argv: list[str]) -> tuple[dict[str, Any], list[str]]:
@@ -150,7 +135,7 @@ def cmd_help(rest: list[str], overrides: dict[str, Any]) -> int:
         sys.stdout.write(usage())
         return 0
     if is_hook(rest[0]):
-        sys.stdout.write(COMMANDS[rest[0]].help)
+        sys.stdout.write(COMMANDS[rest[0]][HELP])
         return 0
     return command_module(rest[0]).run([*rest[1:], "--help"], load(overrides))
 
@@ -158,21 +143,22 @@ def cmd_help(rest: list[str], overrides: dict[str, Any]) -> int:
 def command_module(name: str) -> Any:
     """The module of :mod:`oci_gpu_hook.entry.commands` that runs the operator command ``name``."""
     entry = COMMANDS.get(name)
-    if entry is None or entry.module is None:
-        valid = ", ".join([*(n for n, c in COMMANDS.items() if c.module), *(n for n, c in COMMANDS.items() if c.hook)])
+    if entry is None or not entry[MODULE]:
+        valid = ", ".join([*(n for n, c in COMMANDS.items() if c[MODULE]),
+                           *(n for n, c in COMMANDS.items() if c[HELP])])
         from oci_gpu_hook.cliparse import UsageError
 
         raise UsageError(f"unknown command '{name}' (valid: {valid}; see oci-gpu-hook --help)")
     import importlib
 
-    return importlib.import_module(f"oci_gpu_hook.entry.commands.{entry.module}")
+    return importlib.import_module(f"oci_gpu_hook.entry.commands.{entry[MODULE]}")
 
 
 def run_command(name: str, args: list[str], config: Config) -> int:
     """An operator command: its module's ``run``, after the check that a command reading sysfs has one (a watcher
     or a device plugin would otherwise serve nothing, quietly; inspect would drop its annotations)."""
     module = command_module(name)
-    sysfs = COMMANDS[name].sysfs
+    sysfs = COMMANDS[name][SYSFS]
     reads = sysfs and "-h" not in args and "--help" not in args and not (isinstance(sysfs, str) and sysfs in args)
     if reads and not os.path.isdir(config.sysfs_root):
         from oci_gpu_hook.errors import HookError
@@ -216,7 +202,7 @@ def cmd_precreate(config: Config) -> int:
     """podman's precreate stage: the proposed config on stdin, the full config on stdout."""
     import time
 
-    from oci_gpu_hook.oci.spec import ContainerSpec
+    from oci_gpu_hook.oci_spec import ContainerSpec
     from oci_gpu_hook.plan import plan_for_spec
 
     started = time.monotonic()

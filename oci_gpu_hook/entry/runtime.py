@@ -8,7 +8,7 @@ podman's ``--runtime`` and as containerd's runc ``BinaryName``.  Imports only
 what the start path needs.
 
 The command line is read with the rules of the real runtime
-(:mod:`oci_gpu_hook.oci.argv`), so the file rewritten is the one that runtime
+(:mod:`oci_gpu_hook.oci_argv`), so the file rewritten is the one that runtime
 opens.
 """
 
@@ -19,7 +19,7 @@ import sys
 import time
 
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.oci.argv import CRUN, REWRITE_COMMANDS, RUNC, Reading
+from oci_gpu_hook.oci_argv import CRUN, REWRITE_COMMANDS, RUNC, Reading
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
 
@@ -82,7 +82,7 @@ def _log_for_runtime(options: dict[str, str], message: str) -> None:
 
 def rewrite_bundle(path: str, config: Config, cid: str) -> None:
     """Write the plan into the config file ``path`` (untouched when nothing is requested)."""
-    from oci_gpu_hook.oci.spec import ContainerSpec
+    from oci_gpu_hook.oci_spec import ContainerSpec
     from oci_gpu_hook.plan import plan_for_spec
 
     started = time.monotonic()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from oci_gpu_hook.oci.argv import REWRITE_COMMANDS, bundle_dir, container_id, parse_argv
+from oci_gpu_hook.oci_argv import REWRITE_COMMANDS, bundle_dir, container_id, parse_argv
 from tests.helpers import containerlib as cl
 
 pytestmark = pytest.mark.containers

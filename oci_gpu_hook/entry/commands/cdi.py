@@ -9,8 +9,8 @@ import sys
 from oci_gpu_hook.appliers.cdi_dirs import conflicts, consumer_dirs, hooks_of, read_spec_dirs
 from oci_gpu_hook.cliparse import UsageError
 from oci_gpu_hook.cliparse import parser as _parser
-from oci_gpu_hook.core.kinds import KINDS
 from oci_gpu_hook.errors import HookError
+from oci_gpu_hook.kinds import KINDS
 
 SPEC_FILE_EXTENSIONS = (".json", ".yaml", ".yml")  # what `cdi generate --output` takes as a file, not a directory
 

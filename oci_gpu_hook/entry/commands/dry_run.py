@@ -6,7 +6,7 @@ import json
 import sys
 
 from oci_gpu_hook.cliparse import parser as _parser
-from oci_gpu_hook.oci.spec import ContainerSpec, config_file, load_document
+from oci_gpu_hook.oci_spec import ContainerSpec, config_file, load_document
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
 

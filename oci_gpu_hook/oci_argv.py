@@ -1,9 +1,9 @@
 """A runtime's command line read as the runtime reads it: which command, and for ``create``/``run`` which
 config file it opens and which container id it uses.
 
-Two rule sets (:func:`dialect`): runc's (urfave/cli over Go's flag package: ``-bundle``, ``-b=DIR``, flags
-after the container id) and crun's (glibc argp: ``-bDIR``, unique prefixes such as ``--bund``,
-``-f``/``--config FILE``), so that the file rewritten is the one that runtime opens.
+Two rule sets (the shim picks one: :func:`oci_gpu_hook.entry.runtime.dialect`): runc's (urfave/cli over Go's
+flag package: ``-bundle``, ``-b=DIR``, flags after the container id) and crun's (glibc argp: ``-bDIR``, unique
+prefixes such as ``--bund``, ``-f``/``--config FILE``), so that the file rewritten is the one that runtime opens.
 """
 
 from __future__ import annotations
