@@ -39,6 +39,7 @@ commands:
           [--prefix DIR] [--dry-run] [--uninstall] [--no-native] [--allow-editable]
                                              launchers, a hooks.d file, CDI spec, containerd drop-in
   device-plugin [--kubelet-dir DIR] [--resource-strategy single|mixed] [--device-specs]  kubelet device plugin
+  serve [--socket PATH] [--workers N]        the resident planner: GPU containers start without a Python start
   validate [--config-file FILE] [SPEC ...]   check a config file and OCI config.json files
   launchers DIR [--no-native] [--allow-editable]
                                              write the launchers for hooks and the shim (native front + python -I -S)
@@ -47,7 +48,9 @@ commands:
 exit status: 0 done, 1 failed (one error line on stderr), 2 a usage error
 """
 
-HOT_COMMANDS = frozenset({"precreate", "prestart", "createRuntime", "links"})
+PRECREATE = "precreate"  # the spec on stdin, the spec on stdout
+LIVE_COMMANDS = ("prestart", "createRuntime")  # the state on stdin; the plan applied to the running container
+HOT_COMMANDS = frozenset({PRECREATE, *LIVE_COMMANDS, "links"})
 
 
 def split_globals(argv: list[str]) -> tuple[dict[str, Any], list[str]]:
