@@ -30,6 +30,7 @@ ACCESS_VALUES = ("r", "w", "m", "rw", "rm", "wm", "rwm")
 KINDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "amd": ("amd.com/gpu", ("AMD_VISIBLE_DEVICES",)),
     "intel": ("intel.com/gpu", ("INTEL_VISIBLE_DEVICES",)),
+    "nvidia": ("nvidia.com/gpu", ("NVIDIA_VISIBLE_DEVICES",)),
 }
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -50,6 +51,11 @@ class Field:
 
 FIELDS: dict[str, Field] = {
     "sysfs_root": Field("/sys", "path", "OCI_GPU_HOOK_SYSFS_ROOT", "Where sysfs is read (a fake tree for tests)."),
+    "proc_root": Field("/proc", "path", "OCI_GPU_HOOK_PROC_ROOT",
+                       "Where the NVIDIA driver's /proc files are read (/proc/devices, /proc/driver/nvidia*)."),
+    "driver_root": Field("/", "path", "OCI_GPU_HOOK_DRIVER_ROOT",
+                         "The root of the NVIDIA driver's user-space files (its ld cache etc/ld.so.cache, binaries, "
+                         "firmware), e.g. /run/nvidia/driver for a containerized driver."),
     "runtime": Field("runc", "path", "OCI_GPU_HOOK_RUNTIME",
                      "The real OCI runtime that oci-gpu-runtime execs (a name on PATH or an absolute path)."),
     "backends": Field(tuple(KINDS), "kinds", None, "The vendor backends in use (" + ", ".join(KINDS) + ")."),
@@ -135,6 +141,8 @@ class Config:
     __slots__ = (*FIELDS, "source")
 
     sysfs_root: str
+    proc_root: str
+    driver_root: str
     runtime: str
     backends: tuple[str, ...]
     request_env: dict[str, list[str]]
@@ -344,4 +352,6 @@ def load_config(environ: Mapping[str, str] | None = None, overrides: Mapping[str
     values["source"] = ", ".join(sources) or "defaults"
     config = Config(**values)
     config.sysfs_root = os.path.abspath(config.sysfs_root)
+    config.proc_root = os.path.abspath(config.proc_root)
+    config.driver_root = os.path.abspath(config.driver_root)
     return config

@@ -87,10 +87,18 @@ class DeviceModel(BaseModel):
     unique_id: str | None = Field(pattern="^0x[0-9a-f]{16}$")
     hive_id: int | None
     kfd_gpu_id: int | None
+    label: str = Field(description="the index as the vendor spells it: '3', or '1:0' for NVIDIA MIG device 0 of GPU 1")
+    uuid: str | None = Field(description="NVIDIA: GPU-... or MIG-... (None for a MIG device when NVML is unavailable)")
+    minor: int | None = Field(description="NVIDIA: the device minor of the GPU (of the parent GPU for MIG)")
+    mig: tuple[int, int] | None = Field(description="NVIDIA MIG device: (GPU instance id, compute instance id)")
+    parent: int | None = Field(description="NVIDIA MIG device: the index of its GPU")
+    display_nodes: list[NodeModel] = Field(description="NVIDIA: DRM nodes, given with graphics or display")
 
     @classmethod
     def of(cls, device: Device) -> DeviceModel:
         return cls(
+            label=device.label, uuid=device.uuid, minor=device.minor, mig=device.mig, parent=device.parent,
+            display_nodes=[NodeModel.of(n) for n in device.display_nodes],
             kind=device.kind, index=device.index, name=stable_name(device), pci_address=device.pci_address,
             partition=device.partition,
             drm_name=device.drm_name, compute_mode=device.compute_mode, memory_mode=device.memory_mode,

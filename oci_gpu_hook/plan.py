@@ -33,7 +33,7 @@ class Plan:
         self.rules = rules
 
     def __bool__(self) -> bool:
-        return bool(self.edits.nodes)
+        return bool(self.edits.nodes or self.edits.mounts)
 
     @property
     def nodes(self) -> tuple[Any, ...]:
@@ -46,21 +46,42 @@ class Plan:
             return "no GPU requested" + (f" ({note})" if note else "")
         parts = []
         for device in self.devices:
-            part = "" if device.partition is None else f" partition {device.partition}"
-            parts.append(f"{device.kind} {device.index} ({device.pci_address}{part})")
-        return ", ".join(parts) + ": " + " ".join(n.path for n in self.edits.nodes)
+            part = "" if device.partition is None or device.mig else f" partition {device.partition}"
+            part += f" MIG {device.drm_name}" if device.mig else ""
+            parts.append(f"{device.kind} {device.label} ({device.pci_address}{part})")
+        mounts = f" + {len(self.edits.mounts)} driver files" if self.edits.mounts else ""
+        return ", ".join(parts) + ": " + " ".join(n.path for n in self.edits.nodes) + mounts
 
 
-def device_edits(device: Device, config: Config) -> Edits:
-    """One device's own edits: its nodes (with the configured mode and owner) and by-path links."""
+def device_edits(device: Device, config: Config, options: object = None) -> Edits:
+    """One device's own edits: its nodes (with the configured mode and owner) and by-path links; ``options``:
+    what the container asked of its kind besides devices (NVIDIA: driver capabilities; None: everything)."""
+    from oci_gpu_hook.inventory import backend
+
+    own = getattr(backend(device.kind), "device_edits", None)
+    if own is not None:
+        return own(device, config, options)  # type: ignore[no-any-return]
     made = tuple(n.made(config.device_file_mode, config.device_uid, config.device_gid) for n in device.nodes)
     return Edits(made, device.links)
 
 
-def shared_edits(inventory: Inventory, kind: str, config: Config) -> Edits:
-    """The nodes every device of ``kind`` needs (AMD: /dev/kfd)."""
+def shared_edits(inventory: Inventory, kind: str, config: Config, options: object = None) -> Edits:
+    """What every device of ``kind`` needs (AMD: /dev/kfd; NVIDIA: its control nodes and driver files)."""
+    from oci_gpu_hook.inventory import backend
+
+    own = getattr(backend(kind), "kind_edits", None)
+    if own is not None:
+        return own(inventory, options, config)  # type: ignore[no-any-return]
     return Edits(tuple(n.made(config.device_file_mode, config.device_uid, config.device_gid)
                        for n in inventory.shared(kind)))
+
+
+def container_options(kind: str, env: list[str] | None) -> object:
+    """What a container's env asks of ``kind`` besides devices (NVIDIA_DRIVER_CAPABILITIES); None for none."""
+    from oci_gpu_hook.inventory import backend
+
+    own = getattr(backend(kind), "container_options", None)
+    return None if own is None else own(env)
 
 
 def masked_paths(inventory: Inventory, granted: tuple[Device, ...]) -> tuple[str, ...]:
@@ -76,16 +97,19 @@ def masked_paths(inventory: Inventory, granted: tuple[Device, ...]) -> tuple[str
         if device.partition in (None, 0) and device.pci_address in gpus:
             continue  # the PCI device of a GPU the container has a partition of
         out.append(container_path(inventory.sysfs_root, device.sysfs_dir))
+        out.extend(device.masks)
     return tuple(sorted(set(out)))
 
 
-def build_plan(inventory: Inventory, request: Request, config: Config) -> Plan:
-    """Each granted device's edits, then its kind's shared nodes; one allow rule per node."""
+def build_plan(inventory: Inventory, request: Request, config: Config, env: list[str] | None = None) -> Plan:
+    """Each granted device's edits, then its kind's shared ones; one allow rule per node.  ``env``: the
+    container's, for what it asks of a kind besides devices (NVIDIA_DRIVER_CAPABILITIES)."""
     devices = tuple(d for kind in request.devices for d in request.devices[kind])
-    parts = [device_edits(d, config) for d in devices]
+    options = {kind: container_options(kind, env) for kind, chosen in request.devices.items() if chosen}
+    parts = [device_edits(d, config, options[d.kind]) for d in devices]
     for kind, chosen in request.devices.items():
         if chosen:
-            parts.append(shared_edits(inventory, kind, config))
+            parts.append(shared_edits(inventory, kind, config, options[kind]))
     if devices and config.mask_other_gpus:
         parts.append(Edits(masked=masked_paths(inventory, devices)))
     edits = Edits.merged(parts)
@@ -99,25 +123,27 @@ def plan_for_spec(spec: Any, config: Config, devices: str | None = None) -> Plan
     requested sysfs is not even read and the plan is empty; otherwise only the kinds asked for are
     scanned (so only their backends are imported), plus every kind when other GPUs are masked.
     """
+    from oci_gpu_hook.bundle import process_env
     from oci_gpu_hook.request import Request, parse_devices_option, requested, resolve
 
+    env = process_env(spec)
     if devices is not None:
         asks = parse_devices_option(devices, config.backends)
     else:
-        from oci_gpu_hook.bundle import annotations, process_env
+        from oci_gpu_hook.bundle import annotations
 
-        asks = requested(process_env(spec), annotations(spec), config)
+        asks = requested(env, annotations(spec), config)
     if not any(a.values for a in asks):
         return Plan(Request(asks), (), Edits(), ())
     from oci_gpu_hook.inventory import scan
 
     kinds = None if config.mask_other_gpus else [a.kind for a in asks if a.values]
-    inventory = scan(config.sysfs_root, kinds)
+    inventory = scan(config.sysfs_root, kinds, proc_root=config.proc_root, driver_root=config.driver_root)
     if devices is not None:  # the operator's list: nothing in the spec holds it back
-        return build_plan(inventory, resolve(asks, inventory), config)
+        return build_plan(inventory, resolve(asks, inventory), config, env)
     from oci_gpu_hook.bundle import spec_device_numbers
 
     # One grant, whoever injects (request.resolve): devices the spec already carries bound every request of
     # their kind; an image's env cannot widen them, annotations must name exactly them.
-    return build_plan(inventory, resolve(asks, inventory, spec_device_numbers(spec)), config)
+    return build_plan(inventory, resolve(asks, inventory, spec_device_numbers(spec)), config, env)
 

@@ -1,12 +1,13 @@
 """What a container asked for: qualified ``kind=name`` entries, parsed strictly, resolved per backend.
 
-Sources, per kind (``amd``, ``intel``):
+Sources, per kind (``amd``, ``intel``, ``nvidia``):
 
 1. CDI names in ``cdi.k8s.io/<key>`` annotations (``amd.com/gpu=1,intel.com/gpu=card0``), as the
    kubelet and device plugins write them.  When they name any device of a kind, they decide for that
    kind and its env variables are ignored.  Names of kinds no backend serves are someone else's.
-2. The kind's env variables (``AMD_VISIBLE_DEVICES``, ``INTEL_VISIBLE_DEVICES``; the last entry wins,
-   as in runc), unless ``allow_env_requests`` is off.  At most one variable of a kind may ask.
+2. The kind's env variables (``AMD_VISIBLE_DEVICES``, ``INTEL_VISIBLE_DEVICES``, ``NVIDIA_VISIBLE_DEVICES``;
+   the last entry wins, as in runc), unless ``allow_env_requests`` is off.  At most one variable of a kind
+   may ask.
 3. ``dry-run --devices``, which replaces both.
 
 When the spec already carries device nodes of a kind (native CDI, ``--device``, the orchestrator; a
@@ -18,7 +19,8 @@ refused with one line naming both sets, never given their union.
 
 Syntax of a value: ``all``; ``none``, ``void`` or empty (no device: nothing is changed at all); else
 a comma list of indices (``1``), inclusive ranges (``0-3``) and the backend's own forms (AMD: PCI
-addresses, unique ids; Intel: ``cardN``, PCI addresses).  Duplicates collapse.  Anything unknown,
+addresses, unique ids; Intel: ``cardN``, PCI addresses; NVIDIA: ``GPU-<uuid>``, PCI addresses, ``<gpu>:<mig>``,
+``MIG-<uuid>``; its indices count whole GPUs).  Duplicates collapse.  Anything unknown,
 malformed or out of range is a :class:`HookError` naming the bad token and what is valid.
 """
 
@@ -173,7 +175,7 @@ def resolve(asks: list[Ask], inventory: Inventory, present: Set[tuple[str, int, 
     counted: list[Ask] = []
     notes: list[str] = []
     for ask in asks:
-        there = _present(inventory.devices(ask.kind), present) if present and ask.values else ()
+        there = _present(ask.kind, inventory.devices(ask.kind), present) if present and ask.values else ()
         if there and ask.source != CDI_SOURCE:
             notes.append(f"{ask.source}={','.join(ask.values)} ignored: the container already has {ask.kind} GPUs "
                          "(CDI, --device or the orchestrator); an image's env cannot add to them")
@@ -195,8 +197,14 @@ def resolve(asks: list[Ask], inventory: Inventory, present: Set[tuple[str, int, 
     return Request(counted, devices, tuple(notes))
 
 
-def _present(devices: tuple[Device, ...], present: Set[tuple[str, int, int]]) -> tuple[Device, ...]:
-    """The devices one of whose own nodes (never a shared one) the spec already carries."""
+def _present(kind: str, devices: tuple[Device, ...], present: Set[tuple[str, int, int]]) -> tuple[Device, ...]:
+    """The devices one of whose own nodes (never a shared one) the spec already carries (the backend's
+    ``present`` where its devices share nodes: an NVIDIA MIG device and its GPU)."""
+    from oci_gpu_hook.inventory import backend
+
+    own = getattr(backend(kind), "present", None)
+    if own is not None:
+        return own(devices, present)  # type: ignore[no-any-return]
     return tuple(d for d in devices if any(n.number in present for n in d.nodes))
 
 
@@ -271,7 +279,8 @@ def valid_values(kind: str, devices: tuple[Device, ...]) -> str:
 
     if not devices:
         return f"this host has no {kind} GPUs; valid: none"
-    last = len(devices) - 1
+    indexed = getattr(backend(kind), "indexed", None)  # NVIDIA: indices count GPUs, not MIG devices
+    last = len(indexed(devices) if indexed else devices) - 1
     parts = ["all", "none", f"indices 0-{last}" if last else "index 0"]
     if last:
         parts.append(f"ranges like 0-{last}")

@@ -4,6 +4,11 @@ Used by the tests and to (re)generate the example hosts under ``examples/hosts``
 
     python -m tests.fakesysfs examples/hosts/seed-8x-gfx1100/sys seed-8x-gfx1100
     python -m tests.fakesysfs examples/hosts/shuffled-4x-gfx942/sys shuffled-4x-gfx942
+    python -m tests.fakesysfs examples/hosts/nvidia-4x-h100/sys nvidia-4x-h100   # also writes ../proc, ../driver
+
+A host with NVIDIA GPUs also has ``/sys/bus/pci/devices`` links (its backend reads the PCI devices there),
+``module/nvidia*`` and its non-GPU functions (NVSwitches, audio); its /proc and driver roots are
+tests/fakenvidia.py's.
 
 An AMD host carries what Debian's ``rocm-smi`` 5.2.3 (librocm_smi64) reads, in the kernel's formats
 (../shared/reference/gpu-sysfs-layouts.md; link and property values from the real MI308X capture in
@@ -53,6 +58,25 @@ class FakeGpu:
     compute_mode: str | None = None
     memory_mode: str | None = None
     hive_id: int = 0
+    # NVIDIA (driver "nvidia"): the device minor, UUID and model of /proc/driver/nvidia/gpus/<pci>/information,
+    # MIG instances as (GPU instance id, (compute instance ids...)), and whether the driver excluded the GPU.
+    # card/render are set only on a host whose nvidia-drm is loaded.
+    minor: int | None = None
+    uuid: str = ""
+    model: str = ""
+    migs: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    excluded: bool = False
+
+
+@dataclass
+class FakePci:
+    """A PCI function that is not a GPU (an NVSwitch, a GPU's audio function)."""
+
+    pci: str
+    vendor: str
+    device: str
+    pci_class: str
+    driver: str
 
 
 @dataclass
@@ -62,6 +86,19 @@ class FakeHost:
     kfd_major: int = KFD_MAJOR
     kfd_order: list[int] | None = None  # indices into gpus in KFD probe order
     cpu_nodes: int = 1
+    # NVIDIA (tests/fakenvidia.py writes the proc and driver roots): modules loaded, dynamic majors, version
+    others: list[FakePci] = field(default_factory=list)
+    nvidia_drm: bool = False
+    nvidia_modeset: bool = True
+    nvidia_uvm: bool = True
+    frontend_name: str = "nvidia"  # "nvidia-frontend" before driver 550.40
+    uvm_major: int = 510
+    caps_major: int = 236
+    driver_version: str = "550.54.15"
+
+    @property
+    def nvidia(self) -> list[FakeGpu]:
+        return [g for g in self.gpus if g.driver == "nvidia"]
 
 
 def _write(path: str, text: str) -> None:
@@ -117,6 +154,8 @@ def build(root: str, host: FakeHost) -> str:
             _amdgpu_files(dev_dir, gpu)
             _hwmon(root, dev_dir, gpu, hwmons)
             hwmons += 1
+        if host.nvidia:  # a host with NVIDIA GPUs also has /sys/bus/pci/devices, which their backend reads
+            _symlink(dev_dir, os.path.join(root, "bus", "pci", "devices", gpu.pci))
         if gpu.compute_mode:
             _write(os.path.join(dev_dir, "current_compute_partition"), gpu.compute_mode + "\n")
             _write(os.path.join(dev_dir, "available_compute_partition"), "SPX, DPX, QPX, CPX\n")
@@ -137,7 +176,21 @@ def build(root: str, host: FakeHost) -> str:
             assert gpu.card is not None and gpu.render is not None
             _drm_node(root, xcp_dir, f"card{gpu.card + 1 + k}", gpu.card + 1 + k)
             _drm_node(root, xcp_dir, f"renderD{gpu.render + 1 + k}", gpu.render + 1 + k)
-    if host.gpus:
+    for other in host.others:
+        dev_dir = _pci_dir(root, FakeGpu(pci=other.pci, card=None, render=None))
+        for name, value in (("vendor", other.vendor), ("device", other.device), ("class", other.pci_class),
+                            ("numa_node", "0")):
+            _write(os.path.join(dev_dir, name), value + "\n")
+        os.makedirs(os.path.join(drivers, other.driver), exist_ok=True)
+        _symlink(os.path.join(drivers, other.driver), os.path.join(dev_dir, "driver"))
+        _symlink(dev_dir, os.path.join(drivers, other.driver, other.pci))
+        _symlink(dev_dir, os.path.join(root, "bus", "pci", "devices", other.pci))
+    if host.nvidia:
+        loaded = ["nvidia", *(["nvidia_drm"] if host.nvidia_drm else []),
+                  *(["nvidia_modeset"] if host.nvidia_modeset else []), *(["nvidia_uvm"] if host.nvidia_uvm else [])]
+        for module in loaded:
+            _write(os.path.join(root, "module", module, "initstate"), "live\n")
+    if any(g.card is not None or g.render is not None for g in host.gpus):
         _write(os.path.join(root, "class", "drm", "version"), "drm 1.1.0 20060810\n")
     if any(g.driver == "amdgpu" for g in host.gpus):
         module = os.path.join(root, "module", "amdgpu")
@@ -436,6 +489,58 @@ def intel_xe_host() -> FakeHost:
     ])
 
 
+def _uuid(seed: str) -> str:
+    import hashlib
+
+    digits = hashlib.sha256(seed.encode()).hexdigest()
+    return f"GPU-{digits[:8]}-{digits[8:12]}-{digits[12:16]}-{digits[16:20]}-{digits[20:32]}"
+
+
+def _nvidia(pci: str, minor: int, **kwargs: object) -> FakeGpu:
+    values: dict[str, object] = {"card": None, "render": None, "vendor": "0x10de", "device": "0x2330",
+                                 "driver": "nvidia", "pci_class": "0x030200", "model": "NVIDIA H100 80GB HBM3"}
+    values.update(kwargs)
+    return FakeGpu(pci=pci, minor=minor, uuid=_uuid(f"{pci} {values['model']}"), **values)  # type: ignore[arg-type]
+
+
+def nvidia_h100_host() -> FakeHost:
+    """An HGX node: 4 x H100 SXM5 (0x2330) whose device minors do not follow PCI order (minor != index), four
+    NVSwitches (0x22a3, class 0x068000, bound to nvidia-nvswitch), a BMC's VGA as card0; nvidia-drm not loaded
+    (no DRM nodes for the GPUs), nvidia-uvm loaded."""
+    buses_minors = (("c1", 1), ("1b", 2), ("52", 3), ("43", 0))  # probe order, not PCI order
+    gpus = [FakeGpu(pci="0000:02:00.0", card=0, render=None, vendor="0x1a03", device="0x2000", driver="ast")]
+    gpus += [_nvidia(f"0000:{bus}:00.0", minor, numa_node=0 if bus < "80" else 1) for bus, minor in buses_minors]
+    switches = [FakePci(f"0000:{bus}:00.0", "0x10de", "0x22a3", "0x068000", "nvidia-nvswitch")
+                for bus in ("05", "06", "07", "08")]
+    return FakeHost(gpus=gpus, others=switches, kfd=False, cpu_nodes=2)
+
+
+def nvidia_mig_host() -> FakeHost:
+    """Two H100 PCIe (0x2331) on an older driver (535: the major is named nvidia-frontend): GPU 0 (PCI 3b,
+    minor 1) in MIG mode with GPU instances 1 (compute instance 0), 2 (ci 0) and 5 (ci 0 and 1); GPU 1 (PCI
+    86, minor 0) whole.  nvidia-drm and nvidia-modeset are loaded: card1/renderD128 (PCI 86) and
+    card2/renderD129 (PCI 3b) besides the BMC's card0.  An audio function (0000:86:00.1) is not a GPU."""
+    gpus = [FakeGpu(pci="0000:02:00.0", card=0, render=None, vendor="0x1a03", device="0x2000", driver="ast"),
+            _nvidia("0000:86:00.0", 0, card=1, render=128, device="0x2331", model="NVIDIA H100 PCIe", numa_node=1),
+            _nvidia("0000:3b:00.0", 1, card=2, render=129, device="0x2331", model="NVIDIA H100 PCIe",
+                    migs=((1, (0,)), (2, (0,)), (5, (0, 1))))]
+    audio = [FakePci("0000:86:00.1", "0x10de", "0x22ba", "0x040300", "snd_hda_intel")]
+    return FakeHost(gpus=gpus, others=audio, kfd=False, nvidia_drm=True, frontend_name="nvidia-frontend",
+                    driver_version="535.104.05", cpu_nodes=2)
+
+
+def amd_nvidia_host() -> FakeHost:
+    """A mixed workstation: two W7900D (amdgpu) and two L40S (0x26b9, nvidia, nvidia-drm loaded), probed
+    alternately: card0/renderD128 AMD 03, card1/renderD129 NVIDIA 21 (minor 1), card2/renderD130 AMD 41,
+    card3/renderD131 NVIDIA 61 (minor 0); /dev/kfd 234:0 beside nvidia-caps 236 and nvidia-uvm 510."""
+    return FakeHost(gpus=[
+        FakeGpu(pci="0000:03:00.0", card=0, render=128, device="0x744b", unique_id=0x3149E0FAC5157AC8, bridges=2),
+        _nvidia("0000:21:00.0", 1, card=1, render=129, device="0x26b9", pci_class="0x030000", model="NVIDIA L40S"),
+        FakeGpu(pci="0000:41:00.0", card=2, render=130, device="0x744b", unique_id=0x3149E0FAC5157ACF, bridges=2),
+        _nvidia("0000:61:00.0", 0, card=3, render=131, device="0x26b9", pci_class="0x030000", model="NVIDIA L40S"),
+    ], nvidia_drm=True)
+
+
 HOSTS = {
     "seed": seed_host,
     "shuffled": shuffled_host,
@@ -443,6 +548,9 @@ HOSTS = {
     "mi300x-cpx": lambda: mi300x_host("CPX", "_"),
     "mi300x-dpx-dot": lambda: mi300x_host("DPX", "."),
     "intel-xe": intel_xe_host,
+    "nvidia-h100": nvidia_h100_host,
+    "nvidia-mig": nvidia_mig_host,
+    "amd-nvidia": amd_nvidia_host,
 }
 # examples/hosts/<directory>/sys is HOSTS[name] built fresh (a test keeps them equal)
 EXAMPLE_DIRS = {
@@ -452,7 +560,23 @@ EXAMPLE_DIRS = {
     "mi300x-cpx": "mi300x-2x-cpx",
     "mi300x-dpx-dot": "mi300x-2x-dpx-dot-naming",
     "intel-xe": "intel-i915-xe",
+    "nvidia-h100": "nvidia-4x-h100",
+    "nvidia-mig": "nvidia-2x-h100-mig",
+    "amd-nvidia": "amd-nvidia-2x2",
 }
+
+
+def build_all(sys_root: str, host: FakeHost) -> str:
+    """``host``'s sysfs at ``sys_root``; for a host with NVIDIA GPUs also its ``proc`` and ``driver`` roots beside
+    it (tests/fakenvidia.py).  Returns ``sys_root``."""
+    build(sys_root, host)
+    if host.nvidia:
+        from tests.fakenvidia import build_driver, build_proc
+
+        base = os.path.dirname(os.path.abspath(sys_root))
+        build_proc(os.path.join(base, "proc"), host)
+        build_driver(os.path.join(base, "driver"), host)
+    return sys_root
 
 
 def main(argv: list[str]) -> int:
@@ -465,7 +589,7 @@ def main(argv: list[str]) -> int:
     if os.path.lexists(argv[0]):
         print(f"fakesysfs: {argv[0]} exists: name a new directory (remove the old tree first)", file=sys.stderr)
         return 1
-    build(argv[0], HOSTS[names[argv[1]] if len(argv) == 2 else "seed"]())
+    build_all(argv[0], HOSTS[names[argv[1]] if len(argv) == 2 else "seed"]())
     return 0
 
 

@@ -24,8 +24,26 @@ HOSTS = sorted(p.parent for p in (REPO / "examples" / "hosts").glob("*/sys"))
 GOLDEN = sorted((h, g.stem.replace(".com-gpu", ""), g.suffix[1:]) for h in HOSTS for g in (h / "cdi").iterdir())
 
 
+def _roots(host: Path) -> list[str]:
+    """The global options that point the CLI at an example host (an NVIDIA host has proc and driver roots)."""
+    out = ["--sysfs-root", str(host / "sys")]
+    if (host / "proc").is_dir():
+        out += ["--proc-root", str(host / "proc"), "--driver-root", str(host / "driver")]
+    return out
+
+
+def _scan(host: Path) -> Any:
+    proc = host / "proc"
+    return scan(str(host / "sys"), proc_root=str(proc if proc.is_dir() else "/nonexistent"),
+                driver_root=str(host / "driver"))
+
+
+def _config(host: Path) -> Config:
+    return Config(driver_root=str(host / "driver")) if (host / "driver").is_dir() else Config()
+
+
 def _spec(host: Path, kind: str = "amd") -> dict[str, Any]:
-    return cdi.generate(scan(str(host / "sys")), kind, Config())
+    return cdi.generate(_scan(host), kind, _config(host))
 
 
 def test_there_are_example_hosts() -> None:
@@ -39,14 +57,16 @@ def test_there_are_example_hosts() -> None:
 @pytest.mark.parametrize(("host", "kind", "fmt"), GOLDEN, ids=[f"{h.name}-{k}-{f}" for h, k, f in GOLDEN])
 def test_golden_files(host: Path, kind: str, fmt: str) -> None:
     """`cdi generate` output for each kind of each example host is checked in; regenerate on purpose only:
-    ``oci-gpu-hook --sysfs-root HOST/sys cdi generate --kind KIND --format FMT > HOST/cdi/<vendor>-<class>.FMT``."""
+    ``oci-gpu-hook --sysfs-root HOST/sys cdi generate --kind KIND --format FMT > HOST/cdi/<vendor>-<class>.FMT``
+    (an NVIDIA host: also ``--proc-root HOST/proc --driver-root HOST/driver``, and the checkout's path in the
+    driver files' host paths replaced by ``/REPO``)."""
     golden = host / "cdi" / f"{Config().cdi_kind(kind).replace('/', '-')}.{fmt}"
     env = {"PATH": os.environ["PATH"], "OCI_GPU_HOOK_CONFIG": "/dev/null"}
-    base = [sys.executable, "-m", "oci_gpu_hook.entry.cli", "--sysfs-root", str(host / "sys"), "cdi"]
+    base = [sys.executable, "-m", "oci_gpu_hook.entry.cli", *_roots(host), "cdi"]
     done = subprocess.run([*base, "generate", "--kind", kind, "--format", fmt], capture_output=True, text=True,
                           env=env)
     assert done.returncode == 0, done.stderr
-    assert done.stdout == golden.read_text()
+    assert done.stdout.replace(str(REPO), "/REPO") == golden.read_text()
     checked = subprocess.run([*base, "validate", str(golden)], capture_output=True, text=True, env=env)
     assert checked.returncode == 0 and checked.stdout == f"ok: {golden}\n", checked.stderr
 
@@ -60,6 +80,8 @@ def test_generated_specs_validate_and_round_trip(host: Path, kind: str) -> None:
     assert yaml.safe_load(cdi.render(spec, "yaml")) == spec
     assert "&id" not in cdi.render(spec, "yaml")  # plain YAML: no anchors/aliases for shared edits
     assert spec["cdiVersion"] == cdi.minimum_version(spec) == "0.5.0"  # the lowest the fields need
+    for entry in spec.get("containerEdits", {}).get("mounts", []):  # a driver's files: read-only host files
+        assert entry["options"] == ["ro", "nosuid", "nodev", "bind"] and Path(entry["hostPath"]).exists()
 
 
 def test_seed_spec_content() -> None:
@@ -78,14 +100,14 @@ def test_seed_spec_content() -> None:
 def test_every_cdi_name_is_a_valid_request_for_the_same_gpu() -> None:
     """A CDI name from the spec, used in a cdi.k8s.io annotation, resolves to the same GPU's nodes."""
     for host, kind in sorted({(h, k) for h, k, _f in GOLDEN}):
-        inventory = scan(str(host / "sys"))
-        spec = cdi.generate(inventory, kind, Config())
+        inventory = _scan(host)
+        spec = cdi.generate(inventory, kind, _config(host))
         for device in spec["devices"]:
             chosen = select(kind, device["name"], inventory.devices(kind), "cdi.k8s.io annotations")
-            paths = [n.path for d in chosen for n in d.nodes]
+            paths = list(dict.fromkeys(n.path for d in chosen for n in (*d.nodes, *d.display_nodes)))
             assert paths == [n["path"] for n in device["containerEdits"]["deviceNodes"]], (host, device["name"])
             links = [f"{p}={t}" for d in chosen for p, t in d.links]
-            assert device["containerEdits"]["hooks"][0]["args"][2:] == links
+            assert device["containerEdits"].get("hooks", [{"args": [0, 0]}])[0]["args"][2:] == links
 
 
 def test_every_device_has_its_stable_name_in_the_spec() -> None:
@@ -95,15 +117,16 @@ def test_every_device_has_its_stable_name_in_the_spec() -> None:
 
     seen = set()
     for host, kind in sorted({(h, k) for h, k, _f in GOLDEN}):
-        inventory = scan(str(host / "sys"))
+        inventory = _scan(host)
         by_name = {d["name"]: d["containerEdits"]["deviceNodes"] for d in cdi.generate(inventory, kind,
-                                                                                        Config())["devices"]}
+                                                                                        _config(host))["devices"]}
         for device in inventory.devices(kind):
             nodes = by_name[stable_name(device)]
             assert [(n["path"], n["major"], n["minor"]) for n in nodes] == [
-                (n.path, n.major, n.minor) for n in device.nodes], (host.name, stable_name(device))
+                (n.path, n.major, n.minor) for n in (*device.nodes, *device.display_nodes)], (host.name,
+                                                                                           stable_name(device))
             seen.add(stable_name(device))
-    assert {"0000:05:00.0-p0", "0000:26:00.0-p7", "0000:23:00.0"} <= seen
+    assert {"0000:05:00.0-p0", "0000:26:00.0-p7", "0000:23:00.0", "0:3"} <= seen  # 0:3: a MIG device without NVML
 
 
 def _broken(change: str) -> dict[str, Any]:

@@ -197,8 +197,8 @@ def test_a_right_node_lists_clean_and_exits_0(dirs: tuple[Path, Path]) -> None:
 
 
 def test_other_vendors_specs_are_fine(dirs: tuple[Path, Path]) -> None:
-    write_spec(dirs[0] / "nvidia.yaml", {"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu",
-                                         "devices": [{"name": "0", "containerEdits": {}}]})
+    write_spec(dirs[0] / "example.yaml", {"cdiVersion": "0.5.0", "kind": "example.com/gpu",
+                                          "devices": [{"name": "0", "containerEdits": {}}]})
     write_spec(dirs[1] / "notes.txt", {"not": "a spec"})  # CDI reads only .json and .yaml
     assert listing(*dirs)[1] == []
 
@@ -331,7 +331,7 @@ def test_list_checks_the_hooks_of_another_spec_of_our_kind(dirs: tuple[Path, Pat
     write_spec(etc / "amd.json", {"cdiVersion": "0.5.0", "kind": "amd.com/gpu", "devices": [
         {"name": "gpu0", "containerEdits": {"deviceNodes": [{"path": "/dev/dri/renderD128"}]}}],
         "containerEdits": {"hooks": [{"hookName": "createContainer", "path": str(gone)}]}})
-    write_spec(etc / "nvidia.json", {"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu", "devices": [
+    write_spec(etc / "example.json", {"cdiVersion": "0.5.0", "kind": "example.com/gpu", "devices": [
         {"name": "0", "containerEdits": {"hooks": [{"hookName": "createContainer", "path": str(gone)}]}}]})
     _, problems = listing(etc, run)
     assert problems == [f"{etc}/amd.json also defines amd.com/gpu devices (it provides: gpu0)",

@@ -105,7 +105,8 @@ def test_list_json_matches_the_schema() -> None:
     assert gpu1["nodes"] == [{"path": "/dev/dri/card2", "type": "c", "major": 226, "minor": 2},
                              {"path": "/dev/dri/renderD129", "type": "c", "major": 226, "minor": 129}]
     assert gpu1["unique_id"] == "0x3149e0fac5157acf"
-    assert data["shared_nodes"] == {"amd": [{"path": "/dev/kfd", "type": "c", "major": 234, "minor": 0}], "intel": []}
+    assert data["shared_nodes"] == {"amd": [{"path": "/dev/kfd", "type": "c", "major": 234, "minor": 0}], "intel": [],
+                                   "nvidia": []}
 
 
 def test_inventory_schema_rejects_a_broken_inventory() -> None:

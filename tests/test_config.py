@@ -14,9 +14,12 @@ from oci_gpu_hook.models import ConfigModel
 
 EXPECTED_DEFAULTS = {
     "sysfs_root": "/sys",
+    "proc_root": "/proc",
+    "driver_root": "/",
     "runtime": "runc",
-    "backends": ("amd", "intel"),
-    "request_env": {"amd": ["AMD_VISIBLE_DEVICES"], "intel": ["INTEL_VISIBLE_DEVICES"]},
+    "backends": ("amd", "intel", "nvidia"),
+    "request_env": {"amd": ["AMD_VISIBLE_DEVICES"], "intel": ["INTEL_VISIBLE_DEVICES"],
+                    "nvidia": ["NVIDIA_VISIBLE_DEVICES"]},
     "allow_env_requests": True,
     "cdi_dir": "/var/run/cdi",
     "hook_path": "/usr/local/libexec/oci-gpu-hook/oci-gpu-hook",
@@ -85,9 +88,12 @@ def test_file_values(tmp_path: Path) -> None:
     cfg = load_config({"OCI_GPU_HOOK_CONFIG": path})
     assert cfg.as_dict() == {
         "sysfs_root": "/srv/fake/sys",
+        "proc_root": "/proc",
+        "driver_root": "/",
         "runtime": "/usr/bin/crun",
         "backends": ("amd",),
-        "request_env": {"amd": ["AMD_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"], "intel": ["INTEL_VISIBLE_DEVICES"]},
+        "request_env": {"amd": ["AMD_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"], "intel": ["INTEL_VISIBLE_DEVICES"],
+                        "nvidia": ["NVIDIA_VISIBLE_DEVICES"]},
         "allow_env_requests": False,
         "cdi_dir": "/etc/cdi",
         "hook_path": "/opt/ogh/oci-gpu-hook",
@@ -193,11 +199,11 @@ def test_renamed_key_says_its_new_name(tmp_path: Path) -> None:
     ("request_env = {amd = ['A', '']}", "request_env"),
     ("request_env = {amd = [1]}", "request_env"),
     ("request_env = {amd = ['A=B']}", "request_env"),
-    ("request_env = {nvidia = ['NVIDIA_VISIBLE_DEVICES']}", "request_env"),
+    ("request_env = {example = ['EXAMPLE_VISIBLE_DEVICES']}", "request_env"),
     ("request_env = {amd = ['X'], intel = ['X']}", "request_env"),
     ("backends = []", "backends"),
     ("backends = ['amd', 'amd']", "backends"),
-    ("backends = ['nvidia']", "backends"),
+    ("backends = ['example']", "backends"),
     ("debug = 'yes'", "debug"),
     ("runtime = ''", "runtime"),
     ("hook_path = ''", "hook_path"),
@@ -254,7 +260,7 @@ def test_model_is_generated_from_the_fields() -> None:
 SAMPLES = [line for line, _key in [
     ("device_uid = '0'", 0), ("device_uid = -1", 0), ("debug = 'yes'", 0), ("debug = 1", 0),
     ("request_env = {amd = ['A', '']}", 0), ("request_env = {amd = []}", 0), ("backends = []", 0),
-    ("backends = ['nvidia']", 0), ("cgroup_access = 'rwx'", 0), ("device_file_mode = 0o10000", 0),
+    ("backends = ['example']", 0), ("cgroup_access = 'rwx'", 0), ("device_file_mode = 0o10000", 0),
     ("runtime = ''", 0), ("log_file = ''", 0), ("debug = true", 0), ("request_env = {intel = ['GPU_X']}", 0),
     ("backends = ['intel']", 0), ("device_gid = 4294967294", 0), ("cdi_dir = '/etc/cdi'", 0),
 ]]

@@ -62,6 +62,7 @@ class Daemon:
     daemon_log: Path
     process: subprocess.Popen[bytes] | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    enter: list[str] = field(default_factory=list)  # a command prefix containerd runs through (a private root)
 
     def ctr(self, *args: str, timeout: int = 60) -> subprocess.CompletedProcess[str]:
         return cl.run(["ctr", "-a", str(self.socket), "-n", self.namespace, *args], stdin="", timeout=timeout)
@@ -149,8 +150,9 @@ def _launchers(directory: Path, config: Path, body: str) -> Path:
 
 def _start(daemon: Daemon) -> None:
     with open(daemon.daemon_log, "wb") as log:
-        daemon.process = subprocess.Popen(["containerd", "--config", str(daemon.config)], stdin=subprocess.DEVNULL,
-                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        daemon.process = subprocess.Popen([*daemon.enter, "containerd", "--config", str(daemon.config)],
+                                          stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                          start_new_session=True)
     deadline = time.monotonic() + 30
     while True:
         if daemon.process.poll() is not None:

@@ -40,24 +40,34 @@ RUNTIME = "/usr/local/libexec/oci-gpu-hook/oci-gpu-runtime"
 
 
 class Dockerd:
-    def __init__(self, base: Path, prefix: Path) -> None:
-        self.base, self.prefix = base, prefix
+    """dockerd with its own data-root, exec-root, pidfile and socket under ``base``.  With ``prefix``: it reads
+    PREFIX/etc/docker/daemon.json and runs with PREFIX/usr/local overlaid on /usr/local; with ``enter`` (a
+    command prefix that enters a private root, tests/wheellib.py): it runs there and reads that root's
+    /etc/docker/daemon.json, its default."""
+
+    def __init__(self, base: Path, prefix: Path | None, enter: list[str] | None = None) -> None:
+        self.base, self.prefix, self.enter = base, prefix, enter
         self.socket = base / "docker.sock"
         self.pidfile = base / "docker.pid"
         self.log = base / "dockerd.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        upper, work = self.prefix / "usr" / "local", self.base / "ovl-work"
-        work.mkdir()
         argv = ["dockerd", "--data-root", str(self.base / "data"), "--exec-root", str(self.base / "exec"),
                 "--pidfile", str(self.pidfile), "-H", f"unix://{self.socket}",
-                "--config-file", str(self.prefix / "etc/docker/daemon.json"),
                 "--iptables=false", "--bridge=none", "--ip-masq=false"]
-        script = (f"mount -t overlay overlay -o lowerdir=/usr/local,upperdir={upper},workdir={work} /usr/local && "
-                  f"exec {cl._quoted(argv)}")
+        if self.enter is not None:
+            command = [*self.enter, *argv]
+        else:
+            assert self.prefix is not None
+            upper, work = self.prefix / "usr" / "local", self.base / "ovl-work"
+            work.mkdir()
+            argv += ["--config-file", str(self.prefix / "etc/docker/daemon.json")]
+            script = (f"mount -t overlay overlay -o lowerdir=/usr/local,upperdir={upper},workdir={work} /usr/local"
+                      f" && exec {cl._quoted(argv)}")
+            command = ["unshare", "-m", "sh", "-c", script]
         with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(["unshare", "-m", "sh", "-c", script], stdout=log, stderr=log)
+            self.proc = subprocess.Popen(command, stdout=log, stderr=log)
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -110,6 +120,7 @@ def dockerd() -> Iterator[Dockerd]:
 
 
 def test_install_merged_the_runtime_into_the_operators_daemon_json(dockerd: Dockerd) -> None:
+    assert dockerd.prefix is not None
     data = json.loads((dockerd.prefix / "etc/docker/daemon.json").read_text())
     assert data == {"default-runtime": "oci-gpu", "runtimes": {"oci-gpu": {"path": RUNTIME}}, "log-level": "warn",
                     "storage-driver": "vfs", "deprecated-key-path": str(dockerd.base / "key.json")}

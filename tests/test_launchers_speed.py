@@ -39,29 +39,80 @@ def test_kind_written(tmp_path: Path, native: bool) -> None:
     assert (tmp_path / "bin" / "oci-gpu-runtime.py").exists() is native
 
 
-def test_no_compiler_falls_back_to_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_compiler_falls_back_to_python_with_a_note(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(launchers, "find_cc", lambda: None)
     written = launchers.write_launchers(str(tmp_path), {})
     assert sorted(os.path.basename(p) for p in written) == ["oci-gpu-hook", "oci-gpu-runtime"]
     assert (tmp_path / "oci-gpu-hook").read_text().startswith(f"#!{sys.executable} -IS")
-    with pytest.raises(HookError, match="no C compiler"):
+    err = capsys.readouterr().err
+    assert err.startswith("oci-gpu-hook: note: no C compiler found") and err.count("\n") == 1, err
+    with pytest.raises(HookError, match=r"^cannot build the native front: no C compiler found .*--no-native"):
         launchers.launcher_files(str(tmp_path), {}, native=True)
+    launchers.launcher_files(str(tmp_path), {}, native=False)
+    assert capsys.readouterr().err == ""  # asked for: no note
+
+
+def fake_cc(path: Path, stderr: str) -> str:
+    """A compiler that fails the way a real one does, with ``stderr``."""
+    path.write_text(f"#!/bin/sh\ncat >&2 <<'EOF'\n{stderr}EOF\nexit 1\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+@pytest.mark.parametrize("native", [None, True], ids=["default", "native"])
+@pytest.mark.parametrize(("problem", "message"), [
+    ("no-front", "no {front} in this install of oci-gpu-hook (a wheel built without its package data?)"),
+    ("gcc-headers", "the C headers are missing (errno.h not found by {cc}): install them (Debian/Ubuntu: apt-get "
+                    "install libc6-dev"),
+    ("clang-headers", "the C headers are missing (stdio.h not found by {cc})"),
+    ("error", "compiling {front} with {cc} failed: front.c:9:1: error: unknown type name 'x'"),
+])
+def test_a_front_that_cannot_be_built_is_an_error_not_a_fallback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 native: bool | None, problem: str,
+                                                                 message: str) -> None:
+    """With a compiler there (or --native), a front that cannot be built stops: one line that says what is
+    missing, and nothing written."""
+    front = tmp_path / "front.c"
+    front.write_text("int main(void) { return 0; }\n")
+    stderr = {"gcc-headers": "In file included from x.c:1:\nfront.c:20:10: fatal error: errno.h: No such file or "
+                             "directory\n   20 | #include <errno.h>\ncompilation terminated.\n",
+              "clang-headers": "front.c:1:10: fatal error: 'stdio.h' file not found\n#include <stdio.h>\n",
+              "error": "front.c: In function 'main':\nfront.c:9:1: error: unknown type name 'x'\n    9 | x y;\n"}
+    cc = fake_cc(tmp_path / "cc", stderr.get(problem, ""))
+    monkeypatch.setattr(launchers, "find_cc", lambda: cc)
+    if problem == "no-front":
+        front.unlink()
+    monkeypatch.setattr(launchers, "FRONT_SOURCE", str(front))
+    with pytest.raises(HookError) as caught:
+        launchers.write_launchers(str(tmp_path / "bin"), {}, native=native)
+    text = str(caught.value)
+    assert text.startswith("cannot build the native front: " + message.format(front=front, cc=cc)), text
+    assert text.endswith("(or pass --no-native for the Python launchers, ~+15 ms per container start)")
+    assert "\n" not in text
+    assert not (tmp_path / "bin" / "oci-gpu-hook").exists()
 
 
 @pytest.mark.skipif(launchers.find_cc() is None, reason="no cc")
-def test_compile_failure_falls_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    broken = tmp_path / "front.c"
-    broken.write_text("this is not C\n")
-    monkeypatch.setattr(launchers, "FRONT_SOURCE", str(broken))
-    files = launchers.launcher_files(str(tmp_path), {})
-    assert [os.path.basename(p) for p, _ in files] == ["oci-gpu-hook", "oci-gpu-runtime"]
-    with pytest.raises(HookError, match="compiling the native front"):
-        launchers.launcher_files(str(tmp_path), {}, native=True)
-    # a stale companion of an earlier native install is removed
+def test_a_stale_companion_of_a_native_install_is_removed(tmp_path: Path) -> None:
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "oci-gpu-hook.py").write_text("stale")
-    launchers.write_launchers(str(tmp_path / "bin"), {})
+    launchers.write_launchers(str(tmp_path / "bin"), {}, native=False)
     assert not (tmp_path / "bin" / "oci-gpu-hook.py").exists()
+
+
+def test_the_cli_says_what_is_missing_in_one_line(tmp_path: Path) -> None:
+    """``launchers --native`` and ``install --native`` with no compiler on PATH: exit 1, one line, nothing written."""
+    env = {"PATH": str(tmp_path / "empty"), "OCI_GPU_HOOK_CONFIG": os.devnull}
+    for argv in (["launchers", str(tmp_path / "bin"), "--native", "--allow-editable"],
+                 ["--sysfs-root", str(cl.SEED_SYSFS), "install", "--native", "--allow-editable", "--only", "cdi",
+                  "--prefix", str(tmp_path / "root")]):
+        done = subprocess.run([sys.executable, "-m", "oci_gpu_hook.entry.cli", *argv], capture_output=True,
+                              text=True, env=env, cwd=cl.REPO, timeout=120)
+        assert done.returncode == 1, done
+        assert done.stderr.startswith("oci-gpu-hook: error: ") and done.stderr.count("\n") == 1, done.stderr
+        assert "no C compiler found" in done.stderr
+    assert not (tmp_path / "bin").exists() and not (tmp_path / "root" / "usr").exists()
 
 
 @pytest.mark.parametrize("native", KINDS)

@@ -212,7 +212,8 @@ def test_no_gpus_host(tmp_path: Path) -> None:
 
 
 def config(names: tuple[str, ...] = (NAME,), allow_env: bool = True) -> Config:
-    return Config(request_env={"amd": list(names), "intel": ["INTEL_VISIBLE_DEVICES"]},
+    return Config(request_env={"amd": list(names), "intel": ["INTEL_VISIBLE_DEVICES"],
+                               "nvidia": ["NVIDIA_VISIBLE_DEVICES"]},
                   allow_env_requests=allow_env)
 
 
@@ -266,7 +267,7 @@ KIND = "amd.com/gpu"
 def test_cdi_names_from_annotations() -> None:
     annotations = {
         "cdi.k8s.io/amd-plugin": "amd.com/gpu=1, amd.com/gpu=0000:43:00.0",
-        "cdi.k8s.io/other": "nvidia.com/gpu=0,vendor.example/nic=eth1",
+        "cdi.k8s.io/other": "example.com/gpu=0,vendor.example/nic=eth1",
         "io.kubernetes.pod.name": "amd.com/gpu=7",  # not a CDI annotation
         "cdi.k8s.io/z": "amd.com/gpu=all",
     }
@@ -309,7 +310,7 @@ def test_env_requests_can_be_refused() -> None:
 
 
 def test_nothing_asked() -> None:
-    assert requested([f"{NAME}=void"], {"cdi.k8s.io/x": "nvidia.com/gpu=0"}, config()) == []
+    assert requested([f"{NAME}=void"], {"cdi.k8s.io/x": "example.com/gpu=0"}, config()) == []
 
 
 def test_two_request_variables_is_an_error() -> None:

@@ -88,3 +88,29 @@ def test_per_container_imports_are_pinned(setup: dict[str, object]) -> None:
         assert f"oci_gpu_hook.{module}" in got, (entry, got)  # it really ran
         assert not got & NEVER, (entry, sorted(got & NEVER))
         assert got <= ALLOWED[entry], (entry, sorted(got - ALLOWED[entry]))
+
+
+NVIDIA = {"oci_gpu_hook.inventory.nvidia", "oci_gpu_hook.inventory.nvdriver", "oci_gpu_hook.inventory.ldcache"}
+
+
+def test_nvidia_request_imports_are_pinned(setup: dict[str, object], tmp_path: Path) -> None:
+    """An NVIDIA request (the driver's files included) imports its backend, the driver-files reader and the ld
+    cache reader, and nothing else beyond an AMD request's path: no NVML (ctypes) unless a MIG UUID is asked for."""
+    host = REPO / "examples" / "hosts" / "nvidia-4x-h100"
+    config = tmp_path / "config.toml"
+    config.write_text(f'sysfs_root = "{host / "sys"}"\nproc_root = "{host / "proc"}"\n'
+                      f'driver_root = "{host / "driver"}"\nruntime = "/bin/true"\nhook_path = "/bin/true"\n')
+    bundle = tmp_path / "gpu"
+    bundle.mkdir()
+    spec = {"ociVersion": "1.0.2", "process": {"args": ["/bin/true"], "env": ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=1"]},
+            "root": {"path": "/"}}
+    (bundle / "config.json").write_text(json.dumps(spec))
+    env = {"PATH": "/usr/bin:/bin", "OCI_GPU_HOOK_CONFIG": str(config)}
+    baseline: set[str] = setup["baseline"]  # type: ignore[assignment]
+    for entry, module, argv, stdin in (("create", "entry.runtime", ["create", "--bundle", str(bundle), "x"], ""),
+                                       ("precreate", "entry.cli", ["precreate"], json.dumps(spec))):
+        got = imports(module, argv, env, stdin) - baseline
+        assert got >= NVIDIA, (entry, got)
+        assert not got & (NEVER | {"ctypes", "oci_gpu_hook.inventory.nvml"}), (entry, sorted(got & NEVER))
+        allowed = (ALLOWED[entry] - {"oci_gpu_hook.inventory.amd"}) | NVIDIA
+        assert got <= allowed, (entry, sorted(got - allowed))

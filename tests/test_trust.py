@@ -200,7 +200,7 @@ def test_cdi_output_into_an_untrusted_directory_is_refused(tmp_path: Path, comma
         out.rmdir()
         out.symlink_to(theirs)
     done = hook(*command, "--output", f"{out}/", env=clean_env())
-    one_line(done, f"CDI output directory {out}", "not trusted")
+    one_line(done, str(out), "is not trusted")
     assert os.listdir(out) == []
 
 

@@ -1,7 +1,7 @@
 """CDI specs: the plan's container edits for every device of one kind, as a spec file podman,
 containerd and CRI-O read.
 
-One spec per kind (``amd.com/gpu``, ``intel.com/gpu``), in ``cdi_dir`` as
+One spec per kind (``amd.com/gpu``, ``intel.com/gpu``, ``nvidia.com/gpu``), in ``cdi_dir`` as
 ``<vendor>-<class>.json``.  One CDI device per device under its index; the
 backend's other names (AMD: each GPU's PCI address and unique id, naming all its
 partitions, and each partition's ``<pci>-p<N>``; Intel: ``cardN`` and the PCI
@@ -11,8 +11,12 @@ the one to use across process boundaries (the device plugin answers with it):
 an index names other hardware once a GPU before it leaves.  Each device's edits are the plan's
 :func:`~oci_gpu_hook.plan.device_edits` (its nodes, and the ``createRuntime``
 hook that makes its ``/dev/dri/by-path`` links); the kind's shared nodes
-(``/dev/kfd``) are the spec-wide edits, which apply whenever any device of the
-spec is used.  So the CDI path gives a container the same view as the hooks.
+(``/dev/kfd``; NVIDIA: ``/dev/nvidiactl``, ``/dev/nvidia-uvm*``, and the driver's
+files as read-only mounts with the ``ldcache`` hook) are the spec-wide edits,
+which apply whenever any device of the spec is used.  So the CDI path gives a
+container the same view as the hooks.  A CDI spec cannot read a container's
+``NVIDIA_DRIVER_CAPABILITIES``: the NVIDIA spec gives every capability (its
+DRM nodes, ``/dev/nvidia-modeset`` and every library), as ``nvidia-ctk`` does.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import json
 import os
 from typing import Any
 
-from oci_gpu_hook.appliers.ocispec import links_hook
+from oci_gpu_hook.appliers.ocispec import hooks
 from oci_gpu_hook.atomic import write_atomic
 from oci_gpu_hook.config import Config
 from oci_gpu_hook.core.edits import Edits
@@ -36,16 +40,18 @@ CDI_VERSION = "0.5.0"
 
 def _edits(edits: Edits, config: Config) -> dict[str, Any]:
     out: dict[str, Any] = {"deviceNodes": [n.to_cdi(config.cgroup_access) for n in edits.nodes]}
-    if edits.links:
-        hook = links_hook(edits.links, config.hook_path)
-        out["hooks"] = [{"hookName": "createRuntime", **hook}]
+    if edits.mounts:
+        out["mounts"] = [m.to_cdi() for m in edits.mounts]
+    wanted = hooks(edits, config.hook_path)
+    if wanted:
+        out["hooks"] = [{"hookName": "createRuntime", **hook} for hook in wanted]
     return out
 
 
 def device_names(devices: tuple[Device, ...], kind: str) -> list[tuple[str, tuple[Device, ...]]]:
     """Every CDI name of ``kind`` on this host with the devices it stands for: indices, then the backend's
-    other names (all valid request entries)."""
-    names = [(str(d.index), (d,)) for d in devices]
+    other names (all valid request entries; NVIDIA MIG devices are named ``GPU:MIG`` there)."""
+    names = [(str(d.index), (d,)) for d in devices if d.mig is None]
     names.extend(backend(kind).aliases(devices))
     named = {name for name, chosen in names if len(chosen) == 1}
     missing = [stable_name(d) for d in devices if stable_name(d) not in named]
@@ -66,7 +72,7 @@ def generate(inventory: Inventory, kind: str, config: Config) -> dict[str, Any]:
         entries.append({"name": "all", "containerEdits": _edits(edits, config)})
     spec: dict[str, Any] = {"cdiVersion": CDI_VERSION, "kind": config.cdi_kind(kind), "devices": entries}
     shared = shared_edits(inventory, kind, config)
-    if shared.nodes:
+    if shared.nodes or shared.mounts:
         spec["containerEdits"] = _edits(shared, config)
     return spec
 

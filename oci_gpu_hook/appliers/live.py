@@ -161,3 +161,35 @@ def run_links(stdin_text: str, args: list[str]) -> int:
         err.container_id = cid
         raise
     return 0
+
+
+def run_ldcache(stdin_text: str, args: list[str]) -> int:
+    """``oci-gpu-hook ldcache [PATH=TARGET...] [--folder=DIR...]``: the createRuntime hook that the spec-rewrite
+    paths and the CDI specs add beside a driver's mounts (which the runtime made): the soname links, then the
+    container's ld cache rebuilt with those directories (:mod:`oci_gpu_hook.appliers.mounts`)."""
+    from oci_gpu_hook.appliers import rootfs as rootfs_module
+    from oci_gpu_hook.bundle import loads, read_text, root_path
+    from oci_gpu_hook.core.edits import Edits, check_container_path, check_symlink
+
+    links, folders = [], []
+    for arg in args:
+        if arg.startswith("--folder="):
+            check_container_path(arg[len("--folder="):], "ld cache directory")
+            folders.append(arg[len("--folder="):])
+            continue
+        path, eq, target = arg.partition("=")
+        if not eq or arg.startswith("-"):
+            raise HookError(f"ldcache: {arg!r} is not PATH=TARGET or --folder=DIR")
+        check_symlink(path, target)
+        links.append((path, target))
+    cid, pid, bundle = parse_state(stdin_text)
+    try:
+        spec = loads(read_text(os.path.join(bundle, "config.json")))
+        if links or folders:
+            rootfs = root_path(spec, bundle)
+            check_container(pid, rootfs, bundle)
+            rootfs_module.apply_in_container(pid, rootfs, Edits(symlinks=tuple(links), ldcache=tuple(folders)))
+    except HookError as err:
+        err.container_id = cid
+        raise
+    return 0

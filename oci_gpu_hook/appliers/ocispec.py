@@ -6,7 +6,10 @@ the device cgroup themselves (v1 or v2), and the rules survive ``runc update``
 and systemd reloads.  The ``/dev/dri/by-path`` links, which the OCI spec cannot
 express, are made by a ``createRuntime`` hook (``oci-gpu-hook links``, the
 configured ``hook_path``, see :func:`links_hook_path`) that gets them as arguments; masked paths go to
-``linux.maskedPaths``.  The rewrite is idempotent, never removes or widens an
+``linux.maskedPaths``.  A driver's files (NVIDIA) are read-only bind ``mounts``
+(``ro, nosuid, nodev``) that the runtime makes; their soname links and the
+container's ld cache, which the spec cannot express either, are a second
+``createRuntime`` hook (``oci-gpu-hook ldcache``).  The rewrite is idempotent, never removes or widens an
 existing entry, and leaves every field it does not own as it was.  Rules are
 checked with runc's own emulator (:mod:`oci_gpu_hook.core.rules`): a grant runc
 would refuse (a hole in an operator's wildcard deny) is refused here, first.
@@ -27,9 +30,11 @@ if TYPE_CHECKING:
     from typing import Any
 
     from oci_gpu_hook.config import Config
+    from oci_gpu_hook.core.edits import Edits
     from oci_gpu_hook.plan import Plan
 
 LINKS_COMMAND = "links"
+LDCACHE_COMMAND = "ldcache"
 HOOK_ENV = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
 
 
@@ -37,6 +42,20 @@ def links_hook(links: tuple[tuple[str, str], ...], hook_path: str) -> dict[str, 
     """The ``createRuntime`` hook that makes ``links`` inside the container (also used in CDI specs)."""
     return {"path": hook_path, "args": ["oci-gpu-hook", LINKS_COMMAND, *(f"{p}={t}" for p, t in links)],
             "env": list(HOOK_ENV), "timeout": 10}
+
+
+def ldcache_hook(edits: Edits, hook_path: str) -> dict[str, Any]:
+    """The ``createRuntime`` hook that makes a driver's soname links and updates the container's ld cache."""
+    return {"path": hook_path, "args": ["oci-gpu-hook", LDCACHE_COMMAND, *edits.driver_hook_args],
+            "env": list(HOOK_ENV), "timeout": 30}
+
+
+def hooks(edits: Edits, hook_path: str) -> list[dict[str, Any]]:
+    """Every ``createRuntime`` hook ``edits`` need (in the spec and in CDI specs alike)."""
+    out = [links_hook(edits.links, hook_path)] if edits.links else []
+    if edits.symlinks or edits.ldcache:
+        out.append(ldcache_hook(edits, hook_path))
+    return out
 
 
 def _executable(path: str) -> bool:
@@ -107,7 +126,7 @@ def apply(spec: Any, plan: Plan, config: Config, hook_path: str | None = None) -
     ``hook_path``, by default :func:`links_hook_path` (which refuses a hook the runtime could not run)."""
     if not plan:
         return False
-    if plan.edits.links and hook_path is None:
+    if (plan.edits.links or plan.edits.symlinks or plan.edits.ldcache) and hook_path is None:
         hook_path = links_hook_path(config)
     spec = check_object(spec)
     rules = device_rules(spec, create=True)
@@ -139,23 +158,48 @@ def apply(spec: Any, plan: Plan, config: Config, hook_path: str | None = None) -
     changed = bool(new_devices or missing)
     devices.extend(new_devices)
     rules.extend(rule.to_oci() for rule in missing)
-    changed |= _add_links_hook(spec, plan, hook_path or config.hook_path)
+    changed |= _add_mounts(spec, plan.edits)
+    changed |= _add_hooks(spec, plan.edits, hook_path or config.hook_path)
     changed |= _add_masked(linux, plan.edits.masked)
     changed |= _add_env(spec, plan.edits.env)
     return changed
 
 
-def _add_links_hook(spec: dict[str, Any], plan: Plan, hook_path: str) -> bool:
-    links = plan.edits.links
-    if not links:
+def _add_hooks(spec: dict[str, Any], edits: Edits, hook_path: str) -> bool:
+    wanted = hooks(edits, hook_path)
+    if not wanted:
         return False
-    hooks = field(spec, "hooks", dict, "hooks", create=True)
-    stage = field(hooks, "createRuntime", list, "hooks.createRuntime", create=True)
-    wanted = links_hook(links, hook_path)
-    if any(isinstance(h, dict) and h.get("path") == wanted["path"] and h.get("args") == wanted["args"] for h in stage):
+    spec_hooks = field(spec, "hooks", dict, "hooks", create=True)
+    stage = field(spec_hooks, "createRuntime", list, "hooks.createRuntime", create=True)
+    changed = False
+    for hook in wanted:
+        if not any(isinstance(h, dict) and h.get("path") == hook["path"] and h.get("args") == hook["args"]
+                   for h in stage):
+            stage.append(hook)
+            changed = True
+    return changed
+
+
+def _add_mounts(spec: dict[str, Any], edits: Edits) -> bool:
+    """Read-only bind mounts of the driver's files; one already there with the same source is kept, any other
+    mount at the same destination is refused (the container would get someone else's file)."""
+    if not edits.mounts:
         return False
-    stage.append(wanted)
-    return True
+    from oci_gpu_hook.core.edits import check_container_path
+
+    mounts = field(spec, "mounts", list, "mounts", create=True)
+    existing = {m.get("destination"): m for m in mounts if isinstance(m, dict)}
+    new = []
+    for mount in edits.mounts:
+        check_container_path(mount.destination, "mount destination")
+        entry = existing.get(mount.destination)
+        if entry is None:
+            new.append(mount.to_oci())
+        elif entry.get("source") != mount.source:
+            raise HookError(f"config.json already mounts {entry.get('source')!r} at {mount.destination}, not the "
+                            f"driver's {mount.source}; refusing to replace it")
+    mounts.extend(new)
+    return bool(new)
 
 
 def _add_masked(linux: dict[str, Any], masked: tuple[str, ...]) -> bool:

@@ -149,7 +149,8 @@ def _setns(ns_fd: int, pid: int) -> None:
 
 
 def apply_in_container(pid: int, rootfs: str, edits: Edits) -> list[str]:
-    """Enter ``pid``'s mount namespace in a child process and make the nodes and links under ``rootfs``."""
+    """Enter ``pid``'s mount namespace in a child process and make the nodes and links under ``rootfs``; a
+    driver's mounts, soname links and ld cache too (:mod:`oci_gpu_hook.appliers.mounts`)."""
     try:
         ns_fd = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
     except OSError as err:
@@ -161,13 +162,21 @@ def apply_in_container(pid: int, rootfs: str, edits: Edits) -> list[str]:
         code = 1
         try:
             os.close(read_end)
+            driver = bool(edits.mounts or edits.symlinks or edits.ldcache)
+            if driver:
+                from oci_gpu_hook.appliers import mounts
+
+                trees = [mounts.clone_tree(m) for m in edits.mounts]  # in the host's namespace, before setns
             _setns(ns_fd, pid)
             os.umask(0)
             try:
                 root_fd = os.open(rootfs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             except OSError as err:
                 raise HookError(f"cannot open the container's rootfs {rootfs}: {err.strerror}") from None
-            message = "ok\n" + "\n".join(make_nodes(root_fd, edits))
+            done = make_nodes(root_fd, edits)
+            if driver:
+                done += mounts.apply(root_fd, rootfs, edits, trees)
+            message = "ok\n" + "\n".join(done)
             code = 0
         except HookError as err:
             message = str(err)

@@ -1,7 +1,7 @@
 """``oci-gpu-hook``: the command line.  Thin over inventory -> request -> plan -> applier.
 
 Global options, accepted anywhere on the line by every subcommand:
-``--sysfs-root DIR``, ``--config FILE``, ``--debug``.
+``--sysfs-root DIR``, ``--proc-root DIR``, ``--driver-root DIR``, ``--config FILE``, ``--debug``.
 
 ``precreate`` is on every container's start path, so it is dispatched before
 :mod:`argparse` (and everything else heavy) is imported.
@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 
     from oci_gpu_hook.config import Config
 
-USAGE = """usage: oci-gpu-hook [--sysfs-root DIR] [--config FILE] [--debug] COMMAND ...
+USAGE = """usage: oci-gpu-hook [--sysfs-root DIR] [--proc-root DIR] [--driver-root DIR] [--config FILE] [--debug]
+                    COMMAND ...
 
 commands:
   list [--json]                              the host's GPUs in index order
@@ -28,6 +29,7 @@ commands:
   precreate                                  podman precreate hook: config on stdin, config on stdout
   prestart (or createRuntime)                live hook: state on stdin; nodes and device cgroup rules
   links PATH=TARGET...                       createRuntime hook: /dev/dri/by-path links in the container
+  ldcache [PATH=TARGET...] [--folder=DIR...] createRuntime hook: a driver's soname links, the container's ld cache
   inspect (--pid PID | --cgroup DIR)         what a cgroup lets its processes open
   cdi generate [--output DIR/|FILE] [--format json|yaml]
                                              the CDI spec of this host's GPUs
@@ -50,18 +52,20 @@ exit status: 0 done, 1 failed (one error line on stderr), 2 a usage error
 
 PRECREATE = "precreate"  # the spec on stdin, the spec on stdout
 LIVE_COMMANDS = ("prestart", "createRuntime")  # the state on stdin; the plan applied to the running container
-HOT_COMMANDS = frozenset({PRECREATE, *LIVE_COMMANDS, "links"})
+CREATE_RUNTIME_HOOKS = ("links", "ldcache")  # what to make is in their arguments
+HOT_COMMANDS = frozenset({PRECREATE, *LIVE_COMMANDS, *CREATE_RUNTIME_HOOKS})
 
 
 def split_globals(argv: list[str]) -> tuple[dict[str, Any], list[str]]:
-    """Take ``--sysfs-root``, ``--config`` and ``--debug`` out of argv, wherever they stand."""
+    """Take ``--sysfs-root``, ``--proc-root``, ``--driver-root``, ``--config`` and ``--debug`` out of argv,
+    wherever they stand."""
     overrides: dict[str, Any] = {}
     rest: list[str] = []
     i = 0
     while i < len(argv):
         arg = argv[i]
         name, eq, value = arg.partition("=")
-        if name in ("--sysfs-root", "--config"):
+        if name in ("--sysfs-root", "--proc-root", "--driver-root", "--config"):
             if not eq:
                 if i + 1 >= len(argv):
                     raise _usage_error(f"{name} needs a value")
@@ -92,6 +96,9 @@ HOT_USAGE = {
                 "creates the GPU nodes in the container and grants them in its device cgroup.\n",
     "links": "usage: oci-gpu-hook links PATH=TARGET...\n\ncreateRuntime hook: the /dev/dri/by-path links "
              "in the container (the OCI state on stdin).\n",
+    "ldcache": "usage: oci-gpu-hook ldcache [PATH=TARGET...] [--folder=DIR...]\n\ncreateRuntime hook: a driver's "
+               "soname links, then the container's ld cache rebuilt with DIRs (the host's ldconfig -r; the OCI "
+               "state on stdin).\n",
 }
 HOT_USAGE["createRuntime"] = HOT_USAGE["prestart"]
 
@@ -166,13 +173,14 @@ def main(argv: list[str] | None = None) -> int:
         overrides, rest = split_globals(args)
         command = rest[0] if rest else None
         if command in HOT_COMMANDS:
-            if len(rest) > 1 and command != "links":
+            if len(rest) > 1 and command not in CREATE_RUNTIME_HOOKS:
                 raise _usage_error(f"{command} takes no arguments")
-            if command == "links":  # needs no config: the links are its arguments
+            if command in CREATE_RUNTIME_HOOKS:  # need no config: what to make is in their arguments
                 from oci_gpu_hook.appliers import live
 
                 os.chdir("/")
-                return live.run_links(read_stdin(), rest[1:])
+                run = live.run_links if command == "links" else live.run_ldcache
+                return run(read_stdin(), rest[1:])
             config = load(overrides)
             os.chdir("/")  # never work relative to a directory the container may control
             if command == "precreate":

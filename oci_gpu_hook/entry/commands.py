@@ -26,9 +26,9 @@ def cmd_list(args: list[str], config: Config) -> int:
                              "NAME is the stable CDI name (the same hardware while others come and go).")
     parser.add_argument("--json", action="store_true", help="print JSON (schemas/inventory.schema.json)")
     opts = parser.parse_args(args)
-    from oci_gpu_hook.inventory import scan, stable_name
+    from oci_gpu_hook.inventory import scan_host, stable_name
 
-    inventory = scan(config.sysfs_root, config.backends, strict=False)
+    inventory = scan_host(config)
     if opts.json:
         from oci_gpu_hook.models import InventoryModel
 
@@ -40,7 +40,7 @@ def cmd_list(args: list[str], config: Config) -> int:
         card, render = device.card, device.render
         mode = "/".join(m for m in (device.compute_mode, device.memory_mode) if m) or "-"
         rows.append((
-            device.kind, str(device.index), stable_name(device), device.pci_address,
+            device.kind, device.label, stable_name(device), device.pci_address,
             "-" if device.partition is None else f"{device.partition} ({device.drm_name})",
             mode, os.path.basename(card.path) if card else "-", os.path.basename(render.path) if render else "-",
             "-" if device.numa_node is None else str(device.numa_node), device.unique_id_hex or "-",
@@ -170,17 +170,18 @@ def cmd_launchers(args: list[str], config: Config) -> int:
 
 def _device_names(config: Config) -> dict[tuple[str, int, int], str]:
     """What each GPU node number is, to annotate rules (empty when sysfs cannot be read)."""
-    from oci_gpu_hook.inventory import scan
+    from oci_gpu_hook.inventory import scan_host
 
     try:
-        inventory = scan(config.sysfs_root, config.backends, strict=False)
+        inventory = scan_host(config)
     except HookError:
         return {}
     names = {}
     for device in inventory.all_devices:
         part = "" if device.partition is None else f" partition {device.partition}"
-        for node in device.nodes:
-            names[node.number] = f"{device.kind} {device.index} {node.path} ({device.pci_address}{part})"
+        for node in (*device.nodes, *device.display_nodes):
+            if device.mig is None or node.number not in names:  # a MIG device shares its GPU's node
+                names[node.number] = f"{device.kind} {device.label} {node.path} ({device.pci_address}{part})"
     for kind, found in inventory.kinds.items():
         for node in found.shared:
             names[node.number] = f"{node.path} (all {kind} GPUs)"
@@ -481,7 +482,7 @@ def cmd_cdi(args: list[str], config: Config) -> int:
     check.add_argument("files", nargs="+", metavar="FILE")
     opts = parser.parse_args(args)
     from oci_gpu_hook.appliers import cdi
-    from oci_gpu_hook.inventory import scan
+    from oci_gpu_hook.inventory import scan_host
 
     if opts.action == "validate":
         for path in opts.files:
@@ -490,7 +491,7 @@ def cmd_cdi(args: list[str], config: Config) -> int:
         return 0
     if opts.action == "list":
         dirs = spec_dirs(opts.spec_dirs, config)
-        inventory = scan(config.sysfs_root, config.backends, strict=False)
+        inventory = scan_host(config)
         problems = _cdi_list(config, inventory, dirs)
         for problem in problems:
             print(f"problem: {' '.join(problem.split())}")
@@ -510,7 +511,7 @@ def cmd_cdi(args: list[str], config: Config) -> int:
         if not opts.kind:
             raise UsageError(f"--output {output}: a file holds one kind's spec: add --kind (or name a directory)")
     fmt = opts.format or ("yaml" if (output or "").endswith((".yaml", ".yml")) else "json")
-    inventory = scan(config.sysfs_root, config.backends, strict=False)
+    inventory = scan_host(config)
     kinds = [opts.kind] if opts.kind else [k for k in config.backends if inventory.devices(k)]
     if not kinds or not any(inventory.devices(k) for k in kinds):
         raise HookError(f"no GPUs under {inventory.sysfs_root}: a CDI spec needs at least one device")
@@ -574,7 +575,8 @@ def handler_for(command: str) -> Callable[[list[str], Config], int]:
 
         handler = importlib.import_module(MODULE_COMMANDS[command]).command
     if handler is None:
-        valid = ", ".join([*COMMANDS, *MODULE_COMMANDS, "precreate", "prestart", "createRuntime", "links"])
+        valid = ", ".join([*COMMANDS, *MODULE_COMMANDS, "precreate", "prestart", "createRuntime", "links",
+                           "ldcache"])
         raise UsageError(f"unknown command '{command}' (valid: {valid}; see oci-gpu-hook --help)")
     return handler
 

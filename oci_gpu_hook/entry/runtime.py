@@ -29,7 +29,8 @@ if TYPE_CHECKING:
 
 REWRITE_COMMANDS = frozenset({"create", "run"})
 VERSION_ARGS = ("--version", "-v")  # alone on the command line: the shim prints its version, then runs the runtime
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # where a runtime is looked for without PATH
+# where a runtime is looked for when PATH is unset or empty
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # runc 1.1's command line (urfave/cli v1.22 over Go's flag package), read from ``runc --help`` and
 # ``runc run --help``: name -> kind ("bool", "string", "int"); a flag's other names in _ALIASES.
@@ -474,11 +475,12 @@ def rewrite_bundle(path: str, config: Config, cid: str) -> None:
     record_plan(config, "oci-gpu-runtime", cid, plan, started)
 
 
-def passthrough_runtime_name() -> str:
+def passthrough_runtime_name(baked: str | None = None) -> str:
     """The runtime for a command that only passes through (``state``, ``delete``, ``kill``, ...): it must reach
     the real runtime whatever the config file holds, so a broken file falls back to its ``runtime`` line,
     read leniently, and then to the default.  An untrusted file (:mod:`oci_gpu_hook.trust`) is not read at
-    all: its ``runtime`` would be exec'd as root."""
+    all (its ``runtime`` would be exec'd as root): ``baked``, the runtime the launcher was written with (from
+    the file while it was trusted), stands in, as the native front's baked runtime does, else the default."""
     from oci_gpu_hook.config import DEFAULT_CONFIG_PATH, FIELDS, load_config
 
     name = os.environ.get("OCI_GPU_HOOK_RUNTIME")
@@ -491,8 +493,8 @@ def passthrough_runtime_name() -> str:
     path = os.environ.get("OCI_GPU_HOOK_CONFIG") or DEFAULT_CONFIG_PATH
     from oci_gpu_hook.trust import problem
 
-    if problem(path):  # a file others could change never names what root execs: the default then
-        return FIELDS["runtime"].default
+    if problem(path):  # a file others could change never names what root execs
+        return baked or FIELDS["runtime"].default
     try:
         with open(path, "rb") as handle:
             lines = handle.read(1 << 20).decode("utf-8", "replace").splitlines()
@@ -510,9 +512,9 @@ def passthrough_runtime_name() -> str:
     return FIELDS["runtime"].default
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, baked_runtime: str | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    code, runtime = prepare(args)
+    code, runtime = prepare(args, baked_runtime)
     if runtime is None:
         return code
     try:
@@ -523,10 +525,11 @@ def main(argv: list[str] | None = None) -> int:
     return 1  # not reached
 
 
-def prepare(args: list[str]) -> tuple[int, str | None]:
+def prepare(args: list[str], baked_runtime: str | None = None) -> tuple[int, str | None]:
     """Everything the shim does before it execs the runtime: (0, the runtime to exec with ``args``), or (the exit
-    status, None) after the one error line.  The resident planner runs this for the native front, which then
-    execs the runtime itself (:mod:`oci_gpu_hook.host.planner`)."""
+    status, None) after the one error line (``baked_runtime``: see :func:`passthrough_runtime_name`).  The
+    resident planner runs this for the native front, which then execs the runtime itself
+    (:mod:`oci_gpu_hook.host.planner`)."""
     kind = RUNC
     command, options, command_args = parse_argv(args)
     config = None
@@ -542,7 +545,7 @@ def prepare(args: list[str]) -> tuple[int, str | None]:
                 rewrite_bundle(config_path(command_args, command, kind), config,
                                container_id(command_args, command, kind))
         else:
-            runtime = resolve_runtime(passthrough_runtime_name())
+            runtime = resolve_runtime(passthrough_runtime_name(baked_runtime))
             if len(args) == 1 and args[0] in VERSION_ARGS:
                 from oci_gpu_hook import __version__
 

@@ -1086,6 +1086,7 @@ static void ask_planner(const char *input, size_t len)
     out_str(&req, OGH_PLANNER_VERSION);
     out_str(&req, OGH_ROLE_NAME);
     out_str(&req, OGH_SELF);
+    out_str(&req, OGH_ROLE == OGH_ROLE_SHIM ? OGH_RUNTIME : ""); /* the runtime the Python launcher has baked */
     out_num(&req, (long)getppid());
     out_num(&req, (long)mask);
     out_u32(&req, g_argc > 1 ? (size_t)g_argc - 1 : 0);

@@ -183,9 +183,10 @@ def wanted(config: Config, hook: str, defaults: dict[str, str], notes: list[str]
            host_root: str | None = None) -> list[Item]:
     """Every file this install writes, in the order it writes them.  An integration that cannot be done is
     left out: a note (``Skip``) or an error in ``errors`` (raised when ``errors`` is None).  The launchers:
-    ``native`` as ``launchers.launcher_files`` takes it (None: the native front when a compiler is found);
-    ``trust``: they refuse code that a non-root user could change.  ``docker_default_runtime``: make
-    oci-gpu dockerd's default-runtime; ``containerd_version``, ``host_root``: see :func:`containerd_items`."""
+    ``native`` as ``launchers.launcher_files`` takes it (None: the native front when a compiler is found,
+    an error when it is found but the front cannot be built); ``trust``: they refuse code that a non-root
+    user could change.  ``docker_default_runtime``: make oci-gpu dockerd's default-runtime;
+    ``containerd_version``, ``host_root``: see :func:`containerd_items`."""
     from oci_gpu_hook.host.launchers import launcher_files
 
     items = [Item(path, data, 0o755, "launcher")
@@ -230,10 +231,10 @@ def podman_items(hook: str, disk: Callable[[str], str], notes: list[str]) -> lis
 
 def cdi_items(config: Config, notes: list[str]) -> list[Item]:
     from oci_gpu_hook.appliers import cdi
-    from oci_gpu_hook.inventory import scan
+    from oci_gpu_hook.inventory import scan_host
 
     hook_launcher = f"{LAUNCHER_DIR}/oci-gpu-hook"
-    inventory = scan(config.sysfs_root, config.backends, strict=False)
+    inventory = scan_host(config)
     if not os.path.isabs(config.cdi_dir):
         raise HookError(f"cdi_dir {config.cdi_dir!r} is not an absolute path")
     if config.hook_path != hook_launcher:
@@ -1236,8 +1237,12 @@ def command(args: list[str], config: Config) -> int:
                              "written into files (hook.path, BinaryName, runtime paths) stay the real ones")
     parser.add_argument("--dry-run", action="store_true",
                         help="print what would be written (new, replaced, unchanged; content or diff); write nothing")
-    parser.add_argument("--no-native", action="store_true",
-                        help="Python launchers only (default: the native front when a C compiler is found)")
+    kind = parser.add_mutually_exclusive_group()
+    kind.add_argument("--native", dest="native", action="store_true", default=None,
+                      help="require the native front: exit 1, writing nothing, when it cannot be built (default: "
+                           "the native front when a C compiler is found, and then it must build)")
+    kind.add_argument("--no-native", dest="native", action="store_false",
+                      help="Python launchers only (each container start then pays a Python start)")
     parser.add_argument("--allow-editable", action="store_true",
                         help="install from an editable (development) install; root would then run code from it")
     parser.add_argument("--docker-default-runtime", action="store_true",
@@ -1308,7 +1313,7 @@ def run(opts: Any, only: set[str] | None, installer: Installer, config: Config) 
     notes: list[str] = []
     errors: list[str] = []
     items = wanted(config, opts.hook or "precreate", launcher_defaults(opts.set, "install"), notes, installer.disk,
-                   only, errors, native=False if opts.no_native else None, trust=not editable,
+                   only, errors, native=opts.native, trust=not editable,
                    docker_default_runtime=opts.docker_default_runtime, containerd_version=opts.containerd_version,
                    host_root=os.path.abspath(opts.host_root) if opts.host_root else None)
     failed = {e.split(":", 1)[0] for e in errors}

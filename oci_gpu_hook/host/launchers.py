@@ -2,7 +2,8 @@
 
 Two kinds, written by ``oci-gpu-hook launchers DIR`` (and ``install``):
 
-- **native front** (when a C compiler is found: ``$CC``, else ``cc``/``gcc`` on PATH): ``DIR/oci-gpu-hook``
+- **native front** (the default when a C compiler is found: ``$CC``, else ``cc``/``gcc`` on PATH; and
+  with ``--native``): ``DIR/oci-gpu-hook``
   and ``DIR/oci-gpu-runtime`` are compiled from ``oci_gpu_hook/fastpath/front.c`` with this install's
   settings baked in (interpreter, sys.path, ``--set`` defaults, the config file's bytes, its runtime, every
   request variable name, the field names of config.json).  When there is nothing to do (a pass-through runtime
@@ -10,6 +11,10 @@ Two kinds, written by ``oci-gpu-hook launchers DIR`` (and ``install``):
   exec the Python launcher next to them (``DIR/oci-gpu-hook.py``, ``DIR/oci-gpu-runtime.py``).
 - **Python launcher** (no compiler, or ``--no-native``): ``DIR/oci-gpu-hook`` and ``DIR/oci-gpu-runtime``
   are the ``python -I -S`` scripts themselves.
+
+When the front is wanted (``--native``, or a compiler is there) and cannot be built, nothing is written:
+one line says what is missing (the compiler, ``front.c`` in this install, the C headers) and exit 1.
+Only the default without any compiler writes the Python launchers, with a note that says so.
 
 Both refuse to run package code from a path that a non-root user can write, or that is gone (one
 line on stderr, exit 1), unless written with ``allow_untrusted`` (tests, editable checkouts).
@@ -43,7 +48,7 @@ for key, value in {defaults!r}.items():
     os.environ.setdefault(key, value)
 {trust}sys.path[:0] = {paths!r}
 from oci_gpu_hook.{module} import main
-sys.exit(main())
+sys.exit(main({main_args}))
 """
 
 # The trust check of a Python launcher: os only (no import beyond what -I -S loads anyway).
@@ -167,7 +172,10 @@ def launcher_text(module: str, defaults: dict[str, str], *, trust: bool = False,
         trust_text = TRUST.format(checked=checked, passthrough=module == "entry.runtime", runtime=runtime)
     if argv0:
         trust_text += f"sys.argv[0] = {argv0!r}\n"
-    return LAUNCHER.format(python=sys.executable, paths=paths, module=module, defaults=defaults, trust=trust_text)
+    # the shim's pass-through commands fall back to the runtime baked here when the config file is untrusted
+    main_args = f"baked_runtime={runtime!r}" if module == "entry.runtime" else ""
+    return LAUNCHER.format(python=sys.executable, paths=paths, module=module, defaults=defaults, trust=trust_text,
+                           main_args=main_args)
 
 
 def find_cc() -> str | None:
@@ -264,7 +272,7 @@ def front_contract() -> dict[str, str | list[str] | int]:
         "REWRITE_COMMANDS": sorted(runtime.REWRITE_COMMANDS),
         "VERSION_ARGS": list(runtime.VERSION_ARGS),
         "DEFAULT_PATH": runtime.DEFAULT_PATH,
-        "HOOK_COMMANDS": sorted(cli.HOT_COMMANDS - {LINKS_COMMAND}),
+        "HOOK_COMMANDS": sorted({cli.PRECREATE, *cli.LIVE_COMMANDS}),
         "PRECREATE": cli.PRECREATE,
         "LINKS_COMMAND": LINKS_COMMAND,
         "BY_PATH_DIR": BY_PATH_DIR,
@@ -318,6 +326,31 @@ def front_header(name: str, directory: str, defaults: dict[str, str], trust: boo
     return "\n".join(lines) + "\n"
 
 
+NATIVE_FIX = " (or pass --no-native for the Python launchers, ~+15 ms per container start)"
+
+
+def front_problem() -> str | None:
+    """Why the native front cannot be built from this install, before trying: its source is not there."""
+    if not os.path.isfile(FRONT_SOURCE):
+        return (f"no {FRONT_SOURCE} in this install of oci-gpu-hook (a wheel built without its package data?); "
+                "reinstall the package from a complete wheel or source tree")
+    return None
+
+
+def compile_problem(cc: str, stderr: str) -> str:
+    """One line for a failed compile: a missing header says which and how to get it; else the first error."""
+    import re
+
+    # gcc: "fatal error: stdio.h: No such file or directory"; clang: "fatal error: 'stdio.h' file not found"
+    missing = re.search(r"fatal error: (?:([^\s:']+): No such file or directory|'([^']+)' file not found)", stderr)
+    if missing:
+        return (f"the C headers are missing ({missing.group(1) or missing.group(2)} not found by {cc}): install them "
+                "(Debian/Ubuntu: apt-get install libc6-dev; Fedora/RHEL: dnf install glibc-devel)")
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    first = next((line for line in lines if "error" in line), lines[0] if lines else "no output")
+    return f"compiling {FRONT_SOURCE} with {cc} failed: {first[:300]}"
+
+
 def compile_front(name: str, directory: str, defaults: dict[str, str], trust: bool, cc: str) -> bytes:
     """The native front of launcher ``name`` for ``directory``, compiled with ``cc``."""
     import subprocess
@@ -330,9 +363,13 @@ def compile_front(name: str, directory: str, defaults: dict[str, str], trust: bo
         out = os.path.join(tmp, name)
         cmd = [cc, "-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", f'-DOGH_BAKED="{header}"',
                "-o", out, FRONT_SOURCE]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+        except OSError as err:
+            raise HookError(f"cannot build the native front: running the C compiler {cc} failed "
+                            f"({err.strerror}){NATIVE_FIX}") from None
         if proc.returncode != 0:
-            raise HookError(f"compiling the native front with {cc} failed: {proc.stderr.strip()[:2000]}")
+            raise HookError(f"cannot build the native front: {compile_problem(cc, proc.stderr)}{NATIVE_FIX}")
         with open(out, "rb") as handle:
             return handle.read()
 
@@ -341,12 +378,20 @@ def launcher_files(directory: str, defaults: dict[str, str], *, native: bool | N
                    trust: bool = True) -> list[tuple[str, bytes]]:
     """Every launcher file for ``directory`` as ``(path, content)``, each mode 0755.
 
-    ``native``: None = a native front when a compiler is found, else the Python launchers; True = a
-    native front or an error; False = Python launchers only.  ``trust``: the launchers check that what
-    they run is root's (off for tests and editable installs)."""
+    ``native``: None = a native front when a compiler is found (then it must build), else the Python
+    launchers with a note on stderr; True = a native front or an error; False = Python launchers only.
+    ``trust``: the launchers check that what they run is root's (off for tests and editable installs)."""
     cc = find_cc() if native is not False else None
     if native and not cc:
-        raise HookError("no C compiler found for the native front (set CC, or install gcc)")
+        raise HookError(f"cannot build the native front: no C compiler found (set CC, or install gcc){NATIVE_FIX}")
+    if cc:
+        problem = front_problem()
+        if problem:
+            raise HookError(f"cannot build the native front: {problem}{NATIVE_FIX}")
+    elif native is None:
+        sys.stderr.write("oci-gpu-hook: note: no C compiler found (CC, cc, gcc): writing the Python launchers, "
+                         "which start Python on every container (install gcc and run again for the native front; "
+                         "--no-native silences this)\n")
     files = []
     for name, module in LAUNCHERS:
         if cc is None:
@@ -354,14 +399,7 @@ def launcher_files(directory: str, defaults: dict[str, str], *, native: bool | N
                                                                         runtime=_runtime(defaults)).encode()))
             continue
         front = os.path.join(directory, name)
-        try:
-            binary = compile_front(name, directory, defaults, trust, cc)
-        except HookError as err:
-            if native:
-                raise
-            sys.stderr.write(f"oci-gpu-hook: note: {err}; writing the Python launchers\n")
-            return launcher_files(directory, defaults, native=False, trust=trust)
-        files.append((front, binary))
+        files.append((front, compile_front(name, directory, defaults, trust, cc)))
         files.append((front + ".py", launcher_text(module, defaults, trust=trust, runtime=_runtime(defaults),
                                                    argv0=front).encode()))
     return files
@@ -378,8 +416,8 @@ def write_launchers(directory: str, defaults: dict[str, str], *, native: bool | 
     ``NAME.py`` of an earlier native install is removed when the Python launchers are written."""
     from oci_gpu_hook.atomic import write_atomic
 
+    files = launcher_files(directory, defaults, native=native, trust=trust)  # first: a failure writes nothing
     os.makedirs(directory, exist_ok=True)
-    files = launcher_files(directory, defaults, native=native, trust=trust)
     for path, data in files:
         write_atomic(path, data, 0o755)
     written = {p for p, _ in files}

@@ -61,8 +61,6 @@ MAX_ITEMS = 1 << 16
 REQUEST_MAGIC, ANSWER_MAGIC = b"OGHQ", b"OGHA"
 FD_NAMES = ("mnt", "pid", "cgroup", "user", "root", "cwd")  # the order the front sends them in
 ROLES = ("oci-gpu-runtime", "oci-gpu-hook")
-HOOK_COMMANDS = ("precreate", "prestart", "createRuntime")  # the hook commands the front sends
-LIVE_COMMANDS = ("prestart", "createRuntime")
 COERCION_TARGETS = ("C.UTF-8", "C.utf8", "UTF-8")  # CPython's _TARGET_LOCALES (PEP 538)
 CLONE_NEWNS = 0x00020000
 PR_SET_PDEATHSIG = 1
@@ -112,8 +110,9 @@ def version_line(build: str | None = None) -> str:
 # --- the protocol -------------------------------------------------------------------------------------------
 #
 # request: b"OGHQ", u32 length, then fields, each u32 length + bytes, in this order: version line, launcher name,
-#   argv[0] for Python (the front's path), parent pid, umask (decimal), u32 n + n argv words, u32 m + m environment
-#   entries, "1"/"0" (stdin given), stdin; with the request's first bytes, SCM_RIGHTS carrying FD_NAMES in order.
+#   argv[0] for Python (the front's path), the runtime baked into the shim's launcher, parent pid, umask
+#   (decimal), u32 n + n argv words, u32 m + m environment entries, "1"/"0" (stdin given), stdin; with the
+#   request's first bytes, SCM_RIGHTS carrying FD_NAMES in order.
 # answer: b"OGHA", u32 length, then 7 fields: version line, "ok" | "refused", exit status (decimal), the runtime
 #   to exec ("" = none), one NAME=VALUE for its environment ("" = none), stdout, stderr.  Integers big-endian.
 
@@ -123,13 +122,14 @@ class BadRequest(Exception):
 
 
 class Request:
-    __slots__ = ("argv0", "args", "env", "fds", "ppid", "role", "stdin", "umask", "version")
+    __slots__ = ("args", "argv0", "baked_runtime", "env", "fds", "ppid", "role", "stdin", "umask", "version")
 
-    def __init__(self, version: str, role: str, argv0: bytes, ppid: int, umask: int, args: list[bytes],
-                 env: list[bytes], stdin: bytes | None, fds: list[int]) -> None:
+    def __init__(self, version: str, role: str, argv0: bytes, baked_runtime: bytes, ppid: int, umask: int,
+                 args: list[bytes], env: list[bytes], stdin: bytes | None, fds: list[int]) -> None:
         self.version = version
         self.role = role
         self.argv0 = argv0
+        self.baked_runtime = baked_runtime
         self.ppid = ppid
         self.umask = umask
         self.args = args
@@ -139,8 +139,9 @@ class Request:
 
     @property
     def live(self) -> bool:
-        return self.role == "oci-gpu-hook" and bool(self.args) and self.args[0].decode(errors="replace") in \
-            LIVE_COMMANDS
+        from oci_gpu_hook.entry.cli import LIVE_COMMANDS
+
+        return self.role == "oci-gpu-hook" and bool(self.args) and os.fsdecode(self.args[0]) in LIVE_COMMANDS
 
 
 def _recv_exact(conn: socket_module.socket, size: int) -> bytes:
@@ -214,6 +215,7 @@ def read_request(conn: socket_module.socket) -> Request:
         version = field().decode("utf-8", "replace")
         role = field().decode("utf-8", "replace")
         argv0 = field()
+        baked_runtime = field()
         ppid = number(field())
         umask = number(field())
         args = [field() for _ in range(count())]
@@ -222,8 +224,8 @@ def read_request(conn: socket_module.socket) -> Request:
         stdin = field()
         if at != len(body) or has_stdin not in (b"0", b"1"):
             raise BadRequest("a malformed request")
-        return Request(version, role, argv0, ppid, umask & 0o7777, args, env, stdin if has_stdin == b"1" else None,
-                       received)
+        return Request(version, role, argv0, baked_runtime, ppid, umask & 0o7777, args, env,
+                       stdin if has_stdin == b"1" else None, received)
     except BaseException:
         _close_all(received)
         raise
@@ -345,7 +347,10 @@ def run_entry(request: Request) -> tuple[int, bytes, bytes, bytes, bytes]:
 
     if request.role not in ROLES:
         raise BadRequest(f"no launcher {request.role!r}")
-    if request.role == "oci-gpu-hook" and (len(request.args) != 1 or request.args[0].decode() not in HOOK_COMMANDS):
+    from oci_gpu_hook.entry.cli import LIVE_COMMANDS, PRECREATE
+
+    if request.role == "oci-gpu-hook" and (len(request.args) != 1 or
+                                           os.fsdecode(request.args[0]) not in (PRECREATE, *LIVE_COMMANDS)):
         raise BadRequest("not a hook command the front sends")
     set_environ(request.env)
     errors, coerced = python_stdio()
@@ -364,7 +369,7 @@ def run_entry(request: Request) -> tuple[int, bytes, bytes, bytes, bytes]:
         if request.role == "oci-gpu-runtime":
             from oci_gpu_hook.entry.runtime import prepare
 
-            code, runtime = prepare(args)
+            code, runtime = prepare(args, os.fsdecode(request.baked_runtime))
         else:
             from oci_gpu_hook.entry.cli import main
 

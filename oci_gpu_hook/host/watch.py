@@ -371,9 +371,9 @@ class Watcher:
 
     def generate(self) -> Outcome:
         """Scan, generate, validate, write each kind's spec when changed (or remove a stale one)."""
-        from oci_gpu_hook.inventory import scan
+        from oci_gpu_hook.inventory import scan_host
 
-        inventory = scan(self.config.sysfs_root, [kind for kind, _path, _fmt in self.targets], strict=False)
+        inventory = scan_host(self.config, [kind for kind, _path, _fmt in self.targets])
         outcomes = [self._one(inventory, kind, path, fmt) for kind, path, fmt in self.targets]
         if len(outcomes) == 1:
             return outcomes[0]

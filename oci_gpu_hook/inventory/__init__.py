@@ -1,15 +1,24 @@
 """The host's GPUs, by vendor backend, each kind in the order its vendor's own toolkit uses.
 
-A backend (``amd``, ``intel``; one module each in this package) claims the DRM
-devices that are its own, names its shared nodes (AMD: ``/dev/kfd``), orders
+A backend (``amd``, ``intel``, ``nvidia``; one module each in this package)
+claims the devices that are its own (AMD and Intel: DRM devices; NVIDIA: the
+GPUs the driver lists under ``/proc/driver/nvidia``), names its shared nodes
+(AMD: ``/dev/kfd``; NVIDIA: ``/dev/nvidiactl``, ``/dev/nvidia-uvm*``), orders
 its devices into its own index space and resolves its own request syntax.  A
-device of one kind is never reachable through a request for another, and a DRM
+device of one kind is never reachable through a request for another, and a
 device that no backend claims (a BMC's VGA, a virtual display, a half-removed
-device) is listed as ignored, never granted.
+device, a GPU the driver excluded) is listed as ignored, never granted.
 
 The per-container path scans only the kinds a container asked for, so it
-imports only those backends.  The sysfs root is a parameter, so a directory
-tree that mimics sysfs (``examples/hosts/``) stands in for a real host.
+imports only those backends.  The sysfs and proc roots are parameters, so
+directory trees that mimic them (``examples/hosts/``) stand in for a real host.
+
+Optional backend functions (the NVIDIA backend has them): ``indexed(devices)``,
+the devices that plain indices count (default: all); ``container_options(env)``,
+what a container's env asks of the kind beyond devices (NVIDIA: driver
+capabilities); ``device_edits(device, config, options)`` and
+``kind_edits(inventory, options, config)``, a device's and the kind's edits for
+those options (``None``: everything, as a CDI spec gives it).
 """
 
 from __future__ import annotations
@@ -26,25 +35,33 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
     from types import ModuleType
 
+    from oci_gpu_hook.config import Config
     from oci_gpu_hook.core.devices import Node
 
-__all__ = ["KINDS", "Device", "Inventory", "backend", "parse_pci_address", "scan", "stable_name"]
+__all__ = ["HALF_THERE", "KINDS", "Device", "Inventory", "backend", "parse_pci_address", "scan", "scan_host",
+           "stable_name"]
+# A backend's reason that starts with this names a device that is half there (being removed, or being
+# reconfigured): the per-container scan stops on it, as on a broken DRM entry, since skipping it renumbers.
+HALF_THERE = "half there: "
 
 
 class Device:
     """One schedulable device of one kind: a whole GPU or one compute partition."""
 
     __slots__ = (
-        "compute_mode", "device_id", "driver", "drm_name", "hive_id", "index", "kfd_gpu_id", "kind", "links",
-        "memory_mode", "model", "nodes", "numa_node", "partition", "pci_address", "sysfs_dir", "unique_id",
-        "vendor_id",
+        "compute_mode", "device_id", "display_nodes", "driver", "driver_root", "drm_name", "hive_id", "index",
+        "kfd_gpu_id", "kind", "links", "masks", "memory_mode", "mig", "minor", "model", "nodes", "numa_node", "parent",
+        "partition", "pci_address", "sysfs_dir", "unique_id", "uuid", "vendor_id",
     )
 
     def __init__(self, *, kind: str, nodes: tuple[Node, ...], links: tuple[tuple[str, str], ...], pci_address: str,
                  sysfs_dir: str, drm_name: str, numa_node: int | None = None, model: str = "",
                  vendor_id: str = "", device_id: str = "", driver: str | None = None, partition: int | None = None,
                  unique_id: int | None = None, compute_mode: str | None = None, memory_mode: str | None = None,
-                 hive_id: int | None = None, kfd_gpu_id: int | None = None) -> None:
+                 hive_id: int | None = None, kfd_gpu_id: int | None = None, uuid: str | None = None,
+                 minor: int | None = None, mig: tuple[int, int] | None = None, parent: int | None = None,
+                 display_nodes: tuple[Node, ...] = (), masks: tuple[str, ...] = (),
+                 driver_root: str | None = None) -> None:
         self.kind = kind
         self.index = -1  # set when the backend has ordered its devices
         self.nodes = nodes
@@ -63,22 +80,34 @@ class Device:
         self.memory_mode = memory_mode
         self.hive_id = hive_id
         self.kfd_gpu_id = kfd_gpu_id
+        self.uuid = uuid  # NVIDIA: GPU-... or MIG-...
+        self.minor = minor  # NVIDIA: the device minor of the GPU (of the parent GPU for a MIG device)
+        self.mig = mig  # NVIDIA MIG device: (GPU instance id, compute instance id); partition = its index in the GPU
+        self.parent = parent  # NVIDIA MIG device: the index of its GPU
+        self.display_nodes = display_nodes  # NVIDIA: DRM nodes, given with graphics or display
+        self.masks = masks  # container paths besides sysfs_dir that mask_other_gpus hides when not granted
+        self.driver_root = driver_root  # NVIDIA: where the driver's user-space (NVML) is
 
     @property
     def card(self) -> Node | None:
-        return next((n for n in self.nodes if n.path.startswith("/dev/dri/card")), None)
+        return next((n for n in self.nodes + self.display_nodes if n.path.startswith("/dev/dri/card")), None)
 
     @property
     def render(self) -> Node | None:
-        return next((n for n in self.nodes if n.path.startswith("/dev/dri/renderD")), None)
+        return next((n for n in self.nodes + self.display_nodes if n.path.startswith("/dev/dri/renderD")), None)
+
+    @property
+    def label(self) -> str:
+        """The device's index as its vendor spells it: ``3``, or ``1:0`` for MIG device 0 of GPU 1."""
+        return f"{self.parent}:{self.partition}" if self.mig is not None else str(self.index)
 
     @property
     def unique_id_hex(self) -> str | None:
         return None if self.unique_id is None else f"0x{self.unique_id:016x}"
 
     def __repr__(self) -> str:
-        part = "" if self.partition is None else f" p{self.partition}"
-        return f"Device({self.kind} {self.index}: {self.pci_address}{part})"
+        part = "" if self.partition is None or self.mig is not None else f" p{self.partition}"
+        return f"Device({self.kind} {self.label}: {self.pci_address}{part})"
 
 
 class KindInventory:
@@ -97,12 +126,14 @@ class KindInventory:
 class Inventory:
     """The scanned kinds, and the DRM devices no scanned backend claimed (with why)."""
 
-    __slots__ = ("ignored", "kinds", "sysfs_root")
+    __slots__ = ("ignored", "kinds", "proc_root", "sysfs_root")
 
-    def __init__(self, kinds: dict[str, KindInventory], ignored: list[tuple[str, str]], sysfs_root: str) -> None:
+    def __init__(self, kinds: dict[str, KindInventory], ignored: list[tuple[str, str]], sysfs_root: str,
+                 proc_root: str = "/proc") -> None:
         self.kinds = kinds
         self.ignored = ignored
         self.sysfs_root = sysfs_root
+        self.proc_root = proc_root
 
     def devices(self, kind: str) -> tuple[Device, ...]:
         found = self.kinds.get(kind)
@@ -128,12 +159,15 @@ def backend(kind: str) -> ModuleType:
 
 def stable_name(device: Device) -> str:
     """The CDI name that names ``device``'s hardware for as long as it exists, whatever else comes and goes
-    (the backend's ``stable_name``: AMD ``0000:05:00.0`` or ``0000:05:00.0-p3``, Intel the PCI address)."""
+    (the backend's ``stable_name``: AMD ``0000:05:00.0`` or ``0000:05:00.0-p3``, Intel the PCI address,
+    NVIDIA the GPU's or MIG device's UUID)."""
     return str(backend(device.kind).stable_name(device))
 
 
-def scan(sysfs_root: str = "/sys", kinds: Iterable[str] | None = None, *, strict: bool = True) -> Inventory:
-    """Read the devices of ``kinds`` (default: every backend) under ``sysfs_root``.
+def scan(sysfs_root: str = "/sys", kinds: Iterable[str] | None = None, *, strict: bool = True,
+         proc_root: str = "/proc", driver_root: str = "/") -> Inventory:
+    """Read the devices of ``kinds`` (default: every backend) under ``sysfs_root`` (NVIDIA: and ``proc_root``;
+    ``driver_root`` is where its NVML is, for MIG UUIDs).
 
     ``strict`` (the per-container path): a DRM entry that cannot be read (a device half removed, a
     dangling link) is a HookError, since skipping it would renumber every device after it.  Operator
@@ -142,6 +176,7 @@ def scan(sysfs_root: str = "/sys", kinds: Iterable[str] | None = None, *, strict
     from oci_gpu_hook.errors import HookError
 
     root = os.path.abspath(sysfs_root)
+    proc = os.path.abspath(proc_root)
     wanted = list(KINDS) if kinds is None else [k for k in KINDS if k in set(kinds)]
     drm = drm_devices(root)
     broken = [d for d in drm if d.problem]
@@ -150,18 +185,30 @@ def scan(sysfs_root: str = "/sys", kinds: Iterable[str] | None = None, *, strict
     seen: dict[str, str] = {}  # DRM device directory -> "" when a backend claimed it, else a backend's reason
     found: dict[str, KindInventory] = {}
     for kind in wanted:
-        devices, shared, looked_at = backend(kind).discover(root, drm)
+        devices, shared, looked_at = backend(kind).discover(root, drm, proc, os.path.abspath(driver_root))
+        half = next((why for why in looked_at.values() if why.startswith(HALF_THERE)), None)
+        if strict and half:
+            raise HookError(f"{half[len(HALF_THERE):]}; refusing to number {kind} GPUs while a device is half there")
         for directory, reason in looked_at.items():
             if seen.get(directory) != "":
                 seen[directory] = reason
         found[kind] = KindInventory(kind, devices, shared)
     ignored = []
     for device in drm:
-        reason = seen.get(device.directory)
+        reason = seen.pop(device.directory, None)
         if reason == "":
             continue
         ignored.append((device.name, device.problem or reason or _unclaimed_reason(device, set(wanted) == set(KINDS))))
-    return Inventory(found, ignored, root)
+    for what, reason in seen.items():  # devices without DRM nodes a backend looked at (NVIDIA)
+        if reason:
+            ignored.append((os.path.basename(what) if what.startswith("/") else what, reason.removeprefix(HALF_THERE)))
+    return Inventory(found, ignored, root, proc)
+
+
+def scan_host(config: Config, kinds: Iterable[str] | None = None, *, strict: bool = False) -> Inventory:
+    """:func:`scan` with the config's roots (sysfs, proc, driver) and backends: what the operator commands read."""
+    return scan(config.sysfs_root, config.backends if kinds is None else kinds, strict=strict,
+                proc_root=config.proc_root, driver_root=config.driver_root)
 
 
 def _unclaimed_reason(device: object, every_backend: bool) -> str:

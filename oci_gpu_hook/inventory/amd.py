@@ -100,7 +100,8 @@ def _is_partition_device(device: DrmDevice) -> bool:
         device.name.startswith(p) and device.name[len(p):].isdigit() for p in XCP_PREFIXES)
 
 
-def discover(root: str, drm: list[DrmDevice]) -> tuple[list[Device], tuple[Node, ...], dict[str, str]]:
+def discover(root: str, drm: list[DrmDevice], _proc_root: str = "/proc",
+             _driver_root: str = "/") -> tuple[list[Device], tuple[Node, ...], dict[str, str]]:
     """AMD devices (unordered), the shared nodes, and every DRM device looked at -> '' or why it is not one."""
     seen: dict[str, str] = {}
     gpus = {}  # (domain, bus << 5 | device) -> the PCI DrmDevice of an amdgpu GPU

@@ -28,7 +28,8 @@ DRIVERS = ("i915", "xe")
 FORMS = "card name (cardN) or PCI address"  # request entries besides indices and ranges
 
 
-def discover(root: str, drm: list[DrmDevice]) -> tuple[list[Device], tuple[Node, ...], dict[str, str]]:
+def discover(root: str, drm: list[DrmDevice], _proc_root: str = "/proc",
+             _driver_root: str = "/") -> tuple[list[Device], tuple[Node, ...], dict[str, str]]:
     seen: dict[str, str] = {}
     found = []
     for device in drm:

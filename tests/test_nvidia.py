@@ -1,0 +1,725 @@
+"""The NVIDIA backend without containers: inventory, request forms, driver capabilities, the driver's files,
+the ld cache reader against the real ldconfig, in-rootfs resolution, the plan and spec rewrite, MIG UUIDs
+through NVML (a fake libnvidia-ml built here), and the checked-in example trees."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from oci_gpu_hook.appliers import mounts
+from oci_gpu_hook.appliers.ocispec import apply as apply_edits
+from oci_gpu_hook.config import Config
+from oci_gpu_hook.core.devices import Node
+from oci_gpu_hook.core.edits import Edits, Mount
+from oci_gpu_hook.errors import HookError
+from oci_gpu_hook.inventory import Inventory, ldcache, nvdriver, nvidia, nvml, scan
+from oci_gpu_hook.plan import build_plan, plan_for_spec
+from oci_gpu_hook.request import requested, resolve, select
+from tests.fakenvidia import build_driver, build_proc, elf_shared_object, ld_cache, mig_minor
+from tests.fakesysfs import EXAMPLE_DIRS, HOSTS, FakeGpu, FakeHost, build, build_all
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "examples" / "hosts"
+NVIDIA_HOSTS = ("nvidia-h100", "nvidia-mig", "amd-nvidia")
+
+
+def roots(name: str) -> Path:
+    return EXAMPLES / EXAMPLE_DIRS[name]
+
+
+def inventory(name: str) -> Inventory:
+    base = roots(name)
+    return scan(str(base / "sys"), proc_root=str(base / "proc"), driver_root=str(base / "driver"))
+
+
+def config(name: str, **values: Any) -> Config:
+    base = roots(name)
+    return Config(**{"sysfs_root": str(base / "sys"), "proc_root": str(base / "proc"),
+                     "driver_root": str(base / "driver"), "hook_path": "/bin/sh", **values})
+
+
+def fake(tmp_path: Path, host: FakeHost) -> tuple[Inventory, Path]:
+    build_all(str(tmp_path / "sys"), host)
+    inv = scan(str(tmp_path / "sys"), proc_root=str(tmp_path / "proc"), driver_root=str(tmp_path / "driver"))
+    return inv, tmp_path
+
+
+# --- inventory ------------------------------------------------------------------------------------
+
+
+def test_h100_host_gpus_in_pci_order_with_their_own_minors() -> None:
+    inv = inventory("nvidia-h100")
+    gpus = inv.devices("nvidia")
+    assert [g.pci_address for g in gpus] == ["0000:1b:00.0", "0000:43:00.0", "0000:52:00.0", "0000:c1:00.0"]
+    assert [g.minor for g in gpus] == [2, 0, 3, 1]  # minor != index
+    assert [g.nodes for g in gpus] == [(Node(f"/dev/nvidia{m}", "c", 195, m),) for m in (2, 0, 3, 1)]
+    host = {g.pci: g for g in HOSTS["nvidia-h100"]().nvidia}
+    assert [g.uuid for g in gpus] == [host[g.pci_address].uuid for g in gpus]
+    assert all(g.display_nodes == () and g.links == () and g.mig is None for g in gpus)  # no nvidia-drm
+    assert gpus[0].model == "NVIDIA H100 80GB HBM3" and gpus[0].device_id == "0x2330" and gpus[3].numa_node == 1
+    assert inv.shared("nvidia") == (Node("/dev/nvidiactl", "c", 195, 255), Node("/dev/nvidia-uvm", "c", 510, 0),
+                                    Node("/dev/nvidia-uvm-tools", "c", 510, 1))
+    assert [name for name, why in inv.ignored if "NVSwitch" in why] == [f"0000:0{n}:00.0" for n in (5, 6, 7, 8)]
+
+
+def test_mig_host_devices_nodes_and_drm() -> None:
+    inv = inventory("nvidia-mig")
+    devices = inv.devices("nvidia")
+    assert [d.label for d in devices] == ["0", "1", "0:0", "0:1", "0:2", "0:3"]
+    gpu0, gpu1 = devices[:2]
+    assert (gpu0.pci_address, gpu0.minor, gpu1.pci_address, gpu1.minor) == ("0000:3b:00.0", 1, "0000:86:00.0", 0)
+    assert [n.path for n in gpu0.display_nodes] == ["/dev/dri/card2", "/dev/dri/renderD129"]
+    assert gpu0.links == (("/dev/dri/by-path/pci-0000:3b:00.0-card", "../card2"),
+                          ("/dev/dri/by-path/pci-0000:3b:00.0-render", "../renderD129"))
+    migs = devices[2:]
+    assert [d.mig for d in migs] == [(1, 0), (2, 0), (5, 0), (5, 1)]
+    assert all(d.parent == 0 and d.uuid is None for d in migs)  # no NVML in the example: no MIG UUIDs
+    for device in migs:
+        assert device.mig is not None
+        gi, ci = device.mig
+        assert device.nodes == (Node("/dev/nvidia1", "c", 195, 1),
+                                Node(f"/dev/nvidia-caps/nvidia-cap{mig_minor(1, gi)}", "c", 236, mig_minor(1, gi)),
+                                Node(f"/dev/nvidia-caps/nvidia-cap{mig_minor(1, gi, ci)}", "c", 236,
+                                     mig_minor(1, gi, ci)))
+    assert [n.minor for n in migs[0].nodes] == [1, 147, 148]  # gpu1/gi1/access, gpu1/gi1/ci0/access
+    assert not any("card" in name or "render" in name for name, _why in inv.ignored)  # nvidia-drm's nodes: claimed
+
+
+def test_mixed_host_each_vendor_claims_its_own_drm_devices() -> None:
+    inv = inventory("amd-nvidia")
+    assert [(d.pci_address, d.render.minor if d.render else None) for d in inv.devices("amd")] == [
+        ("0000:03:00.0", 128), ("0000:41:00.0", 130)]
+    assert [(d.pci_address, d.minor, d.render.minor if d.render else None) for d in inv.devices("nvidia")] == [
+        ("0000:21:00.0", 1, 129), ("0000:61:00.0", 0, 131)]
+    assert inv.ignored == []
+    assert inv.shared("amd") == (Node("/dev/kfd", "c", 234, 0),)
+
+
+def test_no_nvidia_driver_means_no_nvidia_devices(tmp_path: Path) -> None:
+    root = build(str(tmp_path / "sys"), HOSTS["nvidia-h100"]())
+    inv = scan(root, proc_root=str(tmp_path / "no-proc"))
+    assert inv.devices("nvidia") == () and inv.shared("nvidia") == ()
+
+
+def test_older_driver_frontend_name_and_dynamic_majors(tmp_path: Path) -> None:
+    host = HOSTS["nvidia-h100"]()
+    host.frontend_name, host.uvm_major = "nvidia-frontend", 499
+    inv, _ = fake(tmp_path, host)
+    assert [n.number for n in inv.shared("nvidia")] == [("c", 195, 255), ("c", 499, 0), ("c", 499, 1)]
+
+
+def test_excluded_gpu_and_a_gpu_bound_elsewhere_are_ignored(tmp_path: Path) -> None:
+    host = HOSTS["nvidia-h100"]()
+    host.nvidia[0].excluded = True  # PCI c1 (index 3 otherwise)
+    inv, base = fake(tmp_path, host)
+    assert [g.pci_address for g in inv.devices("nvidia")] == ["0000:1b:00.0", "0000:43:00.0", "0000:52:00.0"]
+    assert ("0000:c1:00.0", "excluded by the driver (GPU Excluded: Yes)") in inv.ignored
+    link = base / "sys" / "devices" / "pci0000:43" / "0000:43:00.0" / "driver"
+    link.unlink()
+    link.symlink_to("../../../bus/pci/drivers/vfio-pci")
+    inv = scan(str(base / "sys"), proc_root=str(base / "proc"))
+    assert ("0000:43:00.0", "bound to vfio-pci, not nvidia") in inv.ignored
+
+
+def test_mig_instance_whose_minor_disagrees_or_is_missing_is_ignored(tmp_path: Path) -> None:
+    inv, base = fake(tmp_path, HOSTS["nvidia-mig"]())
+    access = base / "proc" / "driver" / "nvidia" / "capabilities" / "gpu1" / "mig" / "gi2" / "ci0" / "access"
+    access.write_text("DeviceFileMinor: 9\nDeviceFileMode: 292\n")
+    with pytest.raises(HookError, match=r"says DeviceFileMinor 9, mig-minors says 157; refusing to number nvidia GPUs "
+                                        "while a device is half there"):
+        scan(str(base / "sys"), proc_root=str(base / "proc"))  # the per-container scan: skipping would renumber
+    inv = scan(str(base / "sys"), proc_root=str(base / "proc"), strict=False)
+    assert [d.mig for d in inv.devices("nvidia") if d.mig] == [(1, 0), (5, 0), (5, 1)]
+    assert any(name == "0000:3b:00.0 MIG gi2/ci0" and why.startswith("/") and "DeviceFileMinor 9" in why
+               for name, why in inv.ignored)
+    devices = base / "proc" / "devices"
+    devices.write_text(devices.read_text().replace("236 nvidia-caps\n", ""))
+    inv = scan(str(base / "sys"), proc_root=str(base / "proc"))  # no caps major: no MIG device at all, no renumbering
+    assert [d.label for d in inv.devices("nvidia")] == ["0", "1"]
+    assert sum("no 'nvidia-caps' character major" in why for _n, why in inv.ignored) == 4
+
+
+def test_a_gpu_half_there_stops_the_per_container_scan(tmp_path: Path) -> None:
+    inv, base = fake(tmp_path, HOSTS["nvidia-h100"]())
+    (base / "proc" / "driver" / "nvidia" / "gpus" / "0000:43:00.0" / "information").unlink()
+    with pytest.raises(HookError, match=r"cannot read .*/0000:43:00\.0/information; refusing to number nvidia GPUs"):
+        scan(str(base / "sys"), proc_root=str(base / "proc"))
+    inv = scan(str(base / "sys"), proc_root=str(base / "proc"), strict=False)
+    assert [g.pci_address for g in inv.devices("nvidia")] == ["0000:1b:00.0", "0000:52:00.0", "0000:c1:00.0"]
+    assert any(name == "0000:43:00.0" and why.startswith("cannot read") for name, why in inv.ignored)
+
+
+def test_drm_nodes_need_nvidia_drm(tmp_path: Path) -> None:
+    host = HOSTS["nvidia-mig"]()
+    host.nvidia_drm = False  # the nodes are there (a fixture's leftovers), the module is not: not given
+    inv, _ = fake(tmp_path, host)
+    assert all(d.display_nodes == () for d in inv.devices("nvidia"))
+    assert [name for name, _ in inv.ignored] == ["0000:02:00.0"]  # the GPUs are devices, without those nodes
+
+
+# --- requests --------------------------------------------------------------------------------------
+
+
+def labels(value: str, name: str = "nvidia-mig") -> list[str]:
+    return [d.label for d in select("nvidia", value, inventory(name).devices("nvidia"), "NVIDIA_VISIBLE_DEVICES")]
+
+
+@pytest.mark.parametrize(("value", "wanted"), [
+    ("0", ["0"]), ("1,0", ["0", "1"]), ("0-1", ["0", "1"]), ("all", ["0", "1", "0:0", "0:1", "0:2", "0:3"]),
+    ("0:3", ["0:3"]), ("0:0, 0:2", ["0:0", "0:2"]), ("0000:86:00.0", ["1"]), ("86:00.0", ["1"]),
+    ("00000000:3B:00.0", ["0"]), ("none", []), ("void", []), ("", []), ("1,1", ["1"]),
+])
+def test_request_forms(value: str, wanted: list[str]) -> None:
+    assert labels(value) == wanted
+
+
+def test_uuid_requests_are_case_insensitive() -> None:
+    gpus = inventory("nvidia-h100").devices("nvidia")
+    assert labels(gpus[2].uuid.lower(), "nvidia-h100") == ["2"]  # type: ignore[union-attr]
+    assert labels(f"{gpus[3].uuid.upper().replace('GPU-', 'gpu-')},0", "nvidia-h100") == ["0", "3"]  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("value", "why"), [
+    ("2", "'2' is out of range (the host has 2 nvidia GPUs)"),
+    ("0:4", "'0:4' is out of range (GPU 0 has 4 MIG devices)"),
+    ("1:0", "names MIG device 0 of GPU 1, which has no MIG devices"),
+    ("5:0", "names GPU '5', which out of range (the host has 2 nvidia GPUs)"),
+    ("0:x", "is not a MIG device"),
+    ("GPU-0000", "is not the UUID of an NVIDIA GPU on this host"),
+    ("GPU-", "is not a valid UUID"),
+    ("0000:99:00.0", "is not the PCI address of an NVIDIA GPU on this host"),
+    ("zz:00.0", "is not a valid PCI address"),
+    ("1-0", "is a range that runs backwards"),
+    ("0-", "is not a valid range"),
+    ("0-7", "is a range whose end '7' is out of range"),
+    ("gpu0", "is not a GPU index, range, GPU UUID (GPU-...), PCI address, MIG device (GPU:MIG or MIG-...)"),
+    ("all,0", "'all' cannot be combined"),
+    ("MIG-f00", "cannot be looked up: MIG UUIDs are known only to NVML"),
+])
+def test_bad_requests_say_what_is_valid(value: str, why: str) -> None:
+    with pytest.raises(HookError) as info:
+        labels(value)
+    text = str(info.value)
+    assert why in text and "valid: all, none, indices 0-1, ranges like 0-1, GPU UUIDs like GPU-" in text, text
+    assert "MIG devices like 0:0" in text and "\n" not in text
+
+
+def test_no_nvidia_gpus_all_is_an_error() -> None:
+    with pytest.raises(HookError, match="this host has no nvidia GPUs"):
+        select("nvidia", "all", (), "NVIDIA_VISIBLE_DEVICES")
+
+
+def test_env_and_annotations_select_the_kind() -> None:
+    cfg = config("nvidia-h100")
+    asks = requested(["NVIDIA_VISIBLE_DEVICES=1", "AMD_VISIBLE_DEVICES=void"], {}, cfg)
+    assert [(a.kind, a.values) for a in asks] == [("nvidia", ["1"])]
+    asks = requested(["NVIDIA_VISIBLE_DEVICES=1"], {"cdi.k8s.io/x": "nvidia.com/gpu=3"}, cfg)
+    assert [(a.kind, a.values, a.note) for a in asks] == [
+        ("nvidia", ["3"], "NVIDIA_VISIBLE_DEVICES=1 ignored: annotations decide")]
+    assert requested([], {}, cfg) == []  # unset: nothing (the legacy CUDA-image rule is not followed)
+
+
+@pytest.mark.parametrize(("value", "caps"), [
+    (None, {"utility", "compute"}), ("", {"utility", "compute"}), ("compute", {"compute"}),
+    ("all", {"compute", "utility", "graphics", "video", "display", "ngx"}), (" Video , utility", {"video", "utility"}),
+    ("compute,all", {"compute", "utility", "graphics", "video", "display", "ngx"}),
+])
+def test_driver_capabilities(value: str | None, caps: set[str]) -> None:
+    assert nvidia.capabilities(value) == caps
+
+
+@pytest.mark.parametrize(("value", "why"), [("compute,gpu", "'gpu' is not a driver capability"),
+                                            ("compat32", "'compat32' (32-bit driver libraries) is not served")])
+def test_bad_driver_capabilities(value: str, why: str) -> None:
+    with pytest.raises(HookError) as info:
+        nvidia.capabilities(value)
+    assert why in str(info.value) and "(valid: all, compute, utility, graphics, video, display, ngx)" in str(info.value)
+
+
+# --- the driver's files ----------------------------------------------------------------------------
+
+
+def driver_files(name: str, caps: set[str]) -> Edits:
+    base = roots(name)
+    return nvdriver.driver_files(str(base / "proc"), str(base / "driver"), frozenset(caps))
+
+
+def test_compute_and_utility_files() -> None:
+    files = driver_files("nvidia-h100", {"compute", "utility"})
+    base = roots("nvidia-h100") / "driver"
+    by_dest = {m.destination: m.source for m in files.mounts}
+    lib = "/usr/lib/x86_64-linux-gnu"
+    assert by_dest[f"{lib}/libcuda.so.550.54.15"] == f"{base}{lib}/libcuda.so.550.54.15"  # /lib resolved in root
+    assert by_dest["/usr/bin/nvidia-smi"] == f"{base}/usr/bin/nvidia-smi"
+    assert by_dest["/lib/firmware/nvidia/550.54.15"] == f"{base}/usr/lib/firmware/nvidia/550.54.15"
+    assert f"{lib}/libnvidia-ml.so.550.54.15" in by_dest and "/usr/bin/nvidia-cuda-mps-control" in by_dest
+    assert not any("GLX" in d or "nvcuvid" in d or "ngx" in d for d in by_dest)  # graphics, video, ngx: not asked
+    assert not any("i386" in s or "470.223.02" in s for s in by_dest.values())  # 32-bit and leftovers: never
+    assert not any("opencl" in d for d in by_dest)  # its soname link points at the leftover
+    links = dict(files.symlinks)
+    assert links[f"{lib}/libcuda.so.1"] == "libcuda.so.550.54.15" and links[f"{lib}/libcuda.so"] == "libcuda.so.1"
+    assert links[f"{lib}/libnvidia-ml.so.1"] == "libnvidia-ml.so.550.54.15"
+    assert files.ldcache == (lib,)
+    assert all(Path(m.source).exists() for m in files.mounts)
+
+
+def test_files_per_capability() -> None:
+    utility = {m.destination.rsplit("/", 1)[1] for m in driver_files("nvidia-h100", {"utility"}).mounts}
+    assert "libnvidia-ml.so.550.54.15" in utility and "nvidia-smi" in utility and "libcuda.so.550.54.15" not in utility
+    graphics = {m.destination.rsplit("/", 1)[1] for m in driver_files("nvidia-h100", {"graphics"}).mounts}
+    assert {"libGLX_nvidia.so.550.54.15", "libEGL_nvidia.so.550.54.15", "libnvidia-glcore.so.550.54.15"} <= graphics
+    assert graphics.isdisjoint({"nvidia-smi", "libnvidia-ml.so.550.54.15"})
+    video = {m.destination.rsplit("/", 1)[1] for m in driver_files("nvidia-h100", {"video"}).mounts}
+    assert "libnvcuvid.so.550.54.15" in video and "libnvidia-encode.so.550.54.15" in video
+    assert {m.destination for m in driver_files("nvidia-h100", {"display"}).mounts} == {
+        "/lib/firmware/nvidia/550.54.15"}
+
+
+def test_missing_driver_library_is_an_error(tmp_path: Path) -> None:
+    _, base = fake(tmp_path, HOSTS["nvidia-h100"]())
+    (base / "proc" / "driver" / "nvidia" / "version").write_text(
+        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  560.35.03  Fri Aug 16 21:39:15 UTC 2024\n")
+    with pytest.raises(HookError, match=r"compute: the NVIDIA driver's libcuda.so.560.35.03 \(the running driver's"):
+        nvdriver.driver_files(str(base / "proc"), str(base / "driver"), frozenset({"compute"}))
+    assert nvdriver.driver_version(str(base / "proc")) == "560.35.03"
+    (base / "proc" / "driver" / "nvidia" / "version").unlink()
+    with pytest.raises(HookError, match="is the nvidia module loaded"):
+        nvdriver.driver_version(str(base / "proc"))
+
+
+def test_resolve_stays_inside_the_root(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "usr" / "lib").mkdir(parents=True)
+    (root / "usr" / "lib" / "libx.so.1").write_text("")
+    (root / "lib").symlink_to("/usr/lib")  # absolute: from the root, not from the host
+    (root / "up").symlink_to("../../../../../usr")
+    (root / "loop").symlink_to("loop")
+    assert nvdriver.resolve(str(root), "/lib/libx.so.1") == "/usr/lib/libx.so.1"
+    assert nvdriver.resolve(str(root), "/up/lib/libx.so.1") == "/usr/lib/libx.so.1"
+    assert nvdriver.resolve(str(root), "/loop/x") is None
+    assert nvdriver.resolve(str(root), "/usr/lib/missing") is None
+
+
+# --- the ld cache reader, against the real ldconfig ------------------------------------------------
+
+LDCONFIG = shutil.which("ldconfig") or "/sbin/ldconfig"
+FLAG_NAMES = {0x0303: "libc6,x86-64", 0x0003: "libc6", 0x0A03: "libc6,AArch64"}
+
+
+def ldconfig_view(cache: Path) -> list[tuple[str, str, str]]:
+    out = subprocess.run([LDCONFIG, "-p", "-C", str(cache)], capture_output=True, text=True, check=True).stdout
+    rows = []
+    for line in out.splitlines()[1:]:
+        if " => " not in line:
+            continue  # "Cache generated by: ...", from the cache's extension section (not read here)
+        name, _, rest = line.strip().partition(" (")
+        flags, _, path = rest.partition(") => ")
+        rows.append((name, path, flags))
+    return rows
+
+
+def our_view(cache: Path) -> list[tuple[str, str, str]]:
+    return [(e.soname, e.path, FLAG_NAMES.get(e.flags, hex(e.flags)) + (f", hwcap: {e.hwcap:#018x}" if e.hwcap else ""))
+            for e in ldcache.read(str(cache))]
+
+
+@pytest.mark.skipif(not os.access(LDCONFIG, os.X_OK), reason="no ldconfig")
+def test_reader_agrees_with_ldconfig(tmp_path: Path) -> None:
+    """The host's own cache, a compat-format one, the fake driver's, and one ldconfig builds over it."""
+    driver = Path(build_driver(str(tmp_path / "driver"), HOSTS["nvidia-h100"]()))
+    built, compat = tmp_path / "built.cache", tmp_path / "compat.cache"
+    subprocess.run([LDCONFIG, "-X", "-C", str(built), "-f", "/dev/null", str(driver / "usr/lib/x86_64-linux-gnu"),
+                    str(driver / "usr/lib/i386-linux-gnu")], check=True, capture_output=True)
+    subprocess.run([LDCONFIG, "-X", "-c", "compat", "-C", str(compat), "-f", "/dev/null",
+                    str(driver / "usr/lib/x86_64-linux-gnu")], check=True, capture_output=True)
+    for cache in (Path("/etc/ld.so.cache"), built, compat, driver / "etc" / "ld.so.cache"):
+        if cache.exists():
+            assert our_view(cache) == ldconfig_view(cache), cache
+    fixture = {(e.soname, e.flags) for e in ldcache.read(str(driver / "etc" / "ld.so.cache"))}
+    assert fixture == {(e.soname, e.flags) for e in ldcache.read(str(built)) if e.path.startswith(str(driver))}
+
+
+@pytest.mark.parametrize("damage", ["empty", "old-only", "truncated", "bad-offset", "not-a-cache"])
+def test_damaged_caches_are_one_line(damage: str) -> None:
+    good = ld_cache([("libcuda.so.1", "/lib/libcuda.so.1", 0x0303)])
+    data = {"empty": b"", "old-only": b"ld.so-1.7.0" + b"\0" * 5 + bytes(12), "truncated": good[:60],
+            "bad-offset": good[:56] + (10_000).to_bytes(4, "little") + good[60:],
+            "not-a-cache": b"\x7fELF" * 20}[damage]
+    with pytest.raises(HookError) as info:
+        ldcache.parse(data, "cache")
+    assert "\n" not in str(info.value)
+
+
+def test_native_flags() -> None:
+    assert ldcache.native_flags("x86_64") == 0x0303 and ldcache.native_flags("aarch64") == 0x0A03
+    with pytest.raises(HookError, match="no ld cache ABI known"):
+        ldcache.native_flags("mips")
+
+
+# --- resolution inside a rootfs (openat2 RESOLVE_IN_ROOT), without mounting --------------------------
+
+
+def test_symlinks_and_directories_never_leave_the_rootfs(tmp_path: Path) -> None:
+    rootfs, outside = tmp_path / "rootfs", tmp_path / "outside"
+    (rootfs / "usr").mkdir(parents=True)
+    outside.mkdir()
+    (rootfs / str(outside).lstrip("/")).mkdir(parents=True)  # where /lib leads inside the rootfs
+    (rootfs / "outside").mkdir()  # where ../../../../outside leads: .. stops at the root
+    (rootfs / "lib").symlink_to(str(outside))  # absolute: inside the rootfs, that is <rootfs>/<outside>
+    (rootfs / "usr" / "lib64").symlink_to("../../../../outside")
+    (rootfs / "opt").symlink_to("/nonexistent")
+    fd = os.open(rootfs, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert mounts.symlink(fd, "/lib/x86_64-linux-gnu/libcuda.so.1", "libcuda.so.550.54.15").endswith("made")
+        assert mounts.symlink(fd, "/usr/lib64/libnvidia-ml.so.1", "libnvidia-ml.so.550.54.15").endswith("made")
+        assert mounts.symlink(fd, "/usr/lib64/libnvidia-ml.so.1", "libnvidia-ml.so.550.54.15").endswith("present")
+        assert "replaced" in mounts.symlink(fd, "/usr/lib64/libnvidia-ml.so.1", "libnvidia-ml.so.1.new")
+        (rootfs / "usr" / "x").write_text("")
+        with pytest.raises(HookError, match="is not a symlink; refusing to replace it"):
+            mounts.symlink(fd, "/usr/x", "y")
+        with pytest.raises(HookError, match="only absolute, normalized paths"):
+            mounts.symlink(fd, "/usr/../etc/passwd", "y")
+        with pytest.raises(HookError, match="a file name in its own directory"):
+            mounts.symlink(fd, "/usr/libz.so.1", "../../etc/shadow")
+        with pytest.raises(HookError, match="cannot make /opt in the container"):  # a dangling symlink: refused
+            mounts.symlink(fd, "/opt/lib/libz.so.1", "libz.so.1.2")
+    finally:
+        os.close(fd)
+    assert list(outside.iterdir()) == []  # nothing outside the rootfs
+    inside = rootfs / str(outside).lstrip("/") / "x86_64-linux-gnu" / "libcuda.so.1"
+    assert os.readlink(inside) == "libcuda.so.550.54.15"
+    assert os.readlink(rootfs / "outside" / "libnvidia-ml.so.1") == "libnvidia-ml.so.1.new"  # .. stops at the root
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare")
+def test_bind_mounts_read_only_inside_the_rootfs_only(tmp_path: Path) -> None:
+    """In a private mount namespace: the detached read-only copy lands on the destination inside the rootfs (through
+    the image's symlinks), a symlink destination is refused, and nothing outside the rootfs is touched."""
+    rootfs, outside = tmp_path / "rootfs", tmp_path / "outside"
+    (rootfs / "usr" / "lib").mkdir(parents=True)
+    outside.mkdir()
+    (rootfs / "lib").symlink_to("usr/lib")
+    (rootfs / "usr" / "lib" / "evil.so").symlink_to(str(outside / "target"))
+    source = tmp_path / "libcuda.so.550.54.15"
+    source.write_text("driver\n")
+    code = f"""
+import os, sys
+sys.path.insert(0, {str(REPO)!r})
+from oci_gpu_hook.appliers import mounts
+from oci_gpu_hook.core.edits import Mount
+from oci_gpu_hook.errors import HookError
+fd = os.open({str(rootfs)!r}, os.O_RDONLY | os.O_DIRECTORY)
+good = Mount({str(source)!r}, "/lib/x86_64-linux-gnu/libcuda.so.550.54.15")
+print(mounts.bind(fd, good, mounts.clone_tree(good)))
+print(mounts.bind(fd, good, mounts.clone_tree(good)))
+try:
+    evil = Mount({str(source)!r}, "/usr/lib/evil.so")
+    mounts.bind(fd, evil, mounts.clone_tree(evil))
+except HookError as err:
+    print("refused:", err)
+target = {str(rootfs)!r} + "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15"
+try:
+    open(target, "a").write("x")
+except OSError as err:
+    print("write:", err.strerror)
+print(open(target).read().strip())
+for line in open("/proc/self/mountinfo"):
+    if target in line:
+        print("options:", line.split()[5])
+"""
+    done = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable, "-c", code],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "/lib/x86_64-linux-gnu/libcuda.so.550.54.15 mounted"
+    assert lines[1] == "/lib/x86_64-linux-gnu/libcuda.so.550.54.15 present"
+    assert lines[2].startswith("refused: refusing to mount") and "symlink there" in lines[2]
+    assert lines[3] == "write: Read-only file system" and lines[4] == "driver"
+    assert lines[5].startswith("options: ro,nosuid,nodev")
+    assert list(outside.iterdir()) == [] and source.read_text() == "driver\n"
+    assert (rootfs / "usr" / "lib" / "x86_64-linux-gnu" / "libcuda.so.550.54.15").read_text() == ""  # a mount point
+
+
+# --- the plan and the spec rewrite -----------------------------------------------------------------
+
+
+def spec(env: list[str]) -> dict[str, Any]:
+    return {"ociVersion": "1.0.2", "process": {"args": ["/bin/true"], "env": ["PATH=/bin", *env]},
+            "root": {"path": "rootfs"}, "linux": {}}
+
+
+def test_plan_default_capabilities() -> None:
+    plan = plan_for_spec(spec(["NVIDIA_VISIBLE_DEVICES=0"]), config("nvidia-mig"))
+    assert [n.path for n in plan.nodes] == ["/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm",
+                                            "/dev/nvidia-uvm-tools"]
+    assert plan.edits.links == ()  # DRM nodes and by-path links only with graphics or display
+    names = {m.destination.rsplit("/", 1)[1] for m in plan.edits.mounts}
+    assert {"libcuda.so.535.104.05", "libnvidia-ml.so.535.104.05", "nvidia-smi"} <= names
+    assert [(r.major, r.minor) for r in plan.rules] == [(195, 1), (195, 255), (510, 0), (510, 1)]
+    assert plan.summary().startswith("nvidia 0 (0000:3b:00.0): /dev/nvidia1 ") and "driver files" in plan.summary()
+
+
+def test_plan_graphics_and_display() -> None:
+    env = ["NVIDIA_VISIBLE_DEVICES=0,0:1", "NVIDIA_DRIVER_CAPABILITIES=graphics,display"]
+    plan = plan_for_spec(spec(env), config("nvidia-mig"))
+    assert [n.path for n in plan.nodes] == [
+        "/dev/nvidia1", "/dev/dri/card2", "/dev/dri/renderD129", "/dev/nvidia-caps/nvidia-cap156",
+        "/dev/nvidia-caps/nvidia-cap157", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
+        "/dev/nvidia-modeset"]
+    assert len(plan.edits.links) == 2
+    names = {m.destination.rsplit("/", 1)[1] for m in plan.edits.mounts}
+    assert "libGLX_nvidia.so.535.104.05" in names and "libcuda.so.535.104.05" not in names
+
+
+def test_bad_capabilities_stop_the_container() -> None:
+    with pytest.raises(HookError, match="NVIDIA_DRIVER_CAPABILITIES=compute,gpu: 'gpu' is not a driver capability"):
+        plan_for_spec(spec(["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=compute,gpu"]),
+                      config("nvidia-mig"))
+
+
+def test_mixed_host_plan_serves_both_vendors() -> None:
+    plan = plan_for_spec(spec(["NVIDIA_VISIBLE_DEVICES=1", "AMD_VISIBLE_DEVICES=0"]), config("amd-nvidia"))
+    assert [n.path for n in plan.nodes] == [
+        "/dev/dri/card0", "/dev/dri/renderD128", "/dev/nvidia0", "/dev/kfd", "/dev/nvidiactl", "/dev/nvidia-uvm",
+        "/dev/nvidia-uvm-tools"]
+
+
+def test_mask_other_gpus_hides_their_sysfs_and_proc_directories() -> None:
+    plan = plan_for_spec(spec(["NVIDIA_VISIBLE_DEVICES=0:2"]), config("nvidia-mig", mask_other_gpus=True))
+    assert plan.edits.masked == ("/proc/driver/nvidia/gpus/0000:86:00.0",
+                                 "/sys/devices/pci0000:86/0000:86:00.0")
+
+
+def test_spec_rewrite_mounts_and_hooks_idempotent() -> None:
+    cfg = config("nvidia-h100")
+    doc = spec(["NVIDIA_VISIBLE_DEVICES=GPU-" + inventory("nvidia-h100").devices("nvidia")[1].uuid[4:]])  # type: ignore[index]
+    plan = plan_for_spec(doc, cfg)
+    assert apply_edits(doc, plan, cfg) is True
+    bound = {m["destination"]: m for m in doc["mounts"]}
+    lib = bound["/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15"]
+    assert lib["type"] == "bind" and lib["options"] == ["ro", "nosuid", "nodev", "bind"]
+    hooks = doc["hooks"]["createRuntime"]
+    assert [h["args"][1] for h in hooks] == ["ldcache"]
+    assert "--folder=/usr/lib/x86_64-linux-gnu" in hooks[0]["args"]
+    assert "/usr/lib/x86_64-linux-gnu/libcuda.so.1=libcuda.so.550.54.15" in hooks[0]["args"]
+    assert [d["path"] for d in doc["linux"]["devices"]][:1] == ["/dev/nvidia0"]
+    before = json.dumps(doc)
+    assert apply_edits(doc, plan_for_spec(doc, cfg), cfg) is False and json.dumps(doc) == before
+
+
+def test_someone_elses_mount_at_a_driver_path_is_refused() -> None:
+    cfg = config("nvidia-h100")
+    doc = spec(["NVIDIA_VISIBLE_DEVICES=0"])
+    doc["mounts"] = [{"destination": "/usr/bin/nvidia-smi", "type": "bind", "source": "/tmp/mine", "options": ["bind"]}]
+    with pytest.raises(HookError, match="already mounts '/tmp/mine' at /usr/bin/nvidia-smi"):
+        apply_edits(doc, plan_for_spec(doc, cfg), cfg)
+
+
+def test_edits_merge_refuses_two_sources_for_one_destination() -> None:
+    with pytest.raises(HookError, match="two mounts claim /a"):
+        Edits.merged([Edits(mounts=(Mount("/x", "/a"),)), Edits(mounts=(Mount("/y", "/a"),))])
+
+
+def test_ldcache_hook_refuses_bad_arguments() -> None:
+    for args in (["/etc/../x=y"], ["relative=y"], ["/lib/a.so.1=../../b"], ["--folder=lib"], ["--weird"]):
+        done = subprocess.run([sys.executable, "-m", "oci_gpu_hook.entry.cli", "ldcache", *args], input="{}",
+                              capture_output=True, text=True, env={"PATH": os.environ["PATH"]})
+        assert done.returncode == 1 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, args
+
+
+def test_build_plan_for_a_request() -> None:
+    inv = inventory("nvidia-h100")
+    asks = requested(["NVIDIA_VISIBLE_DEVICES=3"], {}, config("nvidia-h100"))
+    plan = build_plan(inv, resolve(asks, inv), config("nvidia-h100"), ["NVIDIA_DRIVER_CAPABILITIES=utility"])
+    names = {m.destination.rsplit("/", 1)[1] for m in plan.edits.mounts}
+    assert "nvidia-smi" in names and "libcuda.so.550.54.15" not in names
+    assert plan.nodes[0] == Node("/dev/nvidia1", "c", 195, 1)
+
+
+# --- MIG UUIDs through NVML ------------------------------------------------------------------------
+
+FAKE_NVML = r"""
+/* A fake libnvidia-ml for tests: MIG devices from the file named by OGH_FAKE_NVML ("pci gi ci uuid" lines). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+struct mig { int gpu; unsigned gi, ci; char uuid[96]; };
+static char gpus[8][32]; static int ngpus; static struct mig migs[64]; static int nmigs;
+int nvmlInit_v2(void) {
+    FILE *f = fopen(getenv("OGH_FAKE_NVML"), "r"); char pci[32]; unsigned gi, ci; char uuid[96]; int g;
+    if (!f) return 999;
+    while (fscanf(f, "%31s %u %u %95s", pci, &gi, &ci, uuid) == 4) {
+        for (g = 0; g < ngpus && strcmp(gpus[g], pci); g++) {}
+        if (g == ngpus) strcpy(gpus[ngpus++], pci);
+        migs[nmigs].gpu = g; migs[nmigs].gi = gi; migs[nmigs].ci = ci; strcpy(migs[nmigs++].uuid, uuid);
+    }
+    fclose(f); return 0;
+}
+int nvmlShutdown(void) { return 0; }
+const char *nvmlErrorString(int code) { return code == 999 ? "Driver Not Loaded" : "Unknown Error"; }
+int nvmlDeviceGetHandleByPciBusId_v2(const char *pci, void **h) {
+    for (int g = 0; g < ngpus; g++) if (!strcmp(gpus[g], pci)) { *h = gpus[g]; return 0; }
+    return 6;
+}
+int nvmlDeviceGetMaxMigDeviceCount(void *h, unsigned *n) { (void)h; *n = 7; return 0; }
+int nvmlDeviceGetMigDeviceHandleByIndex(void *h, unsigned i, void **m) {
+    unsigned k = 0;
+    for (int j = 0; j < nmigs; j++) if (gpus[migs[j].gpu] == h && k++ == i) { *m = &migs[j]; return 0; }
+    return 6;
+}
+int nvmlDeviceGetGpuInstanceId(void *m, unsigned *gi) { *gi = ((struct mig *)m)->gi; return 0; }
+int nvmlDeviceGetComputeInstanceId(void *m, unsigned *ci) { *ci = ((struct mig *)m)->ci; return 0; }
+int nvmlDeviceGetUUID(void *m, char *out, unsigned n) { snprintf(out, n, "%s", ((struct mig *)m)->uuid); return 0; }
+"""
+MIG_UUIDS = {(1, 0): "MIG-0d3f2a5c-1b2e-5f7a-9c41-aa00000000a1", (2, 0): "MIG-0d3f2a5c-1b2e-5f7a-9c41-aa00000000b2",
+             (5, 0): "MIG-0d3f2a5c-1b2e-5f7a-9c41-aa00000000c3", (5, 1): "MIG-0d3f2a5c-1b2e-5f7a-9c41-aa00000000c4"}
+
+
+@pytest.fixture
+def nvml_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The MIG example host whose libnvidia-ml is the fake above (in NVML's MIG order: reversed)."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        if os.environ.get("CI"):
+            pytest.fail("no C compiler for the fake NVML")
+        pytest.skip("no C compiler")
+    base = tmp_path / "host"
+    shutil.copytree(roots("nvidia-mig"), base, symlinks=True)
+    (tmp_path / "src.c").write_text(FAKE_NVML)
+    lib = base / "driver" / "usr" / "lib" / "x86_64-linux-gnu" / "libnvidia-ml.so.535.104.05"
+    lib.unlink()
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(tmp_path / "src.c")], check=True)
+    table = tmp_path / "nvml.txt"
+    table.write_text("".join(f"0000:3b:00.0 {gi} {ci} {u}\n" for (gi, ci), u in reversed(MIG_UUIDS.items())))
+    monkeypatch.setenv("OGH_FAKE_NVML", str(table))
+    monkeypatch.setattr(nvml, "_problems", {})
+    monkeypatch.setattr(nvml, "_read", {})
+    return base
+
+
+def test_mig_uuids_through_nvml(nvml_host: Path) -> None:
+    inv = scan(str(nvml_host / "sys"), proc_root=str(nvml_host / "proc"), driver_root=str(nvml_host / "driver"))
+    devices = inv.devices("nvidia")
+    chosen = select("nvidia", MIG_UUIDS[(5, 1)].lower(), devices, "NVIDIA_VISIBLE_DEVICES")
+    assert [d.label for d in chosen] == ["0:3"]
+    assert {d.mig: d.uuid for d in devices if d.mig} == MIG_UUIDS  # matched by instance ids, not NVML's order
+    from oci_gpu_hook.inventory import stable_name
+
+    assert [stable_name(d) for d in devices[2:]] == list(MIG_UUIDS.values())  # a MIG device's stable name
+    from oci_gpu_hook.appliers import cdi
+
+    names = [d["name"] for d in cdi.generate(inv, "nvidia", Config(driver_root=str(nvml_host / "driver")))["devices"]]
+    assert names[:6] == ["0", "1", "0:0", "0:1", "0:2", "0:3"] and set(MIG_UUIDS.values()) <= set(names)
+    with pytest.raises(HookError, match="'MIG-00' is not the UUID of a MIG device on this host"):
+        select("nvidia", "MIG-00", devices, "NVIDIA_VISIBLE_DEVICES")
+
+
+def test_nvml_failure_is_one_line(nvml_host: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OGH_FAKE_NVML", "/nonexistent")
+    inv = scan(str(nvml_host / "sys"), proc_root=str(nvml_host / "proc"), driver_root=str(nvml_host / "driver"))
+    with pytest.raises(HookError, match=r"nvmlInit_v2 failed: Driver Not Loaded \(999\) \(name MIG devices as GPU"):
+        select("nvidia", "MIG-00", inv.devices("nvidia"), "NVIDIA_VISIBLE_DEVICES")
+
+
+# --- the checked-in example trees ------------------------------------------------------------------
+
+
+def tree(root: Path) -> dict[str, tuple[str, bytes]]:
+    out: dict[str, tuple[str, bytes]] = {}
+    for directory, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = os.path.join(directory, name)
+            if os.path.islink(path):
+                out[os.path.relpath(path, root)] = ("link", os.readlink(path).encode())
+            elif os.path.isfile(path):
+                with open(path, "rb") as handle:
+                    out[os.path.relpath(path, root)] = ("file", handle.read())
+    return out
+
+
+@pytest.mark.parametrize("name", NVIDIA_HOSTS)
+def test_checked_in_proc_and_driver_trees_are_fresh_builds(tmp_path: Path, name: str) -> None:
+    """Regenerate: rm -rf examples/hosts/DIR/{sys,proc,driver} && python -m tests.fakesysfs examples/hosts/DIR/sys
+    NAME (tests/test_inventory.py checks the sysfs tree)."""
+    host = HOSTS[name]()
+    assert tree(Path(build_proc(str(tmp_path / "proc"), host))) == tree(roots(name) / "proc")
+    assert tree(Path(build_driver(str(tmp_path / "driver"), host))) == tree(roots(name) / "driver")
+
+
+def test_fake_libraries_are_elf_shared_objects() -> None:
+    data = elf_shared_object("libcuda.so.1")
+    assert data[:4] == b"\x7fELF" and data[16] == 3  # ET_DYN
+    assert b"libcuda.so.1\0" in data and b"libc.so.6\0" in data
+    assert isinstance(FakeGpu(pci="0000:01:00.0", card=None, render=None).migs, tuple)
+
+
+# --- operator commands ---------------------------------------------------------------------------
+
+
+def cli(name: str, *args: str) -> subprocess.CompletedProcess[str]:
+    base = roots(name)
+    return subprocess.run([sys.executable, "-m", "oci_gpu_hook.entry.cli", "--sysfs-root", str(base / "sys"),
+                           "--proc-root", str(base / "proc"), "--driver-root", str(base / "driver"), *args],
+                          capture_output=True, text=True,
+                          env={"PATH": os.environ["PATH"], "OCI_GPU_HOOK_CONFIG": "/dev/null"})
+
+
+def test_list_shows_labels_uuids_and_what_is_ignored() -> None:
+    done = cli("nvidia-mig", "list")
+    assert done.returncode == 0, done.stderr
+    rows = [line.split() for line in done.stdout.splitlines() if line.startswith("nvidia")]
+    assert [r[1] for r in rows] == ["0", "1", "0:0", "0:1", "0:2", "0:3"]
+    assert rows[2][2:6] == ["0:0", "0000:3b:00.0", "0", "(gpu1/gi1/ci0)"]  # no NVML: the MIG index names it
+    assert rows[0][2] == HOSTS["nvidia-mig"]().nvidia[1].uuid  # a GPU's stable name: its UUID
+    assert "shared by nvidia GPUs: /dev/nvidiactl (c 195:255), /dev/nvidia-uvm (c 510:0)" in done.stdout
+    listed = json.loads(cli("nvidia-mig", "list", "--json").stdout)
+    assert [(d["label"], d["minor"], d["mig"]) for d in listed["devices"]][:3] == [("0", 1, None), ("1", 0, None),
+                                                                                  ("0:0", 1, [1, 0])]
+
+
+def test_watch_once_writes_the_nvidia_spec(tmp_path: Path) -> None:
+    done = cli("nvidia-h100", "watch", "--once", "--output", f"{tmp_path}/")
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["nvidia.com-gpu.json"]
+    spec = json.loads((tmp_path / "nvidia.com-gpu.json").read_text())
+    assert spec["kind"] == "nvidia.com/gpu" and spec["containerEdits"]["mounts"]
+
+
+def test_inspect_names_nvidia_nodes() -> None:
+    from oci_gpu_hook.entry.commands import _device_names
+
+    names = _device_names(config("nvidia-mig"))
+    assert names[("c", 195, 1)] == "nvidia 0 /dev/nvidia1 (0000:3b:00.0)"
+    assert names[("c", 236, 185)] == "nvidia 0:3 /dev/nvidia-caps/nvidia-cap185 (0000:3b:00.0 partition 3)"
+    assert names[("c", 226, 129)] == "nvidia 0 /dev/dri/renderD129 (0000:3b:00.0)"
+    assert names[("c", 195, 255)] == "/dev/nvidiactl (all nvidia GPUs)"
+
+
+def test_one_grant_whoever_injects_tells_a_mig_device_from_its_gpu() -> None:
+    """A spec that already carries a MIG device's nodes (its GPU's node among them) holds that MIG device, not the
+    whole GPU: an annotation naming it agrees; one naming the GPU is refused; an image's env adds nothing."""
+    cfg = config("nvidia-mig")
+    mig = [{"path": p, "type": "c", "major": ma, "minor": mi} for p, ma, mi in (
+        ("/dev/nvidia1", 195, 1), ("/dev/nvidia-caps/nvidia-cap183", 236, 183),
+        ("/dev/nvidia-caps/nvidia-cap185", 236, 185))]
+    doc = spec([])
+    doc["linux"]["devices"] = mig
+    doc["annotations"] = {"cdi.k8s.io/x": "nvidia.com/gpu=0:3"}
+    assert [d.label for d in plan_for_spec(doc, cfg).devices] == ["0:3"]
+    doc["annotations"] = {"cdi.k8s.io/x": "nvidia.com/gpu=0"}
+    with pytest.raises(HookError, match="one grant whoever injects"):
+        plan_for_spec(doc, cfg)
+    doc = spec(["NVIDIA_VISIBLE_DEVICES=all"])
+    doc["linux"]["devices"] = mig[:1]  # the whole GPU 0
+    plan = plan_for_spec(doc, cfg)
+    assert plan.devices == () and "NVIDIA_VISIBLE_DEVICES=all ignored" in plan.request.note
+    doc["annotations"] = {"cdi.k8s.io/x": "nvidia.com/gpu=0"}
+    assert [d.label for d in plan_for_spec(doc, cfg).devices] == ["0"]
