@@ -65,18 +65,12 @@ COERCION_TARGETS = ("C.UTF-8", "C.utf8", "UTF-8")  # CPython's _TARGET_LOCALES (
 CLONE_NEWNS = 0x00020000
 PR_SET_PDEATHSIG = 1
 
-# Everything the served entry points may import, loaded before the workers fork: a worker that entered another
-# mount namespace must not look for code there.
-PRELOAD = (
-    "oci_gpu_hook.entry.cli", "oci_gpu_hook.entry.runtime", "oci_gpu_hook.config", "oci_gpu_hook.trust",
-    "oci_gpu_hook.bundle", "oci_gpu_hook.fastjson", "oci_gpu_hook.plan", "oci_gpu_hook.request",
-    "oci_gpu_hook.log", "oci_gpu_hook.atomic", "oci_gpu_hook.core.edits", "oci_gpu_hook.core.devices",
-    "oci_gpu_hook.core.rules", "oci_gpu_hook.inventory", "oci_gpu_hook.inventory.sysfs", "oci_gpu_hook.inventory.amd",
-    "oci_gpu_hook.inventory.intel", "oci_gpu_hook.appliers.ocispec", "oci_gpu_hook.appliers.live",
-    "oci_gpu_hook.appliers.rootfs", "oci_gpu_hook.appliers.cgroups", "oci_gpu_hook.appliers.bpf",
-    "oci_gpu_hook.appliers.devicefilter", "oci_gpu_hook.cliparse", "tomllib", "ctypes", "traceback", "locale",
-    "codecs", "io", "json", "encodings.utf_8", "encodings.latin_1",
-)
+# What the served entry points may import, loaded before the workers fork (a worker that entered another mount
+# namespace must not look for code there): the package but its operator-only parts, and these.
+PRELOAD_STDLIB = ("tomllib", "ctypes", "traceback", "locale", "codecs", "io", "json", "array", "struct",
+                  "encodings.utf_8", "encodings.latin_1", "encodings.ascii")
+NOT_PRELOADED = ("oci_gpu_hook.host", "oci_gpu_hook.models", "oci_gpu_hook.schemas", "oci_gpu_hook.entry.commands",
+                 "oci_gpu_hook.appliers.cdi")
 
 
 # --- versions -----------------------------------------------------------------------------------------------
@@ -632,15 +626,24 @@ class Planner:
         self.listener = None
 
 
+def preload_names() -> list[str]:
+    """Every module of the package that a container start may import (all but NOT_PRELOADED), and the stdlib
+    modules they load lazily."""
+    import pkgutil
+
+    import oci_gpu_hook
+
+    names = [m.name for m in pkgutil.walk_packages(oci_gpu_hook.__path__, "oci_gpu_hook.")
+             if not m.name.startswith(NOT_PRELOADED)]
+    return [*sorted(names), *PRELOAD_STDLIB]
+
+
 def preload(config: Config | None) -> None:
     """Import everything a request may need, and pay the first-call costs (a scan of the configured sysfs)."""
     import importlib
 
-    for name in PRELOAD:
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            pass
+    for name in preload_names():
+        importlib.import_module(name)
     if config is not None:
         try:
             from oci_gpu_hook.inventory import scan
