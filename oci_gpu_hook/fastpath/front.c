@@ -1,4 +1,4 @@
-/* oci-gpu-hook native front: the part of a launcher that runs when there is nothing to do.
+/* oci-gpu-hook native front: the part of a launcher that runs without Python.
  *
  * Built by `oci-gpu-hook launchers` / `install` with the system C compiler, once per launcher, with
  * the settings of that install baked in (a generated header, see oci_gpu_hook/host/launchers.py).
@@ -8,7 +8,10 @@
  *                         else a command line in the common form, whose config.json is clean: exec the runtime.
  *   hook (OGH_ROLE_HOOK): "prestart"/"createRuntime": the state on stdin names the bundle, its
  *                         config.json is scanned -> clean: exit 0;
- *                         "precreate": the config on stdin is scanned -> clean: copy it to stdout.
+ *                         "precreate": the config on stdin is scanned -> clean: copy it to stdout;
+ *                         "links PATH=TARGET...": the /dev/dri/by-path links made in the container (below).
+ *   Anything else (a container that asks for a GPU, say): the resident planner is asked first (`oci-gpu-hook
+ *   serve`, see ask_planner), then the Python launcher.
  *
  * One outcome per config, whatever the launcher: the front only ever does what the Python path would do, and
  * where it cannot be certain of that it hands over to the Python launcher with the same argv and the same stdin
@@ -22,6 +25,13 @@
  * fast path cannot vouch for: hand over.  Before Python runs, the interpreter and every directory it will
  * load code from must be owned by root and writable by nobody else.
  *
+ * The fast-path contract -- every name and word the front compares that Python defines -- is not spelled here:
+ * oci_gpu_hook/host/launchers.py front_contract takes each from where Python defines it and bakes it as OGH_<KEY>
+ * (the bool words and variables, the config and runtime variables, the rewrite and hook commands, the links
+ * command, its directory and node names, the default PATH, the planner's socket, variable and bound); the
+ * request names and "cdi.k8s.io" are OGH_NEEDLES (launchers.py baked_settings), the config.json field names
+ * OGH_FIELD_NAMES (bundle.py _FIELDS), the planner's version line OGH_PLANNER_VERSION (planner.py version_line).
+ *
  * The Python each part mirrors:
  *   settings_as_baked   oci_gpu_hook/config.py load_config (env values: check_value of the bool fields),
  *                       the launcher's os.environ.setdefault of the baked defaults,
@@ -30,10 +40,19 @@
  *   json_object_ok      oci_gpu_hook/fastjson.py loads, oci_gpu_hook/bundle.py loads (_pairs, _check_case),
  *                       bundle.py process_env and annotations
  *   clean               oci_gpu_hook/request.py requested (env_value, annotation_names)
- *   state_clean         oci_gpu_hook/appliers/live.py parse_state, then run's read of BUNDLE/config.json
+ *   read_state          oci_gpu_hook/appliers/live.py parse_state
+ *   state_clean         read_state, then live.py run's read of BUNDLE/config.json
  *   precreate           oci_gpu_hook/entry/cli.py cmd_precreate
+ *   links_main          oci_gpu_hook/appliers/live.py run_links (entry/cli.py main: split_globals, chdir)
+ *   link_ok             oci_gpu_hook/core/edits.py check_link
+ *   root_path           oci_gpu_hook/bundle.py root_path (os.path.normpath of os.path.join)
+ *   container_ok        oci_gpu_hook/appliers/live.py check_container (and what apply_in_container's setns needs)
+ *   make_links          oci_gpu_hook/appliers/rootfs.py make_nodes for links (_walk, _open_dir, _make_symlink),
+ *                       entered through /proc/PID/root with openat2 where Python enters by setns
  *   find_runtime        oci_gpu_hook/entry/runtime.py resolve_runtime
  *   common_config_path  oci_gpu_hook/entry/runtime.py parse_argv and config_path, for runc and for crun
+ *   ask_planner         oci_gpu_hook/host/planner.py read_request, encode_answer (the protocol), run_entry
+ *                       (what the answer holds); exec_path: entry/runtime.py main's execv
  *   untrusted           the TRUST check of oci_gpu_hook/host/launchers.py
  */
 #define _GNU_SOURCE
@@ -1416,10 +1435,11 @@ static int read_state(const char *s, size_t n, long *pid, char *bundle, size_t s
     return 1;
 }
 
-/* os.path.join(directory, "config.json") */
-static void config_in(char *path, size_t size, const char *directory)
+/* os.path.join(directory, "config.json"); 0 when it does not fit */
+static int config_in(char *path, size_t size, const char *directory)
 {
-    snprintf(path, size, "%s%sconfig.json", directory, directory[strlen(directory) - 1] == '/' ? "" : "/");
+    int n = snprintf(path, size, "%s%sconfig.json", directory, directory[strlen(directory) - 1] == '/' ? "" : "/");
+    return n > 0 && (size_t)n < size;
 }
 
 /* the state as parse_state accepts it, and the bundle's config.json clean */
@@ -1427,9 +1447,8 @@ static int state_clean(const char *s, size_t n)
 {
     char bundle[PATH_MAX], path[PATH_MAX];
     long pid;
-    if (!read_state(s, n, &pid, bundle, sizeof bundle))
+    if (!read_state(s, n, &pid, bundle, sizeof bundle) || !config_in(path, sizeof path, bundle))
         return 0;
-    config_in(path, sizeof path, bundle);
     return file_clean(path);
 }
 
@@ -1644,10 +1663,8 @@ static void links_main(void)
     }
     if (got == TOO_LARGE)
         to_python(input, len, 1);
-    if (!read_state(input, len, &pid, bundle, sizeof bundle))
-        to_python(input, len, 0);
-    config_in(path, sizeof path, bundle);
-    if (!read_path(path, &spec, &spec_len))
+    if (!read_state(input, len, &pid, bundle, sizeof bundle) || !config_in(path, sizeof path, bundle) ||
+        !read_path(path, &spec, &spec_len))
         to_python(input, len, 0);
     j.s = spec;
     j.n = spec_len;
