@@ -72,8 +72,8 @@ class Planner:
 
 def namespace_fds() -> list[int]:
     paths = ("/proc/self/ns/mnt", "/proc/self/ns/pid", "/proc/self/ns/cgroup", "/proc/self/ns/user")
-    return [*(os.open(p, os.O_RDONLY | os.O_CLOEXEC) for p in paths),
-            os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC), os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)]
+    where = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
+    return [*(os.open(p, os.O_RDONLY | os.O_CLOEXEC) for p in paths), os.open("/", where), os.open(".", where)]
 
 
 def request_bytes(version: str, role: str, argv0: str, args: list[str], env: list[str], stdin: bytes | None,

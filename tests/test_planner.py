@@ -48,8 +48,8 @@ def make_install(base: Path, runtime: str = "/bin/true", extra: str = "") -> dic
     for name in ("oci-gpu-hook.py", "oci-gpu-runtime.py"):
         script = base / "native" / name
         first, rest = script.read_text().split("\n", 1)
-        script.write_text(f"{first}\nimport sys\nif sys.argv[1:2] != ['serve']: open({str(marker)!r}, 'a').write('ran\\n')\n"
-                          f"{rest}")
+        script.write_text(f"{first}\nimport sys\nif sys.argv[1:2] != ['serve']: open({str(marker)!r}, 'a')"
+                          f".write('ran\\n')\n{rest}")
     return {"base": base, "config": config, "log": log, "socket": socket_path, "native": base / "native",
             "python": base / "python", "marker": marker}
 
