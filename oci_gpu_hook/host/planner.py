@@ -67,7 +67,7 @@ PR_SET_PDEATHSIG = 1
 
 # What the served entry points may import, loaded before the workers fork (a worker that entered another mount
 # namespace must not look for code there): the package but its operator-only parts, and these.
-PRELOAD_STDLIB = ("tomllib", "ctypes", "traceback", "locale", "codecs", "io", "json", "array", "struct",
+PRELOAD_STDLIB = ("tomllib", "fcntl", "ctypes", "traceback", "locale", "codecs", "io", "json", "array", "struct",
                   "encodings.utf_8", "encodings.latin_1", "encodings.ascii")
 NOT_PRELOADED = ("oci_gpu_hook.host", "oci_gpu_hook.models", "oci_gpu_hook.schemas", "oci_gpu_hook.entry.commands",
                  "oci_gpu_hook.appliers.cdi")
