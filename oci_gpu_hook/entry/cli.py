@@ -41,7 +41,8 @@ commands:
           [--prefix DIR] [--dry-run] [--uninstall] [--no-native] [--allow-editable]
                                              launchers, a hooks.d file, CDI spec, containerd drop-in
   device-plugin [--kubelet-dir DIR] [--resource-strategy single|mixed] [--device-specs]  kubelet device plugin
-  serve [--socket PATH] [--workers N]        the resident planner: GPU containers start without a Python start
+  serve [--socket PATH] [--workers N] [--verbose]
+                                             the resident planner: GPU containers start without a Python start
   validate [--config-file FILE] [SPEC ...]   check a config file and OCI config.json files
   launchers DIR [--no-native] [--allow-editable]
                                              write the launchers for hooks and the shim (native front + python -I -S)
