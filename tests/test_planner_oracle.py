@@ -43,6 +43,11 @@ def install(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     config.write_text(settings_text)
     (base / "masking.toml").write_text(settings_text + "mask_other_gpus = true\ndevice_file_mode = 0o660\n")
     (base / "broken.toml").write_text("runtime = \n")
+    for name in ("nvidia-4x-h100", "nvidia-2x-h100-mig", "amd-nvidia-2x2"):  # NVIDIA: /proc and the driver's files
+        host = HOSTS / name
+        proc = f'proc_root = "{host / "proc"}"\n' if (host / "proc").is_dir() else ""
+        driver = f'driver_root = "{host / "driver"}"\n' if (host / "driver").is_dir() else ""
+        (base / f"{name}.toml").write_text(settings_text.replace(str(cl.SEED_SYSFS), str(host / "sys")) + proc + driver)
     defaults = {"OCI_GPU_HOOK_CONFIG": str(config), "OCI_GPU_HOOK_PLANNER_SOCKET": str(socket_path)}
     launchers.write_launchers(str(base / "planner"), defaults, native=True)
     launchers.write_launchers(str(base / "python"), defaults, native=False)
@@ -174,6 +179,8 @@ REQUESTS = {
     "garbage": spec(["AMD_VISIBLE_DEVICES=gpu0"]),
     "intel-on-an-amd-host": spec(["INTEL_VISIBLE_DEVICES=0"]),
     "nvidia-on-an-amd-host": spec(["NVIDIA_VISIBLE_DEVICES=0"]),
+    "nvidia-two": spec(["NVIDIA_VISIBLE_DEVICES=0,1", "NVIDIA_DRIVER_CAPABILITIES=compute,utility"]),
+    "nvidia-all": spec(["NVIDIA_VISIBLE_DEVICES=all"]),
     "two-kinds": spec(["AMD_VISIBLE_DEVICES=1", "INTEL_VISIBLE_DEVICES=all"]),
     "annotation": spec([], {"cdi.k8s.io/oci-gpu-hook_gpu": "amd.com/gpu=0000:23:00.0"}),
     "annotation-wins": spec(["AMD_VISIBLE_DEVICES=all"], {"cdi.k8s.io/x": "amd.com/gpu=2"}),
@@ -218,13 +225,17 @@ ENVIRONMENTS = {
     "masking-config": {"OCI_GPU_HOOK_CONFIG": "BASE/masking.toml"},
     "broken-config": {"OCI_GPU_HOOK_CONFIG": "BASE/broken.toml"},
     "missing-config": {"OCI_GPU_HOOK_CONFIG": "BASE/missing.toml"},
+    "nvidia-host": {"OCI_GPU_HOOK_CONFIG": "BASE/nvidia-4x-h100.toml"},
+    "nvidia-mig-host": {"OCI_GPU_HOOK_CONFIG": "BASE/nvidia-2x-h100-mig.toml"},
+    "amd-nvidia-host": {"OCI_GPU_HOOK_CONFIG": "BASE/amd-nvidia-2x2.toml"},
     "no-path": {"PATH": ""},
     "odd-entries": {"A": "=", "B": "", "OCI_GPU_HOOK_X": "\u00e9"},
 }
 
 
 @pytest.mark.parametrize("entry", sorted(ENTRIES))
-@pytest.mark.parametrize("request_name", ["one", "out-of-range", "lone-surrogate-escape", "non-ascii"])
+@pytest.mark.parametrize("request_name", ["one", "out-of-range", "lone-surrogate-escape", "non-ascii", "nvidia-two",
+                                          "nvidia-all"])
 @pytest.mark.parametrize("environment", sorted(ENVIRONMENTS))
 def test_environments_agree(install: dict[str, Path], planner: plannerlib.Planner, entry: str, request_name: str,
                             environment: str) -> None:
