@@ -6,9 +6,12 @@ Two kinds, written by ``oci-gpu-hook launchers DIR`` (and ``install``):
   with ``--native``): ``DIR/oci-gpu-hook``
   and ``DIR/oci-gpu-runtime`` are compiled from ``oci_gpu_hook/fastpath/front.c`` with this install's
   settings baked in (interpreter, sys.path, ``--set`` defaults, the config file's bytes, its runtime, every
-  request variable name, the field names of config.json).  When there is nothing to do (a pass-through runtime
-  command; a container that certainly asks for no device) they do it without starting Python; otherwise they
-  exec the Python launcher next to them (``DIR/oci-gpu-hook.py``, ``DIR/oci-gpu-runtime.py``).
+  request variable name, the field names of config.json, the fast-path contract of :func:`front_contract`, the
+  planner's version line).  When there is nothing to do (a pass-through runtime command; a container that
+  certainly asks for no device) they do it without starting Python, and so do they make the ``links`` hook's
+  /dev/dri/by-path links; otherwise they ask the resident planner (``oci-gpu-hook serve``,
+  :mod:`oci_gpu_hook.host.planner`) and, where it does not answer, exec the Python launcher next to them
+  (``DIR/oci-gpu-hook.py``, ``DIR/oci-gpu-runtime.py``).
 - **Python launcher** (no compiler, or ``--no-native``): ``DIR/oci-gpu-hook`` and ``DIR/oci-gpu-runtime``
   are the ``python -I -S`` scripts themselves.
 

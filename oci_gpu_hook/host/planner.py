@@ -519,6 +519,10 @@ class Planner:
             code = 1
             try:
                 code = self._worker()
+            except BaseException as err:  # the front sees the connection close, and falls back
+                import traceback
+
+                _say(f"a worker failed: {''.join(traceback.format_exception_only(err)).strip()}")
             finally:
                 os._exit(code)
         self.children.add(pid)
