@@ -483,3 +483,37 @@ def test_log_lines_say_the_same(install: dict[str, Path], planner: plannerlib.Pl
         (line,) = install["log"].read_text().splitlines()
         lines.append(re.sub(r'"(time|duration_ms)": ?[^,}]+', "", line))
     assert lines[0] == lines[1]
+
+
+STDIO_PROBE = "import os, sys; print(sys.stdout.errors, sys.stdout.encoding, os.environ.get('LC_CTYPE', '-'))"
+MIRROR = """
+import json, os, sys
+from oci_gpu_hook.host import planner
+env = json.loads(sys.argv[1])
+planner.set_environ([f"{k}={v}".encode() for k, v in env.items()])
+try:
+    errors, coerced = planner.python_stdio()
+except planner.BadRequest:
+    print("refused")
+else:
+    print(errors, "utf-8", coerced or env.get("LC_CTYPE", "-"))
+"""
+
+
+@pytest.mark.parametrize("env", [{}, {"LANG": "C"}, {"LC_ALL": "C"}, {"LC_ALL": "C.UTF-8"}, {"LANG": "POSIX"},
+                                 {"LC_ALL": "POSIX"}, {"LANG": "C.UTF-8"}, {"LC_CTYPE": "xx_XX.UTF-8"},
+                                 {"LC_CTYPE": "C", "LC_ALL": "C.UTF-8"}, {"LC_ALL": "", "LANG": "C"},
+                                 {"LC_CTYPE": "C.utf8"}, {"LANG": "en_US.UTF-8"}], ids=str)
+def test_stdio_as_cpython_picks_it(env: dict[str, str]) -> None:
+    """python_stdio gives the error handler and the C locale coercion that CPython's own start-up (-I -S) gives
+    for the same environment."""
+    full = {"PATH": "/usr/bin:/bin", **env}
+    real = subprocess.run([sys.executable, "-I", "-S", "-c", STDIO_PROBE], env=full, capture_output=True, text=True,
+                          timeout=60)
+    mirror = subprocess.run([sys.executable, "-c", MIRROR, json.dumps(full)], capture_output=True, text=True,
+                            timeout=60, cwd=cl.REPO, env={"PATH": "/usr/bin:/bin"})
+    assert mirror.returncode == 0, mirror.stderr
+    if mirror.stdout.strip() != "refused":  # a front whose Python would not write UTF-8 goes to Python
+        assert mirror.stdout.split() == real.stdout.split(), (real.stdout, mirror.stdout)
+    else:
+        assert real.stdout.split()[1] != "utf-8"

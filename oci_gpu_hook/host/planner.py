@@ -308,8 +308,9 @@ def set_environ(entries: Sequence[bytes]) -> None:
 def python_stdio() -> tuple[str, str]:
     """(the error handler of stdin and stdout, the LC_CTYPE its C locale coercion sets, or '') that CPython (3.8
     and later, ``-I``) picks at start for the environment now set: LC_CTYPE from the environment; "C" or "POSIX"
-    turns on the UTF-8 mode (surrogateescape); "C" with no LC_ALL is coerced to the first of COERCION_TARGETS
-    that exists (PEP 538), which also lands in the environment; any other locale writes its codeset, strictly.
+    turns on the UTF-8 mode; "C" with no LC_ALL is coerced to the first of COERCION_TARGETS that exists (PEP 538),
+    which also lands in the environment; the handler is surrogateescape in the UTF-8 mode and in the C, POSIX and
+    coercion-target locales (config_get_stdio_errors), else strict, and the encoding the locale's codeset.
     BadRequest when that codeset is not UTF-8 (then the front runs Python)."""
     import codecs
     import locale
@@ -337,7 +338,7 @@ def python_stdio() -> tuple[str, str]:
         codeset = "?"
     if codeset != "utf-8":
         raise BadRequest(f"the front's Python would write {codeset}")
-    return "strict", ""
+    return ("surrogateescape" if current in COERCION_TARGETS else "strict"), ""
 
 
 def run_entry(request: Request) -> tuple[int, bytes, bytes, bytes, bytes]:
