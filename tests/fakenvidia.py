@@ -254,3 +254,87 @@ def build_driver(root: str, host: FakeHost) -> str:
     for name in FIRMWARE:
         _write(os.path.join(root, "usr", "lib", "firmware", "nvidia", version, name), f"fake GSP firmware {name}\n")
     return root
+
+
+# --- a fake libnvidia-ml --------------------------------------------------------------------------
+
+FAKE_NVML = r"""
+/* A fake libnvidia-ml for tests.  Its MIG devices come from the file OGH_FAKE_NVML names, read at nvmlInit_v2, one
+   per line: "pci gi ci uuid [gpu-slices compute-slices memory-MiB gpu-instance-profile-id]" (without the last four,
+   nvmlDeviceGetAttributes_v2 answers NOT_SUPPORTED).  Every GPU has GPU_MEMORY bytes of memory. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#define GPU_MEMORY 85520809984ULL /* an H100 80GB: 81559 MiB */
+struct mig { int gpu; unsigned gi, ci, g, c, profile; unsigned long long mb; int attrs; char uuid[96]; };
+struct attributes { unsigned sm, ce, dec, enc, jpeg, ofa, gi_slices, ci_slices; unsigned long long mb; };
+struct memory { unsigned long long total, free, used; };
+struct gi_info { void *device; unsigned id, profile, start, size; };
+static char gpus[8][32]; static int ngpus; static struct mig migs[64]; static int nmigs;
+int nvmlInit_v2(void) {
+    const char *name = getenv("OGH_FAKE_NVML"); FILE *f = name ? fopen(name, "r") : NULL; char line[256];
+    if (!f) return 999;
+    ngpus = nmigs = 0;
+    while (fgets(line, sizeof line, f) && nmigs < 64) {
+        char pci[32]; struct mig m; int g, n;
+        memset(&m, 0, sizeof m);
+        n = sscanf(line, "%31s %u %u %95s %u %u %llu %u", pci, &m.gi, &m.ci, m.uuid, &m.g, &m.c, &m.mb, &m.profile);
+        if (n < 4) continue;
+        m.attrs = n == 8;
+        for (g = 0; g < ngpus && strcmp(gpus[g], pci); g++) {}
+        if (g == ngpus) strcpy(gpus[ngpus++], pci);
+        m.gpu = g; migs[nmigs++] = m;
+    }
+    fclose(f); return 0;
+}
+int nvmlShutdown(void) { return 0; }
+const char *nvmlErrorString(int code) { return code == 999 ? "Driver Not Loaded" : "Unknown Error"; }
+int nvmlDeviceGetHandleByPciBusId_v2(const char *pci, void **h) {
+    for (int g = 0; g < ngpus; g++) if (!strcmp(gpus[g], pci)) { *h = gpus[g]; return 0; }
+    return 6;
+}
+int nvmlDeviceGetMaxMigDeviceCount(void *h, unsigned *n) { (void)h; *n = 7; return 0; }
+int nvmlDeviceGetMigDeviceHandleByIndex(void *h, unsigned i, void **m) {
+    unsigned k = 0;
+    for (int j = 0; j < nmigs; j++) if (gpus[migs[j].gpu] == h && k++ == i) { *m = &migs[j]; return 0; }
+    return 6;
+}
+int nvmlDeviceGetGpuInstanceId(void *m, unsigned *gi) { *gi = ((struct mig *)m)->gi; return 0; }
+int nvmlDeviceGetComputeInstanceId(void *m, unsigned *ci) { *ci = ((struct mig *)m)->ci; return 0; }
+int nvmlDeviceGetUUID(void *m, char *out, unsigned n) { snprintf(out, n, "%s", ((struct mig *)m)->uuid); return 0; }
+int nvmlDeviceGetAttributes_v2(void *m, struct attributes *a) {
+    struct mig *x = m;
+    if (!x->attrs) return 3;
+    memset(a, 0, sizeof *a); a->gi_slices = x->g; a->ci_slices = x->c; a->mb = x->mb; return 0;
+}
+int nvmlDeviceGetMemoryInfo(void *h, struct memory *mem) {
+    (void)h; mem->total = GPU_MEMORY; mem->free = GPU_MEMORY; mem->used = 0; return 0;
+}
+int nvmlDeviceGetGpuInstanceById(void *h, unsigned id, void **gi) {
+    for (int j = 0; j < nmigs; j++) if (gpus[migs[j].gpu] == h && migs[j].gi == id) { *gi = &migs[j]; return 0; }
+    return 6;
+}
+int nvmlGpuInstanceGetInfo(void *gi, struct gi_info *info) {
+    struct mig *x = gi;
+    info->device = gpus[x->gpu]; info->id = x->gi; info->profile = x->profile; info->start = 0; info->size = x->g;
+    return 0;
+}
+"""
+
+
+def build_fake_nvml(driver_root: str, version: str, work: str) -> str | None:
+    """Replace ``driver_root``'s ``libnvidia-ml.so.<version>`` with :data:`FAKE_NVML`, compiled with the host's C
+    compiler (None when there is none); returns the library's path."""
+    import shutil
+    import subprocess
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return None
+    source = os.path.join(work, "fake-nvml.c")
+    _write(source, FAKE_NVML)
+    lib = os.path.join(driver_root, LIB_DIR[1:], f"libnvidia-ml.so.{version}")
+    if os.path.lexists(lib):
+        os.unlink(lib)
+    subprocess.run([cc, "-shared", "-fPIC", "-o", lib, source], check=True)
+    return lib

@@ -23,7 +23,7 @@ from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.inventory import Inventory, ldcache, nvdriver, nvidia, nvml, scan
 from oci_gpu_hook.plan import build_plan, plan_for_spec
 from oci_gpu_hook.request import requested, resolve, select
-from tests.fakenvidia import build_driver, build_proc, elf_shared_object, ld_cache, mig_minor
+from tests.fakenvidia import build_driver, build_fake_nvml, build_proc, elf_shared_object, ld_cache, mig_minor
 from tests.fakesysfs import EXAMPLE_DIRS, HOSTS, FakeGpu, FakeHost, build, build_all
 
 REPO = Path(__file__).resolve().parent.parent
@@ -546,57 +546,19 @@ def test_build_plan_for_a_request() -> None:
 
 # --- MIG UUIDs through NVML ------------------------------------------------------------------------
 
-FAKE_NVML = r"""
-/* A fake libnvidia-ml for tests: MIG devices from the file named by OGH_FAKE_NVML ("pci gi ci uuid" lines). */
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-struct mig { int gpu; unsigned gi, ci; char uuid[96]; };
-static char gpus[8][32]; static int ngpus; static struct mig migs[64]; static int nmigs;
-int nvmlInit_v2(void) {
-    FILE *f = fopen(getenv("OGH_FAKE_NVML"), "r"); char pci[32]; unsigned gi, ci; char uuid[96]; int g;
-    if (!f) return 999;
-    while (fscanf(f, "%31s %u %u %95s", pci, &gi, &ci, uuid) == 4) {
-        for (g = 0; g < ngpus && strcmp(gpus[g], pci); g++) {}
-        if (g == ngpus) strcpy(gpus[ngpus++], pci);
-        migs[nmigs].gpu = g; migs[nmigs].gi = gi; migs[nmigs].ci = ci; strcpy(migs[nmigs++].uuid, uuid);
-    }
-    fclose(f); return 0;
-}
-int nvmlShutdown(void) { return 0; }
-const char *nvmlErrorString(int code) { return code == 999 ? "Driver Not Loaded" : "Unknown Error"; }
-int nvmlDeviceGetHandleByPciBusId_v2(const char *pci, void **h) {
-    for (int g = 0; g < ngpus; g++) if (!strcmp(gpus[g], pci)) { *h = gpus[g]; return 0; }
-    return 6;
-}
-int nvmlDeviceGetMaxMigDeviceCount(void *h, unsigned *n) { (void)h; *n = 7; return 0; }
-int nvmlDeviceGetMigDeviceHandleByIndex(void *h, unsigned i, void **m) {
-    unsigned k = 0;
-    for (int j = 0; j < nmigs; j++) if (gpus[migs[j].gpu] == h && k++ == i) { *m = &migs[j]; return 0; }
-    return 6;
-}
-int nvmlDeviceGetGpuInstanceId(void *m, unsigned *gi) { *gi = ((struct mig *)m)->gi; return 0; }
-int nvmlDeviceGetComputeInstanceId(void *m, unsigned *ci) { *ci = ((struct mig *)m)->ci; return 0; }
-int nvmlDeviceGetUUID(void *m, char *out, unsigned n) { snprintf(out, n, "%s", ((struct mig *)m)->uuid); return 0; }
-"""
 MIG_UUIDS = {(1, 0): "MIG-0d3f2a5c-1b2e-5f7a-9c41-aa00000000a1", (2, 0): "MIG-0d3f2a5c-1b2e-5f7a-9c41-aa00000000b2",
              (5, 0): "MIG-0d3f2a5c-1b2e-5f7a-9c41-aa00000000c3", (5, 1): "MIG-0d3f2a5c-1b2e-5f7a-9c41-aa00000000c4"}
 
 
 @pytest.fixture
 def nvml_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The MIG example host whose libnvidia-ml is the fake above (in NVML's MIG order: reversed)."""
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
+    """The MIG example host whose libnvidia-ml is tests/fakenvidia.py's fake (in NVML's MIG order: reversed)."""
+    base = tmp_path / "host"
+    shutil.copytree(roots("nvidia-mig"), base, symlinks=True)
+    if build_fake_nvml(str(base / "driver"), "535.104.05", str(tmp_path)) is None:
         if os.environ.get("CI"):
             pytest.fail("no C compiler for the fake NVML")
         pytest.skip("no C compiler")
-    base = tmp_path / "host"
-    shutil.copytree(roots("nvidia-mig"), base, symlinks=True)
-    (tmp_path / "src.c").write_text(FAKE_NVML)
-    lib = base / "driver" / "usr" / "lib" / "x86_64-linux-gnu" / "libnvidia-ml.so.535.104.05"
-    lib.unlink()
-    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(tmp_path / "src.c")], check=True)
     table = tmp_path / "nvml.txt"
     table.write_text("".join(f"0000:3b:00.0 {gi} {ci} {u}\n" for (gi, ci), u in reversed(MIG_UUIDS.items())))
     monkeypatch.setenv("OGH_FAKE_NVML", str(table))

@@ -2,8 +2,17 @@
 
 The watcher listens for the kernel's uevents (netlink ``NETLINK_KOBJECT_UEVENT``,
 the kernel multicast group, through pyroute2's ``UeventSocket``) and acts on the
-ones whose ``SUBSYSTEM`` is watched (``drm`` and ``kfd`` by default: a GPU, a
-render node or a compute partition appearing, disappearing or changing).
+ones whose ``SUBSYSTEM`` is watched (``drm``, ``kfd`` and ``pci`` by default: a
+GPU, a render node or a compute partition appearing, disappearing or changing).
+NVIDIA GPUs without nvidia-drm have no DRM nodes, and their driver creates its
+``/dev/nvidia*`` and ``/dev/nvidia-caps`` nodes without uevents: what they do
+send is their PCI device's ``add``/``remove``/``bind``/``unbind``.  So ``pci``
+events count only for a GPU's PCI function (:func:`gpu_uevent`: ``PCI_ID`` of
+AMD ``1002``, NVIDIA ``10DE`` or Intel ``8086``, ``PCI_CLASS`` a display
+controller ``03xxxx`` or processing accelerator ``12xxxx``), never for an
+NVSwitch, a GPU's audio function or any other PCI device.  MIG instances being
+created or destroyed send no uevent at all: the device plugin's periodic rescan
+notices them; ``watch`` does not.
 
 - **Start**: the socket is bound first, then the spec is regenerated once, so an
   event that arrives during that first scan is not lost (it only causes one more,
@@ -70,7 +79,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, NamedTuple, Protocol, TextIO
 
 from oci_gpu_hook.appliers import cdi
@@ -79,7 +88,9 @@ from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.inventory import Inventory
 from oci_gpu_hook.log import PROGRAM
 
-DEFAULT_SUBSYSTEMS = ("drm", "kfd")
+DEFAULT_SUBSYSTEMS = ("drm", "kfd", "pci")
+GPU_VENDORS = frozenset({"1002", "10DE", "8086"})  # PCI_ID's vendor: AMD, NVIDIA, Intel (upper-case hex)
+GPU_CLASSES = frozenset({0x03, 0x12})  # PCI base classes: display controller, processing accelerator
 DEFAULT_DEBOUNCE = 1.0
 MAX_WAIT_FACTOR = 10  # a burst is regenerated at the latest this many quiet periods after its first event
 RESYNC = "OCI_GPU_HOOK_RESYNC"  # key of a marker event: uevents may have been lost, rescan
@@ -245,6 +256,26 @@ def _reason(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}"
 
 
+def gpu_pci(event: Mapping[str, Any]) -> bool:
+    """A uevent of a GPU's PCI function: ``PCI_ID`` ``VVVV:DDDD`` of a GPU vendor, ``PCI_CLASS`` (hex, no leading
+    zero: ``30200``) of a display controller or a processing accelerator.  The kernel sends both with every
+    action of a PCI device, ``remove`` and ``unbind`` included."""
+    vendor = str(event.get("PCI_ID") or "").partition(":")[0].upper()
+    text = str(event.get("PCI_CLASS") or "")
+    if vendor not in GPU_VENDORS or not text or not all(c in "0123456789abcdefABCDEF" for c in text):
+        return False
+    return int(text, 16) >> 16 in GPU_CLASSES
+
+
+def gpu_uevent(event: Mapping[str, Any], subsystems: Collection[str] = DEFAULT_SUBSYSTEMS) -> bool:
+    """Whether ``event`` may change a GPU: its ``SUBSYSTEM`` is one of ``subsystems``, and a ``pci`` one is a GPU's
+    (:func:`gpu_pci`)."""
+    subsystem = event.get("SUBSYSTEM")
+    if subsystem not in subsystems:
+        return False
+    return subsystem != "pci" or gpu_pci(event)
+
+
 def event_summary(event: Mapping[str, Any]) -> str:
     """``ACTION SUBSYSTEM DEVPATH`` (``change mem /devices/virtual/mem/null``)."""
     if RESYNC in event:
@@ -374,6 +405,10 @@ class Watcher:
         from oci_gpu_hook.inventory import scan_host
 
         inventory = scan_host(self.config, [kind for kind, _path, _fmt in self.targets])
+        if inventory.devices("nvidia"):  # MIG UUIDs afresh: a resident process outlives MIG instances
+            from oci_gpu_hook.inventory import nvml
+
+            nvml.refresh(inventory.devices("nvidia"))
         outcomes = [self._one(inventory, kind, path, fmt) for kind, path, fmt in self.targets]
         if len(outcomes) == 1:
             return outcomes[0]
@@ -402,7 +437,7 @@ class Watcher:
     # --- events ---------------------------------------------------------------
 
     def relevant(self, event: Mapping[str, Any]) -> bool:
-        return RESYNC in event or event.get("SUBSYSTEM") in self.subsystems
+        return RESYNC in event or gpu_uevent(event, self.subsystems)
 
     def handle(self, event: Mapping[str, Any]) -> bool:
         """Take one event; a relevant one (re)starts the quiet period.  Returns whether it was relevant."""
@@ -511,7 +546,8 @@ def command(args: list[str], config: Config) -> int:
                         help="quiet period after an event before regenerating (default %(default)s)")
     parser.add_argument("--once", action="store_true", help="regenerate once and exit (no uevent socket)")
     parser.add_argument("--subsystems", metavar="LIST", default=",".join(DEFAULT_SUBSYSTEMS),
-                        help="comma-separated uevent subsystems that trigger a regeneration (default %(default)s)")
+                        help="comma-separated uevent subsystems that trigger a regeneration; pci events count only "
+                             "for GPUs' PCI functions (default %(default)s)")
     opts = parser.parse_args(args)
     debounce = parse_debounce(opts.debounce)
     subsystems = parse_subsystems(opts.subsystems)

@@ -18,7 +18,8 @@ the devices that plain indices count (default: all); ``container_options(env)``,
 what a container's env asks of the kind beyond devices (NVIDIA: driver
 capabilities); ``device_edits(device, config, options)`` and
 ``kind_edits(inventory, options, config)``, a device's and the kind's edits for
-those options (``None``: everything, as a CDI spec gives it).
+those options (``None``: everything, as a CDI spec gives it); ``kind_nodes(inventory)``,
+the nodes of those kind edits (default: the shared nodes).
 """
 
 from __future__ import annotations

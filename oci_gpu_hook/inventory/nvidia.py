@@ -418,6 +418,16 @@ def device_edits(device: Device, config: Config, options: frozenset[str] | None)
     return Edits(tuple(n.made(config.device_file_mode, config.device_uid, config.device_gid) for n in nodes), links)
 
 
+def kind_nodes(inventory: Inventory, options: frozenset[str] | None = None) -> tuple[Node, ...]:
+    """The nodes every NVIDIA container gets for ``options`` (None: every capability, as a CDI spec gives them):
+    /dev/nvidiactl, /dev/nvidia-uvm*, and /dev/nvidia-modeset with display when nvidia-modeset is loaded."""
+    nodes = inventory.shared(NAME)
+    caps = frozenset(CAPABILITIES) if options is None else options
+    if "display" in caps and nodes and os.path.isdir(os.path.join(inventory.sysfs_root, "module", "nvidia_modeset")):
+        nodes += (Node("/dev/nvidia-modeset", "c", nodes[0].major, MODESET_MINOR),)
+    return nodes
+
+
 def kind_edits(inventory: Inventory, options: frozenset[str] | None, config: Config) -> Edits:
     """What every NVIDIA container gets: /dev/nvidiactl and /dev/nvidia-uvm*, /dev/nvidia-modeset with display
     (when nvidia-modeset is loaded), and the driver's files for ``options`` (None: every capability)."""
@@ -425,11 +435,9 @@ def kind_edits(inventory: Inventory, options: frozenset[str] | None, config: Con
     from oci_gpu_hook.inventory import nvdriver
 
     caps = frozenset(CAPABILITIES) if options is None else options
-    nodes = list(inventory.shared(NAME))
+    nodes = kind_nodes(inventory, options)
     if not nodes:  # no NVIDIA GPU: nothing of the driver either
         return Edits()
-    if "display" in caps and nodes and os.path.isdir(os.path.join(inventory.sysfs_root, "module", "nvidia_modeset")):
-        nodes.append(Node("/dev/nvidia-modeset", "c", nodes[0].major, MODESET_MINOR))
     made = tuple(n.made(config.device_file_mode, config.device_uid, config.device_gid) for n in nodes)
     files = nvdriver.driver_files(inventory.proc_root, config.driver_root, caps)
     return Edits.merged([Edits(made), files])

@@ -6,6 +6,13 @@ MIG devices: ``nvmlDeviceGetHandleByPciBusId_v2``, then for each index below
 ``nvmlDeviceGetMaxMigDeviceCount`` the MIG handle's GPU instance id, compute instance id and UUID, matched
 to the MIG devices read from /proc by (PCI address, GPU instance, compute instance).  When NVML cannot be
 loaded or fails, MIG devices keep no UUID and a ``MIG-...`` request says why (``GPU:MIG`` still works).
+
+A resident process (the device plugin) calls :func:`refresh` instead, on every scan: MIG instances come and go,
+and one destroyed and created again keeps its instance ids but gets a new UUID.  It also reads each MIG device's
+profile (``1g.10gb``, ``1c.2g.20gb``, ``1g.10gb+me``), as NVIDIA's device plugin names it: the GPU instance's
+slice count ``G`` and the compute instance's ``C`` from ``nvmlDeviceGetAttributes_v2``, its memory rounded as
+go-nvlib's ``getMigMemorySizeGB`` does against the GPU's total (``nvmlDeviceGetMemoryInfo``), and the suffix of
+its GPU instance profile id (``nvmlGpuInstanceGetInfo``: the ``REV1``/``ALL_ME``/``GFX``/``NO_ME`` profiles).
 """
 
 from __future__ import annotations
@@ -26,6 +33,10 @@ SONAME = "libnvidia-ml.so.1"
 NOT_FOUND = 6  # NVML_ERROR_NOT_FOUND: no MIG device at this index
 _problems: dict[str, str] = {}  # driver root -> why NVML cannot say MIG UUIDs there (once per process)
 _read: dict[tuple[str, str], dict[tuple[int, int], str]] = {}  # (driver root, GPU) -> its MIG UUIDs, once read
+_profiles: dict[tuple[str, str], dict[tuple[int, int], str]] = {}  # (driver root, GPU) -> MIG profiles (refresh)
+# nvmlGpuInstanceProfile ids whose profile name has a suffix (nvml.h: NVML_GPU_INSTANCE_PROFILE_*)
+PROFILE_SUFFIX = {7: "+me", 8: "+me", 15: "+me.all", 16: "+me.all", 10: "+gfx", 11: "+gfx", 12: "+gfx",
+                  13: "-me", 14: "-me"}
 
 
 def library_path(driver_root: str) -> str:
@@ -59,29 +70,55 @@ def _call(lib: Any, name: str, *args: Any) -> int:
 
 
 def read_mig_uuids(driver_root: str, addresses: list[str], timeout: float = 20.0) -> dict[tuple[str, int, int], str]:
-    """(PCI address, GPU instance id, compute instance id) -> MIG UUID for the GPUs at ``addresses``.
+    """(PCI address, GPU instance id, compute instance id) -> MIG UUID for the GPUs at ``addresses``."""
+    return {key: uuid for key, (uuid, _profile) in read_migs(driver_root, addresses, timeout).items()}
+
+
+def read_migs(driver_root: str, addresses: list[str], timeout: float = 20.0, profiles: bool = False,
+              fresh: bool = False) -> dict[tuple[str, int, int], tuple[str, str]]:
+    """(PCI address, GPU instance id, compute instance id) -> (MIG UUID, profile) for the GPUs at ``addresses``;
+    the profile is read only with ``profiles``, and is '' when NVML does not say it.
 
     NVML runs in a child process: a library that crashes or hangs (a broken driver install) costs that child,
-    never the hook; its answer comes back as ``address gi ci uuid`` lines."""
+    never the hook; its answer comes back as ``address gi ci uuid profile`` lines (``-``: no profile).  The child
+    is forked (the per-container path: no interpreter start), or with ``fresh`` a new interpreter (``python -m
+    oci_gpu_hook.inventory.nvml``): a process with threads (the device plugin's gRPC server) must not run Python in
+    a forked child, whose copies of the other threads' locks and state may be anything."""
+    path = library_path(driver_root)
+    text, code, hung = (_exec_child if fresh else _fork_child)(path, addresses, profiles, timeout)
+    if text.startswith("error "):
+        raise HookError(text[6:].strip())
+    if hung:
+        raise HookError(f"NVML ({path}) did not answer within {timeout:g} s")
+    if code != 0:
+        raise HookError(f"NVML ({path}) crashed ({f'signal {-code}' if code < 0 else f'exit status {code}'})")
+    out = {}
+    for line in text.splitlines():
+        address, gi, ci, uuid, profile = line.split(" ", 4)
+        out[(address, int(gi), int(ci))] = (uuid, "" if profile == "-" else profile)
+    return out
+
+
+def _answer(path: str, addresses: list[str], profiles: bool) -> tuple[str, int]:
+    """What the NVML child says: its lines and exit status."""
+    try:
+        found = _nvml_mig_uuids(path, addresses, profiles)
+    except HookError as err:
+        return f"error {err}\n", 1
+    return "".join(f"{a} {gi} {ci} {u} {p or '-'}\n" for (a, gi, ci), (u, p) in found.items()), 0
+
+
+def _fork_child(path: str, addresses: list[str], profiles: bool, timeout: float) -> tuple[str, int, bool]:
     import select
 
-    path = library_path(driver_root)
     read_end, write_end = os.pipe()
     child = os.fork()
     if child == 0:  # pragma: no cover - the NVML child; its outcome is checked through the pipe
         code = 1
         try:
             os.close(read_end)
-            import resource
-
-            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a crashing library leaves no core file behind
-            if "faulthandler" in sys.modules:  # nor a Python traceback on the hook's stderr
-                sys.modules["faulthandler"].disable()
-            try:
-                found = _nvml_mig_uuids(path, addresses)
-                text, code = "".join(f"{a} {gi} {ci} {u}\n" for (a, gi, ci), u in found.items()), 0
-            except HookError as err:
-                text = f"error {err}\n"
+            _quiet_crash()
+            text, code = _answer(path, addresses, profiles)
             os.write(write_end, text.encode())
         finally:
             os._exit(code)
@@ -100,22 +137,88 @@ def read_mig_uuids(driver_root: str, addresses: list[str], timeout: float = 20.0
     finally:
         os.close(read_end)
         _, status = os.waitpid(child, 0)
-    text = b"".join(chunks).decode(errors="replace")
-    if text.startswith("error "):
-        raise HookError(text[6:].strip())
-    code = os.waitstatus_to_exitcode(status)
-    if hung:
-        raise HookError(f"NVML ({path}) did not answer within {timeout:g} s")
-    if code != 0:
-        raise HookError(f"NVML ({path}) crashed ({f'signal {-code}' if code < 0 else f'exit status {code}'})")
-    out = {}
-    for line in text.splitlines():
-        address, gi, ci, uuid = line.split(" ", 3)
-        out[(address, int(gi), int(ci))] = uuid
-    return out
+    return b"".join(chunks).decode(errors="replace"), os.waitstatus_to_exitcode(status), hung
 
 
-def _nvml_mig_uuids(path: str, addresses: list[str]) -> dict[tuple[str, int, int], str]:
+def _exec_child(path: str, addresses: list[str], profiles: bool, timeout: float) -> tuple[str, int, bool]:
+    import subprocess
+
+    package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package, os.environ.get("PYTHONPATH")) if p)}
+    argv = [sys.executable, "-m", "oci_gpu_hook.inventory.nvml", path, "profiles" if profiles else "uuids",
+            *addresses]
+    try:
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              timeout=timeout, env=env, check=False)
+    except subprocess.TimeoutExpired:
+        return "", 0, True
+    except OSError as err:
+        return f"error cannot start {sys.executable} for NVML: {err.strerror}\n", 1, False
+    return done.stdout.decode(errors="replace"), done.returncode, False
+
+
+def _quiet_crash() -> None:
+    """In the NVML child: a crashing library leaves no core file, nor a Python traceback on stderr."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if "faulthandler" in sys.modules:
+        sys.modules["faulthandler"].disable()
+
+
+def mig_memory_gb(total_bytes: int, mig_mb: int) -> int:
+    """A MIG device's memory as its profile names it (go-nvlib's getMigMemorySizeGB): its share of the GPU's
+    memory, rounded up to eighths, times the GPU's memory in whole GiB (rounded up), rounded to the nearest."""
+    if total_bytes <= 0:
+        return 0
+    eighths = -(-(mig_mb * 2**20 * 8) // total_bytes)  # ceil(share * 8)
+    total_gb = -(-total_bytes // 2**30)
+    return (eighths * total_gb + 4) // 8  # round(eighths / 8 * total_gb), halves up
+
+
+def profile_name(compute_slices: int, gpu_slices: int, memory_gb: int, gi_profile_id: int) -> str:
+    """``1g.10gb``, ``1c.2g.20gb`` (a compute instance smaller than its GPU instance), ``1g.10gb+me``."""
+    suffix = PROFILE_SUFFIX.get(gi_profile_id, "")
+    compute = "" if compute_slices == gpu_slices else f"{compute_slices}c."
+    return f"{compute}{gpu_slices}g.{memory_gb}gb{suffix}"
+
+
+def _profile(lib: Any, gpu: Any, mig: Any, gi_id: int) -> str:
+    """A MIG device's profile name ('' when NVML does not say all of it)."""
+    import ctypes
+
+    class Attributes(ctypes.Structure):  # nvmlDeviceAttributes_t
+        _fields_ = [(name, ctypes.c_uint) for name in (
+            "multiprocessorCount", "sharedCopyEngineCount", "sharedDecoderCount", "sharedEncoderCount",
+            "sharedJpegCount", "sharedOfaCount", "gpuInstanceSliceCount", "computeInstanceSliceCount")] + [
+            ("memorySizeMB", ctypes.c_ulonglong)]
+
+    class Memory(ctypes.Structure):  # nvmlMemory_t
+        _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+    class GpuInstanceInfo(ctypes.Structure):  # nvmlGpuInstanceInfo_t
+        _fields_ = [("device", ctypes.c_void_p), ("id", ctypes.c_uint), ("profileId", ctypes.c_uint),
+                    ("start", ctypes.c_uint), ("size", ctypes.c_uint)]
+
+    attributes, memory, info, instance = Attributes(), Memory(), GpuInstanceInfo(), ctypes.c_void_p()
+    calls = (("nvmlDeviceGetAttributes_v2", mig, ctypes.byref(attributes)),
+             ("nvmlDeviceGetMemoryInfo", gpu, ctypes.byref(memory)),
+             ("nvmlDeviceGetGpuInstanceById", gpu, ctypes.c_uint(gi_id), ctypes.byref(instance)),
+             ("nvmlGpuInstanceGetInfo", instance, ctypes.byref(info)))
+    for name, *args in calls:
+        function = getattr(lib, name, None)
+        if function is None and name.endswith("_v2"):  # drivers before the _v2 entry point
+            function = getattr(lib, name[:-3], None)
+        if function is None or int(function(*args)) != 0:
+            return ""
+    if not attributes.gpuInstanceSliceCount or not attributes.computeInstanceSliceCount:
+        return ""
+    return profile_name(attributes.computeInstanceSliceCount, attributes.gpuInstanceSliceCount,
+                        mig_memory_gb(memory.total, attributes.memorySizeMB), info.profileId)
+
+
+def _nvml_mig_uuids(path: str, addresses: list[str], profiles: bool = False) -> dict[tuple[str, int, int],
+                                                                                   tuple[str, str]]:
     import ctypes
 
     try:
@@ -139,7 +242,8 @@ def _nvml_mig_uuids(path: str, addresses: list[str]) -> dict[tuple[str, int, int
                 _call(lib, "nvmlDeviceGetComputeInstanceId", mig, ctypes.byref(ci))
                 text = ctypes.create_string_buffer(96)
                 _call(lib, "nvmlDeviceGetUUID", mig, text, ctypes.c_uint(len(text)))
-                out[(address, gi.value, ci.value)] = text.value.decode(errors="replace")
+                uuid = text.value.decode(errors="replace")
+                out[(address, gi.value, ci.value)] = (uuid, _profile(lib, handle, mig, gi.value) if profiles else "")
     finally:
         lib.nvmlShutdown()
     return out
@@ -167,3 +271,52 @@ def fill_mig_uuids(devices: tuple[Device, ...]) -> str:
         assert device.mig is not None
         device.uuid = _read[(root, device.pci_address)].get(device.mig)
     return ""
+
+
+def refresh(devices: tuple[Device, ...] | list[Device]) -> str:
+    """Read the UUIDs and profiles of the MIG devices of ``devices`` from NVML now, whatever was read before (a
+    resident process: instances come and go); set their UUIDs.  Returns '' or why NVML cannot say them."""
+    migs = [d for d in devices if d.mig is not None]
+    if not migs:
+        return ""
+    root = os.path.abspath(migs[0].driver_root or "/")
+    _problems.pop(root, None)
+    addresses = list(dict.fromkeys(d.pci_address for d in migs))
+    try:
+        found = read_migs(root, addresses, profiles=True, fresh=True)
+    except HookError as err:
+        _problems[root] = (f"cannot be looked up: MIG UUIDs are known only to NVML, and {err} "
+                           "(name MIG devices as GPU:MIG)")
+        for address in addresses:
+            _read.pop((root, address), None)
+            _profiles.pop((root, address), None)
+        return str(err)
+    for address in addresses:
+        mine = {(gi, ci): value for (a, gi, ci), value in found.items() if a == address}
+        _read[(root, address)] = {key: uuid for key, (uuid, _p) in mine.items()}
+        _profiles[(root, address)] = {key: profile for key, (_u, profile) in mine.items() if profile}
+    for device in migs:
+        assert device.mig is not None
+        device.uuid = _read[(root, device.pci_address)].get(device.mig)
+    return ""
+
+
+def profile(device: Device) -> str | None:
+    """The MIG profile of ``device`` as the last :func:`refresh` read it (None: not read, or NVML did not say)."""
+    if device.mig is None:
+        return None
+    root = os.path.abspath(device.driver_root or "/")
+    return _profiles.get((root, device.pci_address), {}).get(device.mig)
+
+
+def main(argv: list[str]) -> int:  # pragma: no cover - run as the NVML child of read_migs(fresh=True)
+    """``python -m oci_gpu_hook.inventory.nvml LIBRARY uuids|profiles PCI...``: the child's lines on stdout."""
+    _quiet_crash()
+    text, code = _answer(argv[0], argv[2:], argv[1] == "profiles")
+    sys.stdout.write(text)
+    sys.stdout.flush()
+    return code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main(sys.argv[1:]))

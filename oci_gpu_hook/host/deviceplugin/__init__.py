@@ -1,4 +1,5 @@
-"""``oci-gpu-hook device-plugin``: a kubelet device plugin for the host's AMD GPUs and compute partitions.
+"""``oci-gpu-hook device-plugin``: a kubelet device plugin for the host's AMD GPUs and compute partitions and
+NVIDIA GPUs and MIG devices, from one process (one endpoint per resource).
 
 Operator side only: it needs ``grpcio`` and ``protobuf`` (the ``device-plugin``
 extra), which nothing on a container's start path imports.
@@ -48,22 +49,28 @@ def command(args: list[str], config: Config) -> int:
     from oci_gpu_hook.errors import HookError
     from oci_gpu_hook.host.deviceplugin.devices import STRATEGIES
 
-    parser = _parser("device-plugin", "Advertise the host's AMD GPUs and compute partitions to the kubelet "
-                                      "(device plugin API v1beta1); Allocate answers with CDI names.")
+    parser = _parser("device-plugin", "Advertise the host's AMD GPUs and compute partitions and NVIDIA GPUs and "
+                                      "MIG devices to the kubelet (device plugin API v1beta1); Allocate answers "
+                                      "with stable CDI names.")
     parser.add_argument("--kubelet-dir", metavar="DIR", default="/var/lib/kubelet/device-plugins",
                         help="the kubelet's device-plugins directory, with kubelet.sock (default %(default)s)")
     parser.add_argument("--resource-strategy", choices=STRATEGIES, default="single",
-                        help="single: everything is amd.com/gpu; mixed: partitions as amd.com/<compute>_<memory> "
-                             "(amd.com/cpx_nps1), whole GPUs as amd.com/gpu (default %(default)s)")
+                        help="single: everything is amd.com/gpu, nvidia.com/gpu (MIG devices only when every "
+                             "NVIDIA GPU has MIG devices of one profile); mixed: partitions as "
+                             "amd.com/<compute>_<memory> (amd.com/cpx_nps1), MIG devices as nvidia.com/mig-<profile> "
+                             "(nvidia.com/mig-1g.10gb), whole GPUs as amd.com/gpu, nvidia.com/gpu "
+                             "(default %(default)s)")
     parser.add_argument("--rescan-interval", metavar="SECONDS", default="10",
-                        help="how often sysfs is read again for health (default %(default)s)")
+                        help="how often GPUs are read again for health (default %(default)s)")
     parser.add_argument("--device-specs", action="store_true",
                         help="also answer Allocate with the device nodes (for nodes with neither CDI nor the shim)")
     parser.add_argument("--no-uevents", action="store_true",
-                        help="do not listen for drm/kfd uevents (rescan only every --rescan-interval)")
+                        help="do not listen for GPU uevents (drm, kfd, a GPU's pci; rescan only every "
+                             "--rescan-interval)")
     parser.add_argument("--cdi-dir", metavar="DIR", action="append", default=None,
-                        help="a CDI spec directory the plugin manages (repeatable): it keeps amd.com-gpu.json there "
-                             "current after every scan and checks it before each Allocate, rewriting a stale one, "
+                        help="a CDI spec directory the plugin manages (repeatable): it keeps amd.com-gpu.json and "
+                             "nvidia.com-gpu.json there current after every scan and checks them before each "
+                             "Allocate, rewriting a stale one, "
                              f"so a runtime resolves each name it hands out to that device (default: cdi_dir, "
                              f"{config.cdi_dir})")
     parser.add_argument("--no-cdi-specs", action="store_true",
@@ -76,13 +83,19 @@ def command(args: list[str], config: Config) -> int:
         from oci_gpu_hook.cliparse import UsageError
 
         raise UsageError("device-plugin: --cdi-dir and --no-cdi-specs exclude each other")
+    kinds = tuple(config.backends)
     if opts.list:  # the inventory only: no gRPC needed
-        from oci_gpu_hook.host.deviceplugin.devices import CDI_KIND, plugin_devices
+        from oci_gpu_hook.host.deviceplugin.devices import plan, scan_served
 
-        for device in plugin_devices(config.sysfs_root, opts.resource_strategy):
+        inventory = scan_served(config.sysfs_root, proc_root=config.proc_root, driver_root=config.driver_root,
+                                kinds=kinds)
+        devices, notes = plan(inventory, opts.resource_strategy)
+        for device in devices:
             numa = "-" if device.numa is None else str(device.numa)
-            print(f"{device.resource}  {device.id}  {CDI_KIND}={device.cdi_name}  numa {numa}  "
+            print(f"{device.resource}  {device.id}  {device.qualified}  numa {numa}  "
                   f"hive {device.hive if device.hive is not None else '-'}")
+        for note in notes:
+            print(f"# {note}")
         return 0
     try:
         from oci_gpu_hook.host.deviceplugin import server
@@ -98,7 +111,8 @@ def command(args: list[str], config: Config) -> int:
         for directory in directories:
             _managed_dir(directory)
         specs = SpecKeeper(config, directories, server.log_line)
-    tracker = server.Tracker(config.sysfs_root, opts.resource_strategy, specs=specs)
+    tracker = server.Tracker(config.sysfs_root, opts.resource_strategy, specs=specs, proc_root=config.proc_root,
+                             driver_root=config.driver_root, kinds=kinds)
     events = None
     if not opts.no_uevents:
         from oci_gpu_hook.host.watch import KernelUevents

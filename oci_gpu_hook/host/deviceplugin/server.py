@@ -7,20 +7,28 @@ creates a new ``kubelet.sock``: :class:`Manager` checks once a second (by
 default) and, when its socket is gone or ``kubelet.sock`` is a new file,
 serves again on a fresh socket and registers again.
 
-The devices come from :func:`~oci_gpu_hook.host.deviceplugin.devices.plugin_devices`,
-rescanned periodically (every 10 s by default: a GPU gone without a uevent is
-noticed then), shortly after each drm/kfd uevent, and before every Allocate.  A device seen once stays in
-the list: Unhealthy while it is missing from sysfs, Healthy again when it comes
-back under the same ID.
+The devices come from :func:`~oci_gpu_hook.host.deviceplugin.devices.plan`
+over the served kinds (AMD and NVIDIA: one process serves both kinds'
+resources, one endpoint each), rescanned periodically (every 10 s by default: a
+GPU gone without a uevent, or a MIG instance destroyed, is noticed then),
+shortly after each GPU uevent (:func:`oci_gpu_hook.host.watch.gpu_uevent`), and
+before every Allocate.  A device seen once stays in the list: Unhealthy while it
+is missing from the host, Healthy again when it comes back under the same ID.
 
 Allocate answers each container with the stable CDI names of its devices
-(``amd.com/gpu=0000:05:00.0``, ``amd.com/gpu=0000:05:00.0-p3``; never an index,
-which names other hardware once a GPU before it leaves), both in
-``cdi_devices`` (kubelet passes them in the CRI's CDI field, which containerd
-1.7+ with CDI enabled and CRI-O apply) and in one container annotation,
+(``amd.com/gpu=0000:05:00.0``, ``amd.com/gpu=0000:05:00.0-p3``,
+``nvidia.com/gpu=GPU-...``, ``nvidia.com/gpu=MIG-...``; never an index, which
+names other hardware once a GPU before it leaves), both in ``cdi_devices``
+(kubelet passes them in the CRI's CDI field, which containerd 1.7+ with CDI
+enabled and CRI-O apply) and in one container annotation,
 ``cdi.k8s.io/oci-gpu-hook_<resource>`` (which containerd 1.6 copies into
 config.json for the ``oci-gpu`` RuntimeClass, where ``oci-gpu-runtime`` applies
 it).  ``--device-specs`` adds the nodes as device specs, for nodes with neither.
+
+Socket and annotation names: ``<resource name>`` for ``amd.com`` resources
+(``oci-gpu-hook-gpu.sock``, ``cdi.k8s.io/oci-gpu-hook_cpx_nps1``), the vendor
+before it for the others (``oci-gpu-hook-nvidia-gpu.sock``,
+``cdi.k8s.io/oci-gpu-hook_nvidia-mig-1g.10gb``), so that every resource has its own.
 
 The CDI specs of the managed directories (:mod:`.specs`) are regenerated after
 every scan and checked before every answer: a name is handed out only when the
@@ -43,9 +51,17 @@ from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.host.deviceplugin import api_pb2 as api
 from oci_gpu_hook.host.deviceplugin import api_pb2_grpc as api_grpc
 from oci_gpu_hook.host.deviceplugin.allocation import preferred
-from oci_gpu_hook.host.deviceplugin.devices import CDI_KIND, PluginDevice, devices_of, scan_amd
+from oci_gpu_hook.host.deviceplugin.devices import (
+    ALWAYS_SERVED,
+    SERVED,
+    PluginDevice,
+    gone,
+    plan,
+    scan_served,
+    whole_gpu_resource,
+)
 from oci_gpu_hook.host.deviceplugin.specs import SpecKeeper
-from oci_gpu_hook.host.watch import RESYNC, EventSource
+from oci_gpu_hook.host.watch import RESYNC, EventSource, gpu_uevent
 from oci_gpu_hook.inventory import Inventory
 
 VERSION = "v1beta1"
@@ -54,7 +70,8 @@ KUBELET_SOCKET = "kubelet.sock"
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
 ANNOTATION_PREFIX = "cdi.k8s.io/oci-gpu-hook_"
 PROGRAM = "oci-gpu-hook device-plugin"
-UEVENT_SUBSYSTEMS = ("drm", "kfd")
+UNIX_PATH_MAX = 108  # sun_path, its terminating NUL included
+KEPT_NAMES = "amd.com"  # the first domain served: its sockets and annotations keep their unprefixed names
 
 Log = Callable[[str], None]
 Scan = Callable[[str], Inventory]
@@ -68,8 +85,10 @@ def log_line(message: str) -> None:
 
 
 def short_name(resource: str) -> str:
-    """``amd.com/cpx_nps1`` -> ``cpx_nps1``: the socket and annotation suffix."""
-    return resource.rpartition("/")[2]
+    """The socket and annotation suffix: ``amd.com/cpx_nps1`` -> ``cpx_nps1``, ``nvidia.com/gpu`` -> ``nvidia-gpu``,
+    ``nvidia.com/mig-1g.10gb`` -> ``nvidia-mig-1g.10gb``."""
+    vendor, _, name = resource.rpartition("/")
+    return name if vendor == KEPT_NAMES else f"{vendor.partition('.')[0]}-{name}"
 
 
 def annotation_key(resource: str) -> str:
@@ -84,13 +103,18 @@ class Tracker:
     """The devices of the host, by ID; every device seen since start stays, Unhealthy while missing.  With
     ``specs``, the managed CDI specs follow every scan."""
 
-    def __init__(self, sysfs_root: str, strategy: str, scan: Scan = scan_amd, log: Log = log_line,
-                 specs: SpecKeeper | None = None) -> None:
+    def __init__(self, sysfs_root: str, strategy: str, scan: Scan | None = None, log: Log = log_line,
+                 specs: SpecKeeper | None = None, *, proc_root: str = "/proc", driver_root: str = "/",
+                 kinds: tuple[str, ...] = SERVED) -> None:
         self.sysfs_root = sysfs_root
         self.strategy = strategy
+        if scan is None:
+            def scan(root: str) -> Inventory:
+                return scan_served(root, proc_root=proc_root, driver_root=driver_root, kinds=kinds)
         self.scan = scan
         self.log = log
         self.specs = specs
+        self.notes: list[str] = []  # the last scan's lines about devices left out
         self.devices: dict[str, PluginDevice] = {}
         self.inventory: Inventory | None = None  # the scan the device list is from
         self.generation = 0
@@ -104,7 +128,7 @@ class Tracker:
         with self.scan_lock:
             try:
                 inventory = self.scan(self.sysfs_root)
-                found = devices_of(inventory, self.strategy)
+                found, notes = plan(inventory, self.strategy)
             except Exception as err:  # sysfs changing under the scan must not end the plugin
                 detail = str(err) if isinstance(err, (HookError, OSError)) else f"{type(err).__name__}: {err}"
                 message = f"rescan ({reason}) failed, keeping the last device list: {detail}"
@@ -113,6 +137,10 @@ class Tracker:
                 self.last_error = message
                 return False
             self.last_error = None
+            for note in notes:
+                if note not in self.notes:
+                    self.log(f"{reason}: {note}")
+            self.notes = notes
             self.inventory = inventory
             if self.specs is not None:
                 self.specs.update(inventory, reason)
@@ -126,8 +154,8 @@ class Tracker:
                 for device_id in sorted(current):
                     old, new = self.devices.get(device_id), current[device_id]
                     if old is None or old.healthy != new.healthy:
-                        state = HEALTHY if new.healthy else f"{UNHEALTHY} (gone from sysfs)"
-                        self.log(f"{reason}: {new.resource} {device_id} (CDI {CDI_KIND}={new.cdi_name}) {state}")
+                        state = HEALTHY if new.healthy else f"{UNHEALTHY} ({gone(new.kind)})"
+                        self.log(f"{reason}: {new.resource} {device_id} (CDI {new.qualified}) {state}")
                 self.devices = current
                 self.generation += 1
                 self.changed.notify_all()
@@ -210,7 +238,7 @@ class Servicer(api_grpc.DevicePluginServicer):
         assert device is not None
         if not device.healthy:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"device {device_id!r} ({self.resource}) is gone from sysfs: it cannot be allocated")
+                          f"device {device_id!r} ({self.resource}) is {gone(device.kind)}: it cannot be allocated")
         return device
 
     def Allocate(self, request: api.AllocateRequest, context: grpc.ServicerContext) -> api.AllocateResponse:
@@ -224,7 +252,7 @@ class Servicer(api_grpc.DevicePluginServicer):
             if problem is not None:
                 self.log(f"allocate {self.resource}: {problem}")
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, problem)
-            names = [f"{CDI_KIND}={d.cdi_name}" for d in devices]
+            names = [d.qualified for d in devices]
             answer = response.container_responses.add()
             for name in names:
                 answer.cdi_devices.add(name=name)
@@ -273,8 +301,15 @@ class Endpoint:
         self.servicer = self.make_servicer()
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="device-plugin"))
         api_grpc.add_DevicePluginServicer_to_server(self.servicer, server)
-        if not server.add_insecure_port(f"unix://{self.path}"):
-            raise HookError(f"cannot listen on {self.path}")
+        try:
+            bound = server.add_insecure_port(f"unix://{self.path}")
+        except RuntimeError:  # grpcio 1.5x raises where older ones returned 0
+            bound = 0
+        if not bound:
+            server.stop(None)
+            why = f" (a Unix socket path has at most {UNIX_PATH_MAX - 1} bytes)" if len(
+                os.fsencode(self.path)) >= UNIX_PATH_MAX else ""
+            raise HookError(f"cannot listen on {self.path}{why}")
         server.start()
         self.server = server
         self.identity = _identity(self.path)
@@ -309,7 +344,7 @@ class Manager:
     """Serve and register an endpoint per resource name; re-serve and re-register after a kubelet restart."""
 
     def __init__(self, directory: str, tracker: Tracker, *, device_specs: bool = False, rescan_interval: float = 10.0,
-                 poll_interval: float = 1.0, always: tuple[str, ...] = ("amd.com/gpu",), log: Log = log_line,
+                 poll_interval: float = 1.0, always: tuple[str, ...] | None = None, log: Log = log_line,
                  events: EventSource | None = None, uevent_delay: float = 0.5) -> None:
         self.directory = os.path.abspath(directory)
         self.events = events  # GPU/partition uevents (oci_gpu_hook.host.watch): a rescan soon after each
@@ -319,7 +354,7 @@ class Manager:
         self.device_specs = device_specs
         self.rescan_interval = rescan_interval
         self.poll_interval = poll_interval
-        self.always = always
+        self.always = tuple(whole_gpu_resource(k) for k in ALWAYS_SERVED) if always is None else always
         self.log = log
         self.endpoints: dict[str, Endpoint] = {}
         self.registered: dict[str, tuple[int, int, int]] = {}  # resource -> the kubelet.sock it registered at
@@ -381,7 +416,7 @@ class Manager:
         return 0
 
     def _wait(self, seconds: float) -> None:
-        """Sleep until the next step, 0.1 s at a time; a drm/kfd uevent brings the next rescan forward."""
+        """Sleep until the next step, 0.1 s at a time; a GPU's uevent brings the next rescan forward."""
         deadline = time.monotonic() + seconds
         while not self.stopping:
             left = deadline - time.monotonic()
@@ -393,7 +428,7 @@ class Manager:
             event = self.events.poll(min(0.1, left))
             if event is None:
                 continue
-            if RESYNC in event or event.get("SUBSYSTEM") in UEVENT_SUBSYSTEMS:
+            if RESYNC in event or gpu_uevent(event):
                 soon = time.monotonic() + self.uevent_delay  # a quiet moment: one rescan for a burst
                 if soon < self.next_rescan:
                     self.next_rescan = soon
