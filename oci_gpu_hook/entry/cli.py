@@ -41,6 +41,8 @@ commands:
           [--prefix DIR] [--dry-run] [--uninstall] [--no-native] [--allow-editable]
                                              launchers, a hooks.d file, CDI spec, containerd drop-in
   device-plugin [--kubelet-dir DIR] [--resource-strategy single|mixed] [--device-specs]  kubelet device plugin
+  serve [--socket PATH] [--workers N] [--verbose]
+                                             the resident planner: GPU containers start without a Python start
   validate [--config-file FILE] [SPEC ...]   check a config file and OCI config.json files
   launchers DIR [--no-native] [--allow-editable]
                                              write the launchers for hooks and the shim (native front + python -I -S)
@@ -49,7 +51,10 @@ commands:
 exit status: 0 done, 1 failed (one error line on stderr), 2 a usage error
 """
 
-HOT_COMMANDS = frozenset({"precreate", "prestart", "createRuntime", "links", "ldcache"})
+PRECREATE = "precreate"  # the spec on stdin, the spec on stdout
+LIVE_COMMANDS = ("prestart", "createRuntime")  # the state on stdin; the plan applied to the running container
+CREATE_RUNTIME_HOOKS = ("links", "ldcache")  # what to make is in their arguments
+HOT_COMMANDS = frozenset({PRECREATE, *LIVE_COMMANDS, *CREATE_RUNTIME_HOOKS})
 
 
 def split_globals(argv: list[str]) -> tuple[dict[str, Any], list[str]]:
@@ -169,9 +174,9 @@ def main(argv: list[str] | None = None) -> int:
         overrides, rest = split_globals(args)
         command = rest[0] if rest else None
         if command in HOT_COMMANDS:
-            if len(rest) > 1 and command not in ("links", "ldcache"):
+            if len(rest) > 1 and command not in CREATE_RUNTIME_HOOKS:
                 raise _usage_error(f"{command} takes no arguments")
-            if command in ("links", "ldcache"):  # need no config: what to make is in their arguments
+            if command in CREATE_RUNTIME_HOOKS:  # need no config: what to make is in their arguments
                 from oci_gpu_hook.appliers import live
 
                 os.chdir("/")

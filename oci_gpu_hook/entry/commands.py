@@ -551,6 +551,7 @@ COMMANDS: dict[str, Callable[[list[str], Config], int]] = {
 # Commands that live in their own modules (imported only when used): name -> module with command(args, config).
 MODULE_COMMANDS = {"watch": "oci_gpu_hook.host.watch", "install": "oci_gpu_hook.host.install"}
 MODULE_COMMANDS["device-plugin"] = "oci_gpu_hook.host.deviceplugin"
+MODULE_COMMANDS["serve"] = "oci_gpu_hook.host.planner"
 
 
 # Commands that read sysfs: a sysfs root that is not there is an error before they start (a watcher or a

@@ -19,7 +19,8 @@ What it writes (real paths; ``--prefix DIR`` puts each of them under DIR, creati
   containerd the node runs is read under ``--host-root`` or given as ``--containerd-version``
   (:mod:`containerd_detect`);
 - crio: the drop-in :data:`crio.DROP_IN_PATH` (CDI spec dirs, the ``oci-gpu`` runtime handler);
-- systemd: the ``watch`` unit in :data:`SYSTEMD_UNIT`, its ExecStart the installed launcher;
+- systemd: the ``watch`` unit in :data:`SYSTEMD_UNIT` and the resident planner's (``serve``) in
+  :data:`PLANNER_UNIT`, their ExecStart the installed launcher;
 - the manifest :data:`MANIFEST_PATH`: each file written (its sha256 and mode, its integration, and
   what was there before), and each directory created.
 
@@ -69,6 +70,7 @@ JOURNAL_DIR = f"{STATE_DIR}/journal.d"
 JOURNAL_PATH = f"{JOURNAL_DIR}/journal.json"
 STAGING = ".oci-gpu-hook-staging"  # a directory being created or removed as a whole, by one rename
 SYSTEMD_UNIT = "/etc/systemd/system/oci-gpu-hook-watch.service"
+PLANNER_UNIT = "/etc/systemd/system/oci-gpu-hook-planner.service"
 MANIFEST_FORMAT = 1
 SHOW_LIMIT = 4096  # --dry-run prints the content of new files up to this size, a diff for replaced ones
 INTEGRATIONS = ("podman", "docker", "containerd", "crio", "cdi", "systemd")
@@ -157,14 +159,38 @@ WantedBy=multi-user.target
 """
 
 
-def unit_file(launcher: str) -> str:
-    """The shipped watch unit (examples/systemd) with its ExecStart lines running ``launcher``."""
-    shipped = os.path.join(PACKAGE_PARENT, "examples", "systemd", "oci-gpu-hook-watch.service")
+PLANNER_UNIT_FALLBACK = """\
+# oci-gpu-hook serve: the resident planner the native front asks (see examples/systemd in the source tree).
+[Unit]
+Description=oci-gpu-hook: the resident planner the native front asks before it starts Python
+After=local-fs.target
+Before=containerd.service crio.service docker.service
+
+[Service]
+Type=simple
+ExecStart={launcher} serve
+Restart=always
+RestartSec=1s
+TimeoutStopSec=15s
+User=root
+RuntimeDirectory=oci-gpu-hook
+RuntimeDirectoryMode=0700
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def unit_file(launcher: str, unit: str = SYSTEMD_UNIT) -> str:
+    """The shipped unit ``unit`` (examples/systemd: the watch's or the planner's) with its ExecStart lines running
+    ``launcher``."""
+    name = os.path.basename(unit)
+    shipped = os.path.join(PACKAGE_PARENT, "examples", "systemd", name)
     try:
         with open(shipped, encoding="utf-8") as handle:
             text = handle.read()
     except OSError:
-        return UNIT_FALLBACK.format(launcher=launcher)
+        return (PLANNER_UNIT_FALLBACK if unit == PLANNER_UNIT else UNIT_FALLBACK).format(launcher=launcher)
     lines = []
     for line in text.splitlines(keepends=True):
         key, eq, value = line.partition("=")
@@ -360,9 +386,12 @@ def crio_items(config: Config, disk: Callable[[str], str], explicit: bool) -> li
 
 def systemd_items(disk: Callable[[str], str], notes: list[str], explicit: bool) -> list[Item]:
     if not explicit and not os.path.isdir(disk("/etc/systemd/system")):
-        raise Skip("no /etc/systemd/system here: the watch unit is not installed")
-    notes.append("systemctl daemon-reload && systemctl enable --now oci-gpu-hook-watch")
-    return [Item(SYSTEMD_UNIT, unit_file(f"{LAUNCHER_DIR}/oci-gpu-hook").encode(), 0o644, "systemd watch unit")]
+        raise Skip("no /etc/systemd/system here: the watch and planner units are not installed")
+    notes.append("systemctl daemon-reload && systemctl enable --now oci-gpu-hook-watch oci-gpu-hook-planner "
+                 "(after an upgrade: systemctl restart oci-gpu-hook-planner; until then the launchers start Python)")
+    launcher = f"{LAUNCHER_DIR}/oci-gpu-hook"
+    return [Item(SYSTEMD_UNIT, unit_file(launcher).encode(), 0o644, "systemd watch unit"),
+            Item(PLANNER_UNIT, unit_file(launcher, PLANNER_UNIT).encode(), 0o644, "systemd planner unit")]
 
 
 # --- the manifest --------------------------------------------------------------------------------
@@ -1222,8 +1251,9 @@ def command(args: list[str], config: Config) -> int:
     from oci_gpu_hook.cliparse import parser as _parser
 
     parser = _parser("install", "Install the launchers and each integration (podman hook, CDI specs, docker runtime, "
-                                "containerd and CRI-O drop-ins, the systemd watch unit), recorded in a manifest; "
-                                "or take them out again (--uninstall).  A killed run is rolled back by the next.")
+                                "containerd and CRI-O drop-ins, the systemd watch and planner units), recorded in a "
+                                "manifest; or take them out again (--uninstall).  A killed run is rolled back by the "
+                                "next.")
     parser.add_argument("--only", metavar="LIST", default=None,
                         help=f"only these integrations (comma list of {', '.join(INTEGRATIONS)}); each is done "
                              "even where its /etc directory is missing")
