@@ -75,14 +75,47 @@ NOGPU_ADDED_TARGET_MS = 2.0  # ... and at most this much added (shim run and cre
 PASS_THROUGH_TARGET_MS = 2.0  # shim state median - runc state median
 PRESTART_GPU_RATIO_TARGET = {"v1": 1.5, "v2": 1.6}  # runc run with the prestart hook, 1 GPU, per cgroup mode
 LIFECYCLE_ADDED_TARGET_MS = 20.0  # create + start + delete through the shim (1 GPU) - bare
+# With the resident planner running (issue 17; NVIDIA's Go toolkit measured +6.6 ms create, +13.5 ms lifecycle)
+CREATE_PLANNER_TARGET_MS = 5.0  # shim create, 1 GPU - bare runc create (paired Δ median)
+LIFECYCLE_PLANNER_TARGET_MS = 12.0  # create + start + delete through the shim, 1 GPU - bare
+PRESTART_PLANNER_TARGET_MS = {"v1": 8.0, "v2": 12.0}  # runc run + prestart hook, 1 GPU - bare
+AT_ONCE = 64  # group h: this many GPU containers created at once
+AT_ONCE_TARGET = 2.0  # ... all of them in at most this many times one container's serial create
+PLANNER_DIR = "/run/oci-gpu-hook"  # a tmpfs of the private root's: the host's planner, if any, is never asked
+NO_PLANNER = {"OCI_GPU_HOOK_PLANNER_SOCKET": ""}  # the front asks no planner: the Python launcher, as without one
 # The environment runc gives the prestart hook (as in tests/containers/test_live_hook.py).
 HOOK_PATH_ENV = "PATH=/usr/sbin:/usr/bin:/sbin:/bin"
-GROUP_LETTERS = "abcdef"
+GROUP_LETTERS = "abcdefgh"
 CGROUP_MODES = ("v1", "v2")
 # Untimed probe of group e: what the container sees in /dev/dri, and whether its device cgroup lets it open
 # renderD129 (no driver behind it here: ENXIO when allowed, EPERM when denied).
 DRI_PROBE = ("ls /dev/dri 2>&1; "
              "echo \"open renderD129: $(/bin/busybox head -c1 /dev/dri/renderD129 2>&1 >/dev/null)\"; echo done")
+
+
+# Group h's untimed check after each sample: every container was created and its config.json names exactly the
+# nodes of its GPU (i % 8) and no other GPU's, or (bare) none; then the containers are deleted and the bundles'
+# config.json put back.
+AT_ONCE_CHECK = r"""
+import json, os, shutil, subprocess, sys
+listing, runc, cid, kind = sys.argv[1:]
+problems = []
+for i, bundle in enumerate(json.load(open(listing))):
+    spec = json.load(open(os.path.join(bundle, "config.json")))
+    paths = sorted(d["path"] for d in (spec.get("linux") or {}).get("devices") or [] if "dri" in d["path"]
+                   or d["path"] == "/dev/kfd")
+    want = [] if kind == "bare" else sorted([f"/dev/dri/card{i % 8 + 1}", f"/dev/dri/renderD{128 + i % 8}", "/dev/kfd"])
+    if paths != want:
+        problems.append(f"container {i}: {paths}, not {want}")
+    state = subprocess.run([runc, "state", f"{cid}-{i}"], capture_output=True, text=True)
+    if state.returncode != 0:
+        problems.append(f"container {i} was not created")
+    subprocess.run([runc, "delete", "--force", f"{cid}-{i}"], capture_output=True)
+    shutil.copyfile(os.path.join(os.path.dirname(bundle), os.path.basename(bundle) + ".pristine.json"),
+                    os.path.join(bundle, "config.json"))
+if problems:
+    sys.exit("; ".join(problems[:5]))
+"""
 
 
 class BenchError(Exception):
@@ -194,6 +227,8 @@ class Bench:
         self.notes: list[str] = []
         self.summary: dict[str, dict[str, dict[str, float]]] = {}
         self.rng = random.Random(opts.seed)
+        self.planner: subprocess.Popen[bytes] | None = None
+        self.planner_log = ""
 
     # ---------------------------------------------------------------- setup
 
@@ -251,6 +286,9 @@ class Bench:
             launcher_python = handle.readline()[2:].strip()
         self.console_shim = shutil.which("oci-gpu-runtime", path=os.path.join(venv, "bin"))
 
+        if not self.opts.no_planner:
+            self.start_planner()
+
         if self.podman:
             self.empty_hooks = os.path.join(self.tmp, "hooks-empty")
             os.makedirs(self.empty_hooks)
@@ -275,6 +313,10 @@ class Bench:
             "package_digest": self.package_digest(os.path.dirname(package)),
             "config_file": f"{CONFIG_PATH} (its default path, in the private root) in every case",
             "launcher_kind": kind,
+            "planner": ("not started (--no-planner): every row is without it" if self.opts.no_planner else
+                        f"`{self.lean_hook} serve --verbose` (as install's unit runs it) on {PLANNER_DIR}/planner.sock "
+                        "(a tmpfs of the private root); the 'no planner' rows set OCI_GPU_HOOK_PLANNER_SOCKET= "
+                        "(empty: the front asks none)"),
             "sysfs_root": sysfs,
             "lean_shim": self.lean_shim,
             "console_shim": self.console_shim or f"not found in {venv}/bin",
@@ -287,7 +329,9 @@ class Bench:
         self.build_groups(rootfs)
 
     def mount_private_root(self) -> None:
-        """This process runs in its own mount namespace (see main): overlay the directories install writes to."""
+        """This process runs in its own mount namespace (see main): overlay the directories install writes to, and
+        a tmpfs on the planner's directory (made by outside() where the host has none)."""
+        sh(["mount", "-t", "tmpfs", "-o", "mode=0700", "tmpfs", PLANNER_DIR])
         for n, target in enumerate(OVERLAID):
             upper, work = os.path.join(self.tmp, "ovl", f"u{n}"), os.path.join(self.tmp, "ovl", f"w{n}")
             os.makedirs(upper)
@@ -369,6 +413,55 @@ class Bench:
         shutil.copyfile(path, os.path.join(self.tmp, f"{name}.pristine.json"))
         return bundle
 
+    def start_planner(self) -> None:
+        """`serve` through the launcher install wrote, as the systemd unit runs it; ready when its socket answers."""
+        import socket
+
+        self.planner_log = os.path.join(self.tmp, "planner.log")
+        with open(self.planner_log, "wb") as log:
+            self.planner = subprocess.Popen([self.lean_hook, "serve", "--verbose"], stdin=subprocess.DEVNULL,
+                                            stdout=log, stderr=log, env=self.env, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.planner.poll() is not None:
+                raise BenchError(f"the planner exited {self.planner.returncode}: {self.planner_text()}")
+            try:
+                with socket.socket(socket.AF_UNIX) as probe:
+                    probe.connect(os.path.join(PLANNER_DIR, "planner.sock"))
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise BenchError(f"the planner did not start: {self.planner_text()}")
+
+    def planner_text(self) -> str:
+        try:
+            with open(self.planner_log, encoding="utf-8", errors="replace") as handle:
+                return handle.read()
+        except OSError:
+            return ""
+
+    def planner_answered(self) -> int:
+        return self.planner_text().count("planner: ok ")
+
+    def stop_planner(self) -> str | None:
+        if self.planner is None:
+            return None
+        if self.planner.poll() is None:
+            self.planner.terminate()
+        try:
+            self.planner.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.planner.pid, signal.SIGKILL)
+            self.planner.wait()
+        try:
+            os.killpg(self.planner.pid, signal.SIGKILL)  # workers still busy (none should be)
+        except ProcessLookupError:
+            pass
+        refused = [line for line in self.planner_text().splitlines() if "planner: refused" in line
+                   or "bad request" in line or "imported" in line]
+        self.planner = None
+        return f"the planner logged: {refused[:3]}" if refused else None
+
     def pristine(self, bundle: str) -> tuple[str, str]:
         return os.path.join(self.tmp, f"{os.path.basename(bundle)}.pristine.json"), os.path.join(bundle, "config.json")
 
@@ -376,10 +469,20 @@ class Bench:
         """Untimed: the shim must really add the GPU, or the numbers would mean nothing."""
         src, dst = self.pristine(gpu)
         shutil.copyfile(src, dst)
+        before = self.planner_answered()
         sh([self.lean_shim, "run", "--bundle", gpu, self.next_id("sanity")], env=self.env)
         with open(dst, encoding="utf-8") as handle:
             if EXPECTED_NODE not in handle.read():
                 raise BenchError(f"the lean shim did not add {EXPECTED_NODE} to config.json")
+        if self.planner is not None and self.planner_answered() != before + 1:
+            raise BenchError(f"the planner did not answer the installed shim: {self.planner_text()[-2000:]}")
+        shutil.copyfile(src, dst)
+        sh([self.lean_shim, "run", "--bundle", gpu, self.next_id("sanity")], env={**self.env, **NO_PLANNER})
+        with open(dst, encoding="utf-8") as handle:
+            if EXPECTED_NODE not in handle.read():
+                raise BenchError(f"the lean shim without the planner did not add {EXPECTED_NODE} to config.json")
+        if self.planner is not None and self.planner_answered() != before + 1:
+            raise BenchError("the planner answered a shim told to ask none")
         # group a's reference: bare runc given the spec the shim wrote (what the granted devices cost runc itself)
         done = os.path.join(self.tmp, "bundle-gpu-done")
         os.makedirs(done)
@@ -468,8 +571,10 @@ class Bench:
             run_args = ["run", "--bundle", gpu, "{id}"]
             cases = [
                 Case("bare", "runc run (bare)", [self.runc, *run_args], self.pristine(gpu)),
-                Case("lean", "installed shim run (install's oci-gpu-runtime)", [self.lean_shim, *run_args],
-                     self.pristine(gpu)),
+                Case("lean", f"installed shim run (install's oci-gpu-runtime){self.with_planner}",
+                     [self.lean_shim, *run_args], self.pristine(gpu)),
+                Case("lean-noplanner", "installed shim run, no planner", [self.lean_shim, *run_args],
+                     self.pristine(gpu), env=NO_PLANNER),
                 Case("py", "Python launcher shim run (--no-native)", [self.py_shim, *run_args], self.pristine(gpu)),
             ]
             if self.console_shim:
@@ -539,6 +644,75 @@ class Bench:
         if "f" in self.only:
             self.groups.append(self.lifecycle_group(rootfs))
 
+        if "g" in self.only:
+            self.groups.append(self.create_group(rootfs))
+
+        if "h" in self.only:
+            self.groups.append(self.at_once_group(rootfs))
+
+    @property
+    def with_planner(self) -> str:
+        return "" if self.opts.no_planner else ", planner running"
+
+    def create_group(self, rootfs: str) -> Group:
+        """g: runc create with one GPU, bare and through the installed shim with and without the planner."""
+        gpu = self.make_bundle("bundle-g-gpu", rootfs, ["/bin/true"], ["AMD_VISIBLE_DEVICES=1"])
+        create = ["create", "--bundle", gpu, "{id}"]
+        delete = [self.runc, "delete", "--force", "{id}"]  # untimed: what create left
+        alone = {"OCI_GPU_HOOK_RUNTIME": "/bin/true"}
+        cases = [
+            Case("bare", "runc create (bare), AMD_VISIBLE_DEVICES=1", [self.runc, *create], self.pristine(gpu),
+                 after=delete),
+            Case("lean", f"installed shim create, AMD_VISIBLE_DEVICES=1{self.with_planner}", [self.lean_shim, *create],
+                 self.pristine(gpu), after=delete),
+            Case("lean-noplanner", "installed shim create, AMD_VISIBLE_DEVICES=1, no planner",
+                 [self.lean_shim, *create], self.pristine(gpu), env=NO_PLANNER, after=delete),
+            Case("py", "Python launcher shim create (--no-native)", [self.py_shim, *create], self.pristine(gpu),
+                 after=delete),
+            Case("alone", f"(reference) installed shim create with OCI_GPU_HOOK_RUNTIME=/bin/true{self.with_planner}",
+                 [self.lean_shim, *create], self.pristine(gpu), reference=True, env=alone),
+            Case("alone-noplanner", "(reference) the same, no planner", [self.lean_shim, *create], self.pristine(gpu),
+                 reference=True, env={**alone, **NO_PLANNER}),
+        ]
+        return Group("create", "g. runc create, AMD_VISIBLE_DEVICES=1 (the containerd and Docker call)", cases,
+                     self.opts.runs, "bare", "g")
+
+    def at_once_group(self, rootfs: str) -> Group:
+        """h: AT_ONCE containers, GPU i % 8 each, created one after another and all at once through the installed
+        shim (with and without the planner), bare runc the same; each sample the wall time of all of them.  After
+        every sample (untimed): each config.json must name exactly its GPU's nodes, then the containers go."""
+        bundles = [self.make_bundle(f"bundle-h-{i}", rootfs, ["/bin/true"], [f"AMD_VISIBLE_DEVICES={i % 8}"])
+                   for i in range(AT_ONCE)]
+        listing = os.path.join(self.tmp, "bundles-h.json")
+        with open(listing, "w", encoding="utf-8") as handle:
+            json.dump(bundles, handle)
+        check = os.path.join(self.tmp, "check-h.py")
+        with open(check, "w", encoding="utf-8") as handle:
+            handle.write(AT_ONCE_CHECK)
+
+        def line(runtime: str, together: bool) -> list[str]:
+            one = f"{shlex.quote(runtime)} create --bundle {self.tmp}/bundle-h-$i {{id}}-$i"
+            loop = f"for i in $(seq 0 {AT_ONCE - 1}); do "
+            return ["sh", "-c", loop + (f"{one} & done; wait" if together else f"{one} || exit 1; done")]
+
+        def after(granted: bool) -> list[str]:
+            return [sys.executable, check, listing, self.runc, "{id}", "granted" if granted else "bare"]
+
+        cases = [
+            Case("bare", f"{AT_ONCE} x runc create (bare), one after another", line(self.runc, False),
+                 after=after(False)),
+            Case("bare-at-once", f"{AT_ONCE} x runc create (bare), all at once", line(self.runc, True),
+                 after=after(False)),
+            Case("serial", f"{AT_ONCE} x installed shim create, one after another{self.with_planner}",
+                 line(self.lean_shim, False), after=after(True)),
+            Case("at-once", f"{AT_ONCE} x installed shim create, all at once{self.with_planner}",
+                 line(self.lean_shim, True), after=after(True)),
+            Case("at-once-noplanner", f"{AT_ONCE} x installed shim create, all at once, no planner",
+                 line(self.lean_shim, True), env=NO_PLANNER, after=after(True)),
+        ]
+        return Group("at-once", f"h. {AT_ONCE} GPU containers (GPU i % 8 each), one after another and all at once",
+                     cases, self.opts.at_once_runs, "bare", "h")
+
     def lifecycle_group(self, rootfs: str) -> Group:
         """f: create + start + delete, as containerd and docker call the runtime, through one sh line."""
         gpu = self.make_bundle("bundle-f-gpu", rootfs, ["/bin/true"], ["AMD_VISIBLE_DEVICES=1"])
@@ -552,8 +726,10 @@ class Bench:
         cases = [
             Case("bare", "runc create + start + delete (bare), AMD_VISIBLE_DEVICES=1", life(self.runc, gpu),
                  self.pristine(gpu)),
-            Case("lean", "installed shim create + start + delete, AMD_VISIBLE_DEVICES=1", life(self.lean_shim, gpu),
-                 self.pristine(gpu)),
+            Case("lean", f"installed shim create + start + delete, AMD_VISIBLE_DEVICES=1{self.with_planner}",
+                 life(self.lean_shim, gpu), self.pristine(gpu)),
+            Case("lean-noplanner", "installed shim create + start + delete, AMD_VISIBLE_DEVICES=1, no planner",
+                 life(self.lean_shim, gpu), self.pristine(gpu), env=NO_PLANNER),
             Case("lean-nogpu", "installed shim create + start + delete, no GPU request", life(self.lean_shim, nogpu),
                  self.pristine(nogpu)),
             Case("py", "Python launcher shim create + start + delete, AMD_VISIBLE_DEVICES=1 (--no-native)",
@@ -571,12 +747,16 @@ class Bench:
         bare = self.make_bundle("bundle-e-bare", rootfs, ["/bin/true"], ["AMD_VISIBLE_DEVICES=1"])
         hook = self.make_bundle("bundle-e-hook", rootfs, ["/bin/true"], ["AMD_VISIBLE_DEVICES=1"], hook_env)
         hook_nogpu = self.make_bundle("bundle-e-hook-nogpu", rootfs, ["/bin/true"], [], hook_env)
+        # runc gives a hook only the environment its entry lists: the planner is turned off there
+        hook_noplanner = self.make_bundle("bundle-e-hook-noplanner", rootfs, ["/bin/true"], ["AMD_VISIBLE_DEVICES=1"],
+                                          [*hook_env, "OCI_GPU_HOOK_PLANNER_SOCKET="])
         cases = []
         for mode in CGROUP_MODES:
             wrap = "" if mode == "v1" else " in unshare -m + cgroup2"
             for key, label, bundle in (
                 ("bare", f"runc run (bare), AMD_VISIBLE_DEVICES=1{wrap}", bare),
-                ("hook", "runc run + prestart hook, AMD_VISIBLE_DEVICES=1 (1 GPU of 8)", hook),
+                ("hook", f"runc run + prestart hook, AMD_VISIBLE_DEVICES=1 (1 GPU of 8){self.with_planner}", hook),
+                ("hook-noplanner", "runc run + prestart hook, AMD_VISIBLE_DEVICES=1, no planner", hook_noplanner),
                 ("hook-nogpu", "runc run + prestart hook, no GPU request", hook_nogpu),
             ):
                 # the mode leads the case key, so container ids say which mode to delete them in (see cleanup)
@@ -732,6 +912,9 @@ class Bench:
             cgroups = self.leftover_cgroups()
             if cgroups:
                 problems.append(f"cgroups left behind: {', '.join(cgroups)}")
+        problem = self.stop_planner()
+        if problem:
+            problems.append(problem)
         if self.podman:
             try:
                 podman = [self.podman, *PODMAN_GLOBAL]
@@ -759,7 +942,8 @@ class Bench:
         out = ["# oci-gpu-hook container start-up benchmark", ""]
         for key in ("date", "kernel", "cpus", "loadavg", "runc", "podman", "install", "python", "launcher_python",
                     "package",
-                    "commit", "package_digest", "config_file", "launcher_kind", "cgroups", "sysfs_root", "lean_shim",
+                    "commit", "package_digest", "config_file", "launcher_kind", "planner", "cgroups", "sysfs_root",
+                    "lean_shim",
                     "console_shim", "lean_hook", "groups"):
             out.append(f"- {key}: {self.meta[key]}")
         podman_runs = f" ({self.opts.podman_runs} for podman)" if self.podman else ""
@@ -842,6 +1026,30 @@ class Bench:
             life = summary["lifecycle"]["lean"]
             target("lifecycle added (create + start + delete through the installed shim, 1 GPU)", life["added"],
                    LIFECYCLE_ADDED_TARGET_MS, " ms", f"ratio {life['ratio']:.2f}")
+        planner = "" if self.opts.no_planner else ", planner running"
+        if "create" in summary:
+            create = summary["create"]["lean"]
+            target(f"shim create added, 1 GPU{planner} (paired Δ median)", create["paired"],
+                   CREATE_PLANNER_TARGET_MS, " ms", added(create, summary["create"]["bare"]["median"]))
+        if "lifecycle" in summary:
+            life = summary["lifecycle"]["lean"]
+            target(f"lifecycle added, 1 GPU{planner} (paired Δ median)", life["paired"], LIFECYCLE_PLANNER_TARGET_MS,
+                   " ms", added(life, summary["lifecycle"]["bare"]["median"]))
+        if "prestart" in summary:
+            for mode in CGROUP_MODES:
+                row = summary["prestart"][f"{mode}-hook"]
+                target(f"prestart hook added, 1 GPU, cgroup {mode}{planner} (paired Δ median)", row["paired"],
+                       PRESTART_PLANNER_TARGET_MS[mode], " ms",
+                       added(row, summary["prestart"][f"{mode}-bare"]["median"]))
+        if "at-once" in summary:
+            rows = summary["at-once"]
+            one = rows["serial"]["median"] / AT_ONCE
+            target(f"{AT_ONCE} GPU containers at once{planner}: their total / one container's serial time",
+                   rows["at-once"]["median"] / one, AT_ONCE_TARGET, "x",
+                   f"all at once {rows['at-once']['median']:.0f} ms, one after another {rows['serial']['median']:.0f} "
+                   f"ms ({one:.1f} ms each); bare runc: {rows['bare-at-once']['median']:.0f} ms at once, "
+                   f"{rows['bare']['median']:.0f} ms one after another; without the planner, at once: "
+                   f"{rows['at-once-noplanner']['median']:.0f} ms")
         if not targets:
             out.append("- none: no group with a target was run")
         self.summary = summary
@@ -957,6 +1165,9 @@ def outside(opts: argparse.Namespace, argv: list[str]) -> int:
         return 1
     tmp = tempfile.mkdtemp(prefix=PREFIX)
     code = 1
+    made_planner_dir = not os.path.lexists(PLANNER_DIR)  # the private root's tmpfs needs a mount point
+    if made_planner_dir:
+        os.mkdir(PLANNER_DIR, 0o700)
     try:
         print("# building and installing the wheel (untimed)", file=sys.stderr, flush=True)
         venv, how = prepare_venv(opts, tmp)
@@ -971,6 +1182,11 @@ def outside(opts: argparse.Namespace, argv: list[str]) -> int:
         if problem:
             print(f"startup.py: cleanup: {problem}", file=sys.stderr)
             code = code or 1
+        if made_planner_dir:
+            try:
+                os.rmdir(PLANNER_DIR)  # empty outside the private root throughout
+            except OSError as err:
+                print(f"startup.py: cleanup: {PLANNER_DIR}: {err.strerror}", file=sys.stderr)
     if SIGNALS:
         return 128 + SIGNALS[0]
     return code
@@ -987,8 +1203,12 @@ def main(argv: list[str] | None = None) -> int:
                              "see benchmarks/README.md for why it moves the runc numbers")
     parser.add_argument("--json", metavar="FILE", help="write metadata, summary and all raw samples to FILE")
     parser.add_argument("--no-podman", action="store_true", help="skip the podman group")
+    parser.add_argument("--no-planner", action="store_true",
+                        help="do not start the resident planner (`oci-gpu-hook serve`): every row is without it")
+    parser.add_argument("--at-once-runs", type=positive, default=5,
+                        help=f"timed runs of group h ({AT_ONCE} containers each; default 5)")
     parser.add_argument("--only", type=group_letters, metavar="GROUPS",
-                        help="run only these groups, e.g. 'e' or 'a,b' (letters a-f; default: all)")
+                        help="run only these groups, e.g. 'e' or 'a,b' (letters a-h; default: all)")
     parser.add_argument("--sysfs-root", default=DEFAULT_SYSFS, help="fake sysfs (default: the example 8-GPU host)")
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     parser.add_argument("--seed", type=int, default=0, help="seed of each round's case order (default 0)")

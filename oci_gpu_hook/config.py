@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 DEFAULT_CONFIG_PATH = "/etc/oci-gpu-hook/config.toml"
+CONFIG_ENV = "OCI_GPU_HOOK_CONFIG"  # names the config file
 ACCESS_VALUES = ("r", "w", "m", "rw", "rm", "wm", "rwm")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -221,9 +222,9 @@ def load_config(environ: Mapping[str, str] | None = None, overrides: Mapping[str
     """Defaults, then the config file, then ``OCI_GPU_HOOK_*`` variables, then ``overrides``."""
     env = os.environ if environ is None else environ
     values: dict[str, Any] = {}
-    path = env.get("OCI_GPU_HOOK_CONFIG") or DEFAULT_CONFIG_PATH
+    path = env.get(CONFIG_ENV) or DEFAULT_CONFIG_PATH
     sources = []
-    if env.get("OCI_GPU_HOOK_CONFIG") or os.path.exists(path):
+    if env.get(CONFIG_ENV) or os.path.exists(path):
         values.update(load_file(path))
         sources.append(path)
     for name, field in FIELDS.items():

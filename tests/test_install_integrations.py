@@ -162,6 +162,13 @@ def test_systemd_unit_runs_the_installed_launcher(tmp_path: Path, capsys: pytest
     assert execs == [f"ExecStartPre=-{LAUNCHER} watch --once", f"ExecStart={LAUNCHER} watch"]
     assert os.access(at(tmp_path, LAUNCHER), os.X_OK)
     assert items.UNIT_FALLBACK.format(launcher=LAUNCHER).count(LAUNCHER) == 2
+    planner = at(tmp_path, install_paths.PLANNER_UNIT).read_text()
+    assert planner == (REPO / "examples/systemd/oci-gpu-hook-planner.service").read_text()
+    assert [line for line in planner.splitlines() if line.startswith("ExecStart")] == [f"ExecStart={LAUNCHER} serve"]
+    fallback = items.PLANNER_UNIT_FALLBACK.format(launcher=LAUNCHER)
+    for line in ("ExecStart", "Restart", "RuntimeDirectory", "RuntimeDirectoryMode", "User", "TimeoutStopSec"):
+        assert [x for x in planner.splitlines() if x.startswith(line + "=")] == [
+            x for x in fallback.splitlines() if x.startswith(line + "=")], line
 
 
 def test_podman_hooks_dir_from_containers_conf(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ import yaml
 
 from oci_gpu_hook import __version__
 from oci_gpu_hook.config import FIELDS
+from oci_gpu_hook.host import planner
 from oci_gpu_hook.host.containerd import RUNTIME_NAME, drop_in
 from oci_gpu_hook.kinds import KINDS
 from tests.helpers.containerlib import INSTALL_DEV, SEED_SYSFS
@@ -26,6 +27,7 @@ EXAMPLES = REPO / "examples" / "kubernetes"
 LAUNCHER_DIR = "/usr/local/libexec/oci-gpu-hook"
 CDI_KIND = KINDS["amd"][0]
 DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+PLANNER_DIR = "/run/oci-gpu-hook"
 
 
 def _load(name: str) -> dict[str, Any]:
@@ -115,7 +117,7 @@ def test_daemon_set(usage: str) -> None:
     volumes = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
     # install reads the main config and replaces it (a rename in /etc/containerd): the whole directory.
     assert set(volumes.values()) == {"/etc/containers/oci/hooks.d", "/etc/containerd", "/var/run/cdi", "/sys",
-                                     LAUNCHER_DIR, "/var/lib/oci-gpu-hook", DEVICE_PLUGIN_DIR, "/"}
+                                     LAUNCHER_DIR, "/var/lib/oci-gpu-hook", DEVICE_PLUGIN_DIR, "/", PLANNER_DIR}
     types = {v["hostPath"]["path"]: v["hostPath"]["type"] for v in pod["volumes"]}
     assert types["/etc/containerd"] == "Directory"  # never create a containerd config on a node without one
     containers = {c["name"]: c for c in pod["initContainers"] + pod["containers"]}
@@ -137,16 +139,17 @@ def test_daemon_set(usage: str) -> None:
 
     (installer,) = (c for c in pod["initContainers"] if c["name"] == "install")
     installed = {volumes[m["name"]] for m in installer["volumeMounts"]}
-    # everything install reads or writes, /etc/containerd included; the kubelet's directory is the plugin's
-    assert installed == set(volumes.values()) - {DEVICE_PLUGIN_DIR}
+    # everything install reads or writes, /etc/containerd included; the kubelet's directory is the plugin's, the
+    # socket's the planner's
+    assert installed == set(volumes.values()) - {DEVICE_PLUGIN_DIR, PLANNER_DIR}
     assert not any(m.get("readOnly") for m in installer["volumeMounts"] if volumes[m["name"]] not in ("/sys", "/"))
     init_commands = [_hook_command(c["command"]) for c in pod["initContainers"] if c["name"] != "copy-environment"]
     main_commands = [_hook_command(c["command"]) for c in pod["containers"]]
     assert init_commands == [("install", ["--only", "containerd,cdi", "--set", "OCI_GPU_HOOK_ALLOW_ENV_REQUESTS=false",
                                           "--host-root", "/host"])]  # no --prefix
-    # the plugin keeps the CDI spec current itself: no watch beside it (two writers of one file)
-    assert main_commands == [("device-plugin", ["--resource-strategy=mixed"])]
-    assert {"install", "device-plugin"} <= _commands(usage)
+    # the plugin keeps the CDI spec current itself: no watch beside it (two writers of one file); the planner
+    assert main_commands == [("device-plugin", ["--resource-strategy=mixed"]), ("serve", [])]
+    assert {"install", "device-plugin", "serve"} <= _commands(usage)
     for name, args in init_commands + main_commands:
         assert name in _commands(usage)
         help_text = _cli(name, "--help")
@@ -173,6 +176,13 @@ def test_daemon_set(usage: str) -> None:
     assert mounts[DEVICE_PLUGIN_DIR]["mountPath"] == DEVICE_PLUGIN_DIR  # the --kubelet-dir default
     assert f"(default {DEVICE_PLUGIN_DIR})" in " ".join(_cli("device-plugin", "--help").split())
     assert types[DEVICE_PLUGIN_DIR] == "Directory"  # the kubelet makes it; a node without one runs no plugin
+    # The planner: the launcher install wrote (the node's code, the build the launchers check), its socket where
+    # the launchers look, privileged (each request enters the asking launcher's mount namespace).
+    server = containers["planner"]
+    assert server["command"] == [f"{LAUNCHER_DIR}/oci-gpu-hook", "serve"]
+    assert {volumes[m["name"]] for m in server["volumeMounts"]} == {LAUNCHER_DIR, PLANNER_DIR}
+    assert os.path.dirname(planner.DEFAULT_SOCKET) == PLANNER_DIR and types[PLANNER_DIR] == "DirectoryOrCreate"
+    assert server["securityContext"] == {"privileged": True}
 
 
 def test_partition_pod_example() -> None:

@@ -319,6 +319,8 @@ def test_the_runc_prestart_example_and_the_readme_name_the_installed_launcher() 
 def test_the_systemd_unit_is_what_install_writes() -> None:
     shipped = (REPO / "examples" / "systemd" / "oci-gpu-hook-watch.service").read_text()
     assert items.unit_file(HOOK) == shipped
+    planner = (REPO / "examples" / "systemd" / "oci-gpu-hook-planner.service").read_text()
+    assert items.unit_file(HOOK, paths.PLANNER_UNIT) == planner
     exec_lines = [line for line in shipped.splitlines() if line.startswith(("ExecStart=", "ExecStartPre="))]
     assert exec_lines and all(HOOK in line for line in exec_lines)
 

@@ -90,17 +90,36 @@ def _apply(cid: str, pid: int, bundle: str, config: Config, started: float) -> i
     # rules, with the plan's added, or the one line runc would give (a hole in an operator's wildcard deny).
     policy = spec.policy()
     policy.grant(plan.rules)
-    made = rootfs_module.apply_in_container(pid, rootfs, plan.edits)
-    mode = cgroups.mode()
-    directory = cgroups.container_cgroup(pid, mode)
-    if mode == "v1":
-        written = cgroups.v1_grant(directory, plan.rules, policy)
-        cgroup_result = f"allowed {len(written)} rules" if written else "already allowed"
-    else:
-        cgroup_result = cgroups.v2_grant(directory, plan.rules)
+    # One live application per container at a time: a resident planner that answers the native front too late
+    # may still be at work when the front's Python fallback starts (oci_gpu_hook/host/planner.py); the second
+    # then finds the nodes made and the rules granted.
+    lock = _lock(rootfs)
+    try:
+        made = rootfs_module.apply_in_container(pid, rootfs, plan.edits)
+        mode = cgroups.mode()
+        directory = cgroups.container_cgroup(pid, mode)
+        if mode == "v1":
+            written = cgroups.v1_grant(directory, plan.rules, policy)
+            cgroup_result = f"allowed {len(written)} rules" if written else "already allowed"
+        else:
+            cgroup_result = cgroups.v2_grant(directory, plan.rules)
+    finally:
+        os.close(lock)
     plan.record(config, "prestart", cid, started, nodes=made, cgroup=mode, cgroup_dir=directory,
                 cgroup_result=cgroup_result)
     return 0
+
+
+def _lock(rootfs: str) -> int:
+    """An fd holding an exclusive flock on the container's root directory (released when closed)."""
+    import fcntl
+
+    try:
+        fd = os.open(rootfs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as err:
+        raise HookError(f"cannot open the container's root.path {rootfs}: {err.strerror}") from None
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
 
 
 def _make_in_container(stdin_text: str, edits: Edits) -> int:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from oci_gpu_hook.core.devices import Node, Rule
 
 BY_PATH_DIR = "/dev/dri/by-path/"
+LINK_NODES = ("card", "renderD")  # a by-path link points at ../<one of these><digits>
 MOUNT_OPTIONS = ("ro", "nosuid", "nodev", "bind")  # every mount of these edits: a host file, read-only
 
 
@@ -115,7 +116,7 @@ def check_link(path: str, target: str) -> None:
     """Only ``/dev/dri/by-path/NAME -> ../cardN|../renderDN`` links exist in these edits."""
     name = path[len(BY_PATH_DIR):]
     base = target[3:]
-    node = (base.startswith("card") and base[4:].isdigit()) or (base.startswith("renderD") and base[7:].isdigit())
+    node = any(base.startswith(prefix) and base[len(prefix):].isdigit() for prefix in LINK_NODES)
     if (not path.startswith(BY_PATH_DIR) or not name or "/" in name or name in (".", "..")
             or not target.startswith("../") or not node or not base.isascii()):
         raise HookError(f"refusing the link {path} -> {target}: only /dev/dri/by-path/NAME -> ../cardN or "

@@ -68,6 +68,8 @@ COMMANDS: dict[str, tuple[str, bool | str, str, tuple[tuple[str, str], ...]]] = 
     "device-plugin": ("device_plugin", True, "", (
         ("device-plugin [--kubelet-dir DIR] [--resource-strategy single|mixed] [--device-specs]",
          "kubelet device plugin"),)),
+    "serve": ("serve", False, "", (("serve [--socket PATH] [--workers N] [--verbose]",
+                                    "the resident planner: GPU containers start without a Python start"),)),
     "validate": ("validate", False, "", (("validate [--config-file FILE] [SPEC ...]",
                                           "check a config file and OCI config.json files"),)),
     "launchers": ("launchers", False, "", (
@@ -90,10 +92,15 @@ def usage() -> str:
     return "".join(lines) + USAGE_TAIL
 
 
+PRECREATE = "precreate"  # the spec on stdin, the spec on stdout
+LIVE_COMMANDS = ("prestart", "createRuntime")  # the state on stdin; the plan applied to the running container
+CREATE_RUNTIME_HOOKS = ("links", "ldcache")  # what to make is in their arguments
+HOT_COMMANDS = frozenset({PRECREATE, *LIVE_COMMANDS, *CREATE_RUNTIME_HOOKS})  # the table's hooks (those with help)
+
+
 def is_hook(command: str | None) -> bool:
     """Whether ``command`` is one of the hooks (on every container's start path)."""
-    entry = COMMANDS.get(command or "")
-    return entry is not None and bool(entry[HELP])
+    return command in HOT_COMMANDS
 
 
 def split_globals(argv: list[str]) -> tuple[dict[str, Any], list[str]]:
@@ -229,9 +236,9 @@ def main(argv: list[str] | None = None) -> int:
         overrides, rest = split_globals(args)
         command = rest[0] if rest else None
         if is_hook(command):
-            if len(rest) > 1 and command not in ("links", "ldcache"):
+            if len(rest) > 1 and command not in CREATE_RUNTIME_HOOKS:
                 raise _usage_error(f"{command} takes no arguments")
-            if command in ("links", "ldcache"):  # need no config: what to make is in their arguments
+            if command in CREATE_RUNTIME_HOOKS:  # need no config: what to make is in their arguments
                 from oci_gpu_hook.appliers import live
 
                 os.chdir("/")

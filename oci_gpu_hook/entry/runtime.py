@@ -26,6 +26,10 @@ TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms
 if TYPE_CHECKING:
     from oci_gpu_hook.config import Config
 
+VERSION_ARGS = ("--version", "-v")  # alone on the command line: the shim prints its version, then runs the runtime
+# where a runtime is looked for when PATH is unset or empty
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
 def dialect(runtime: str) -> str:
     """Whose command-line rules the real runtime ``runtime`` (a path) follows: CRUN for crun by name (``crun``, a
     ``crun-HANDLER`` link, ``krun``: crun's own builds), as given or as its links resolve; else RUNC (runc and
@@ -42,7 +46,7 @@ def resolve_runtime(name: str) -> str:
     if "/" in name:
         path = name
     else:
-        search = os.environ.get("PATH") or "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        search = os.environ.get("PATH") or DEFAULT_PATH
         for directory in search.split(":"):
             candidate = os.path.join(directory or ".", name)
             if os.access(candidate, os.X_OK) and not os.path.isdir(candidate):
@@ -138,6 +142,22 @@ def passthrough_runtime_name(baked: str | None = None) -> str:
 
 def main(argv: list[str] | None = None, baked_runtime: str | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    code, runtime = prepare(args, baked_runtime)
+    if runtime is None:
+        return code
+    try:
+        os.execv(runtime, [runtime, *args])
+    except OSError as err:
+        print(f"oci-gpu-hook: error: cannot run {runtime}: {err.strerror}", file=sys.stderr)
+        return 1
+    return 1  # not reached
+
+
+def prepare(args: list[str], baked_runtime: str | None = None) -> tuple[int, str | None]:
+    """Everything the shim does before it execs the runtime: (0, the runtime to exec with ``args``), or (the exit
+    status, None) after the one error line (``baked_runtime``: see :func:`passthrough_runtime_name`).  The
+    resident planner runs this for the native front, which then execs the runtime itself
+    (:mod:`oci_gpu_hook.host.planner`)."""
     runc = reading = Reading(args, RUNC)
     config = None
     try:
@@ -155,7 +175,7 @@ def main(argv: list[str] | None = None, baked_runtime: str | None = None) -> int
                 rewrite_bundle(reading.config_file(), config, reading.container_id)
         else:
             runtime = resolve_runtime(passthrough_runtime_name(baked_runtime))
-            if args in (["--version"], ["-v"]):
+            if len(args) == 1 and args[0] in VERSION_ARGS:
                 from oci_gpu_hook import __version__
 
                 sys.stdout.write(f"oci-gpu-runtime {__version__}\n")
@@ -166,13 +186,8 @@ def main(argv: list[str] | None = None, baked_runtime: str | None = None) -> int
         line = report_failure(err, config.debug if config else debug_from_env())
         _log_for_runtime(reading.options, line)
         record(config, entry="oci-gpu-runtime", id=reading.container_id, outcome="error", error=line)
-        return 1
-    try:
-        os.execv(runtime, [runtime, *args])
-    except OSError as err:
-        print(f"oci-gpu-hook: error: cannot run {runtime}: {err.strerror}", file=sys.stderr)
-        return 1
-    return 1  # not reached
+        return 1, None
+    return 0, runtime
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-/* oci-gpu-hook native front: the part of a launcher that runs when there is nothing to do.
+/* oci-gpu-hook native front: the part of a launcher that runs without Python.
  *
  * Built by `oci-gpu-hook launchers` / `install` with the system C compiler, once per launcher, with
  * the settings of that install baked in (a generated header, see oci_gpu_hook/host/launchers.py).
@@ -8,7 +8,10 @@
  *                         else a command line in the common form, whose config.json is clean: exec the runtime.
  *   hook (OGH_ROLE_HOOK): "prestart"/"createRuntime": the state on stdin names the bundle, its
  *                         config.json is scanned -> clean: exit 0;
- *                         "precreate": the config on stdin is scanned -> clean: copy it to stdout.
+ *                         "precreate": the config on stdin is scanned -> clean: copy it to stdout;
+ *                         "links PATH=TARGET...": the /dev/dri/by-path links made in the container (below).
+ *   Anything else (a container that asks for a GPU, say): the resident planner is asked first (`oci-gpu-hook
+ *   serve`, see ask_planner), then the Python launcher.
  *
  * One outcome per config, whatever the launcher: the front only ever does what the Python path would do, and
  * where it cannot be certain of that it hands over to the Python launcher with the same argv and the same stdin
@@ -22,18 +25,34 @@
  * fast path cannot vouch for: hand over.  Before Python runs, the interpreter and every directory it will
  * load code from must be owned by root and writable by nobody else.
  *
+ * The fast-path contract -- every name and word the front compares that Python defines -- is not spelled here:
+ * oci_gpu_hook/host/launchers.py front_contract takes each from where Python defines it and bakes it as OGH_<KEY>
+ * (the bool words and variables, the config and runtime variables, the rewrite and hook commands, the links
+ * command, its directory and node names, the default PATH, the planner's socket, variable and bound); the
+ * request names and "cdi.k8s.io" are OGH_NEEDLES (launchers.py baked_settings), the config.json field names
+ * OGH_FIELD_NAMES (oci_spec.py _FIELDS), the planner's version line OGH_PLANNER_VERSION (planner.py version_line).
+ *
  * The Python each part mirrors:
  *   settings_as_baked   oci_gpu_hook/config.py load_config (env values: check_value of the bool fields),
  *                       the launcher's os.environ.setdefault of the baked defaults,
  *                       oci_gpu_hook/host/launchers.py baked_settings (the config bytes baked)
  *   config_trusted      oci_gpu_hook/trust.py problem (config.py check_trusted)
- *   json_object_ok      oci_gpu_hook/fastjson.py loads, oci_gpu_hook/bundle.py loads (_pairs, _check_case),
- *                       bundle.py process_env and annotations
- *   clean               oci_gpu_hook/request.py requested (env_value, annotation_names)
- *   state_clean         oci_gpu_hook/appliers/live.py parse_state, then run's read of BUNDLE/config.json
+ *   json_object_ok      oci_gpu_hook/fastjson.py loads, oci_gpu_hook/oci_spec.py loads (_pairs, _check_case),
+ *                       oci_spec.py ContainerSpec (process_env, annotations)
+ *   clean               oci_gpu_hook/request.py requested (oci_spec.py env_value, annotation_names)
+ *   read_state          oci_gpu_hook/oci_state.py parse_state
+ *   state_clean         read_state, then live.py run's read of BUNDLE/config.json
  *   precreate           oci_gpu_hook/entry/cli.py cmd_precreate
+ *   links_main          oci_gpu_hook/appliers/live.py run_links (entry/cli.py main: split_globals, chdir)
+ *   link_ok             oci_gpu_hook/core/edits.py check_link
+ *   root_path           oci_gpu_hook/oci_spec.py ContainerSpec.root (os.path.normpath of os.path.join)
+ *   container_ok        oci_gpu_hook/appliers/live.py check_container (and what apply_in_container's setns needs)
+ *   make_links          oci_gpu_hook/appliers/rootfs.py make_nodes for links (_walk, _open_dir, _make_symlink),
+ *                       entered through /proc/PID/root with openat2 where Python enters by setns
  *   find_runtime        oci_gpu_hook/entry/runtime.py resolve_runtime
- *   common_config_path  oci_gpu_hook/entry/runtime.py parse_argv and config_path, for runc and for crun
+ *   common_config_path  oci_gpu_hook/oci_argv.py parse_argv and config_path, for runc and for crun
+ *   ask_planner         oci_gpu_hook/host/planner.py read_request, encode_answer (the protocol), run_entry
+ *                       (what the answer holds); exec_path: entry/runtime.py main's execv (after prepare)
  *   untrusted           the TRUST check of oci_gpu_hook/host/launchers.py
  */
 #define _GNU_SOURCE
@@ -49,6 +68,18 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
+#include <linux/capability.h>
+#include <linux/openat2.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <time.h>
+
+#ifndef SYS_openat2
+#define SYS_openat2 437
+#endif
 
 #define OGH_ROLE_SHIM 1
 #define OGH_ROLE_HOOK 2
@@ -56,6 +87,7 @@
 #include OGH_BAKED /* OGH_ROLE, OGH_PYTHON, OGH_SCRIPT, OGH_DEFAULTS, OGH_CONFIG_*, OGH_RUNTIME, OGH_NEEDLES, ... */
 
 #define OGH_MAX_INPUT (64L << 20) /* larger inputs go to Python, which reads anything */
+#define OGH_PLANNER_MAX_ANSWER (256L << 20)
 
 extern char **environ;
 
@@ -327,10 +359,12 @@ struct json {
     int want_state; /* the state: note id, pid and bundle */
     const char *id, *bundle, *pid; /* spans of the top-level values, when want_state */
     size_t id_len, bundle_len, pid_len;
+    const char *root_path;         /* a spec's root.path when root is an object and path a string (quotes and all) */
+    size_t root_path_len;
 };
 
-/* what a value must be, where the Python path reads it (bundle.process_env, bundle.annotations) */
-enum want { ANY, TOP, PROCESS, ENV, OBJECT, STRING };
+/* what a value must be, where the Python path reads it (oci_spec.process_env, ContainerSpec.annotations) */
+enum want { ANY, TOP, PROCESS, ENV, OBJECT, STRING, ROOT };
 
 #define MAX_DEPTH 100      /* Python reads ~1,000 levels; configs have ~6 */
 #define MAX_KEYS 1024      /* keys of one object compared pairwise */
@@ -446,9 +480,9 @@ static int jliteral(struct json *j, const char *word)
     return 1;
 }
 
-/* A key that bundle.loads reads as its bytes and compares as Go does: no escape (its text is its bytes), ASCII
+/* A key that oci_spec.loads reads as its bytes and compares as Go does: no escape (its text is its bytes), ASCII
  * only (ASCII case is then all the folding that str.lower and Go's EqualFold do), and in a spec no field name
- * of config.json spelled in another case (bundle._check_case refuses those at the levels it reads). */
+ * of config.json spelled in another case (oci_spec._check_case refuses those at the levels it reads). */
 static int key_ok(const struct json *j, const char *key, size_t len)
 {
     int other_case = 0;
@@ -481,6 +515,8 @@ static enum want member_want(const struct json *j, enum want kind, const char *k
         return PROCESS;
     if (kind == TOP && len == 11 && memcmp(key, "annotations", 11) == 0)
         return OBJECT;
+    if (kind == TOP && len == 4 && memcmp(key, "root", 4) == 0)
+        return ROOT;
     if (kind == PROCESS && len == 3 && memcmp(key, "env", 3) == 0)
         return ENV;
     return ANY;
@@ -510,7 +546,7 @@ static int jcontainer(struct json *j, char open, enum want kind)
         if (open == '{') {
             if (!jstring(j, &key, &key_len) || !key_ok(j, key, key_len))
                 goto done;
-            /* no key twice, in any ASCII case: bundle._pairs and live._unique_keys refuse repeats, and Go
+            /* no key twice, in any ASCII case: oci_spec._pairs and oci_state._unique_keys refuse repeats, and Go
              * decodes keys of one struct that fold alike into one field */
             for (size_t k = 0; k < nkeys; k++)
                 if (keys[k].n == key_len && strncasecmp(keys[k].s, key, key_len) == 0)
@@ -540,6 +576,10 @@ static int jcontainer(struct json *j, char open, enum want kind)
         vstart = j->i;
         if (!jvalue(j, want))
             goto done;
+        if (kind == ROOT && key_len == 4 && memcmp(key, "path", 4) == 0 && j->s[vstart] == '"') {
+            j->root_path = j->s + vstart;
+            j->root_path_len = j->i - vstart;
+        }
         if (kind == TOP && j->want_state) {
             const char *v = j->s + vstart;
             size_t vlen = j->i - vstart;
@@ -584,13 +624,17 @@ static int jvalue(struct json *j, enum want want)
     switch (want) {
     case TOP:
         return j->s[j->i] == '{' && jcontainer(j, '{', TOP);
-    case PROCESS: /* bundle.field: absent, null or an object */
+    case PROCESS: /* oci_spec.field: absent, null or an object */
     case OBJECT:
         return j->s[j->i] == '{' ? jcontainer(j, '{', want) : jliteral(j, "null");
-    case ENV: /* bundle.process_env: null or a list of strings */
+    case ENV: /* oci_spec.process_env: null or a list of strings */
         return j->s[j->i] == '[' ? jcontainer(j, '[', ENV) : jliteral(j, "null");
     case STRING:
         return jstring(j, &s, &len);
+    case ROOT: /* ContainerSpec.root: read when an object, else any value (the hook then finds no root.path) */
+        if (j->s[j->i] == '{')
+            return jcontainer(j, '{', ROOT);
+        break;
     case ANY:
         break;
     }
@@ -672,11 +716,20 @@ static int file_clean(const char *path)
 
 /* ------------------------------------------------------------------ settings */
 
+/* 1 when ``word`` is one of ``list`` (a NULL-terminated list), compared exactly */
+static int in_list(const char *word, const char *const *list)
+{
+    for (int i = 0; list[i]; i++)
+        if (strcmp(word, list[i]) == 0)
+            return 1;
+    return 0;
+}
+
+/* a value config.check_value takes for a bool field from the environment: one of OGH_BOOL_WORDS in any case */
 static int bool_ok(const char *v)
 {
-    static const char *const words[] = {"1", "true", "yes", "on", "0", "false", "no", "off", "", NULL};
-    for (int i = 0; words[i]; i++)
-        if (strcasecmp(v, words[i]) == 0)
+    for (int i = 0; OGH_BOOL_WORDS[i]; i++)
+        if (strcasecmp(v, OGH_BOOL_WORDS[i]) == 0)
             return 1;
     return 0;
 }
@@ -807,13 +860,12 @@ static int settings_as_baked(void)
         setenv(OGH_DEFAULTS[i], OGH_DEFAULTS[i + 1], 0);
     if (!OGH_FAST)
         return 0;
-    v = getenv("OCI_GPU_HOOK_DEBUG");
-    if (v && !bool_ok(v))
-        return 0;
-    v = getenv("OCI_GPU_HOOK_ALLOW_ENV_REQUESTS");
-    if (v && !bool_ok(v))
-        return 0;
-    path = getenv("OCI_GPU_HOOK_CONFIG");
+    for (int i = 0; OGH_BOOL_ENV[i]; i++) {
+        v = getenv(OGH_BOOL_ENV[i]);
+        if (v && !bool_ok(v))
+            return 0;
+    }
+    path = getenv(OGH_CONFIG_ENV);
     if (path && !path[0])
         path = NULL;
     if (strcmp(path ? path : OGH_DEFAULT_CONFIG, OGH_CONFIG_PATH) != 0)
@@ -825,6 +877,340 @@ static int settings_as_baked(void)
 static int config_still_trusted(void)
 {
     return !OGH_CONFIG_EXISTS || config_trusted(OGH_CONFIG_PATH);
+}
+
+/* ------------------------------------------------------------------ the resident planner */
+
+static int write_all(int fd, const char *s, size_t n)
+{
+    while (n) {
+        ssize_t w = write(fd, s, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return 0;
+        s += w;
+        n -= (size_t)w;
+    }
+    return 1;
+}
+
+/* The planner (oci_gpu_hook/host/planner.py, `oci-gpu-hook serve`) answers what the Python launcher would
+ * have done with this argv, environment, stdin, working directory, root and namespaces, which the front sends
+ * (the namespaces, root and cwd as file descriptors); the front then writes its stdout and stderr bytes and
+ * exits with its status, or execs the runtime it names.  The planner writes config.json itself, as Python does
+ * (atomic.write_atomic: a rename, never a half-written file).  No socket, a socket in a directory that is not
+ * root's alone, a server that is not root, a planner of another version or build, anything short or late
+ * (OGH_PLANNER_TIMEOUT_MS in all): the front falls back to the Python launcher, which gives the same outcome.
+ * The protocol: planner.py read_request / write_answer. */
+
+struct out {
+    char *p;
+    size_t n, cap;
+    int failed;
+};
+
+static void out_bytes(struct out *o, const void *s, size_t n)
+{
+    if (o->failed)
+        return;
+    if (o->n + n > o->cap) {
+        size_t cap = o->cap ? o->cap : 65536;
+        char *bigger;
+        while (cap < o->n + n)
+            cap *= 2;
+        bigger = realloc(o->p, cap);
+        if (!bigger) {
+            o->failed = 1;
+            return;
+        }
+        o->p = bigger;
+        o->cap = cap;
+    }
+    memcpy(o->p + o->n, s, n);
+    o->n += n;
+}
+
+static void out_u32(struct out *o, size_t v)
+{
+    unsigned char b[4] = {(unsigned char)(v >> 24), (unsigned char)(v >> 16), (unsigned char)(v >> 8),
+                          (unsigned char)v};
+    if (v > 0xffffffffUL)
+        o->failed = 1;
+    out_bytes(o, b, 4);
+}
+
+static void out_field(struct out *o, const char *s, size_t n)
+{
+    out_u32(o, n);
+    out_bytes(o, s, n);
+}
+
+static void out_str(struct out *o, const char *s)
+{
+    out_field(o, s, strlen(s));
+}
+
+static void out_num(struct out *o, long v)
+{
+    char digits[32];
+    snprintf(digits, sizeof digits, "%ld", v);
+    out_str(o, digits);
+}
+
+static long ms_left(const struct timespec *deadline)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (deadline->tv_sec - now.tv_sec) * 1000 + (deadline->tv_nsec - now.tv_nsec) / 1000000;
+}
+
+static int wait_for(int fd, short events, const struct timespec *deadline)
+{
+    for (;;) {
+        struct pollfd p = {.fd = fd, .events = events};
+        long left = ms_left(deadline);
+        int got;
+        if (left <= 0)
+            return 0;
+        got = poll(&p, 1, (int)left);
+        if (got < 0 && errno == EINTR)
+            continue;
+        return got > 0;
+    }
+}
+
+static int send_all(int fd, const char *s, size_t n, const struct timespec *deadline)
+{
+    while (n) {
+        ssize_t w = send(fd, s, n, MSG_NOSIGNAL);
+        if (w > 0) {
+            s += w;
+            n -= (size_t)w;
+        } else if (w < 0 && errno == EINTR) {
+            continue;
+        } else if (!(w < 0 && errno == EAGAIN && wait_for(fd, POLLOUT, deadline))) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static int recv_all(int fd, char *s, size_t n, const struct timespec *deadline)
+{
+    while (n) {
+        ssize_t r = recv(fd, s, n, 0);
+        if (r > 0) {
+            s += r;
+            n -= (size_t)r;
+        } else if (r < 0 && errno == EINTR) {
+            continue;
+        } else if (!(r < 0 && errno == EAGAIN && wait_for(fd, POLLIN, deadline))) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static size_t get_u32(const char *p)
+{
+    const unsigned char *b = (const unsigned char *)p;
+    return ((size_t)b[0] << 24) | ((size_t)b[1] << 16) | ((size_t)b[2] << 8) | (size_t)b[3];
+}
+
+/* the next field of an answer: 1 with its span, 0 when the answer ends early */
+static int take(const char **at, const char *end, const char **s, size_t *n)
+{
+    if (end - *at < 4)
+        return 0;
+    *n = get_u32(*at);
+    if ((size_t)(end - *at - 4) < *n)
+        return 0;
+    *s = *at + 4;
+    *at += 4 + *n;
+    return 1;
+}
+
+static int span_is(const char *s, size_t n, const char *word)
+{
+    return n == strlen(word) && memcmp(s, word, n) == 0;
+}
+
+/* the planner's socket directory: a real directory, root's, mode 0700, on a path root alone can change */
+static int planner_dir_ok(const char *socket_path)
+{
+    char dir[PATH_MAX];
+    struct stat st;
+    char *slash;
+    if (strlen(socket_path) >= sizeof dir)
+        return 0;
+    strcpy(dir, socket_path);
+    slash = strrchr(dir, '/');
+    if (!slash || slash == dir)
+        return 0;
+    *slash = '\0';
+    return lstat(dir, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == 0 && !(st.st_mode & 077) &&
+           trusted_path(dir);
+}
+
+static void exec_path(const char *path);
+
+/* Ask the planner (see above): returns only when the front is to fall back to the Python launcher. */
+static void ask_planner(const char *input, size_t len)
+{
+    static const char *const namespaces[] = {"/proc/self/ns/mnt", "/proc/self/ns/pid", "/proc/self/ns/cgroup",
+                                             "/proc/self/ns/user", NULL};
+    const char *socket_path = getenv(OGH_PLANNER_ENV);
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    struct timespec deadline;
+    struct ucred cred;
+    socklen_t cred_len = sizeof cred;
+    struct out req = {0};
+    char header[8], *answer = NULL;
+    int fds[6], nfds = 0, sock = -1;
+    mode_t mask;
+    size_t count = 0, body;
+    if (!socket_path)
+        socket_path = OGH_PLANNER_SOCKET;
+    if (socket_path[0] != '/' || strlen(socket_path) >= sizeof addr.sun_path)
+        return;
+    check_trust(); /* what to_python refuses, the planner does not do either */
+    if (!planner_dir_ok(socket_path))
+        return;
+    clock_gettime(CLOCK_MONOTONIC, &deadline);
+    deadline.tv_sec += OGH_PLANNER_TIMEOUT_MS / 1000;
+    deadline.tv_nsec += (OGH_PLANNER_TIMEOUT_MS % 1000) * 1000000L;
+    if (deadline.tv_nsec >= 1000000000L) {
+        deadline.tv_sec++;
+        deadline.tv_nsec -= 1000000000L;
+    }
+    strcpy(addr.sun_path, socket_path);
+    sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (sock < 0 || connect(sock, (struct sockaddr *)&addr, sizeof addr) != 0)
+        goto fallback; /* absent, refused, or its backlog full (EAGAIN) */
+    if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &cred_len) != 0 || cred.uid != 0)
+        goto fallback;
+    for (; namespaces[nfds]; nfds++)
+        if ((fds[nfds] = open(namespaces[nfds], O_RDONLY | O_CLOEXEC)) < 0)
+            goto fallback;
+    if ((fds[nfds] = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0)
+        goto fallback;
+    nfds++;
+    if ((fds[nfds] = open(".", O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0)
+        goto fallback;
+    nfds++;
+    mask = umask(0);
+    umask(mask);
+    out_bytes(&req, "OGHQ\0\0\0\0", 8); /* the length goes in last */
+    out_str(&req, OGH_PLANNER_VERSION);
+    out_str(&req, OGH_ROLE_NAME);
+    out_str(&req, OGH_SELF);
+    out_str(&req, OGH_ROLE == OGH_ROLE_SHIM ? OGH_RUNTIME : ""); /* the runtime the Python launcher has baked */
+    out_num(&req, (long)getppid());
+    out_num(&req, (long)mask);
+    out_u32(&req, g_argc > 1 ? (size_t)g_argc - 1 : 0);
+    for (int i = 1; i < g_argc; i++)
+        out_str(&req, g_argv[i]);
+    for (char **e = environ; *e; e++)
+        count++;
+    out_u32(&req, count);
+    for (char **e = environ; *e; e++)
+        out_str(&req, *e);
+    out_str(&req, input ? "1" : "0");
+    out_field(&req, input ? input : "", input ? len : 0);
+    if (req.failed)
+        goto fallback;
+    body = req.n - 8;
+    req.p[4] = (char)(body >> 24);
+    req.p[5] = (char)(body >> 16);
+    req.p[6] = (char)(body >> 8);
+    req.p[7] = (char)body;
+    {
+        union {
+            struct cmsghdr align;
+            char bytes[CMSG_SPACE(sizeof fds)];
+        } control;
+        struct iovec iov = {.iov_base = req.p, .iov_len = 8};
+        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.bytes,
+                             .msg_controllen = sizeof control.bytes};
+        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof fds);
+        memcpy(CMSG_DATA(c), fds, sizeof fds);
+        if (sendmsg(sock, &msg, MSG_NOSIGNAL) != 8)
+            goto fallback;
+    }
+    if (!send_all(sock, req.p + 8, body, &deadline))
+        goto fallback;
+    free(req.p);
+    req.p = NULL;
+    if (!recv_all(sock, header, sizeof header, &deadline) || memcmp(header, "OGHA", 4) != 0)
+        goto fallback;
+    body = get_u32(header + 4);
+    if (body > OGH_PLANNER_MAX_ANSWER || !(answer = malloc(body ? body : 1)) ||
+        !recv_all(sock, answer, body, &deadline))
+        goto fallback;
+    {
+        const char *at = answer, *end = answer + body, *f[7];
+        size_t n[7];
+        long code = 0;
+        for (int i = 0; i < 7; i++)
+            if (!take(&at, end, &f[i], &n[i]))
+                goto fallback;
+        /* version, status, exit status, runtime to exec, an environment entry for it, stdout, stderr */
+        if (at != end || !span_is(f[0], n[0], OGH_PLANNER_VERSION) || !span_is(f[1], n[1], "ok") || !n[2] ||
+            n[2] > 3 || n[3] >= PATH_MAX || memchr(f[3], '\0', n[3]) || memchr(f[4], '\0', n[4]))
+            goto fallback;
+        for (size_t k = 0; k < n[2]; k++) {
+            if (!isdigit((unsigned char)f[2][k]))
+                goto fallback;
+            code = code * 10 + (f[2][k] - '0');
+        }
+        if (code > 255)
+            goto fallback;
+        /* as the Python launcher: SIGPIPE and SIGXFSZ ignored (CPython does so at start; exec keeps it) */
+        signal(SIGPIPE, SIG_IGN);
+        signal(SIGXFSZ, SIG_IGN);
+        if (!write_all(1, f[5], n[5]) || !write_all(2, f[6], n[6]))
+            goto fallback; /* Python meets the same broken pipe, and says so */
+        close(sock);
+        if (n[3]) {
+            char runtime[PATH_MAX];
+            memcpy(runtime, f[3], n[3]);
+            runtime[n[3]] = '\0';
+            if (n[4]) { /* CPython's C locale coercion (PEP 538): LC_CTYPE set for the runtime too */
+                char *entry = strndup(f[4], n[4]);
+                if (!entry || !strchr(entry, '=') || putenv(entry) != 0)
+                    _exit(1);
+            }
+            exec_path(runtime);
+        }
+        _exit((int)code);
+    }
+fallback:
+    free(req.p);
+    free(answer);
+    for (int i = 0; i < nfds; i++)
+        close(fds[i]);
+    if (sock >= 0)
+        close(sock);
+}
+
+/* exec ``path`` with this front's arguments, as entry/runtime.py main does: argv[0] is the runtime's path */
+static void exec_path(const char *path)
+{
+    size_t n = g_argc > 1 ? (size_t)g_argc : 1;
+    char **args = calloc(n + 1, sizeof *args);
+    if (!args)
+        _exit(1);
+    args[0] = (char *)path;
+    for (int i = 1; i < g_argc; i++)
+        args[i] = g_argv[i];
+    args[n] = NULL;
+    execv(path, args);
+    dprintf(2, "oci-gpu-hook: error: cannot run %s: %s\n", path, strerror(errno));
+    _exit(1);
 }
 
 /* ------------------------------------------------------------------ the shim */
@@ -849,7 +1235,7 @@ static int find_runtime(const char *name)
         const char *p;
         int found = 0;
         if (!search || !search[0])
-            search = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+            search = OGH_DEFAULT_PATH;
         p = search;
         while (!found) {
             const char *colon = strchr(p, ':');
@@ -877,18 +1263,7 @@ static int find_runtime(const char *name)
 
 static void exec_runtime(void)
 {
-    /* argv[0] is the runtime even when this front was started with no argv at all (argc 0) */
-    size_t n = g_argc > 1 ? (size_t)g_argc : 1;
-    char **args = calloc(n + 1, sizeof *args);
-    if (!args)
-        _exit(1);
-    args[0] = g_runtime;
-    for (int i = 1; i < g_argc; i++)
-        args[i] = g_argv[i];
-    args[n] = NULL;
-    execv(g_runtime, args);
-    dprintf(2, "oci-gpu-hook: error: cannot run %s: %s\n", g_runtime, strerror(errno));
-    _exit(1);
+    exec_path(g_runtime); /* argv[0] is the runtime even when this front was started with no argv at all (argc 0) */
 }
 
 /* a value both runtimes take as it stands: not empty and no option (runc's flag package and crun's getopt both
@@ -939,7 +1314,7 @@ static const char *common_option(int *i, const char *const *options, const char 
 /* The config.json that the runtime opens for this create/run, when the command line has the form that podman
  * (conmon), containerd and Docker write and that runc 1.1 (urfave/cli over Go's flag package) and crun 1.8
  * (glibc argp) read alike; else NULL, and Python reads the command line with the rules of the real runtime
- * (runtime.parse_argv, runtime.config_path).  The form:
+ * (oci_argv.parse_argv, oci_argv.config_path).  The form:
  *
  *   [GLOBAL...] create|run [OPTION...] ID
  *   GLOBAL  --root V, --log V, --log-format text|json (each also --NAME=V), --debug, --systemd-cgroup
@@ -963,7 +1338,7 @@ static const char *common_config_path(char *path, size_t size)
         if (strcmp(option, "log-format=") == 0 && strcmp(value, "text") != 0 && strcmp(value, "json") != 0)
             return NULL;
     }
-    if (i >= g_argc || (strcmp(g_argv[i], "create") != 0 && strcmp(g_argv[i], "run") != 0))
+    if (i >= g_argc || !in_list(g_argv[i], OGH_REWRITE_COMMANDS))
         return NULL;
     run = strcmp(g_argv[i++], "run") == 0;
     while (i < g_argc - 1) {
@@ -1001,9 +1376,9 @@ int main(int argc, char **argv)
     g_argv = argv;
     as_baked = settings_as_baked();
     for (int i = 1; i < argc; i++)
-        if (strcmp(argv[i], "create") == 0 || strcmp(argv[i], "run") == 0)
+        if (in_list(argv[i], OGH_REWRITE_COMMANDS))
             rewrite = 1;
-    name = getenv("OCI_GPU_HOOK_RUNTIME");
+    name = getenv(OGH_RUNTIME_ENV);
     if (!name || !name[0])
         name = as_baked ? OGH_RUNTIME : NULL;
     if (!rewrite) {
@@ -1016,7 +1391,7 @@ int main(int argc, char **argv)
                 exec_runtime();
             to_python(NULL, 0, 0);
         }
-        if (argc == 2 && (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "-v") == 0)) {
+        if (argc == 2 && in_list(argv[1], OGH_VERSION_ARGS)) {
             dprintf(1, "%s\n", OGH_VERSION_LINE);
         }
         exec_runtime();
@@ -1024,6 +1399,7 @@ int main(int argc, char **argv)
     if (as_baked && config_still_trusted() && find_runtime(name) && common_config_path(path, sizeof path) &&
         file_clean(path))
         exec_runtime();
+    ask_planner(NULL, 0);
     to_python(NULL, 0, 0);
     return 1;
 }
@@ -1032,44 +1408,276 @@ int main(int argc, char **argv)
 /* ------------------------------------------------------------------ the hooks */
 
 #if OGH_ROLE == OGH_ROLE_HOOK
-static int write_all(int fd, const char *s, size_t n)
-{
-    while (n) {
-        ssize_t w = write(fd, s, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return 0;
-        s += w;
-        n -= (size_t)w;
-    }
-    return 1;
-}
-
-/* the state's id, pid and bundle as Python's parse_state accepts them, and the bundle's config.json clean */
-static int state_clean(const char *s, size_t n)
+/* The state's pid and bundle as oci_state.parse_state accepts them (the id a non-empty string, the pid a positive
+ * integer, the bundle an absolute path), read only where certain: no escape anywhere, and a JSON text the
+ * strict reader takes.  ``bundle`` gets the bundle's path. */
+static int read_state(const char *s, size_t n, long *pid, char *bundle, size_t size)
 {
     struct json j = {.s = s, .n = n, .want_state = 1};
-    char path[PATH_MAX];
     if (memchr(s, '\\', n) || !json_object_ok(&j))
         return 0;
     if (!j.id || j.id_len < 3 || j.id[0] != '"')
         return 0;
     if (!j.pid || j.pid_len < 1 || j.pid_len > 9 || j.pid[0] < '1' || j.pid[0] > '9')
         return 0;
-    for (size_t k = 0; k < j.pid_len; k++)
+    *pid = 0;
+    for (size_t k = 0; k < j.pid_len; k++) {
         if (!isdigit((unsigned char)j.pid[k]))
             return 0;
+        *pid = *pid * 10 + (j.pid[k] - '0');
+    }
     if (!j.bundle || j.bundle_len < 3 || j.bundle[0] != '"' || j.bundle[1] != '/')
         return 0;
-    if (j.bundle_len - 2 + sizeof "/config.json" > sizeof path)
+    if (j.bundle_len - 2 + sizeof "/config.json" > size || memchr(j.bundle + 1, '\0', j.bundle_len - 2))
         return 0;
-    memcpy(path, j.bundle + 1, j.bundle_len - 2);
-    path[j.bundle_len - 2] = '\0';
-    if (memchr(path, '\0', j.bundle_len - 2) != NULL && strlen(path) != j.bundle_len - 2)
+    memcpy(bundle, j.bundle + 1, j.bundle_len - 2);
+    bundle[j.bundle_len - 2] = '\0';
+    return 1;
+}
+
+/* os.path.join(directory, "config.json"); 0 when it does not fit */
+static int config_in(char *path, size_t size, const char *directory)
+{
+    int n = snprintf(path, size, "%s%sconfig.json", directory, directory[strlen(directory) - 1] == '/' ? "" : "/");
+    return n > 0 && (size_t)n < size;
+}
+
+/* the state as parse_state accepts it, and the bundle's config.json clean */
+static int state_clean(const char *s, size_t n)
+{
+    char bundle[PATH_MAX], path[PATH_MAX];
+    long pid;
+    if (!read_state(s, n, &pid, bundle, sizeof bundle) || !config_in(path, sizeof path, bundle))
         return 0;
-    strcat(path, path[strlen(path) - 1] == '/' ? "config.json" : "/config.json");
     return file_clean(path);
+}
+
+/* ---------------------------------------------------------- links: the createRuntime hook without Python */
+
+/* core/edits.py check_link: PATH is OGH_BY_PATH_DIR + NAME (NAME not empty, no '/', not "." or ".."), TARGET is
+ * "../" + one of OGH_LINK_NODES + ASCII digits (at least one) */
+static int link_ok(const char *path, const char *target)
+{
+    size_t dir = strlen(OGH_BY_PATH_DIR);
+    const char *name = path + dir, *base = target + 3;
+    int node = 0;
+    if (strncmp(path, OGH_BY_PATH_DIR, dir) != 0 || !name[0] || strchr(name, '/') || strcmp(name, ".") == 0 ||
+        strcmp(name, "..") == 0 || strncmp(target, "../", 3) != 0)
+        return 0;
+    for (int i = 0; OGH_LINK_NODES[i] && !node; i++) {
+        size_t k = strlen(OGH_LINK_NODES[i]);
+        const char *digits = base + k;
+        if (strncmp(base, OGH_LINK_NODES[i], k) != 0 || !digits[0])
+            continue;
+        node = strspn(digits, "0123456789") == strlen(digits);
+    }
+    return node;
+}
+
+/* os.path.normpath(os.path.join(bundle, path)) for an absolute ``bundle`` (ContainerSpec.root) */
+static int root_path(const char *bundle, const char *path, size_t path_len, char *out, size_t size)
+{
+    char joined[2 * PATH_MAX], *parts[PATH_MAX / 2], *cursor, *part;
+    size_t count = 0, at;
+    int slashes;
+    if (path_len >= PATH_MAX)
+        return 0;
+    if (path[0] == '/')
+        snprintf(joined, sizeof joined, "%.*s", (int)path_len, path);
+    else
+        snprintf(joined, sizeof joined, "%s%s%.*s", bundle, bundle[strlen(bundle) - 1] == '/' ? "" : "/",
+                 (int)path_len, path);
+    slashes = joined[1] == '/' && joined[2] != '/' ? 2 : 1; /* POSIX keeps exactly two leading slashes */
+    for (cursor = joined; (part = strsep(&cursor, "/")) != NULL;) {
+        if (!part[0] || strcmp(part, ".") == 0)
+            continue;
+        if (strcmp(part, "..") == 0) { /* at the root, ".." stays there */
+            if (count)
+                count--;
+            continue;
+        }
+        if (count == sizeof parts / sizeof parts[0])
+            return 0;
+        parts[count++] = part;
+    }
+    at = (size_t)slashes;
+    if (at >= size)
+        return 0;
+    memset(out, '/', at);
+    for (size_t k = 0; k < count; k++) {
+        size_t n = strlen(parts[k]);
+        if (at + n + 2 > size)
+            return 0;
+        if (k)
+            out[at++] = '/';
+        memcpy(out + at, parts[k], n);
+        at += n;
+    }
+    out[at] = '\0';
+    return 1;
+}
+
+static int same_file(const struct stat *a, const struct stat *b)
+{
+    return a->st_dev == b->st_dev && a->st_ino == b->st_ino;
+}
+
+/* live.check_container: ``pid`` is the container of the bundle whose root is ``rootfs`` -- its parent is this
+ * hook's parent (the runtime), it has a mount namespace of its own, and its root or working directory is
+ * ``rootfs``.  Also what Python's way in needs (live.apply_in_container: setns into that mount namespace):
+ * root with CAP_SYS_ADMIN and CAP_SYS_CHROOT. */
+static int container_ok(long pid, const char *rootfs)
+{
+    struct __user_cap_header_struct head = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct caps[2];
+    char path[64], *data, *close_paren, *rest, *end;
+    struct stat ns, own_ns, root, cwd, top;
+    size_t len;
+    long parent;
+    if (geteuid() != 0 || syscall(SYS_capget, &head, caps) != 0 ||
+        !(caps[0].effective & (1u << CAP_SYS_ADMIN)) || !(caps[0].effective & (1u << CAP_SYS_CHROOT)))
+        return 0;
+    snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+    if (!read_path(path, &data, &len))
+        return 0;
+    close_paren = strrchr(data, ')');
+    if (!close_paren || strlen(close_paren) < 2) {
+        free(data);
+        return 0;
+    }
+    rest = close_paren + 2;
+    while (*rest && !isspace((unsigned char)*rest)) /* the state */
+        rest++;
+    while (isspace((unsigned char)*rest))
+        rest++;
+    errno = 0;
+    parent = isdigit((unsigned char)*rest) ? strtol(rest, &end, 10) : -1;
+    if (errno || parent < 0 || (*end && !isspace((unsigned char)*end))) {
+        free(data);
+        return 0;
+    }
+    free(data);
+    snprintf(path, sizeof path, "/proc/%ld/ns/mnt", pid);
+    if (stat(path, &ns) != 0 || stat("/proc/self/ns/mnt", &own_ns) != 0)
+        return 0;
+    snprintf(path, sizeof path, "/proc/%ld/root", pid);
+    if (stat(path, &root) != 0)
+        return 0;
+    snprintf(path, sizeof path, "/proc/%ld/cwd", pid);
+    if (stat(path, &cwd) != 0 || stat(rootfs, &top) != 0)
+        return 0;
+    return parent == (long)getppid() && !same_file(&ns, &own_ns) && (same_file(&top, &root) || same_file(&top, &cwd));
+}
+
+static int openat2_fd(int dirfd, const char *path, int flags, unsigned long long resolve)
+{
+    struct open_how how = {.flags = (unsigned long long)flags, .resolve = resolve};
+    return (int)syscall(SYS_openat2, dirfd, path, &how, sizeof how);
+}
+
+/* rootfs.make_nodes for links alone: below the container's root (/proc/PID/root, where setns would land),
+ * ``rootfs`` opened as Python opens it there (symlinks followed, but never out of that root), then every
+ * component of the links' directory opened with RESOLVE_NO_SYMLINKS (made 0755 where missing, as _walk makes
+ * it), each link made or found pointing at its target.  0 at the first thing that is not so (Python then
+ * does it all again, and says what is wrong); errno ENOSYS where the kernel has no openat2. */
+static int make_links(long pid, const char *rootfs, char *const *links, int count)
+{
+    static const unsigned long long beneath = RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_BENEATH;
+    char path[64], dirs[PATH_MAX], current[PATH_MAX];
+    int proc_root, root, ok = 1;
+    mode_t mask;
+    snprintf(path, sizeof path, "/proc/%ld/root", pid);
+    proc_root = open(path, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (proc_root < 0)
+        return 0;
+    root = openat2_fd(proc_root, rootfs, O_RDONLY | O_DIRECTORY | O_CLOEXEC, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS);
+    close(proc_root);
+    if (root < 0)
+        return 0;
+    mask = umask(0); /* the modes exact, as in Python's namespace helper (which has its own umask 0) */
+    for (int i = 0; i < count && ok; i++) {
+        const char *target = strchr(links[i], '=') + 1, *name;
+        char *cursor, *part;
+        int fd = dup(root);
+        size_t path_len = (size_t)(target - 1 - links[i]);
+        snprintf(dirs, sizeof dirs, "%.*s", (int)path_len, links[i]);
+        *strrchr(dirs, '/') = '\0';
+        name = links[i] + strlen(dirs) + 1;
+        snprintf(current, sizeof current, "%.*s", (int)(target - 1 - name), name);
+        for (cursor = dirs; fd >= 0 && (part = strsep(&cursor, "/")) != NULL;) {
+            int child;
+            if (!part[0])
+                continue;
+            child = openat2_fd(fd, part, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, beneath);
+            if (child < 0 && errno == ENOENT && (mkdirat(fd, part, 0755) == 0 || errno == EEXIST))
+                child = openat2_fd(fd, part, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, beneath);
+            close(fd);
+            fd = child;
+        }
+        if (fd < 0) {
+            ok = 0;
+            break;
+        }
+        {
+            char found[PATH_MAX];
+            ssize_t n = readlinkat(fd, current, found, sizeof found);
+            if (n < 0 && errno == ENOENT)
+                ok = symlinkat(target, fd, current) == 0;
+            else
+                ok = n >= 0 && (size_t)n == strlen(target) && memcmp(found, target, (size_t)n) == 0;
+        }
+        close(fd);
+    }
+    close(root);
+    umask(mask); /* Python, if it takes over, starts with the umask this front was given */
+    return ok;
+}
+
+/* ``oci-gpu-hook links PATH=TARGET...`` (live.run_links) where it is certain: every argument a link that
+ * check_link takes (no option: split_globals would take --debug, --config, ...), the state and the bundle's
+ * config.json read as above, its root.path without an escape, the pid the container; then the links.
+ * Success prints nothing, in Python too.  Anything else: the Python launcher, with stdin as it came. */
+static void links_main(void)
+{
+    char *input = NULL, bundle[PATH_MAX], path[PATH_MAX], rootfs[PATH_MAX], *spec;
+    size_t len = 0, spec_len;
+    struct json j = {.spec = 1};
+    long pid;
+    int got, ok;
+    for (int i = 2; i < g_argc; i++) {
+        char *eq = strchr(g_argv[i], '=');
+        if (strncmp(g_argv[i], "--", 2) == 0 || !eq)
+            to_python(NULL, 0, 0);
+        *eq = '\0';
+        ok = link_ok(g_argv[i], eq + 1);
+        *eq = '=';
+        if (!ok || strlen(g_argv[i]) >= PATH_MAX)
+            to_python(NULL, 0, 0);
+    }
+    if (chdir("/") != 0)
+        to_python(NULL, 0, 0);
+    got = read_fd(0, &input, &len);
+    if (!got) {
+        dprintf(2, "oci-gpu-hook: error: cannot read stdin: %s\n", strerror(errno));
+        _exit(1);
+    }
+    if (got == TOO_LARGE)
+        to_python(input, len, 1);
+    if (!read_state(input, len, &pid, bundle, sizeof bundle) || !config_in(path, sizeof path, bundle) ||
+        !read_path(path, &spec, &spec_len))
+        to_python(input, len, 0);
+    j.s = spec;
+    j.n = spec_len;
+    if (!json_object_ok(&j))
+        to_python(input, len, 0);
+    if (g_argc == 2)
+        _exit(0); /* no link: Python reads the config.json and stops there */
+    if (!j.root_path || j.root_path_len < 3 || memchr(j.root_path, '\\', j.root_path_len) ||
+        !root_path(bundle, j.root_path + 1, j.root_path_len - 2, rootfs, sizeof rootfs))
+        to_python(input, len, 0);
+    if (!container_ok(pid, rootfs) || !make_links(pid, rootfs, g_argv + 2, g_argc - 2))
+        to_python(input, len, 0); /* also where the kernel has no openat2 (ENOSYS): Python enters by setns */
+    _exit(0);
 }
 
 int main(int argc, char **argv)
@@ -1080,9 +1688,9 @@ int main(int argc, char **argv)
     g_argc = argc;
     g_argv = argv;
     as_baked = settings_as_baked();
-    if (argc != 2 || !as_baked || !config_still_trusted() ||
-        (strcmp(argv[1], "prestart") != 0 && strcmp(argv[1], "createRuntime") != 0 &&
-         strcmp(argv[1], "precreate") != 0))
+    if (argc >= 2 && strcmp(argv[1], OGH_LINKS_COMMAND) == 0)
+        links_main(); /* needs no config, as in Python */
+    if (argc != 2 || !in_list(argv[1], OGH_HOOK_COMMANDS))
         to_python(NULL, 0, 0);
     if (chdir("/") != 0)
         to_python(NULL, 0, 0);
@@ -1093,12 +1701,15 @@ int main(int argc, char **argv)
     }
     if (got == TOO_LARGE)
         to_python(input, len, 1); /* Python reads stdin of any size: it gets all of it */
-    if (strcmp(argv[1], "precreate") == 0) {
-        if (spec_clean(input, len))
-            return write_all(1, input, len) ? 0 : 1;
-    } else if (state_clean(input, len)) {
-        return 0;
+    if (as_baked && config_still_trusted()) {
+        if (strcmp(argv[1], OGH_PRECREATE) == 0) {
+            if (spec_clean(input, len))
+                return write_all(1, input, len) ? 0 : 1;
+        } else if (state_clean(input, len)) {
+            return 0;
+        }
     }
+    ask_planner(input, len);
     to_python(input, len, 0);
     return 1;
 }

@@ -6,9 +6,12 @@ Two kinds, written by ``oci-gpu-hook launchers DIR`` (and ``install``):
   with ``--native``): ``DIR/oci-gpu-hook``
   and ``DIR/oci-gpu-runtime`` are compiled from ``oci_gpu_hook/fastpath/front.c`` with this install's
   settings baked in (interpreter, sys.path, ``--set`` defaults, the config file's bytes, its runtime, every
-  request variable name, the field names of config.json).  When there is nothing to do (a pass-through runtime
-  command; a container that certainly asks for no device) they do it without starting Python; otherwise they
-  exec the Python launcher next to them (``DIR/oci-gpu-hook.py``, ``DIR/oci-gpu-runtime.py``).
+  request variable name, the field names of config.json, the fast-path contract of :func:`front_contract`, the
+  planner's version line).  When there is nothing to do (a pass-through runtime command; a container that
+  certainly asks for no device) they do it without starting Python, and so do they make the ``links`` hook's
+  /dev/dri/by-path links; otherwise they ask the resident planner (``oci-gpu-hook serve``,
+  :mod:`oci_gpu_hook.host.planner`) and, where it does not answer, exec the Python launcher next to them
+  (``DIR/oci-gpu-hook.py``, ``DIR/oci-gpu-runtime.py``).
 - **Python launcher** (no compiler, or ``--no-native``): ``DIR/oci-gpu-hook`` and ``DIR/oci-gpu-runtime``
   are the ``python -I -S`` scripts themselves.
 
@@ -35,6 +38,7 @@ import os
 import sys
 
 from oci_gpu_hook.errors import HookError
+from oci_gpu_hook.request import CDI_ANNOTATION_PREFIX
 
 LAUNCHER = """#!{python} -IS
 # Lean launcher written by `oci-gpu-hook launchers`: isolated mode (-I: no
@@ -85,7 +89,7 @@ for _path in {checked!r}:
 LAUNCHERS = (("oci-gpu-hook", "entry.cli"), ("oci-gpu-runtime", "entry.runtime"))
 ROLES = {"oci-gpu-hook": 2, "oci-gpu-runtime": 1}  # OGH_ROLE_HOOK, OGH_ROLE_SHIM in front.c
 FRONT_SOURCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fastpath", "front.c")
-CDI_NEEDLE = "cdi.k8s.io"  # the annotation prefix without its '/': '\/' in JSON spells that slash too
+CDI_NEEDLE = CDI_ANNOTATION_PREFIX.rstrip("/")  # without its '/': '\/' in JSON spells that slash too
 
 
 def launcher_defaults(items: list[str], command: str) -> dict[str, str]:
@@ -253,9 +257,47 @@ def _spec_field_names() -> list[str]:
     return sorted({name for names in _FIELDS.values() for name in names})
 
 
+def front_contract() -> dict[str, str | list[str] | int]:
+    """The fast-path contract: every name, word and path the front compares or uses that the Python path
+    defines, each taken from where Python defines it (``oci_gpu_hook/fastpath/front.c`` names them
+    ``OGH_<KEY>``; its header says which Python function each part of the front mirrors)."""
+    from oci_gpu_hook import config
+    from oci_gpu_hook.appliers.ocispec import LINKS_COMMAND
+    from oci_gpu_hook.core.edits import BY_PATH_DIR, LINK_NODES
+    from oci_gpu_hook.entry import cli, runtime
+    from oci_gpu_hook.host import planner
+
+    return {
+        "BOOL_WORDS": sorted(config._TRUE | config._FALSE),  # config.check_value of a bool from the environment
+        "BOOL_ENV": sorted(f.env for f in config.FIELDS.values() if f.type == "bool" and f.env),
+        "CONFIG_ENV": config.CONFIG_ENV,
+        "RUNTIME_ENV": str(config.FIELDS["runtime"].env),
+        "REWRITE_COMMANDS": sorted(runtime.REWRITE_COMMANDS),
+        "VERSION_ARGS": list(runtime.VERSION_ARGS),
+        "DEFAULT_PATH": runtime.DEFAULT_PATH,
+        "HOOK_COMMANDS": sorted({cli.PRECREATE, *cli.LIVE_COMMANDS}),
+        "PRECREATE": cli.PRECREATE,
+        "LINKS_COMMAND": LINKS_COMMAND,
+        "BY_PATH_DIR": BY_PATH_DIR,
+        "LINK_NODES": list(LINK_NODES),
+        "PLANNER_ENV": planner.SOCKET_ENV,
+        "PLANNER_SOCKET": planner.DEFAULT_SOCKET,
+        "PLANNER_TIMEOUT_MS": planner.ANSWER_TIMEOUT_MS,
+    }
+
+
+def _c_definition(key: str, value: str | list[str] | int) -> str:
+    if isinstance(value, int):
+        return f"#define OGH_{key} {value}"
+    if isinstance(value, list):
+        return f"static const char *const OGH_{key}[] = {_c_list(value)};"
+    return f"static const char OGH_{key}[] = {_c_string(value)};"
+
+
 def front_header(name: str, directory: str, defaults: dict[str, str], trust: bool) -> str:
     from oci_gpu_hook import __version__
     from oci_gpu_hook.config import DEFAULT_CONFIG_PATH
+    from oci_gpu_hook.host.planner import version_line
 
     baked = baked_settings(defaults)
     content = baked["content"]
@@ -279,6 +321,10 @@ def front_header(name: str, directory: str, defaults: dict[str, str], trust: boo
         f"#define OGH_CONFIG_EXISTS {int(content is not None)}",
         f"#define OGH_CONFIG_LEN {len(content or b'')}",
         f"static const char OGH_CONFIG_BYTES[] = {_c_bytes(content or b'')};",
+        f"static const char OGH_ROLE_NAME[] = {_c_string(name)};",
+        f"static const char OGH_SELF[] = {_c_string(os.path.join(directory, name))};",
+        f"static const char OGH_PLANNER_VERSION[] = {_c_string(version_line())};",
+        *(_c_definition(key, value) for key, value in front_contract().items()),
     ]
     return "\n".join(lines) + "\n"
 

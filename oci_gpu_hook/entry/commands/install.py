@@ -23,8 +23,9 @@ def parse_only(value: str | None) -> set[str] | None:
 
 def run(args: list[str], config: Config) -> int:
     parser = _parser("install", "Install the launchers and each integration (podman hook, CDI specs, docker runtime, "
-                                "containerd and CRI-O drop-ins, the systemd watch unit), recorded in a manifest; "
-                                "or take them out again (--uninstall).  A killed run is rolled back by the next.")
+                                "containerd and CRI-O drop-ins, the systemd watch and planner units), recorded in a "
+                                "manifest; or take them out again (--uninstall).  A killed run is rolled back by the "
+                                "next.")
     parser.add_argument("--only", metavar="LIST", default=None,
                         help=f"only these integrations (comma list of {', '.join(INTEGRATIONS)}); each is done "
                              "even where its /etc directory is missing")

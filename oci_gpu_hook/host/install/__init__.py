@@ -19,7 +19,8 @@ What it writes (real paths; ``--prefix DIR`` puts each of them under DIR, creati
   containerd the node runs is read under ``--host-root`` or given as ``--containerd-version``
   (:mod:`containerd_detect`);
 - crio: the drop-in :data:`crio.DROP_IN_PATH` (CDI spec dirs, the ``oci-gpu`` runtime handler);
-- systemd: the ``watch`` unit in :data:`paths.SYSTEMD_UNIT`, its ExecStart the installed launcher;
+- systemd: the ``watch`` unit in :data:`paths.SYSTEMD_UNIT` and the resident planner's (``serve``) in
+  :data:`paths.PLANNER_UNIT`, their ExecStart the installed launcher;
 - the manifest :data:`paths.MANIFEST_PATH`: each file written (its sha256 and mode, its integration, and
   what was there before), and each directory created.
 

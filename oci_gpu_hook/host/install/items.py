@@ -17,7 +17,14 @@ from oci_gpu_hook.appliers.cdi_dirs import DEFAULT_SPEC_DIRS
 from oci_gpu_hook.appliers.ocispec import HOOK_ENV
 from oci_gpu_hook.config import Config
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.host.install.paths import HOOK_LAUNCHER, LAUNCHER_DIR, PACKAGE_PARENT, RUNTIME_LAUNCHER, SYSTEMD_UNIT
+from oci_gpu_hook.host.install.paths import (
+    HOOK_LAUNCHER,
+    LAUNCHER_DIR,
+    PACKAGE_PARENT,
+    PLANNER_UNIT,
+    RUNTIME_LAUNCHER,
+    SYSTEMD_UNIT,
+)
 
 # The podman hooks.d file of every stage ("STAGE"), naming the launcher install writes.
 HOOK_TEMPLATE: dict[str, Any] = {
@@ -75,14 +82,38 @@ WantedBy=multi-user.target
 """
 
 
-def unit_file(launcher: str) -> str:
-    """The shipped watch unit (examples/systemd) with its ExecStart lines running ``launcher``."""
-    shipped = os.path.join(PACKAGE_PARENT, "examples", "systemd", "oci-gpu-hook-watch.service")
+PLANNER_UNIT_FALLBACK = """\
+# oci-gpu-hook serve: the resident planner the native front asks (see examples/systemd in the source tree).
+[Unit]
+Description=oci-gpu-hook: the resident planner the native front asks before it starts Python
+After=local-fs.target
+Before=containerd.service crio.service docker.service
+
+[Service]
+Type=simple
+ExecStart={launcher} serve
+Restart=always
+RestartSec=1s
+TimeoutStopSec=15s
+User=root
+RuntimeDirectory=oci-gpu-hook
+RuntimeDirectoryMode=0700
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def unit_file(launcher: str, unit: str = SYSTEMD_UNIT) -> str:
+    """The shipped unit ``unit`` (examples/systemd: the watch's or the planner's) with its ExecStart lines running
+    ``launcher``."""
+    name = os.path.basename(unit)
+    shipped = os.path.join(PACKAGE_PARENT, "examples", "systemd", name)
     try:
         with open(shipped, encoding="utf-8") as handle:
             text = handle.read()
     except OSError:
-        return UNIT_FALLBACK.format(launcher=launcher)
+        return (PLANNER_UNIT_FALLBACK if unit == PLANNER_UNIT else UNIT_FALLBACK).format(launcher=launcher)
     lines = []
     for line in text.splitlines(keepends=True):
         key, eq, value = line.partition("=")
@@ -278,6 +309,8 @@ def crio_items(config: Config, disk: Callable[[str], str], explicit: bool) -> li
 
 def systemd_items(disk: Callable[[str], str], notes: list[str], explicit: bool) -> list[Item]:
     if not explicit and not os.path.isdir(disk("/etc/systemd/system")):
-        raise Skip("no /etc/systemd/system here: the watch unit is not installed")
-    notes.append("systemctl daemon-reload && systemctl enable --now oci-gpu-hook-watch")
-    return [Item(SYSTEMD_UNIT, unit_file(HOOK_LAUNCHER).encode(), 0o644, "systemd watch unit")]
+        raise Skip("no /etc/systemd/system here: the watch and planner units are not installed")
+    notes.append("systemctl daemon-reload && systemctl enable --now oci-gpu-hook-watch oci-gpu-hook-planner "
+                 "(after an upgrade: systemctl restart oci-gpu-hook-planner; until then the launchers start Python)")
+    return [Item(SYSTEMD_UNIT, unit_file(HOOK_LAUNCHER).encode(), 0o644, "systemd watch unit"),
+            Item(PLANNER_UNIT, unit_file(HOOK_LAUNCHER, PLANNER_UNIT).encode(), 0o644, "systemd planner unit")]

@@ -13,6 +13,7 @@ JOURNAL_DIR = f"{STATE_DIR}/journal.d"
 JOURNAL_PATH = f"{JOURNAL_DIR}/journal.json"
 STAGING = ".oci-gpu-hook-staging"  # a directory being created or removed as a whole, by one rename
 SYSTEMD_UNIT = "/etc/systemd/system/oci-gpu-hook-watch.service"
+PLANNER_UNIT = "/etc/systemd/system/oci-gpu-hook-planner.service"
 INTEGRATIONS = ("podman", "docker", "containerd", "crio", "cdi", "systemd")
 HOOK_LAUNCHER = f"{LAUNCHER_DIR}/oci-gpu-hook"
 RUNTIME_LAUNCHER = f"{LAUNCHER_DIR}/oci-gpu-runtime"
