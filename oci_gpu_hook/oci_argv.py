@@ -391,27 +391,21 @@ def container_id(command_args: list[str], command: str = "run", kind: str = RUNC
 
 class Reading:
     """A command line as runtime ``kind`` reads it, in one value: ``command`` (None where it would run none),
-    its global ``options`` and the command's ``args``; for create and run the file the runtime opens (or the
-    HookError its refusal is, raised by :meth:`config_file`) and ``container_id`` (for other commands, and
-    refused command lines, the best guess for the log)."""
+    its global ``options`` and the command's ``args``; for create and run ``config``, the file the runtime opens
+    (or ``refusal``, the error that it would refuse the command line with) and ``container_id`` (for other
+    commands, and refused command lines, the best guess for the log)."""
 
-    __slots__ = ("_config", "_refusal", "args", "command", "container_id", "kind", "options")
+    __slots__ = ("args", "command", "config", "container_id", "kind", "options", "refusal")
 
     def __init__(self, argv: list[str], kind: str = RUNC) -> None:
         self.kind = kind
         self.command, self.options, self.args = parse_argv(argv, kind)
-        self._config = ""
-        self._refusal: Exception | None = None
+        self.config = ""
+        self.refusal: Exception | None = None
         if self.command in REWRITE_COMMANDS:
             try:
-                self._config = config_path(self.args, self.command, kind)
+                self.config = config_path(self.args, self.command, kind)
             except (HookError, OSError) as err:  # OSError: a working directory that is gone
-                self._refusal = err
+                self.refusal = err
         self.container_id = container_id(self.args, self.command or "run", kind)
-
-    def config_file(self) -> str:
-        """The config file the runtime opens for create/run; HookError where it would refuse the line."""
-        if self._refusal is not None:
-            raise self._refusal
-        return self._config
 

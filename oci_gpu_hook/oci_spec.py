@@ -27,16 +27,17 @@ if TYPE_CHECKING:
 
 
 class ContainerSpec:
-    """One config.json, checked where the request path reads it: ``env`` (``process.env``, empty when absent),
-    ``annotations`` (empty when absent), ``present`` ((type, major, minor) of every well-formed ``linux.devices``
-    entry) and ``raw``, the parsed document itself.  The rules and ``root.path`` are read on demand: a
-    container that asks for nothing never needs them."""
+    """One config.json, checked where the request path reads it: ``env`` (``process.env``, empty when absent) and
+    ``environ`` (the values its process sees, by name), ``annotations`` (empty when absent), ``present`` ((type,
+    major, minor) of every well-formed ``linux.devices`` entry) and ``raw``, the parsed document itself. The
+    rules and ``root.path`` are read on demand: a container that asks for nothing never needs them."""
 
-    __slots__ = ("annotations", "env", "present", "raw")
+    __slots__ = ("annotations", "env", "environ", "present", "raw")
 
     def __init__(self, raw: Any) -> None:
         self.raw: dict[str, Any] = check_object(raw)
         self.env: list[str] = process_env(self.raw)
+        self.environ = environ_of(self.env)  # what the process sees, by name
         self.annotations: dict[str, Any] = field(self.raw, "annotations", dict, "annotations", create=False) or {}
         self.present: frozenset[tuple[str, int, int]] = _device_numbers(self.raw)
 
@@ -104,14 +105,21 @@ def process_env(spec: Any) -> list[str]:
     return env or []
 
 
+def environ_of(env: Sequence[str] | None) -> dict[str, str]:
+    """The environment the container's process will see, ``NAME=VALUE`` entries by name: the last entry of a name
+    wins, as in runc; an entry without ``=`` sets nothing."""
+    environ: dict[str, str] = {}
+    for entry in env or ():
+        if isinstance(entry, str):
+            name, eq, value = entry.partition("=")
+            if eq:
+                environ[name] = value
+    return environ
+
+
 def env_value(env: Sequence[str] | None, name: str) -> str | None:
     """The value the container's process will see for ``name`` (the last entry wins, as in runc)."""
-    prefix = name + "="
-    value = None
-    for entry in env or ():
-        if isinstance(entry, str) and entry.startswith(prefix):
-            value = entry[len(prefix):]
-    return value
+    return environ_of(env).get(name)
 
 
 def _device_numbers(spec: dict[str, Any]) -> frozenset[tuple[str, int, int]]:

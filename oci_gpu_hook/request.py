@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.kinds import KINDS
-from oci_gpu_hook.oci_spec import env_value
+from oci_gpu_hook.oci_spec import environ_of
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
 
@@ -115,10 +115,14 @@ def annotation_names(annotations: Mapping[str, object] | None, kinds: Sequence[s
 
 def requested(env: Sequence[str] | None, annotations: Mapping[str, object] | None, config: Config) -> list[Ask]:
     """Which source decides for each kind, without reading sysfs; [] when nothing is asked for."""
+    return _requested(environ_of(env), annotations, config)
+
+
+def _requested(environ: Mapping[str, str], annotations: Mapping[str, object] | None, config: Config) -> list[Ask]:
     from_annotations = annotation_names(annotations, config.backends)
     asks = []
     for kind in config.backends:
-        found = [(n, v) for n in config.request_env[kind] if (v := env_value(env, n)) is not None]
+        found = [(n, v) for n in config.request_env[kind] if (v := environ.get(n)) is not None]
         asking = [(n, v) for n, v in found if v.strip().lower() not in NO_GPU]
         names = from_annotations.get(kind)
         if names:
@@ -161,7 +165,7 @@ def asks_for(spec: ContainerSpec, config: Config, devices: str | None = None) ->
     """What the container of ``spec`` asks for (:func:`requested`), or ``devices`` (``dry-run --devices``)."""
     if devices is not None:
         return parse_devices_option(devices, config.backends)
-    return requested(spec.env, spec.annotations, config)
+    return _requested(spec.environ, spec.annotations, config)
 
 
 def resolve(asks: list[Ask], inventory: Inventory, present: Set[tuple[str, int, int]] = frozenset()) -> Request:

@@ -172,7 +172,9 @@ def prepare(args: list[str], baked_runtime: str | None = None) -> tuple[int, str
             if dialect(runtime) == CRUN:
                 reading = crun or Reading(args, CRUN)
             if reading.command in REWRITE_COMMANDS:
-                rewrite_bundle(reading.config_file(), config, reading.container_id)
+                if reading.refusal is not None:
+                    raise reading.refusal
+                rewrite_bundle(reading.config, config, reading.container_id)
         else:
             runtime = resolve_runtime(passthrough_runtime_name(baked_runtime))
             if len(args) == 1 and args[0] in VERSION_ARGS:
