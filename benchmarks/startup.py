@@ -83,7 +83,7 @@ AT_ONCE = 64  # group h: this many GPU containers created at once
 AT_ONCE_TARGET = 2.0  # ... all of them in at most this many times one container's serial create
 PLANNER_DIR = "/run/oci-gpu-hook"  # a tmpfs of the private root's: the host's planner, if any, is never asked
 NO_PLANNER = {"OCI_GPU_HOOK_PLANNER_SOCKET": ""}  # the front asks no planner: the Python launcher, as without one
-# The environment runc gives the prestart hook (as in tests/test_prestart.py).
+# The environment runc gives the prestart hook (as in tests/containers/test_live_hook.py).
 HOOK_PATH_ENV = "PATH=/usr/sbin:/usr/bin:/sbin:/bin"
 GROUP_LETTERS = "abcdefgh"
 CGROUP_MODES = ("v1", "v2")

@@ -1,4 +1,7 @@
-"""Operator-facing output: one line on stderr for a failure, one JSON line per run in the log file."""
+"""Operator-facing output: one line on stderr for a failure, one JSON line per run in the log file.
+
+A leaf: what a line holds is its caller's (:meth:`oci_gpu_hook.plan.Plan.record`); this module only writes it.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +18,6 @@ if TYPE_CHECKING:
     from typing import Any
 
     from oci_gpu_hook.config import Config
-    from oci_gpu_hook.plan import Plan
 
 PROGRAM = "oci-gpu-hook"
 
@@ -95,19 +97,6 @@ def record(config: Config | None, **fields: Any) -> None:
         print(f"{PROGRAM}: warning: log file {path} not written: {err}", file=sys.stderr)
     except OSError as err:
         print(f"{PROGRAM}: warning: cannot write log file {path}: {err.strerror}", file=sys.stderr)
-
-
-def record_plan(config: Config, entry: str, cid: str | None, plan: Plan, started: float, **extra: Any) -> None:
-    """The line of a run that granted GPUs, or ignored a request (``allow_env_requests``, annotations won);
-    none for a container that asked for nothing."""
-    if not plan and not plan.request.note:
-        return
-    fields: dict[str, Any] = {"entry": entry, "id": cid, "source": plan.request.source,
-                              "request": plan.request.value, "devices": [n.path for n in plan.nodes]}
-    if plan.request.note:
-        fields["note"] = plan.request.note
-    record(config, **fields, **extra, outcome="ok" if plan else "ignored",
-           duration_ms=round((time.monotonic() - started) * 1000, 2))
 
 
 def report_failure(err: BaseException, debug: bool) -> str:

@@ -18,9 +18,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from oci_gpu_hook.config import ACCESS_VALUES, FIELDS, KINDS
+from oci_gpu_hook.config import ACCESS_VALUES, FIELDS
 from oci_gpu_hook.core.devices import Node
 from oci_gpu_hook.inventory import Device, Inventory, stable_name
+from oci_gpu_hook.kinds import KINDS
 
 _ENV_NAME = "^[A-Za-z_][A-Za-z0-9_]*$"
 _KIND = Literal[tuple(KINDS)]  # type: ignore[valid-type]

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from oci_gpu_hook.config import Config
     from oci_gpu_hook.core.devices import Rule
     from oci_gpu_hook.inventory import Device, Inventory
+    from oci_gpu_hook.oci_spec import ContainerSpec
     from oci_gpu_hook.request import Request
 
 
@@ -51,6 +52,22 @@ class Plan:
             parts.append(f"{device.kind} {device.label} ({device.pci_address}{part})")
         mounts = f" + {len(self.edits.mounts)} driver files" if self.edits.mounts else ""
         return ", ".join(parts) + ": " + " ".join(n.path for n in self.edits.nodes) + mounts
+
+    def record(self, config: Config, entry: str, cid: str | None, started: float, **extra: Any) -> None:
+        """The log line of a run that granted GPUs, or ignored a request (``allow_env_requests``, annotations
+        won); none for a container that asked for nothing, nor without a log file (:mod:`oci_gpu_hook.log`)."""
+        if (not self and not self.request.note) or not config.log_file:
+            return
+        import time
+
+        from oci_gpu_hook.log import record
+
+        fields: dict[str, Any] = {"entry": entry, "id": cid, "source": self.request.source,
+                                  "request": self.request.value, "devices": [n.path for n in self.nodes]}
+        if self.request.note:
+            fields["note"] = self.request.note
+        record(config, **fields, **extra, outcome="ok" if self else "ignored",
+               duration_ms=round((time.monotonic() - started) * 1000, 2))
 
 
 def device_edits(device: Device, config: Config, options: object = None) -> Edits:
@@ -116,34 +133,20 @@ def build_plan(inventory: Inventory, request: Request, config: Config, env: list
     return Plan(request, devices, edits, edits.rules(config.cgroup_access))
 
 
-def plan_for_spec(spec: Any, config: Config, devices: str | None = None) -> Plan:
+def plan_for_spec(spec: ContainerSpec, config: Config, devices: str | None = None) -> Plan:
     """The plan for a container's config.json.
 
     ``devices`` (``dry-run --devices``) replaces the request the spec carries.  When nothing is
     requested sysfs is not even read and the plan is empty; otherwise only the kinds asked for are
     scanned (so only their backends are imported), plus every kind when other GPUs are masked.
     """
-    from oci_gpu_hook.bundle import process_env
-    from oci_gpu_hook.request import Request, parse_devices_option, requested, resolve
+    from oci_gpu_hook.request import Request, asks_for, resolve
 
-    env = process_env(spec)
-    if devices is not None:
-        asks = parse_devices_option(devices, config.backends)
-    else:
-        from oci_gpu_hook.bundle import annotations
-
-        asks = requested(env, annotations(spec), config)
+    asks = asks_for(spec, config, devices)
     if not any(a.values for a in asks):
         return Plan(Request(asks), (), Edits(), ())
     from oci_gpu_hook.inventory import scan
 
     kinds = None if config.mask_other_gpus else [a.kind for a in asks if a.values]
     inventory = scan(config.sysfs_root, kinds, proc_root=config.proc_root, driver_root=config.driver_root)
-    if devices is not None:  # the operator's list: nothing in the spec holds it back
-        return build_plan(inventory, resolve(asks, inventory), config, env)
-    from oci_gpu_hook.bundle import spec_device_numbers
-
-    # One grant, whoever injects (request.resolve): devices the spec already carries bound every request of
-    # their kind; an image's env cannot widen them, annotations must name exactly them.
-    return build_plan(inventory, resolve(asks, inventory, spec_device_numbers(spec)), config, env)
-
+    return build_plan(inventory, resolve(asks, inventory, spec.present), config, spec.env)

@@ -8,7 +8,7 @@ Sources, per kind (``amd``, ``intel``, ``nvidia``):
 2. The kind's env variables (``AMD_VISIBLE_DEVICES``, ``INTEL_VISIBLE_DEVICES``, ``NVIDIA_VISIBLE_DEVICES``;
    the last entry wins, as in runc), unless ``allow_env_requests`` is off.  At most one variable of a kind
    may ask.
-3. ``dry-run --devices``, which replaces both.
+3. ``dry-run --devices``, which replaces both (and is the operator's: nothing in the spec holds it back).
 
 When the spec already carries device nodes of a kind (native CDI, ``--device``, the orchestrator; a
 device counts as there when one of its own nodes is, shared ones like ``/dev/kfd`` identify none),
@@ -26,8 +26,9 @@ malformed or out of range is a :class:`HookError` naming the bad token and what 
 
 from __future__ import annotations
 
-from oci_gpu_hook.config import KINDS
 from oci_gpu_hook.errors import HookError
+from oci_gpu_hook.kinds import KINDS
+from oci_gpu_hook.oci_spec import environ_of
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
 
@@ -36,10 +37,12 @@ if TYPE_CHECKING:
 
     from oci_gpu_hook.config import Config
     from oci_gpu_hook.inventory import Device, Inventory
+    from oci_gpu_hook.oci_spec import ContainerSpec
 
 NO_GPU = frozenset({"", "none", "void"})
 CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 CDI_SOURCE = "cdi.k8s.io annotations"
+OPTION_SOURCE = "--devices"
 BY_CDI_KIND = {cdi_kind: name for name, (cdi_kind, _env) in KINDS.items()}
 
 
@@ -87,16 +90,6 @@ class Request:
         return ",".join(entries) or None
 
 
-def env_value(env: Sequence[str] | None, name: str) -> str | None:
-    """The value the container's process will see for ``name`` (the last entry wins, as in runc)."""
-    prefix = name + "="
-    value = None
-    for entry in env or ():
-        if isinstance(entry, str) and entry.startswith(prefix):
-            value = entry[len(prefix):]
-    return value
-
-
 def annotation_names(annotations: Mapping[str, object] | None, kinds: Sequence[str]) -> dict[str, list[str]]:
     """Device names per backend in ``cdi.k8s.io/<key>`` annotations; a malformed entry of a served kind is an
     error, other kinds are skipped."""
@@ -122,10 +115,14 @@ def annotation_names(annotations: Mapping[str, object] | None, kinds: Sequence[s
 
 def requested(env: Sequence[str] | None, annotations: Mapping[str, object] | None, config: Config) -> list[Ask]:
     """Which source decides for each kind, without reading sysfs; [] when nothing is asked for."""
+    return _requested(environ_of(env), annotations, config)
+
+
+def _requested(environ: Mapping[str, str], annotations: Mapping[str, object] | None, config: Config) -> list[Ask]:
     from_annotations = annotation_names(annotations, config.backends)
     asks = []
     for kind in config.backends:
-        found = [(n, v) for n in config.request_env[kind] if (v := env_value(env, n)) is not None]
+        found = [(n, v) for n in config.request_env[kind] if (v := environ.get(n)) is not None]
         asking = [(n, v) for n, v in found if v.strip().lower() not in NO_GPU]
         names = from_annotations.get(kind)
         if names:
@@ -160,22 +157,31 @@ def parse_devices_option(text: str, kinds: Sequence[str]) -> list[Ask]:
                 raise HookError(f"--devices: the {kind} backend is not in use (backends = {list(kinds)})")
             entry = rest.strip()
         values.setdefault(kind, []).append(entry)
-    return [Ask(k, "--devices", [",".join(v)]) for k, v in values.items()
+    return [Ask(k, OPTION_SOURCE, [",".join(v)]) for k, v in values.items()
             if ",".join(v).strip().lower() not in NO_GPU]
+
+
+def asks_for(spec: ContainerSpec, config: Config, devices: str | None = None) -> list[Ask]:
+    """What the container of ``spec`` asks for (:func:`requested`), or ``devices`` (``dry-run --devices``)."""
+    if devices is not None:
+        return parse_devices_option(devices, config.backends)
+    return _requested(spec.environ, spec.annotations, config)
 
 
 def resolve(asks: list[Ask], inventory: Inventory, present: Set[tuple[str, int, int]] = frozenset()) -> Request:
     """The devices each ask names, per kind in index order.
 
     ``present``: (type, major, minor) of the device nodes the spec already carries.  Per kind with devices
-    there, one grant (module docstring): an env ask is set aside with a note; annotations must name exactly
-    those devices, else a HookError naming both sets.
+    there, one grant (module docstring): an env ask is set aside with a note (an image cannot widen what the
+    operator granted); annotations must name exactly those devices, else a HookError naming both sets; the
+    operator's ``--devices`` is not held back.
     """
     devices: dict[str, tuple[Device, ...]] = {}
     counted: list[Ask] = []
     notes: list[str] = []
     for ask in asks:
-        there = _present(ask.kind, inventory.devices(ask.kind), present) if present and ask.values else ()
+        held = present and ask.values and ask.source != OPTION_SOURCE
+        there = _present(ask.kind, inventory.devices(ask.kind), present) if held else ()
         if there and ask.source != CDI_SOURCE:
             notes.append(f"{ask.source}={','.join(ask.values)} ignored: the container already has {ask.kind} GPUs "
                          "(CDI, --device or the orchestrator); an image's env cannot add to them")

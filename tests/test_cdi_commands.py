@@ -1,4 +1,4 @@
-"""Issue #10 item 5: CDI commands an operator can trust.  ``cdi generate --output DIR/`` makes the
+"""CDI commands an operator can trust.  ``cdi generate --output DIR/`` makes the
 directory or fails in one line; ``cdi list`` reads the spec directories as CDI consumers do
 (pkg/cdi/spec-dirs.go, cache.go: a later directory overrides an earlier one per device name; two files in
 one directory naming the same device are a conflict, and the device is dropped) and exits 1 when the node is
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.test_cli import REPO, assert_one_error_line, clean_env
+from tests.helpers.clilib import REPO, assert_one_error_line, clean_env
 
 SEED = REPO / "examples" / "hosts" / "seed-8x-gfx1100" / "sys"
 OTHER = REPO / "examples" / "hosts" / "shuffled-4x-gfx942" / "sys"
@@ -114,7 +114,7 @@ def test_output_dir_is_never_made_below_a_directory_others_can_write(tmp_path: P
     assert os.listdir(existing) == []
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
+@pytest.mark.root  # chown
 def test_output_dir_owned_by_another_user_is_refused(tmp_path: Path) -> None:
     theirs = tmp_path / "theirs"
     theirs.mkdir()
@@ -273,7 +273,7 @@ def test_our_cdi_dir_outside_the_spec_dirs(dirs: tuple[Path, Path], tmp_path: Pa
 
 def test_default_spec_dirs_add_cdi_dir(tmp_path: Path) -> None:
     from oci_gpu_hook.config import Config
-    from oci_gpu_hook.entry.commands import spec_dirs
+    from oci_gpu_hook.entry.commands.cdi import spec_dirs
 
     assert spec_dirs(None, Config(cdi_dir="/var/run/cdi")) == ["/etc/cdi", "/var/run/cdi"]
     assert spec_dirs(None, Config(cdi_dir=str(tmp_path))) == ["/etc/cdi", "/var/run/cdi", str(tmp_path)]
@@ -308,7 +308,7 @@ def test_list_checks_every_hook_a_spec_names(dirs: tuple[Path, Path], tmp_path: 
 
 
 def test_list_names_install_as_the_fix_for_the_launcher_path(dirs: tuple[Path, Path]) -> None:
-    from oci_gpu_hook.host.install import LAUNCHER_DIR
+    from oci_gpu_hook.host.install.paths import LAUNCHER_DIR
 
     etc, run = dirs
     launcher = f"{LAUNCHER_DIR}/oci-gpu-hook"

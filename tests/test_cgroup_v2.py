@@ -2,35 +2,24 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import struct
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from oci_gpu_hook.appliers import bpf, cgroups, devicefilter
+from oci_gpu_hook.appliers import bpf, cgroups
+from oci_gpu_hook.appliers import devicefilter as df
+from oci_gpu_hook.appliers import devicefilter_decode as dfd
 from oci_gpu_hook.core.devices import Rule as DeviceRule
 from oci_gpu_hook.core.rules import first_match
 from oci_gpu_hook.errors import HookError
+from tests.helpers.cgroup2 import UNIFIED, attach, attached, new_group
 
-UNIFIED = Path("/sys/fs/cgroup/unified")
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not (UNIFIED / "cgroup.procs").exists(),
-                                reason="needs root and the cgroup2 hierarchy at /sys/fs/cgroup/unified")
+pytestmark = [pytest.mark.root, pytest.mark.skipif(not (UNIFIED / "cgroup.procs").exists(),
+                                                   reason="no cgroup2 hierarchy at /sys/fs/cgroup/unified")]
 PLAN = (DeviceRule(True, "c", 226, 129, "rwm"),)
-
-
-@contextlib.contextmanager
-def new_group() -> Iterator[Path]:
-    """A fresh cgroup2 group, removed afterwards (its programs go with it)."""
-    path = UNIFIED / f"ogh-test-{uuid.uuid4().hex[:12]}"
-    path.mkdir()
-    try:
-        yield path
-    finally:
-        path.rmdir()
 
 
 @pytest.fixture
@@ -39,28 +28,9 @@ def group() -> Iterator[Path]:
         yield path
 
 
-def attach(group: Path, program: bytes) -> int:
-    fd = os.open(group, os.O_RDONLY | os.O_DIRECTORY)
-    prog = bpf.prog_load(program, "foreign")
-    try:
-        bpf.prog_attach(fd, prog, bpf.F_ALLOW_MULTI)
-        return bpf.prog_info(prog).id
-    finally:
-        os.close(prog)
-        os.close(fd)
-
-
-def attached(group: Path) -> list[int]:
-    fd = os.open(group, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        return bpf.prog_query(fd)[1]
-    finally:
-        os.close(fd)
-
-
 def test_a_program_it_cannot_read_stays_attached(group: Path) -> None:
     """A foreign program (here: `if major == 226 allow`, written with jeq) is never replaced blind."""
-    prologue = devicefilter.build([])[:6 * 8]
+    prologue = df.build([])[:6 * 8]
     jeq = struct.pack("=BBhi", 0x15, 4, 2, 226)  # if r4 == 226 goto +2
     deny = struct.pack("=BBhi", 0xB4, 0, 0, 0) + struct.pack("=BBhi", 0x95, 0, 0, 0)
     allow = struct.pack("=BBhi", 0xB4, 0, 0, 1) + struct.pack("=BBhi", 0x95, 0, 0, 0)
@@ -72,8 +42,8 @@ def test_a_program_it_cannot_read_stays_attached(group: Path) -> None:
 
 def test_swap_then_idempotent_then_every_program_extended(group: Path) -> None:
     runc_like = [DeviceRule(True, "c", 1, 3, "rwm"), DeviceRule(False, "a", None, None, "rwm")]
-    first = attach(group, devicefilter.build(runc_like))
-    second = attach(group, devicefilter.build([DeviceRule(True, "c", None, None, "rwm"),
+    first = attach(group, df.build(runc_like))
+    second = attach(group, df.build([DeviceRule(True, "c", None, None, "rwm"),
                                                 DeviceRule(False, "a", None, None, "rwm")]))
     result = cgroups.v2_grant(str(group), PLAN)
     assert f"program {first} replaced by" in result  # the one that denied renderD129
@@ -85,7 +55,7 @@ def test_swap_then_idempotent_then_every_program_extended(group: Path) -> None:
     (replacement,) = [p for p in now if p != second]
     fd = bpf.prog_fd_by_id(replacement)
     try:
-        rules = devicefilter.decode(bpf.prog_info(fd).insns)
+        rules = dfd.decode(bpf.prog_info(fd).insns)
     finally:
         os.close(fd)
     assert rules == [*PLAN, *runc_like]  # exactly old + planned

@@ -7,7 +7,6 @@ which has no containerd), into a private prefix that looks like a containerd 1.6
 
 from __future__ import annotations
 
-import os
 import shutil
 import tomllib
 from pathlib import Path
@@ -18,8 +17,9 @@ from oci_gpu_hook.entry import cli
 from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.host import containerd
 from oci_gpu_hook.host import containerd_detect as detect
-from tests.containerlib import INSTALL_DEV
-from tests.installtrees import (
+from tests.conftest import unavailable
+from tests.helpers.containerlib import INSTALL_DEV
+from tests.helpers.installtrees import (
     CONTAINERD_V2,
     CONTAINERD_V3,
     DEBIAN_1_6,
@@ -169,7 +169,7 @@ def test_a_1_x_binary_beside_a_version_3_config(tmp_path: Path, capsys: pytest.C
 
 def test_nothing_found_and_no_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The safe choice, said so: version 2 (every containerd reads it) with enable_cdi (1.6 ignores it: checked
-    against a real containerd 1.6 in test_containerd.py)."""
+    against a real containerd 1.6 in tests/containers/test_containerd.py)."""
     (tmp_path / "etc/containerd").mkdir(parents=True)
     out, _ = install(capsys, tmp_path)
     version, cri = drop_in(tmp_path)
@@ -282,9 +282,7 @@ def test_debian_s_real_containerd_binary(tmp_path: Path) -> None:
     made non-executable: its version comes from its bytes alone."""
     real = Path("/usr/bin/containerd")
     if not real.is_file():
-        if os.environ.get("CI") == "true":
-            pytest.fail("containerd is not installed (.ci/run installs it)")
-        pytest.skip("no /usr/bin/containerd")
+        unavailable("no /usr/bin/containerd (.ci/run installs it)")
     copy = tmp_path / "containerd"
     shutil.copyfile(real, copy)
     copy.chmod(0o644)

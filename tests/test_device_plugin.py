@@ -1,6 +1,6 @@
 """oci-gpu-hook device-plugin against a fake kubelet speaking the real v1beta1 protocol over Unix sockets.
 
-Fixture hosts are fake sysfs trees (tests/fakesysfs.py) in temp dirs; the
+Fixture hosts are fake sysfs trees (tests/helpers/fakesysfs.py) in temp dirs; the
 kubelet's directory and the CDI directories the plugin manages are temp dirs too.
 """
 
@@ -28,8 +28,8 @@ from oci_gpu_hook.host.deviceplugin.devices import devices_of, scan_amd
 from oci_gpu_hook.host.deviceplugin.specs import SpecKeeper, mismatch
 from oci_gpu_hook.host.watch import QueueEvents
 from oci_gpu_hook.inventory import scan
-from tests import fakesysfs
-from tests.fakekubelet import FakeKubelet
+from tests.helpers import fakesysfs
+from tests.helpers.fakekubelet import FakeKubelet
 
 SEED_IDS = [f"0000:{bus}:00.0" for bus in fakesysfs.SEED_BUSES]
 

@@ -9,7 +9,7 @@ import pytest
 from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.host.deviceplugin.allocation import preferred
 from oci_gpu_hook.host.deviceplugin.devices import PluginDevice, device_id, plugin_devices, resource_for
-from tests import fakesysfs
+from tests.helpers import fakesysfs
 
 
 def gpu(pci: str, numa: int | None, hive: int | None = None, partition: int | None = None) -> PluginDevice:

@@ -1,9 +1,9 @@
 """The device plugin on NVIDIA hosts, against the fake kubelet (real v1beta1 gRPC over Unix sockets).
 
-Hosts are built fresh in temp dirs from tests/fakesysfs.py and tests/fakenvidia.py (sysfs, /proc, the driver
-root): 4 x H100 whose minors do not follow PCI order, 2 x H100 with MIG instances on GPU 0 (their UUIDs and
-profiles from a fake libnvidia-ml compiled here), and two AMD and two NVIDIA GPUs side by side, served by one
-plugin process.  The CDI directories the plugin manages are temp dirs too.
+Hosts are built fresh in temp dirs from tests/helpers/fakesysfs.py and tests/helpers/fakenvidia.py (sysfs, /proc,
+the driver root): 4 x H100 whose minors do not follow PCI order, 2 x H100 with MIG instances on GPU 0 (their UUIDs
+and profiles from a fake libnvidia-ml compiled here), and two AMD and two NVIDIA GPUs side by side, served by one
+plugin process. The CDI directories the plugin manages are temp dirs too.
 """
 
 from __future__ import annotations
@@ -26,9 +26,10 @@ from oci_gpu_hook.host.deviceplugin.devices import mig_resource, plan, scan_serv
 from oci_gpu_hook.host.deviceplugin.specs import SpecKeeper, mismatch
 from oci_gpu_hook.host.watch import QueueEvents
 from oci_gpu_hook.inventory import nvml
-from tests import fakesysfs
-from tests.fakekubelet import FakeKubelet
-from tests.fakenvidia import build_fake_nvml
+from tests.conftest import unavailable
+from tests.helpers import fakesysfs
+from tests.helpers.fakekubelet import FakeKubelet
+from tests.helpers.fakenvidia import build_fake_nvml
 
 H100 = fakesysfs.nvidia_h100_host().nvidia  # in probe order: PCI c1 (minor 1), 1b (2), 52 (3), 43 (0)
 UUID = {g.pci: g.uuid for g in H100}
@@ -78,9 +79,7 @@ def mig_tree(base: Path, host: fakesysfs.FakeHost | None = None) -> Path:
     host = host or fakesysfs.nvidia_mig_host()
     host_tree(base, host)
     if build_fake_nvml(str(base / "driver"), host.driver_version, str(base)) is None:
-        if os.environ.get("CI"):
-            pytest.fail("no C compiler for the fake NVML")
-        pytest.skip("no C compiler")
+        unavailable("no C compiler for the fake NVML")
     return base
 
 

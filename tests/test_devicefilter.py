@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from oci_gpu_hook.appliers import devicefilter as df
+from oci_gpu_hook.appliers import devicefilter_decode as dfd
 from oci_gpu_hook.core.devices import Rule as DeviceRule
 from oci_gpu_hook.core.rules import first_match
 
@@ -58,7 +59,7 @@ def _evaluate(insns: bytes, kind: str, major: int, minor: int, access: str) -> i
 
 @given(rules_strategy)
 def test_build_then_decode_round_trips(rules: list[DeviceRule]) -> None:
-    decoded = df.decode(df.build(rules))
+    decoded = dfd.decode(df.build(rules))
     expected = []
     for rule in rules:
         expected.append(rule)
@@ -84,7 +85,7 @@ def test_planned_rules_first_keep_the_old_policy() -> None:
            DeviceRule(False, "c", 226, None, "rwm"), DeviceRule(True, "c", 136, None, "rwm"),
            DeviceRule(False, "a", None, None, "rwm")]
     plan = [DeviceRule(True, "c", 226, 2, "rwm"), DeviceRule(True, "c", 226, 129, "rwm")]
-    new = df.decode(df.build([*plan, *df.decode(df.build(old))]))
+    new = dfd.decode(df.build([*plan, *dfd.decode(df.build(old))]))
     for major, minor in [(1, 3), (1, 5), (136, 4), (226, 1), (226, 2), (226, 129), (226, 130), (8, 0)]:
         for access in ACCESS:
             before = bool(first_match(old, "c", major, minor, access))
@@ -108,7 +109,7 @@ def test_decodes_constants_blinded_by_bpf_jit_harden() -> None:
         _i(0xB4, 0, imm=1), _i(0x95),
     ]
     tail = [_i(0xB4, 11, imm=7), _i(0xA4, 11, imm=7), _i(0xBC, 0, 11), _i(0x95)]  # r0 = 7 ^ 7 = 0
-    rules = df.decode(prologue + b"".join(block + tail))
+    rules = dfd.decode(prologue + b"".join(block + tail))
     assert rules == [DeviceRule(True, "a", 226, 129, "rwm"), DeviceRule(False, "a", None, None, "rwm")]
 
 
@@ -121,5 +122,5 @@ def test_decodes_constants_blinded_by_bpf_jit_harden() -> None:
     df.build([])[:6 * 8] + _i(0x55, 6, off=1, imm=3) + _i(0xB4, 0, imm=1) + _i(0x95) + _i(0xB4) + _i(0x95),
 ])
 def test_unknown_programs_are_not_decodable(program: bytes) -> None:
-    with pytest.raises(df.NotDecodable):
-        df.decode(program)
+    with pytest.raises(dfd.NotDecodable):
+        dfd.decode(program)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from oci_gpu_hook.host import launchers
-from tests import containerlib as cl
+from tests.helpers import containerlib as cl
 
 pytestmark = pytest.mark.skipif(launchers.find_cc() is None, reason="no C compiler")
 
@@ -221,7 +221,7 @@ print(json.dumps({"stat_equal": True, "ns": after.st_mtime_ns % 10**9, "status":
 """
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a filesystem (in a private mount namespace)")
+@pytest.mark.root  # mounts a filesystem (in a private mount namespace)
 def test_same_size_edit_in_the_same_second_on_whole_second_timestamps(tmp_path: Path) -> None:
     """ext4 with 128-byte inodes keeps whole-second times: an edit of the same size in the same second as the bake
     leaves every stat field as it was (checked), and the front still sees it and hands over (a grant, not the
@@ -243,7 +243,7 @@ def test_same_size_edit_in_the_same_second_on_whole_second_timestamps(tmp_path: 
     assert result["status"] == 0 and "renderD129" in result["stdout"], result
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="makes files owned by another user")
+@pytest.mark.root  # makes files owned by another user
 @pytest.mark.parametrize("how", ["file-o+w", "file-owner", "dir-g+w", "link-to-theirs"])
 def test_config_made_untrusted_after_the_bake(tmp_path: Path, how: str) -> None:
     """The front checks the config as config.check_trusted does: a config made writable or handed to another user

@@ -3,7 +3,7 @@ give the same exit status, stdout and stderr (and leave the same config.json) fo
 through each entry point (precreate, prestart, the shim's create); and the front execs its runtime with a proper
 argv when started with none at all (argc 0).
 
-The corpus: every text that ``bundle.loads`` refuses or accepts in tests/test_runtime_view_json.py, the inputs of
+The corpus: every text that ``oci_spec.loads`` refuses or accepts in tests/helpers/hostiletexts.py, the inputs of
 the precreate entry there and in tests/test_fastpath.py, texts aimed at each check the front makes before it lets a
 container pass (types of process, process.env, annotations; keys in other cases, with escapes, non-ASCII; numbers
 at the edge of what Python reads; nesting), hostile state JSON for prestart, and hypothesis' hostile text.
@@ -21,9 +21,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from oci_gpu_hook.host import launchers
-from tests import containerlib as cl
+from tests.helpers import containerlib as cl
+from tests.helpers.hostiletexts import PRECREATE_INPUTS, REFUSED_SPECS, hostile_text
 from tests.test_fastpath import GRANTED, OTHER
-from tests.test_runtime_view_json import PRECREATE_INPUTS, REFUSED_SPECS, hostile_text
 
 pytestmark = pytest.mark.skipif(launchers.find_cc() is None, reason="no C compiler")
 

@@ -21,8 +21,8 @@ import pytest
 from oci_gpu_hook.appliers import ocispec
 from oci_gpu_hook.config import FIELDS, Config
 from oci_gpu_hook.errors import HookError
-from tests import containerlib as cl
-from tests import plainvenv
+from tests.helpers import containerlib as cl
+from tests.helpers import plainvenv
 
 DEFAULT = FIELDS["hook_path"].default
 

@@ -15,14 +15,17 @@ from typing import Any
 
 import pytest
 
+from oci_gpu_hook import host
 from oci_gpu_hook.appliers import cdi
 from oci_gpu_hook.config import Config
 from oci_gpu_hook.entry import cli
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.host import containerd, install
+from oci_gpu_hook.host import containerd
+from oci_gpu_hook.host.install import items, journal, paths
 from oci_gpu_hook.inventory import scan
-from tests.containerlib import INSTALL_DEV
-from tests.installtrees import containerd_binary, isolated_env, snapshot
+from tests.conftest import ROOT, unavailable
+from tests.helpers.containerlib import INSTALL_DEV
+from tests.helpers.installtrees import containerd_binary, isolated_env, snapshot
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_SYSFS = REPO / "examples" / "hosts" / "seed-8x-gfx1100" / "sys"
@@ -35,7 +38,6 @@ CDI_SPEC = "/var/run/cdi/amd.com-gpu.json"
 MANIFEST = "/var/lib/oci-gpu-hook/install.json"
 MAIN = containerd.MAIN_CONFIG_PATH
 CRI = "io.containerd.grpc.v1.cri"
-ROOT = os.geteuid() == 0
 __all__ = ["isolated_env"]  # the autouse fixture, imported
 
 IMPORTS_LINE = 'imports = ["/etc/containerd/conf.d/*.toml"]  # added by oci-gpu-hook install\n'
@@ -233,14 +235,14 @@ def test_uninstall_gives_back_the_tree_exactly(prefix: Path, capsys: pytest.Capt
         assert f"replaced: {at(prefix, RUNTIME)} (" in out
         assert (at(prefix, HOOKS_DIR + "/other-hook.json")).read_text() == '{"version": "1.0.0"}\n'
         assert at(prefix, "/run/cdi/amd.com-gpu.json").is_file()
-        backups = list(at(prefix, install.BACKUP_DIR).iterdir())
+        backups = list(at(prefix, paths.BACKUP_DIR).iterdir())
         assert [b.read_text() for b in backups] == ["# the operator's own runtime\nversion = 2\n"]
     if host == "main-config":  # the host's main config: saved, and the imports line added
         assert f"replaced: {at(prefix, MAIN)} (containerd config (imports); what was there is saved to " in out
         assert at(prefix, MAIN).read_text() == with_imports_line(MAIN_CONFIG)
         assert stat.S_IMODE(os.stat(at(prefix, MAIN)).st_mode) == 0o640
         assert drop_in_cri(prefix) == main_cri_with_ours(MAIN_CONFIG)
-        backups = list(at(prefix, install.BACKUP_DIR).iterdir())
+        backups = list(at(prefix, paths.BACKUP_DIR).iterdir())
         assert [b.read_text() for b in backups] == [MAIN_CONFIG]
     out = ok(capsys, "--prefix", str(prefix), "--uninstall")
     assert snapshot(prefix) == before
@@ -318,7 +320,7 @@ def test_launchers_run(prefix: Path, capsys: pytest.CaptureFixture[str]) -> None
     ok(capsys, "--prefix", str(prefix), "--set", "OCI_GPU_HOOK_RUNTIME=/bin/echo")
     text = at(prefix, LAUNCHER).read_text()
     assert text.startswith(f"#!{sys.executable} -IS\n")
-    assert repr(os.path.dirname(os.path.dirname(os.path.dirname(install.__file__)))) in text  # this checkout
+    assert repr(os.path.dirname(os.path.dirname(os.path.dirname(host.__file__)))) in text  # this checkout
     result = subprocess.run([str(at(prefix, LAUNCHER)), "--help"], capture_output=True, text=True,
                             env=clean_env(), timeout=60, check=False)
     assert result.returncode == 0, result.stderr
@@ -496,7 +498,7 @@ def test_an_edited_file_that_replaced_one_keeps_the_original_too(prefix: Path,
     drop_in = at(prefix, containerd.DROP_IN_PATH)
     drop_in.write_text(drop_in.read_text() + "# tuned by hand\n")
     out = ok(capsys, "--prefix", str(prefix), "--uninstall")
-    saved = at(prefix, install.BACKUP_DIR) / "etc%2Fcontainerd%2Fconf.d%2Foci-gpu-hook.toml"
+    saved = at(prefix, paths.BACKUP_DIR) / "etc%2Fcontainerd%2Fconf.d%2Foci-gpu-hook.toml"
     assert f"kept: {drop_in} (changed since install: kept, not removed; what install replaced is at {saved})" in out
     assert drop_in.read_text().endswith("# tuned by hand\n")
     assert saved.read_text() == "# the operator's own runtime\nversion = 2\n"
@@ -524,18 +526,18 @@ def test_a_failed_install_leaves_a_manifest_of_what_it_wrote(prefix: Path, capsy
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     populate(prefix)
     original = snapshot(prefix)
-    real_write = install.write_file
+    real_write = journal.write_file
 
     def failing_write(path: str, *args: Any, **kwargs: Any) -> None:
         if path == str(at(prefix, containerd.DROP_IN_PATH)):  # after its backup was made
             raise HookError(f"cannot write {path}: No space left on device")
         real_write(path, *args, **kwargs)
 
-    monkeypatch.setattr(install, "write_file", failing_write)
+    monkeypatch.setattr(journal, "write_file", failing_write)
     code, _out, err = run(capsys, "--prefix", str(prefix))
     assert code == 1
     assert err == f"oci-gpu-hook: error: cannot write {at(prefix, containerd.DROP_IN_PATH)}: No space left on device\n"
-    monkeypatch.setattr(install, "write_file", real_write)
+    monkeypatch.setattr(journal, "write_file", real_write)
     ok(capsys, "--prefix", str(prefix), "--uninstall")
     assert snapshot(prefix) == original
 
@@ -543,13 +545,13 @@ def test_a_failed_install_leaves_a_manifest_of_what_it_wrote(prefix: Path, capsy
 # --- the template, errors -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("stage", install.HOOK_STAGES)
+@pytest.mark.parametrize("stage", paths.HOOK_STAGES)
 def test_the_built_in_template_is_the_shipped_file(stage: str, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     shipped = json.loads((REPO / "hooks.d" / f"oci-gpu-hook-{stage}.json").read_text())
-    assert install.hook_template(stage) == shipped
-    monkeypatch.setattr(install, "PACKAGE_PARENT", str(tmp_path))  # as installed from a wheel: no hooks.d/
-    assert install.hook_template(stage) == shipped
+    assert items.hook_template(stage) == shipped
+    monkeypatch.setattr(items, "PACKAGE_PARENT", str(tmp_path))  # as installed from a wheel: no hooks.d/
+    assert items.hook_template(stage) == shipped
 
 
 def assert_one_error_line(result: subprocess.CompletedProcess[str]) -> str:
@@ -606,14 +608,14 @@ def test_uninstall_without_a_manifest(prefix: Path, capsys: pytest.CaptureFixtur
 def test_a_lost_backup_still_takes_the_installed_file_out(prefix: Path, capsys: pytest.CaptureFixture[str]) -> None:
     populate(prefix)
     ok(capsys, "--prefix", str(prefix))
-    saved = at(prefix, install.BACKUP_DIR) / "etc%2Fcontainerd%2Fconf.d%2Foci-gpu-hook.toml"
+    saved = at(prefix, paths.BACKUP_DIR) / "etc%2Fcontainerd%2Fconf.d%2Foci-gpu-hook.toml"
     saved.unlink()
     out = ok(capsys, "--prefix", str(prefix), "--uninstall")
     drop_in = at(prefix, containerd.DROP_IN_PATH)
     assert f"warning: cannot restore {drop_in}: its backup {saved} is unreadable (No such file or directory)" in out
     assert f"removed: {drop_in} (installed)" in out
     assert not drop_in.exists()
-    assert not at(prefix, install.STATE_DIR).exists()
+    assert not at(prefix, paths.STATE_DIR).exists()
 
 
 def test_install_adds_the_imports_line_and_notes_a_main_config_without_it(prefix: Path,
@@ -669,7 +671,7 @@ def test_a_main_config_that_imports_the_drop_in_is_left_untouched(prefix: Path, 
     assert (config.stat().st_ino, config.stat().st_mtime_ns) == identity  # never rewritten
     assert stat.S_IMODE(config.stat().st_mode) == 0o640
     assert f"replaced: {config}" not in out and f"updated: {config}" not in out
-    assert not at(prefix, install.BACKUP_DIR).exists()
+    assert not at(prefix, paths.BACKUP_DIR).exists()
     assert "does not import" not in out
     assert drop_in_cri(prefix) == main_cri_with_ours(main)  # the drop-in is still built from it
     ok(capsys, "--prefix", str(prefix), "--uninstall")
@@ -742,7 +744,7 @@ def test_install_writes_the_native_front_when_a_compiler_is_there(capsys: pytest
     import shutil
 
     if not (shutil.which("cc") or shutil.which("gcc")):
-        pytest.skip("no C compiler") if not os.environ.get("CI") else pytest.fail("CI installs gcc")
+        unavailable("no C compiler (CI installs gcc)")
     code = cli.main(["--sysfs-root", str(EXAMPLE_SYSFS), "install", "--prefix", str(prefix), "--allow-editable"])
     _out, err = capsys.readouterr()
     assert code == 0 and err == "", err

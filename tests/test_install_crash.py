@@ -1,4 +1,4 @@
-"""#8.9: install and uninstall killed (SIGKILL) at any change, then install (which recovers) and uninstall, give
+"""Install and uninstall killed (SIGKILL) at any change, then install (which recovers) and uninstall, give
 back exactly the tree that was there before the first install.
 
 The kill comes from ``OCI_GPU_HOOK_INSTALL_KILL_AT=N`` (install kills itself just before its Nth change:
@@ -22,9 +22,10 @@ from pathlib import Path
 import pytest
 
 from oci_gpu_hook.entry import cli
-from oci_gpu_hook.host import install
-from tests.containerlib import INSTALL_DEV
-from tests.installtrees import build, isolated_env, snapshot
+from oci_gpu_hook.host.install import journal as install_journal
+from oci_gpu_hook.host.install import paths
+from tests.helpers.containerlib import INSTALL_DEV
+from tests.helpers.installtrees import build, isolated_env, snapshot
 
 REPO = Path(__file__).resolve().parent.parent
 SYSFS = REPO / "examples" / "hosts" / "seed-8x-gfx1100" / "sys"
@@ -51,7 +52,7 @@ def killed_at(prefix: Path, n: int, *args: str) -> bool:
     pid = os.fork()
     if pid == 0:  # the child: never back into pytest
         try:
-            os.environ[install.KILL_ENV] = str(n)
+            os.environ[install_journal.KILL_ENV] = str(n)
             null = os.open(os.devnull, os.O_WRONLY)
             os.dup2(null, 1)
             os.dup2(null, 2)
@@ -110,7 +111,7 @@ def test_a_rollback_killed_half_way_is_done_again(tmp_path: Path) -> None:
     build(prefix, "docker-v2")
     original = snapshot(prefix, mtimes=True)
     assert killed_at(prefix, 40)
-    journal = prefix / install.JOURNAL_PATH.lstrip("/")
+    journal = prefix / paths.JOURNAL_PATH.lstrip("/")
     assert journal.is_file()
     for n in (1, 3, 6):  # the recovering run killed while it rolls back
         assert killed_at(prefix, n)

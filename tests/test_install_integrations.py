@@ -11,14 +11,16 @@ from pathlib import Path
 import pytest
 
 from oci_gpu_hook.entry import cli
-from oci_gpu_hook.host import containerd, crio, docker, install, podman
-from tests.containerlib import INSTALL_DEV
-from tests.installtrees import CONTAINERD_V2, CONTAINERD_V3, DAEMON_JSON, build, isolated_env, put, snapshot
+from oci_gpu_hook.host import containerd, crio, docker, podman
+from oci_gpu_hook.host.install import items
+from oci_gpu_hook.host.install import paths as install_paths
+from tests.helpers.containerlib import INSTALL_DEV
+from tests.helpers.installtrees import CONTAINERD_V2, CONTAINERD_V3, DAEMON_JSON, build, isolated_env, put, snapshot
 
 REPO = Path(__file__).resolve().parent.parent
 SYSFS = REPO / "examples" / "hosts" / "seed-8x-gfx1100" / "sys"
-LAUNCHER = f"{install.LAUNCHER_DIR}/oci-gpu-hook"
-RUNTIME = f"{install.LAUNCHER_DIR}/oci-gpu-runtime"
+LAUNCHER = f"{install_paths.LAUNCHER_DIR}/oci-gpu-hook"
+RUNTIME = f"{install_paths.LAUNCHER_DIR}/oci-gpu-runtime"
 __all__ = ["isolated_env"]  # the autouse fixture, imported
 
 
@@ -67,7 +69,7 @@ def test_uninstall_takes_only_our_runtime_out_of_a_daemon_json_edited_since(tmp_
     out, _ = run(capsys, tmp_path, "--uninstall")
     assert f"updated: {daemon_json} (changed since install: only the oci-gpu runtime taken out)" in out
     assert json.loads(daemon_json.read_text()) == {**json.loads(DAEMON_JSON), "debug": True}
-    assert not at(tmp_path, install.STATE_DIR).exists()
+    assert not at(tmp_path, install_paths.STATE_DIR).exists()
 
 
 def test_a_daemon_json_install_cannot_read_skips_docker_only(tmp_path: Path,
@@ -154,16 +156,16 @@ def test_crio_drop_in_uses_documented_keys_only(tmp_path: Path, capsys: pytest.C
 
 def test_systemd_unit_runs_the_installed_launcher(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run(capsys, tmp_path, "--only", "systemd")
-    unit = at(tmp_path, install.SYSTEMD_UNIT).read_text()
+    unit = at(tmp_path, install_paths.SYSTEMD_UNIT).read_text()
     assert unit == (REPO / "examples/systemd/oci-gpu-hook-watch.service").read_text()  # the shipped example
     execs = [line for line in unit.splitlines() if line.startswith("ExecStart")]
     assert execs == [f"ExecStartPre=-{LAUNCHER} watch --once", f"ExecStart={LAUNCHER} watch"]
     assert os.access(at(tmp_path, LAUNCHER), os.X_OK)
-    assert install.UNIT_FALLBACK.format(launcher=LAUNCHER).count(LAUNCHER) == 2
-    planner = at(tmp_path, install.PLANNER_UNIT).read_text()
+    assert items.UNIT_FALLBACK.format(launcher=LAUNCHER).count(LAUNCHER) == 2
+    planner = at(tmp_path, install_paths.PLANNER_UNIT).read_text()
     assert planner == (REPO / "examples/systemd/oci-gpu-hook-planner.service").read_text()
     assert [line for line in planner.splitlines() if line.startswith("ExecStart")] == [f"ExecStart={LAUNCHER} serve"]
-    fallback = install.PLANNER_UNIT_FALLBACK.format(launcher=LAUNCHER)
+    fallback = items.PLANNER_UNIT_FALLBACK.format(launcher=LAUNCHER)
     for line in ("ExecStart", "Restart", "RuntimeDirectory", "RuntimeDirectoryMode", "User", "TimeoutStopSec"):
         assert [x for x in planner.splitlines() if x.startswith(line + "=")] == [
             x for x in fallback.splitlines() if x.startswith(line + "=")], line
@@ -192,11 +194,11 @@ def test_only_installs_and_uninstalls_one_integration_at_a_time(tmp_path: Path,
     build(prefix, "docker-v2")
     original = snapshot(prefix, mtimes=True)
     run(capsys, prefix, "--only", "docker")
-    manifest = json.loads(at(prefix, install.MANIFEST_PATH).read_text())
+    manifest = json.loads(at(prefix, install_paths.MANIFEST_PATH).read_text())
     assert [(e["path"], e["integration"]) for e in manifest["files"]] == [
         (LAUNCHER, "core"), (RUNTIME, "core"), (docker.DAEMON_JSON, "docker"), (docker.GPUS_PATH, "docker")]
     run(capsys, prefix, "--only", "containerd,crio")  # adds, never takes docker's out
-    paths = {e["path"] for e in json.loads(at(prefix, install.MANIFEST_PATH).read_text())["files"]}
+    paths = {e["path"] for e in json.loads(at(prefix, install_paths.MANIFEST_PATH).read_text())["files"]}
     assert {docker.DAEMON_JSON, containerd.DROP_IN_PATH, containerd.MAIN_CONFIG_PATH, crio.DROP_IN_PATH} <= paths
     out, _ = run(capsys, prefix, "--uninstall", "--only", "docker")
     assert f"restored: {at(prefix, docker.DAEMON_JSON)}" in out

@@ -11,7 +11,7 @@ from oci_gpu_hook.core.devices import Node
 from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.inventory import parse_pci_address, scan
 from oci_gpu_hook.inventory.amd import gfx_name
-from tests.fakesysfs import (
+from tests.helpers.fakesysfs import (
     EXAMPLE_DIRS,
     HOSTS,
     FakeGpu,
@@ -285,7 +285,7 @@ def _tree(root: Path) -> dict[str, tuple[str, str]]:
 
 @pytest.mark.parametrize("name", sorted(EXAMPLE_DIRS))
 def test_checked_in_example_trees_are_fresh_builds(tmp_path: Path, name: str) -> None:
-    """Regenerate: rm -rf examples/hosts/DIR/sys && python -m tests.fakesysfs examples/hosts/DIR/sys NAME."""
+    """Regenerate: rm -rf examples/hosts/DIR/sys && python -m tests.helpers.fakesysfs examples/hosts/DIR/sys NAME."""
     fresh = _tree(Path(build(str(tmp_path / "sys"), HOSTS[name]())))
     checked_in = _tree(REPO / "examples" / "hosts" / EXAMPLE_DIRS[name] / "sys")
     assert sorted(checked_in) == sorted(fresh)

@@ -15,11 +15,12 @@ import pytest
 import yaml
 
 from oci_gpu_hook import __version__
-from oci_gpu_hook.config import FIELDS, KINDS
+from oci_gpu_hook.config import FIELDS
 from oci_gpu_hook.host import planner
 from oci_gpu_hook.host.containerd import RUNTIME_NAME, drop_in
-from tests.containerlib import INSTALL_DEV, SEED_SYSFS
-from tests.installtrees import CONTAINERD_V2, CONTAINERD_V3, containerd_binary, put
+from oci_gpu_hook.kinds import KINDS
+from tests.helpers.containerlib import INSTALL_DEV, SEED_SYSFS
+from tests.helpers.installtrees import CONTAINERD_V2, CONTAINERD_V3, containerd_binary, put
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples" / "kubernetes"

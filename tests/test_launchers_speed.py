@@ -13,7 +13,7 @@ import pytest
 
 from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.host import launchers
-from tests import containerlib as cl
+from tests.helpers import containerlib as cl
 
 KINDS = [pytest.param(True, id="native", marks=pytest.mark.skipif(launchers.find_cc() is None, reason="no cc")),
          pytest.param(False, id="python")]

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from oci_gpu_hook.host import launchers
-from tests import containerlib as cl
+from tests.helpers import containerlib as cl
 
 pytestmark = pytest.mark.skipif(launchers.find_cc() is None, reason="no C compiler")
 

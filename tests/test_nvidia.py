@@ -21,10 +21,12 @@ from oci_gpu_hook.core.devices import Node
 from oci_gpu_hook.core.edits import Edits, Mount
 from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.inventory import Inventory, ldcache, nvdriver, nvidia, nvml, scan
+from oci_gpu_hook.oci_spec import ContainerSpec
 from oci_gpu_hook.plan import build_plan, plan_for_spec
 from oci_gpu_hook.request import requested, resolve, select
-from tests.fakenvidia import build_driver, build_fake_nvml, build_proc, elf_shared_object, ld_cache, mig_minor
-from tests.fakesysfs import EXAMPLE_DIRS, HOSTS, FakeGpu, FakeHost, build, build_all
+from tests.conftest import unavailable
+from tests.helpers.fakenvidia import build_driver, build_fake_nvml, build_proc, elf_shared_object, ld_cache, mig_minor
+from tests.helpers.fakesysfs import EXAMPLE_DIRS, HOSTS, FakeGpu, FakeHost, build, build_all
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples" / "hosts"
@@ -399,7 +401,7 @@ def test_symlinks_and_directories_never_leave_the_rootfs(tmp_path: Path) -> None
     assert os.readlink(rootfs / "outside" / "libnvidia-ml.so.1") == "libnvidia-ml.so.1.new"  # .. stops at the root
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare")
+@pytest.mark.root("unshare")
 def test_bind_mounts_read_only_inside_the_rootfs_only(tmp_path: Path) -> None:
     """In a private mount namespace: the detached read-only copy lands on the destination inside the rootfs (through
     the image's symlinks), a symlink destination is refused, and nothing outside the rootfs is touched."""
@@ -457,7 +459,7 @@ def spec(env: list[str]) -> dict[str, Any]:
 
 
 def test_plan_default_capabilities() -> None:
-    plan = plan_for_spec(spec(["NVIDIA_VISIBLE_DEVICES=0"]), config("nvidia-mig"))
+    plan = plan_for_spec(ContainerSpec(spec(["NVIDIA_VISIBLE_DEVICES=0"])), config("nvidia-mig"))
     assert [n.path for n in plan.nodes] == ["/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm",
                                             "/dev/nvidia-uvm-tools"]
     assert plan.edits.links == ()  # DRM nodes and by-path links only with graphics or display
@@ -469,7 +471,7 @@ def test_plan_default_capabilities() -> None:
 
 def test_plan_graphics_and_display() -> None:
     env = ["NVIDIA_VISIBLE_DEVICES=0,0:1", "NVIDIA_DRIVER_CAPABILITIES=graphics,display"]
-    plan = plan_for_spec(spec(env), config("nvidia-mig"))
+    plan = plan_for_spec(ContainerSpec(spec(env)), config("nvidia-mig"))
     assert [n.path for n in plan.nodes] == [
         "/dev/nvidia1", "/dev/dri/card2", "/dev/dri/renderD129", "/dev/nvidia-caps/nvidia-cap156",
         "/dev/nvidia-caps/nvidia-cap157", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
@@ -481,19 +483,21 @@ def test_plan_graphics_and_display() -> None:
 
 def test_bad_capabilities_stop_the_container() -> None:
     with pytest.raises(HookError, match="NVIDIA_DRIVER_CAPABILITIES=compute,gpu: 'gpu' is not a driver capability"):
-        plan_for_spec(spec(["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=compute,gpu"]),
+        plan_for_spec(ContainerSpec(spec(["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=compute,gpu"])),
                       config("nvidia-mig"))
 
 
 def test_mixed_host_plan_serves_both_vendors() -> None:
-    plan = plan_for_spec(spec(["NVIDIA_VISIBLE_DEVICES=1", "AMD_VISIBLE_DEVICES=0"]), config("amd-nvidia"))
+    plan = plan_for_spec(ContainerSpec(spec(["NVIDIA_VISIBLE_DEVICES=1", "AMD_VISIBLE_DEVICES=0"])),
+                         config("amd-nvidia"))
     assert [n.path for n in plan.nodes] == [
         "/dev/dri/card0", "/dev/dri/renderD128", "/dev/nvidia0", "/dev/kfd", "/dev/nvidiactl", "/dev/nvidia-uvm",
         "/dev/nvidia-uvm-tools"]
 
 
 def test_mask_other_gpus_hides_their_sysfs_and_proc_directories() -> None:
-    plan = plan_for_spec(spec(["NVIDIA_VISIBLE_DEVICES=0:2"]), config("nvidia-mig", mask_other_gpus=True))
+    plan = plan_for_spec(ContainerSpec(spec(["NVIDIA_VISIBLE_DEVICES=0:2"])),
+                         config("nvidia-mig", mask_other_gpus=True))
     assert plan.edits.masked == ("/proc/driver/nvidia/gpus/0000:86:00.0",
                                  "/sys/devices/pci0000:86/0000:86:00.0")
 
@@ -501,8 +505,8 @@ def test_mask_other_gpus_hides_their_sysfs_and_proc_directories() -> None:
 def test_spec_rewrite_mounts_and_hooks_idempotent() -> None:
     cfg = config("nvidia-h100")
     doc = spec(["NVIDIA_VISIBLE_DEVICES=GPU-" + inventory("nvidia-h100").devices("nvidia")[1].uuid[4:]])  # type: ignore[index]
-    plan = plan_for_spec(doc, cfg)
-    assert apply_edits(doc, plan, cfg) is True
+    plan = plan_for_spec(ContainerSpec(doc), cfg)
+    assert apply_edits(ContainerSpec(doc), plan, cfg) is True
     bound = {m["destination"]: m for m in doc["mounts"]}
     lib = bound["/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15"]
     assert lib["type"] == "bind" and lib["options"] == ["ro", "nosuid", "nodev", "bind"]
@@ -512,7 +516,8 @@ def test_spec_rewrite_mounts_and_hooks_idempotent() -> None:
     assert "/usr/lib/x86_64-linux-gnu/libcuda.so.1=libcuda.so.550.54.15" in hooks[0]["args"]
     assert [d["path"] for d in doc["linux"]["devices"]][:1] == ["/dev/nvidia0"]
     before = json.dumps(doc)
-    assert apply_edits(doc, plan_for_spec(doc, cfg), cfg) is False and json.dumps(doc) == before
+    again = ContainerSpec(doc)
+    assert apply_edits(again, plan_for_spec(again, cfg), cfg) is False and json.dumps(doc) == before
 
 
 def test_someone_elses_mount_at_a_driver_path_is_refused() -> None:
@@ -520,7 +525,7 @@ def test_someone_elses_mount_at_a_driver_path_is_refused() -> None:
     doc = spec(["NVIDIA_VISIBLE_DEVICES=0"])
     doc["mounts"] = [{"destination": "/usr/bin/nvidia-smi", "type": "bind", "source": "/tmp/mine", "options": ["bind"]}]
     with pytest.raises(HookError, match="already mounts '/tmp/mine' at /usr/bin/nvidia-smi"):
-        apply_edits(doc, plan_for_spec(doc, cfg), cfg)
+        apply_edits(ContainerSpec(doc), plan_for_spec(ContainerSpec(doc), cfg), cfg)
 
 
 def test_edits_merge_refuses_two_sources_for_one_destination() -> None:
@@ -552,13 +557,12 @@ MIG_UUIDS = {(1, 0): "MIG-0d3f2a5c-1b2e-5f7a-9c41-aa00000000a1", (2, 0): "MIG-0d
 
 @pytest.fixture
 def nvml_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The MIG example host whose libnvidia-ml is tests/fakenvidia.py's fake (in NVML's MIG order: reversed)."""
+    """The MIG example host whose libnvidia-ml is tests/helpers/fakenvidia.py's fake (in NVML's MIG order:
+    reversed)."""
     base = tmp_path / "host"
     shutil.copytree(roots("nvidia-mig"), base, symlinks=True)
     if build_fake_nvml(str(base / "driver"), "535.104.05", str(tmp_path)) is None:
-        if os.environ.get("CI"):
-            pytest.fail("no C compiler for the fake NVML")
-        pytest.skip("no C compiler")
+        unavailable("no C compiler for the fake NVML")
     table = tmp_path / "nvml.txt"
     table.write_text("".join(f"0000:3b:00.0 {gi} {ci} {u}\n" for (gi, ci), u in reversed(MIG_UUIDS.items())))
     monkeypatch.setenv("OGH_FAKE_NVML", str(table))
@@ -609,8 +613,8 @@ def tree(root: Path) -> dict[str, tuple[str, bytes]]:
 
 @pytest.mark.parametrize("name", NVIDIA_HOSTS)
 def test_checked_in_proc_and_driver_trees_are_fresh_builds(tmp_path: Path, name: str) -> None:
-    """Regenerate: rm -rf examples/hosts/DIR/{sys,proc,driver} && python -m tests.fakesysfs examples/hosts/DIR/sys
-    NAME (tests/test_inventory.py checks the sysfs tree)."""
+    """Regenerate: rm -rf examples/hosts/DIR/{sys,proc,driver} &&
+    python -m tests.helpers.fakesysfs examples/hosts/DIR/sys NAME (tests/test_inventory.py checks the sysfs tree)."""
     host = HOSTS[name]()
     assert tree(Path(build_proc(str(tmp_path / "proc"), host))) == tree(roots(name) / "proc")
     assert tree(Path(build_driver(str(tmp_path / "driver"), host))) == tree(roots(name) / "driver")
@@ -656,9 +660,9 @@ def test_watch_once_writes_the_nvidia_spec(tmp_path: Path) -> None:
 
 
 def test_inspect_names_nvidia_nodes() -> None:
-    from oci_gpu_hook.entry.commands import _device_names
+    from oci_gpu_hook.entry.commands.inspect import device_names
 
-    names = _device_names(config("nvidia-mig"))
+    names = device_names(config("nvidia-mig"))
     assert names[("c", 195, 1)] == "nvidia 0 /dev/nvidia1 (0000:3b:00.0)"
     assert names[("c", 236, 185)] == "nvidia 0:3 /dev/nvidia-caps/nvidia-cap185 (0000:3b:00.0 partition 3)"
     assert names[("c", 226, 129)] == "nvidia 0 /dev/dri/renderD129 (0000:3b:00.0)"
@@ -675,13 +679,13 @@ def test_one_grant_whoever_injects_tells_a_mig_device_from_its_gpu() -> None:
     doc = spec([])
     doc["linux"]["devices"] = mig
     doc["annotations"] = {"cdi.k8s.io/x": "nvidia.com/gpu=0:3"}
-    assert [d.label for d in plan_for_spec(doc, cfg).devices] == ["0:3"]
+    assert [d.label for d in plan_for_spec(ContainerSpec(doc), cfg).devices] == ["0:3"]
     doc["annotations"] = {"cdi.k8s.io/x": "nvidia.com/gpu=0"}
     with pytest.raises(HookError, match="one grant whoever injects"):
-        plan_for_spec(doc, cfg)
+        plan_for_spec(ContainerSpec(doc), cfg)
     doc = spec(["NVIDIA_VISIBLE_DEVICES=all"])
     doc["linux"]["devices"] = mig[:1]  # the whole GPU 0
-    plan = plan_for_spec(doc, cfg)
+    plan = plan_for_spec(ContainerSpec(doc), cfg)
     assert plan.devices == () and "NVIDIA_VISIBLE_DEVICES=all ignored" in plan.request.note
     doc["annotations"] = {"cdi.k8s.io/x": "nvidia.com/gpu=0"}
-    assert [d.label for d in plan_for_spec(doc, cfg).devices] == ["0"]
+    assert [d.label for d in plan_for_spec(ContainerSpec(doc), cfg).devices] == ["0"]

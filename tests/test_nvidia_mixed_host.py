@@ -1,7 +1,7 @@
 """``list --json``, ``inspect`` and ``mask_other_gpus`` on a host with AMD and NVIDIA GPUs side by side
 (examples/hosts/amd-nvidia-2x2: two W7900D and two L40S with nvidia-drm loaded, probed alternately, so that the
-DRM minors of the two kinds interleave).  The AMD-only cases are in tests/test_cli.py, test_prestart.py and
-test_plan_spec.py; the NVIDIA-only ones in tests/test_nvidia.py.
+DRM minors of the two kinds interleave).  The AMD-only cases are in tests/test_cli.py,
+tests/containers/test_live_hook.py and test_plan_spec.py; the NVIDIA-only ones in tests/test_nvidia.py.
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ import jsonschema
 import pytest
 
 from oci_gpu_hook.config import Config
-from oci_gpu_hook.entry.commands import _device_names
+from oci_gpu_hook.entry.commands.inspect import device_names
+from oci_gpu_hook.oci_spec import ContainerSpec
 from oci_gpu_hook.plan import plan_for_spec
-from tests import containerlib as cl
+from tests.helpers import containerlib as cl
 
 REPO = Path(__file__).resolve().parent.parent
 HOST = REPO / "examples" / "hosts" / "amd-nvidia-2x2"
@@ -67,7 +68,7 @@ def test_list_json_of_the_mixed_host_matches_the_schema() -> None:
 
 
 def test_inspect_names_each_kinds_nodes_on_the_mixed_host() -> None:
-    names = _device_names(config())
+    names = device_names(config())
     assert names[("c", 226, 128)] == "amd 0 /dev/dri/renderD128 (0000:03:00.0)"
     assert names[("c", 226, 129)] == "nvidia 0 /dev/dri/renderD129 (0000:21:00.0)"  # interleaved with AMD's
     assert names[("c", 226, 130)] == "amd 1 /dev/dri/renderD130 (0000:41:00.0)"
@@ -90,9 +91,9 @@ def test_inspect_names_each_kinds_nodes_on_the_mixed_host() -> None:
 def test_mask_other_gpus_hides_every_other_gpu_of_both_kinds(env: list[str], masked: list[str]) -> None:
     """Whichever kinds a container asks for, the other GPUs of every kind are masked: their sysfs devices and,
     for NVIDIA, their /proc/driver/nvidia/gpus directory."""
-    plan = plan_for_spec(spec(env), config(mask_other_gpus=True))
+    plan = plan_for_spec(ContainerSpec(spec(env)), config(mask_other_gpus=True))
     assert plan.edits.masked == tuple(sorted(masked))
-    assert plan_for_spec(spec(env), config()).edits.masked == ()
+    assert plan_for_spec(ContainerSpec(spec(env)), config()).edits.masked == ()
 
 
 # --- in a real container ------------------------------------------------------------------------------------

@@ -15,12 +15,12 @@ from hypothesis import strategies as st
 from oci_gpu_hook import inventory as inventory_module
 from oci_gpu_hook.appliers.ocispec import apply as apply_edits
 from oci_gpu_hook.appliers.ocispec import rewrite_text
-from oci_gpu_hook.bundle import process_env
 from oci_gpu_hook.config import Config
 from oci_gpu_hook.core.devices import Rule as DeviceRule
 from oci_gpu_hook.core.rules import Policy, grants
 from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.inventory import Inventory, scan
+from oci_gpu_hook.oci_spec import ContainerSpec, process_env
 from oci_gpu_hook.plan import build_plan, plan_for_spec
 from oci_gpu_hook.request import Ask, Request
 
@@ -61,7 +61,7 @@ def req(*indices: int) -> Request:
 
 
 def apply(spec: Any, plan: Any) -> bool:
-    return apply_edits(spec, plan, config())
+    return apply_edits(ContainerSpec(spec), plan, config())
 
 
 def spec_with(env: list[str] | None = None, linux: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -119,10 +119,10 @@ def test_empty_plan() -> None:
 
 
 def test_plan_for_spec_devices_replaces_the_env() -> None:
-    plan = plan_for_spec(spec_with([f"{NAME}=5"]), config(), "0000:23:00.0")
+    plan = plan_for_spec(ContainerSpec(spec_with([f"{NAME}=5"])), config(), "0000:23:00.0")
     assert [n.path for n in plan.nodes] == ["/dev/dri/card2", "/dev/dri/renderD129", "/dev/kfd"]
     assert plan.request.source == "--devices"
-    plan = plan_for_spec(spec_with([f"{NAME}=5"]), config(), "none")
+    plan = plan_for_spec(ContainerSpec(spec_with([f"{NAME}=5"])), config(), "none")
     assert not plan
 
 
@@ -372,7 +372,7 @@ def test_invalid_json_is_a_hook_error(text: str) -> None:
 def test_apply_with_empty_plan_changes_nothing() -> None:
     spec = spec_with([f"{NAME}=none"])
     before = copy.deepcopy(spec)
-    plan = plan_for_spec(spec, config())
+    plan = plan_for_spec(ContainerSpec(spec), config())
     assert apply(spec, plan) is False
     assert spec == before
     assert "linux" not in spec

@@ -25,8 +25,9 @@ import pytest
 
 from oci_gpu_hook.host import launchers
 from oci_gpu_hook.host import planner as planner_module
-from tests import containerlib as cl
-from tests import plannerlib
+from tests.conftest import need
+from tests.helpers import containerlib as cl
+from tests.helpers import plannerlib
 
 pytestmark = pytest.mark.skipif(launchers.find_cc() is None, reason="no C compiler")
 
@@ -70,8 +71,7 @@ def start_planner(install: dict[str, Path], workers: int = 3) -> plannerlib.Plan
 
 @pytest.fixture(scope="module")
 def install(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    if os.geteuid() != 0:
-        pytest.skip("the planner runs as root")
+    need()  # the planner runs as root
     return make_install(tmp_path_factory.mktemp("planner"))
 
 
@@ -132,9 +132,10 @@ def test_the_contract_is_baked_from_python(tmp_path: Path) -> None:
     assert "cdi.k8s.io" in launchers.baked_settings({})["needles"]  # type: ignore[operator]
     assert f"OGH_PLANNER_VERSION[] = {launchers._c_string(planner_module.version_line())}" in header
     top = source.split("*/", 1)[0]
-    for python in ("config.py load_config", "check_value", "request.py requested", "live.py parse_state",
+    for python in ("config.py load_config", "check_value", "request.py requested", "oci_state.py parse_state",
                    "live.py run_links", "check_container", "rootfs.py make_nodes", "edits.py check_link",
-                   "runtime.py resolve_runtime", "planner.py", "launchers.py front_contract", "bundle.py root_path"):
+                   "runtime.py resolve_runtime", "planner.py", "launchers.py front_contract",
+                   "oci_spec.py ContainerSpec.root"):
         assert python in top, python
     # no contract word is spelled in the code by hand any more
     for word in ('"OCI_GPU_HOOK_DEBUG"', '"cdi.k8s.io"', '"yes"', '"precreate"', '"createRuntime"', '"links"'):
@@ -404,8 +405,7 @@ def rootfs(install: dict[str, Path]) -> Path:
 
 @pytest.fixture(scope="module")
 def runc_install(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    if os.geteuid() != 0:
-        pytest.skip("the planner runs as root")
+    need()  # the planner runs as root
     return make_install(tmp_path_factory.mktemp("planner-runc"), runtime="runc")
 
 

@@ -9,7 +9,6 @@ falls back to Python where it must (a clean config needs neither)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 from pathlib import Path
@@ -18,11 +17,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from oci_gpu_hook.host import launchers
-from tests import containerlib as cl
-from tests import plannerlib
+from tests.conftest import need
+from tests.helpers import containerlib as cl
+from tests.helpers import plannerlib
+from tests.helpers.hostiletexts import hostile_text
 from tests.test_fastpath import GRANTED
 from tests.test_fastpath_oracle import CORPUS, FAKE_RUNTIME, STATES
-from tests.test_runtime_view_json import hostile_text
 
 pytestmark = pytest.mark.skipif(launchers.find_cc() is None, reason="no C compiler")
 
@@ -31,8 +31,7 @@ HOSTS = cl.REPO / "examples" / "hosts"
 
 @pytest.fixture(scope="module")
 def install(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    if os.geteuid() != 0:
-        pytest.skip("the planner runs as root")
+    need()  # the planner runs as root
     base = tmp_path_factory.mktemp("planner-oracle")
     fake = base / "fake-runtime"
     fake.write_text(FAKE_RUNTIME)
@@ -163,7 +162,7 @@ def spec(env: list[str], annotations: dict[str, str] | None = None, **extra: obj
     return json.dumps(value, indent=1).encode()
 
 
-# What the container suite asks for (tests/test_containers.py, test_prestart.py, test_hosts_containers.py,
+# What the container suite asks for (tests/test_containers.py, containers/test_live_hook.py, test_hosts_containers.py,
 # test_one_grant_containers.py, test_policy_consistency.py), each through every entry point.
 REQUESTS = {
     "one": spec(["AMD_VISIBLE_DEVICES=1"]),

@@ -31,9 +31,10 @@ from typing import Any
 
 import pytest
 
-from oci_gpu_hook.host import install
-from tests import containerlib as cl
-from tests import dockersave, plainvenv
+from oci_gpu_hook.host.install import items, paths
+from tests.conftest import ROOT
+from tests.helpers import containerlib as cl
+from tests.helpers import dockersave, plainvenv
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
@@ -202,7 +203,7 @@ def matches(expected: list[str], actual: list[str]) -> bool:
 def as_checkout_owner() -> tuple[dict[str, Any], int]:
     """subprocess keywords that run a command as the checkout's owner (root runs it for a user's checkout)."""
     owner = REPO.stat().st_uid
-    if os.geteuid() != 0 or owner == 0:
+    if not ROOT or owner == 0:
         return {}, os.geteuid()
     gid = REPO.stat().st_gid
     return {"user": owner, "group": gid, "extra_groups": []}, owner
@@ -296,20 +297,20 @@ def test_node_blocks_run_as_written(tmp_path: Path) -> None:
 # --- what the shipped files name is what install writes -------------------------------------------------
 
 
-HOOK = f"{install.LAUNCHER_DIR}/oci-gpu-hook"
+HOOK = f"{paths.LAUNCHER_DIR}/oci-gpu-hook"
 
 
-@pytest.mark.parametrize("stage", install.HOOK_STAGES)
+@pytest.mark.parametrize("stage", paths.HOOK_STAGES)
 def test_shipped_hooks_d_files_are_what_install_writes(stage: str) -> None:
     shipped = (REPO / "hooks.d" / f"oci-gpu-hook-{stage}.json").read_text()
-    assert json.loads(shipped) == json.loads(install.hook_file(stage, HOOK))
+    assert json.loads(shipped) == json.loads(items.hook_file(stage, HOOK))
     assert json.loads(shipped)["hook"]["path"] == HOOK
-    assert install.HOOK_TEMPLATE["hook"]["path"] == HOOK
+    assert items.HOOK_TEMPLATE["hook"]["path"] == HOOK
 
 
 def test_the_runc_prestart_example_and_the_readme_name_the_installed_launcher() -> None:
     spec = json.loads((REPO / "examples" / "runc-prestart" / "config.json").read_text())
-    template = install.hook_template("prestart")["hook"]
+    template = items.hook_template("prestart")["hook"]
     assert spec["hooks"] == {"prestart": [template]}
     snippet = next(b for b in readme_blocks() if b.lang == "json" and '"prestart"' in b.text)
     assert json.loads("{" + snippet.text + "}")["hooks"] == spec["hooks"]
@@ -317,9 +318,9 @@ def test_the_runc_prestart_example_and_the_readme_name_the_installed_launcher() 
 
 def test_the_systemd_unit_is_what_install_writes() -> None:
     shipped = (REPO / "examples" / "systemd" / "oci-gpu-hook-watch.service").read_text()
-    assert install.unit_file(HOOK) == shipped
+    assert items.unit_file(HOOK) == shipped
     planner = (REPO / "examples" / "systemd" / "oci-gpu-hook-planner.service").read_text()
-    assert install.unit_file(HOOK, install.PLANNER_UNIT) == planner
+    assert items.unit_file(HOOK, paths.PLANNER_UNIT) == planner
     exec_lines = [line for line in shipped.splitlines() if line.startswith(("ExecStart=", "ExecStartPre="))]
     assert exec_lines and all(HOOK in line for line in exec_lines)
 
@@ -327,7 +328,7 @@ def test_the_systemd_unit_is_what_install_writes() -> None:
 def test_every_launcher_path_in_the_readme_is_one_install_writes() -> None:
     text = README.read_text()
     named = set(re.findall(r"/usr/local/libexec/oci-gpu-hook/[\w.-]+", text))
-    assert named <= {HOOK, f"{install.LAUNCHER_DIR}/oci-gpu-runtime"}, named
+    assert named <= {HOOK, f"{paths.LAUNCHER_DIR}/oci-gpu-runtime"}, named
     assert "/usr/local/bin/oci-gpu-hook\"" not in text  # a hook path nothing installs
 
 
@@ -350,16 +351,16 @@ def test_no_sudo_in_the_readme() -> None:
 
 
 def test_fakesysfs_usage_is_what_the_readme_says() -> None:
-    done = subprocess.run([sys.executable, "-m", "tests.fakesysfs"], cwd=REPO,
+    done = subprocess.run([sys.executable, "-m", "tests.helpers.fakesysfs"], cwd=REPO,
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2
-    assert done.stderr.startswith("usage: python -m tests.fakesysfs DIR [seed-8x-gfx1100|")
-    assert "`python -m tests.fakesysfs DIR [HOST]`" in README.read_text()
+    assert done.stderr.startswith("usage: python -m tests.helpers.fakesysfs DIR [seed-8x-gfx1100|")
+    assert "`python -m tests.helpers.fakesysfs DIR [HOST]`" in README.read_text()
 
 
 def test_ci_run_says_to_run_it_as_root() -> None:
     """`.ci/run` from a user's shell stops at once with what to do (it would need root for apt-get and containers)."""
-    as_user: dict[str, Any] = {"user": 65534, "group": 65534, "extra_groups": []} if os.geteuid() == 0 else {}
+    as_user: dict[str, Any] = {"user": 65534, "group": 65534, "extra_groups": []} if ROOT else {}
     done = subprocess.run([str(REPO / ".ci" / "run")], capture_output=True, text=True, timeout=60, check=False,
                           cwd="/", env={"PATH": ROOT_PATH}, **as_user)
     assert done.returncode == 1

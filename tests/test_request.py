@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 from oci_gpu_hook.config import Config
 from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.inventory import Device, Inventory, scan
+from oci_gpu_hook.oci_spec import env_value
 from oci_gpu_hook.request import (
     Request,
     annotation_names,
-    env_value,
     parse_devices_option,
     requested,
     select,

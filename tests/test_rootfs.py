@@ -14,9 +14,9 @@ from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.inventory import scan
 from oci_gpu_hook.plan import Plan, build_plan
 from oci_gpu_hook.request import Ask, Request
-from tests.containerlib import SEED_SYSFS
+from tests.helpers.containerlib import SEED_SYSFS
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mknod needs root")
+pytestmark = pytest.mark.root  # mknod
 
 
 def _plan(indices: list[int], **config: object) -> Plan:

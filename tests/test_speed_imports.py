@@ -12,27 +12,30 @@ from pathlib import Path
 
 import pytest
 
-from tests import containerlib as cl
+from tests.helpers import containerlib as cl
 
 REPO = Path(__file__).resolve().parent.parent
 # what os and the package's first lines bring (with -S the interpreter itself has not imported os)
 COMMON = {"__future__", "os", "stat", "_stat", "posixpath", "genericpath", "_collections_abc", "time",
-          "oci_gpu_hook", "oci_gpu_hook.config", "oci_gpu_hook.entry", "oci_gpu_hook.errors", "oci_gpu_hook.trust"}
-PLAN = {"_json", "oci_gpu_hook.fastjson", "oci_gpu_hook.bundle", "oci_gpu_hook.log", "oci_gpu_hook.plan",
+          "oci_gpu_hook", "oci_gpu_hook.config", "oci_gpu_hook.kinds", "oci_gpu_hook.tomlsubset",
+          "oci_gpu_hook.entry", "oci_gpu_hook.errors", "oci_gpu_hook.trust"}
+PLAN = {"_json", "oci_gpu_hook.fastjson", "oci_gpu_hook.oci_spec", "oci_gpu_hook.log", "oci_gpu_hook.plan",
         "oci_gpu_hook.request", "oci_gpu_hook.core", "oci_gpu_hook.core.edits", "oci_gpu_hook.appliers"}
 GRANT = {"oci_gpu_hook.core.devices", "oci_gpu_hook.core.rules", "oci_gpu_hook.inventory",
          "oci_gpu_hook.inventory.sysfs", "oci_gpu_hook.inventory.amd", "oci_gpu_hook.appliers.ocispec",
          "importlib", "warnings"}
 ALLOWED = {
     "precreate": COMMON | PLAN | GRANT | {"oci_gpu_hook.entry.cli"},
-    "prestart": COMMON | PLAN | {"oci_gpu_hook.entry.cli", "oci_gpu_hook.appliers.live"},
-    "createRuntime": COMMON | PLAN | {"oci_gpu_hook.entry.cli", "oci_gpu_hook.appliers.live"},
+    "prestart": COMMON | PLAN | {"oci_gpu_hook.entry.cli", "oci_gpu_hook.appliers.live", "oci_gpu_hook.oci_state"},
+    "createRuntime": COMMON | PLAN | {"oci_gpu_hook.entry.cli", "oci_gpu_hook.appliers.live",
+                                      "oci_gpu_hook.oci_state"},
     "links": COMMON | {"_json", "oci_gpu_hook.fastjson", "oci_gpu_hook.entry.cli", "oci_gpu_hook.appliers",
-                       "oci_gpu_hook.appliers.live", "oci_gpu_hook.appliers.rootfs", "oci_gpu_hook.bundle",
-                       "oci_gpu_hook.core", "oci_gpu_hook.core.edits"},
-    "create": COMMON | PLAN | GRANT | {"oci_gpu_hook.entry.runtime", "oci_gpu_hook.atomic"},
-    "run": COMMON | PLAN | GRANT | {"oci_gpu_hook.entry.runtime", "oci_gpu_hook.atomic"},
-    "state": COMMON | {"oci_gpu_hook.entry.runtime"},
+                       "oci_gpu_hook.appliers.live", "oci_gpu_hook.appliers.rootfs",
+                       "oci_gpu_hook.oci_spec", "oci_gpu_hook.oci_state", "oci_gpu_hook.core",
+                       "oci_gpu_hook.core.edits"},
+    "create": COMMON | PLAN | GRANT | {"oci_gpu_hook.entry.runtime", "oci_gpu_hook.oci_argv", "oci_gpu_hook.atomic"},
+    "run": COMMON | PLAN | GRANT | {"oci_gpu_hook.entry.runtime", "oci_gpu_hook.oci_argv", "oci_gpu_hook.atomic"},
+    "state": COMMON | {"oci_gpu_hook.entry.runtime", "oci_gpu_hook.oci_argv"},
 }
 NEVER = {"tomllib", "re", "typing", "enum", "datetime", "json", "argparse", "pydantic", "jsonschema", "yaml"}
 

@@ -29,7 +29,8 @@ from oci_gpu_hook.config import Config
 from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.host import watch
 from oci_gpu_hook.host.watch import RESYNC, KernelUevents, Outcome, QueueEvents, Watcher
-from tests.fakesysfs import FakeGpu, FakeHost, build
+from tests.conftest import need, unavailable
+from tests.helpers.fakesysfs import FakeGpu, FakeHost, build
 
 REPO = Path(__file__).resolve().parent.parent
 NULL_UEVENT = "/sys/devices/virtual/mem/null/uevent"
@@ -684,10 +685,9 @@ def trigger_null_uevent() -> None:
 
 @pytest.mark.skipif(not uevent_socket_available(), reason="no kernel uevent netlink socket here")
 def test_real_kernel_uevent_rewrites_the_spec_then_sigterm_exits_0(tmp_path: Path) -> None:
-    if os.geteuid() != 0 or not os.access(NULL_UEVENT, os.W_OK):
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"needs root to write {NULL_UEVENT}")
-        pytest.skip(f"needs root to write {NULL_UEVENT}")
+    need()
+    if not os.access(NULL_UEVENT, os.W_OK):
+        unavailable(f"cannot write {NULL_UEVENT}")
     root = tmp_path / "sys"
     build(str(root), FakeHost(gpus=[GPU_A, GPU_B]))
     spec = tmp_path / "cdi" / "amd.com-gpu.json"
@@ -737,7 +737,7 @@ def test_sigint_exits_0(tmp_path: Path) -> None:
 
 def test_a_compute_mode_change_rewrites_the_spec_and_says_the_mode(tmp_path: Path) -> None:
     """CPX -> DPX on an MI300X host: the partitions change, the spec is rewritten, the line names the mode."""
-    from tests.fakesysfs import mi300x_host
+    from tests.helpers.fakesysfs import mi300x_host
 
     setup = Setup(tmp_path, mi300x_host("CPX"))
     first = setup.watcher.regenerate("start")

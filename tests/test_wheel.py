@@ -7,7 +7,7 @@ from __future__ import annotations
 import configparser
 import zipfile
 
-from tests import wheellib
+from tests.helpers import wheellib
 
 PACKAGE = wheellib.REPO / "oci_gpu_hook"
 # What the code opens at run time besides its modules (each named where it is read).

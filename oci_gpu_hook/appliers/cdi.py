@@ -112,6 +112,33 @@ def write(path: str, text: str) -> bool:
     return True
 
 
+def make_dirs(directory: str, what: str) -> None:
+    """Create ``directory`` and any missing parent, each mode 0755 whatever the umask, only below a directory
+    nobody but root (or the invoking user) can change (:mod:`oci_gpu_hook.trust`); one line on failure."""
+    from oci_gpu_hook.trust import problem
+
+    missing = []
+    path = os.path.abspath(directory)
+    while not os.path.lexists(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    if not os.path.isdir(path):
+        raise HookError(f"{what} {directory}: {path} is not a directory")
+    why = problem(directory if not missing else path)
+    if why:
+        raise HookError(f"{what} {directory} is not trusted: {why} (CDI consumers run as root and apply what "
+                        "a spec there says)")
+    for path in reversed(missing):
+        try:
+            os.mkdir(path, 0o755)
+            os.chmod(path, 0o755)
+        except FileExistsError:
+            if not os.path.isdir(path):
+                raise HookError(f"{what} {directory}: {path} is not a directory") from None
+        except OSError as err:
+            raise HookError(f"{what} {directory}: cannot create {path}: {err.strerror}") from None
+
+
 def check_output_dir(directory: str) -> None:
     """Refuse to write a spec where a non-root user could replace it: CDI consumers run as root and
     add its device nodes and hooks to containers (:mod:`oci_gpu_hook.trust`)."""

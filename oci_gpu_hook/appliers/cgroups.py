@@ -9,7 +9,7 @@ container's cgroup comes from ``/proc/<pid>/cgroup`` and the mount table.
 * v2: every attached BPF_PROG_TYPE_CGROUP_DEVICE program that does not yet
   grant the plan is decoded into rules and swapped atomically
   (``BPF_F_REPLACE``) for one with the planned allow rules first and the old
-  rules after them (see :mod:`devicefilter`, which proves each decoding and
+  rules after them (see :mod:`devicefilter_decode`, which proves each decoding and
   each new program by executing both): the policy becomes exactly old +
   planned.  Running the hook twice changes nothing.  Every program is read,
   checked, built and loaded before the first swap; a program that cannot be
@@ -144,7 +144,7 @@ def _write_line(path: str, line: str) -> None:
 def v2_grant(cgroup_dir: str, rules: tuple[Rule, ...]) -> str:
     """Swap every attached device program that does not grant ``rules`` yet for old + ``rules``: all of them,
     or (on any failure) none; return what was done."""
-    from oci_gpu_hook.appliers import bpf, devicefilter
+    from oci_gpu_hook.appliers import bpf, devicefilter, devicefilter_decode
 
     try:
         cgroup_fd = os.open(cgroup_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -163,12 +163,12 @@ def v2_grant(cgroup_dir: str, rules: tuple[Rule, ...]) -> str:
             info = bpf.prog_info(old_fd)
             where = f"eBPF program {prog_id} ('{info.name}') on {cgroup_dir}"
             try:
-                old_rules = devicefilter.decode(info.insns)
+                old_rules = devicefilter_decode.decode(info.insns)
                 if _v2_grants(old_rules, rules, where):
                     done.append(f"program {prog_id} already grants the plan")
                     continue
-                new = devicefilter.extend(info.insns, old_rules, rules)
-            except devicefilter.NotDecodable as err:
+                new = devicefilter_decode.extend(info.insns, old_rules, rules)
+            except devicefilter_decode.NotDecodable as err:
                 raise HookError(f"cannot read the device policy of {where}: {err}; "
                                 "every program was left in place") from None
             planned.append((prog_id, old_fd, new))

@@ -13,43 +13,15 @@ from __future__ import annotations
 import os
 import time
 
-from oci_gpu_hook import fastjson
 from oci_gpu_hook.errors import HookError
+from oci_gpu_hook.oci_spec import ContainerSpec
+from oci_gpu_hook.oci_state import parse_state
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
 
 if TYPE_CHECKING:
-    from typing import Any
-
     from oci_gpu_hook.config import Config
-
-
-def _unique_keys(items: list[tuple[str, Any]]) -> dict[str, Any]:
-    obj = dict(items)
-    if len(obj) != len(items):
-        raise fastjson.Refused("repeats a key in one object")
-    return obj
-
-
-def parse_state(text: str) -> tuple[str, int, str]:
-    """(id, pid, bundle) from the OCI state JSON; HookError naming what is wrong."""
-    if not text.strip():
-        raise HookError("no container state on stdin (expected the OCI state JSON from the runtime)")
-    try:
-        state = fastjson.loads(text, _unique_keys)
-    except ValueError as err:
-        verb = "" if isinstance(err, fastjson.Refused) else "is "
-        raise HookError(f"the container state on stdin {verb}{err}") from None
-    if not isinstance(state, dict):
-        raise HookError("the container state on stdin is not a JSON object")
-    cid, pid, bundle = state.get("id"), state.get("pid"), state.get("bundle")
-    if not isinstance(cid, str) or not cid:
-        raise HookError("the container state has no 'id' string")
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
-        raise HookError(f"the container state has no valid 'pid' (got {pid!r}); is this a prestart hook?")
-    if not isinstance(bundle, str) or not bundle.startswith("/"):
-        raise HookError(f"the container state has no absolute 'bundle' path (got {bundle!r})")
-    return cid, pid, bundle
+    from oci_gpu_hook.core.edits import Edits
 
 
 def _identity(path: str) -> tuple[int, int]:
@@ -101,28 +73,23 @@ def run(stdin_text: str, config: Config) -> int:
 
 
 def _apply(cid: str, pid: int, bundle: str, config: Config, started: float) -> int:
-    from oci_gpu_hook.bundle import loads, read_text, root_path
-    from oci_gpu_hook.log import record_plan
     from oci_gpu_hook.plan import plan_for_spec
 
-    spec = loads(read_text(os.path.join(bundle, "config.json")))
+    spec = ContainerSpec.read(os.path.join(bundle, "config.json"))
     plan = plan_for_spec(spec, config)
     if not plan:
-        record_plan(config, "prestart", cid, plan, started)
+        plan.record(config, "prestart", cid, started)
         return 0
-    rootfs = root_path(spec, bundle)
+    rootfs = spec.root(bundle)
     check_container(pid, rootfs, bundle)
 
     from oci_gpu_hook.appliers import cgroups
     from oci_gpu_hook.appliers import rootfs as rootfs_module
-    from oci_gpu_hook.bundle import spec_policy
 
     # The same outcome as the spec-rewrite paths for the same config: runc's reading of the container's own
     # rules, with the plan's added, or the one line runc would give (a hole in an operator's wildcard deny).
-    policy = spec_policy(spec)
-    trial = policy.copy()
-    for rule in plan.rules:
-        trial.apply(rule)
+    policy = spec.policy()
+    policy.grant(plan.rules)
     # One live application per container at a time: a resident planner that answers the native front too late
     # may still be at work when the front's Python fallback starts (oci_gpu_hook/host/planner.py); the second
     # then finds the nodes made and the rules granted.
@@ -138,7 +105,7 @@ def _apply(cid: str, pid: int, bundle: str, config: Config, started: float) -> i
             cgroup_result = cgroups.v2_grant(directory, plan.rules)
     finally:
         os.close(lock)
-    record_plan(config, "prestart", cid, plan, started, nodes=made, cgroup=mode, cgroup_dir=directory,
+    plan.record(config, "prestart", cid, started, nodes=made, cgroup=mode, cgroup_dir=directory,
                 cgroup_result=cgroup_result)
     return 0
 
@@ -155,11 +122,27 @@ def _lock(rootfs: str) -> int:
     return fd
 
 
+def _make_in_container(stdin_text: str, edits: Edits) -> int:
+    """Make ``edits`` (links, symlinks, the ld cache: nothing the device cgroup governs) in the container of
+    the state JSON ``stdin_text``, once it is proven to be the bundle's container."""
+    from oci_gpu_hook.appliers import rootfs as rootfs_module
+
+    cid, pid, bundle = parse_state(stdin_text)
+    try:
+        spec = ContainerSpec.read(os.path.join(bundle, "config.json"))
+        if edits:
+            rootfs = spec.root(bundle)
+            check_container(pid, rootfs, bundle)
+            rootfs_module.apply_in_container(pid, rootfs, edits)
+    except HookError as err:
+        err.container_id = cid
+        raise
+    return 0
+
+
 def run_links(stdin_text: str, args: list[str]) -> int:
     """``oci-gpu-hook links PATH=TARGET...``: the createRuntime hook that the spec-rewrite paths and the CDI
     specs add, making ``/dev/dri/by-path`` links in the container (the OCI spec has no field for them)."""
-    from oci_gpu_hook.appliers import rootfs as rootfs_module
-    from oci_gpu_hook.bundle import loads, read_text, root_path
     from oci_gpu_hook.core.edits import Edits, check_link
 
     links = []
@@ -169,25 +152,13 @@ def run_links(stdin_text: str, args: list[str]) -> int:
             raise HookError(f"links: {arg!r} is not PATH=TARGET")
         check_link(path, target)
         links.append((path, target))
-    cid, pid, bundle = parse_state(stdin_text)
-    try:
-        spec = loads(read_text(os.path.join(bundle, "config.json")))
-        if links:
-            rootfs = root_path(spec, bundle)
-            check_container(pid, rootfs, bundle)
-            rootfs_module.apply_in_container(pid, rootfs, Edits(links=tuple(links)))
-    except HookError as err:
-        err.container_id = cid
-        raise
-    return 0
+    return _make_in_container(stdin_text, Edits(links=tuple(links)))
 
 
 def run_ldcache(stdin_text: str, args: list[str]) -> int:
     """``oci-gpu-hook ldcache [PATH=TARGET...] [--folder=DIR...]``: the createRuntime hook that the spec-rewrite
     paths and the CDI specs add beside a driver's mounts (which the runtime made): the soname links, then the
     container's ld cache rebuilt with those directories (:mod:`oci_gpu_hook.appliers.mounts`)."""
-    from oci_gpu_hook.appliers import rootfs as rootfs_module
-    from oci_gpu_hook.bundle import loads, read_text, root_path
     from oci_gpu_hook.core.edits import Edits, check_container_path, check_symlink
 
     links, folders = [], []
@@ -201,14 +172,4 @@ def run_ldcache(stdin_text: str, args: list[str]) -> int:
             raise HookError(f"ldcache: {arg!r} is not PATH=TARGET or --folder=DIR")
         check_symlink(path, target)
         links.append((path, target))
-    cid, pid, bundle = parse_state(stdin_text)
-    try:
-        spec = loads(read_text(os.path.join(bundle, "config.json")))
-        if links or folders:
-            rootfs = root_path(spec, bundle)
-            check_container(pid, rootfs, bundle)
-            rootfs_module.apply_in_container(pid, rootfs, Edits(symlinks=tuple(links), ldcache=tuple(folders)))
-    except HookError as err:
-        err.container_id = cid
-        raise
-    return 0
+    return _make_in_container(stdin_text, Edits(symlinks=tuple(links), ldcache=tuple(folders)))

@@ -20,8 +20,8 @@ from __future__ import annotations
 import os
 
 from oci_gpu_hook import fastjson
-from oci_gpu_hook.bundle import check_object, device_rules, field, loads, spec_policy
 from oci_gpu_hook.errors import HookError
+from oci_gpu_hook.oci_spec import ContainerSpec, field
 from oci_gpu_hook.plan import plan_for_spec
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
@@ -121,16 +121,17 @@ def links_hook_path(config: Config, argv0: str | None = None) -> str:
                     "or set hook_path")
 
 
-def apply(spec: Any, plan: Plan, config: Config, hook_path: str | None = None) -> bool:
-    """Write ``plan`` into ``spec`` in place; return whether anything changed.  The links hook names
-    ``hook_path``, by default :func:`links_hook_path` (which refuses a hook the runtime could not run)."""
+def apply(spec: ContainerSpec, plan: Plan, config: Config, hook_path: str | None = None) -> bool:
+    """Write ``plan`` into ``spec`` (its :attr:`~ContainerSpec.raw` document) in place; return whether anything
+    changed.  The links hook names ``hook_path``, by default :func:`links_hook_path` (which refuses a hook the
+    runtime could not run)."""
     if not plan:
         return False
     if (plan.edits.links or plan.edits.symlinks or plan.edits.ldcache) and hook_path is None:
         hook_path = links_hook_path(config)
-    spec = check_object(spec)
-    rules = device_rules(spec, create=True)
-    linux = spec["linux"]
+    raw = spec.raw
+    rules = spec.device_rules(create=True)
+    linux = raw["linux"]
     devices = field(linux, "devices", list, "linux.devices", create=True)
     if not all(isinstance(entry, dict) for entry in devices):
         raise HookError("config.json: linux.devices holds a non-object entry")
@@ -149,19 +150,14 @@ def apply(spec: Any, plan: Plan, config: Config, hook_path: str | None = None) -
                 f"{entry.get('major')}:{entry.get('minor')}, not {node.type} {node.major}:{node.minor}; "
                 "refusing to replace it")
 
-    from oci_gpu_hook.core.rules import grants
-
-    policy = spec_policy(spec)
-    missing = [rule for rule in plan.rules if not grants(policy.allows, rule)]
-    for rule in missing:
-        policy.apply(rule)  # a HookError where runc would refuse the list with it
+    missing = spec.policy().grant(plan.rules)  # a HookError where runc would refuse the list with them
     changed = bool(new_devices or missing)
     devices.extend(new_devices)
     rules.extend(rule.to_oci() for rule in missing)
-    changed |= _add_mounts(spec, plan.edits)
-    changed |= _add_hooks(spec, plan.edits, hook_path or config.hook_path)
+    changed |= _add_mounts(raw, plan.edits)
+    changed |= _add_hooks(raw, plan.edits, hook_path or config.hook_path)
     changed |= _add_masked(linux, plan.edits.masked)
-    changed |= _add_env(spec, plan.edits.env)
+    changed |= _add_env(raw, plan.edits.env)
     return changed
 
 
@@ -222,10 +218,13 @@ def _add_env(spec: dict[str, Any], env: tuple[str, ...]) -> bool:
     return bool(new)
 
 
+def rewrite(spec: ContainerSpec, plan: Plan, config: Config) -> str | None:
+    """The config.json text with ``plan`` written in; None when nothing changed."""
+    return fastjson.dumps(spec.raw) if apply(spec, plan, config) else None
+
+
 def rewrite_text(text: str, config: Config, devices: str | None = None) -> tuple[str | None, Plan]:
     """Parse a config.json, apply its plan; return the new text (None if unchanged) and the plan."""
-    spec = loads(text)
+    spec = ContainerSpec.parse(text)
     plan = plan_for_spec(spec, config, devices)
-    if not apply(spec, plan, config):
-        return None, plan
-    return fastjson.dumps(spec), plan
+    return rewrite(spec, plan, config), plan

@@ -105,6 +105,16 @@ class Policy:
                 return True
         return self.default_allow
 
+    def grant(self, rules: Iterable[Rule]) -> list[Rule]:
+        """The allow ``rules`` of a grant that this policy does not allow yet, as runc would read them appended to
+        the container's list: a HookError where runc would refuse that list (a hole in a wildcard rule).  The one
+        answer to "would runc refuse this grant" for every applier; ``self`` is left as it was."""
+        missing = [rule for rule in rules if not grants(self.allows, rule)]
+        trial = self.copy()
+        for rule in missing:
+            trial.apply(rule)
+        return missing
+
     def rules(self) -> list[Rule]:
         """The policy as a rule list that rebuilds it: the reset, then the exceptions (sorted)."""
         out = [Rule(self.default_allow, "a", None, None, "rwm")]

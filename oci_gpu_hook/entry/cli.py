@@ -19,42 +19,88 @@ if TYPE_CHECKING:
 
     from oci_gpu_hook.config import Config
 
-USAGE = """usage: oci-gpu-hook [--sysfs-root DIR] [--proc-root DIR] [--driver-root DIR] [--config FILE] [--debug]
+USAGE_HEAD = """usage: oci-gpu-hook [--sysfs-root DIR] [--proc-root DIR] [--driver-root DIR] [--config FILE] [--debug]
                     COMMAND ...
 
 commands:
-  list [--json]                              the host's GPUs in index order
-  dry-run [--devices SPEC] [--diff] BUNDLE_DIR|CONFIG_FILE
-                                             print the rewritten config.json; change nothing
-  precreate                                  podman precreate hook: config on stdin, config on stdout
-  prestart (or createRuntime)                live hook: state on stdin; nodes and device cgroup rules
-  links PATH=TARGET...                       createRuntime hook: /dev/dri/by-path links in the container
-  ldcache [PATH=TARGET...] [--folder=DIR...] createRuntime hook: a driver's soname links, the container's ld cache
-  inspect (--pid PID | --cgroup DIR)         what a cgroup lets its processes open
-  cdi generate [--output DIR/|FILE] [--format json|yaml]
-                                             the CDI spec of this host's GPUs
-  cdi list [--spec-dirs DIR,DIR]             CDI names of this host; exit 1 if the node's specs are not right
-  cdi validate FILE...                       check spec files (CDI 0.3.0 to 1.1.0)
-  watch [--output FILE|DIR] [--debounce SECONDS] [--once] [--subsystems LIST]
-                                             keep the CDI spec current on GPU/partition uevents
-  install [--only podman,docker,containerd,crio,cdi,systemd] [--hook precreate|prestart|none] [--set VAR=VALUE]
-          [--prefix DIR] [--dry-run] [--uninstall] [--no-native] [--allow-editable]
-                                             launchers, a hooks.d file, CDI spec, containerd drop-in
-  device-plugin [--kubelet-dir DIR] [--resource-strategy single|mixed] [--device-specs]  kubelet device plugin
-  serve [--socket PATH] [--workers N] [--verbose]
-                                             the resident planner: GPU containers start without a Python start
-  validate [--config-file FILE] [SPEC ...]   check a config file and OCI config.json files
-  launchers DIR [--no-native] [--allow-editable]
-                                             write the launchers for hooks and the shim (native front + python -I -S)
-  help [COMMAND]                             this text, or what COMMAND --help prints
-
+"""
+USAGE_TAIL = """
 exit status: 0 done, 1 failed (one error line on stderr), 2 a usage error
 """
+
+
+_PRESTART_HELP = ("usage: oci-gpu-hook prestart (or createRuntime)\n\nThe live hook: the OCI state on stdin; creates "
+                  "the GPU nodes in the container and grants them in its device cgroup.\n")
+# The one table of commands, in the order of the usage: name -> (module, sysfs, help, usage lines).  ``module``: the
+# module of oci_gpu_hook.entry.commands whose ``run(args, config)`` does it; ``sysfs``: whether it reads sysfs (a
+# word: unless that argument is given); a hook has no module but ``help`` (its --help): it runs here, before
+# anything heavy is imported.  Usage lines: (synopsis, summary) pairs.  Only constants: building it costs nothing.
+COMMANDS: dict[str, tuple[str, bool | str, str, tuple[tuple[str, str], ...]]] = {
+    "list": ("list", True, "", (("list [--json]", "the host's GPUs in index order"),)),
+    "dry-run": ("dry_run", True, "", (("dry-run [--devices SPEC] [--diff] BUNDLE_DIR|CONFIG_FILE",
+                                       "print the rewritten config.json; change nothing"),)),
+    "precreate": ("", False, "usage: oci-gpu-hook precreate\n\npodman's precreate hook: the proposed config.json on "
+                             "stdin, the full config (with the GPUs asked for) on stdout.\n",
+                  (("precreate", "podman precreate hook: config on stdin, config on stdout"),)),
+    "prestart": ("", False, _PRESTART_HELP,
+                 (("prestart (or createRuntime)", "live hook: state on stdin; nodes and device cgroup rules"),)),
+    "createRuntime": ("", False, _PRESTART_HELP, ()),
+    "links": ("", False, "usage: oci-gpu-hook links PATH=TARGET...\n\ncreateRuntime hook: the /dev/dri/by-path links "
+                         "in the container (the OCI state on stdin).\n",
+              (("links PATH=TARGET...", "createRuntime hook: /dev/dri/by-path links in the container"),)),
+    "ldcache": ("", False, "usage: oci-gpu-hook ldcache [PATH=TARGET...] [--folder=DIR...]\n\ncreateRuntime hook: a "
+                           "driver's soname links, then the container's ld cache rebuilt with DIRs (the host's "
+                           "ldconfig -r; the OCI state on stdin).\n",
+                (("ldcache [PATH=TARGET...] [--folder=DIR...]",
+                  "createRuntime hook: a driver's soname links, the container's ld cache"),)),
+    "inspect": ("inspect", True, "", (("inspect (--pid PID | --cgroup DIR)",
+                                       "what a cgroup lets its processes open"),)),
+    "cdi": ("cdi", "validate", "", (
+        ("cdi generate [--output DIR/|FILE] [--format json|yaml]", "the CDI spec of this host's GPUs"),
+        ("cdi list [--spec-dirs DIR,DIR]", "CDI names of this host; exit 1 if the node's specs are not right"),
+        ("cdi validate FILE...", "check spec files (CDI 0.3.0 to 1.1.0)"))),
+    "watch": ("watch", True, "", (("watch [--output FILE|DIR] [--debounce SECONDS] [--once] [--subsystems LIST]",
+                                   "keep the CDI spec current on GPU/partition uevents"),)),
+    "install": ("install", "--uninstall", "", (
+        ("install [--only podman,docker,containerd,crio,cdi,systemd] [--hook precreate|prestart|none] "
+         "[--set VAR=VALUE]\n          [--prefix DIR] [--dry-run] [--uninstall] [--no-native] [--allow-editable]",
+         "launchers, a hooks.d file, CDI spec, containerd drop-in"),)),
+    "device-plugin": ("device_plugin", True, "", (
+        ("device-plugin [--kubelet-dir DIR] [--resource-strategy single|mixed] [--device-specs]",
+         "kubelet device plugin"),)),
+    "serve": ("serve", False, "", (("serve [--socket PATH] [--workers N] [--verbose]",
+                                    "the resident planner: GPU containers start without a Python start"),)),
+    "validate": ("validate", False, "", (("validate [--config-file FILE] [SPEC ...]",
+                                          "check a config file and OCI config.json files"),)),
+    "launchers": ("launchers", False, "", (
+        ("launchers DIR [--no-native] [--allow-editable]",
+         "write the launchers for hooks and the shim (native front + python -I -S)"),)),
+    "help": ("", False, "", (("help [COMMAND]", "this text, or what COMMAND --help prints"),)),
+}
+MODULE, SYSFS, HELP, LINES = range(4)
+USAGE_WIDTH = 42  # a synopsis this long or shorter has its summary beside it, a longer one below it
+
+
+def usage() -> str:
+    lines = [USAGE_HEAD]
+    for synopsis, summary in (line for c in COMMANDS.values() for line in c[LINES]):
+        last = synopsis.rsplit("\n", 1)[-1]
+        if len(last) <= USAGE_WIDTH:
+            lines.append(f"  {synopsis}{' ' * (USAGE_WIDTH - len(last))} {summary}\n")
+        else:
+            lines.append(f"  {synopsis}\n{' ' * (USAGE_WIDTH + 3)}{summary}\n")
+    return "".join(lines) + USAGE_TAIL
+
 
 PRECREATE = "precreate"  # the spec on stdin, the spec on stdout
 LIVE_COMMANDS = ("prestart", "createRuntime")  # the state on stdin; the plan applied to the running container
 CREATE_RUNTIME_HOOKS = ("links", "ldcache")  # what to make is in their arguments
-HOT_COMMANDS = frozenset({PRECREATE, *LIVE_COMMANDS, *CREATE_RUNTIME_HOOKS})
+HOT_COMMANDS = frozenset({PRECREATE, *LIVE_COMMANDS, *CREATE_RUNTIME_HOOKS})  # the table's hooks (those with help)
+
+
+def is_hook(command: str | None) -> bool:
+    """Whether ``command`` is one of the hooks (on every container's start path)."""
+    return command in HOT_COMMANDS
 
 
 def split_globals(argv: list[str]) -> tuple[dict[str, Any], list[str]]:
@@ -90,32 +136,42 @@ def _usage_error(message: str) -> Exception:
     return UsageError(f"{message} (see oci-gpu-hook --help)")
 
 
-HOT_USAGE = {
-    "precreate": "usage: oci-gpu-hook precreate\n\npodman's precreate hook: the proposed config.json on stdin, "
-                 "the full config (with the GPUs asked for) on stdout.\n",
-    "prestart": "usage: oci-gpu-hook prestart (or createRuntime)\n\nThe live hook: the OCI state on stdin; "
-                "creates the GPU nodes in the container and grants them in its device cgroup.\n",
-    "links": "usage: oci-gpu-hook links PATH=TARGET...\n\ncreateRuntime hook: the /dev/dri/by-path links "
-             "in the container (the OCI state on stdin).\n",
-    "ldcache": "usage: oci-gpu-hook ldcache [PATH=TARGET...] [--folder=DIR...]\n\ncreateRuntime hook: a driver's "
-               "soname links, then the container's ld cache rebuilt with DIRs (the host's ldconfig -r; the OCI "
-               "state on stdin).\n",
-}
-HOT_USAGE["createRuntime"] = HOT_USAGE["prestart"]
-
-
 def cmd_help(rest: list[str], overrides: dict[str, Any]) -> int:
     """``help``: the usage; ``help CMD``: what ``CMD --help`` prints."""
     if not rest:
-        sys.stdout.write(USAGE)
+        sys.stdout.write(usage())
         return 0
-    if rest[0] in HOT_USAGE:
-        sys.stdout.write(HOT_USAGE[rest[0]])
+    if is_hook(rest[0]):
+        sys.stdout.write(COMMANDS[rest[0]][HELP])
         return 0
-    from oci_gpu_hook.entry import commands
+    return command_module(rest[0]).run([*rest[1:], "--help"], load(overrides))
 
-    handler = commands.handler_for(rest[0])
-    return handler([*rest[1:], "--help"], load(overrides))
+
+def command_module(name: str) -> Any:
+    """The module of :mod:`oci_gpu_hook.entry.commands` that runs the operator command ``name``."""
+    entry = COMMANDS.get(name)
+    if entry is None or not entry[MODULE]:
+        valid = ", ".join([*(n for n, c in COMMANDS.items() if c[MODULE]),
+                           *(n for n, c in COMMANDS.items() if c[HELP])])
+        from oci_gpu_hook.cliparse import UsageError
+
+        raise UsageError(f"unknown command '{name}' (valid: {valid}; see oci-gpu-hook --help)")
+    import importlib
+
+    return importlib.import_module(f"oci_gpu_hook.entry.commands.{entry[MODULE]}")
+
+
+def run_command(name: str, args: list[str], config: Config) -> int:
+    """An operator command: its module's ``run``, after the check that a command reading sysfs has one (a watcher
+    or a device plugin would otherwise serve nothing, quietly; inspect would drop its annotations)."""
+    module = command_module(name)
+    sysfs = COMMANDS[name][SYSFS]
+    reads = sysfs and "-h" not in args and "--help" not in args and not (isinstance(sysfs, str) and sysfs in args)
+    if reads and not os.path.isdir(config.sysfs_root):
+        from oci_gpu_hook.errors import HookError
+
+        raise HookError(f"sysfs root {config.sysfs_root} is not a directory (from {config.source})")
+    return module.run(args, config)  # type: ignore[no-any-return]
 
 
 def _quiet_broken_pipe() -> int:
@@ -153,15 +209,21 @@ def cmd_precreate(config: Config) -> int:
     """podman's precreate stage: the proposed config on stdin, the full config on stdout."""
     import time
 
-    from oci_gpu_hook.appliers.ocispec import rewrite_text
-    from oci_gpu_hook.log import record_plan
+    from oci_gpu_hook.oci_spec import ContainerSpec
+    from oci_gpu_hook.plan import plan_for_spec
 
     started = time.monotonic()
     text = read_stdin()
-    new_text, plan = rewrite_text(text, config)
+    spec = ContainerSpec.parse(text)
+    plan = plan_for_spec(spec, config)
+    new_text = None
+    if plan:  # nothing asked for: the spec-rewrite applier is not even imported
+        from oci_gpu_hook.appliers.ocispec import rewrite
+
+        new_text = rewrite(spec, plan, config)
     sys.stdout.write(text if new_text is None else new_text)
     sys.stdout.flush()
-    record_plan(config, "precreate", None, plan, started)
+    plan.record(config, "precreate", None, started)
     return 0
 
 
@@ -173,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         overrides, rest = split_globals(args)
         command = rest[0] if rest else None
-        if command in HOT_COMMANDS:
+        if is_hook(command):
             if len(rest) > 1 and command not in CREATE_RUNTIME_HOOKS:
                 raise _usage_error(f"{command} takes no arguments")
             if command in CREATE_RUNTIME_HOOKS:  # need no config: what to make is in their arguments
@@ -190,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return live.run(read_stdin(), config)
         if command is None:
-            sys.stdout.write(USAGE)
+            sys.stdout.write(usage())
             sys.stdout.flush()
             return 2
         if command in ("-h", "--help", "help"):
@@ -201,10 +263,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"oci-gpu-hook {__version__}")
             code = 0
         else:
-            from oci_gpu_hook.entry import commands
-
             config = load(overrides)
-            code = commands.run(command, rest[1:], config)
+            code = run_command(command, rest[1:], config)
         sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
         return code
     except SystemExit as done:
@@ -217,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as err:
         from oci_gpu_hook.log import debug_from_env, record, report_failure
 
-        if isinstance(err, BrokenPipeError) and command not in HOT_COMMANDS:  # a hook's reader is podman: say it
+        if isinstance(err, BrokenPipeError) and not is_hook(command):  # a hook's reader is podman: say it
             return _quiet_broken_pipe()
         if isinstance(err, KeyboardInterrupt):
             return 130

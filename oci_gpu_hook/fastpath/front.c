@@ -30,29 +30,29 @@
  * (the bool words and variables, the config and runtime variables, the rewrite and hook commands, the links
  * command, its directory and node names, the default PATH, the planner's socket, variable and bound); the
  * request names and "cdi.k8s.io" are OGH_NEEDLES (launchers.py baked_settings), the config.json field names
- * OGH_FIELD_NAMES (bundle.py _FIELDS), the planner's version line OGH_PLANNER_VERSION (planner.py version_line).
+ * OGH_FIELD_NAMES (oci_spec.py _FIELDS), the planner's version line OGH_PLANNER_VERSION (planner.py version_line).
  *
  * The Python each part mirrors:
  *   settings_as_baked   oci_gpu_hook/config.py load_config (env values: check_value of the bool fields),
  *                       the launcher's os.environ.setdefault of the baked defaults,
  *                       oci_gpu_hook/host/launchers.py baked_settings (the config bytes baked)
  *   config_trusted      oci_gpu_hook/trust.py problem (config.py check_trusted)
- *   json_object_ok      oci_gpu_hook/fastjson.py loads, oci_gpu_hook/bundle.py loads (_pairs, _check_case),
- *                       bundle.py process_env and annotations
- *   clean               oci_gpu_hook/request.py requested (env_value, annotation_names)
- *   read_state          oci_gpu_hook/appliers/live.py parse_state
+ *   json_object_ok      oci_gpu_hook/fastjson.py loads, oci_gpu_hook/oci_spec.py loads (_pairs, _check_case),
+ *                       oci_spec.py ContainerSpec (process_env, annotations)
+ *   clean               oci_gpu_hook/request.py requested (oci_spec.py env_value, annotation_names)
+ *   read_state          oci_gpu_hook/oci_state.py parse_state
  *   state_clean         read_state, then live.py run's read of BUNDLE/config.json
  *   precreate           oci_gpu_hook/entry/cli.py cmd_precreate
  *   links_main          oci_gpu_hook/appliers/live.py run_links (entry/cli.py main: split_globals, chdir)
  *   link_ok             oci_gpu_hook/core/edits.py check_link
- *   root_path           oci_gpu_hook/bundle.py root_path (os.path.normpath of os.path.join)
+ *   root_path           oci_gpu_hook/oci_spec.py ContainerSpec.root (os.path.normpath of os.path.join)
  *   container_ok        oci_gpu_hook/appliers/live.py check_container (and what apply_in_container's setns needs)
  *   make_links          oci_gpu_hook/appliers/rootfs.py make_nodes for links (_walk, _open_dir, _make_symlink),
  *                       entered through /proc/PID/root with openat2 where Python enters by setns
  *   find_runtime        oci_gpu_hook/entry/runtime.py resolve_runtime
- *   common_config_path  oci_gpu_hook/entry/runtime.py parse_argv and config_path, for runc and for crun
+ *   common_config_path  oci_gpu_hook/oci_argv.py parse_argv and config_path, for runc and for crun
  *   ask_planner         oci_gpu_hook/host/planner.py read_request, encode_answer (the protocol), run_entry
- *                       (what the answer holds); exec_path: entry/runtime.py main's execv
+ *                       (what the answer holds); exec_path: entry/runtime.py main's execv (after prepare)
  *   untrusted           the TRUST check of oci_gpu_hook/host/launchers.py
  */
 #define _GNU_SOURCE
@@ -363,7 +363,7 @@ struct json {
     size_t root_path_len;
 };
 
-/* what a value must be, where the Python path reads it (bundle.process_env, bundle.annotations) */
+/* what a value must be, where the Python path reads it (oci_spec.process_env, ContainerSpec.annotations) */
 enum want { ANY, TOP, PROCESS, ENV, OBJECT, STRING, ROOT };
 
 #define MAX_DEPTH 100      /* Python reads ~1,000 levels; configs have ~6 */
@@ -480,9 +480,9 @@ static int jliteral(struct json *j, const char *word)
     return 1;
 }
 
-/* A key that bundle.loads reads as its bytes and compares as Go does: no escape (its text is its bytes), ASCII
+/* A key that oci_spec.loads reads as its bytes and compares as Go does: no escape (its text is its bytes), ASCII
  * only (ASCII case is then all the folding that str.lower and Go's EqualFold do), and in a spec no field name
- * of config.json spelled in another case (bundle._check_case refuses those at the levels it reads). */
+ * of config.json spelled in another case (oci_spec._check_case refuses those at the levels it reads). */
 static int key_ok(const struct json *j, const char *key, size_t len)
 {
     int other_case = 0;
@@ -546,7 +546,7 @@ static int jcontainer(struct json *j, char open, enum want kind)
         if (open == '{') {
             if (!jstring(j, &key, &key_len) || !key_ok(j, key, key_len))
                 goto done;
-            /* no key twice, in any ASCII case: bundle._pairs and live._unique_keys refuse repeats, and Go
+            /* no key twice, in any ASCII case: oci_spec._pairs and oci_state._unique_keys refuse repeats, and Go
              * decodes keys of one struct that fold alike into one field */
             for (size_t k = 0; k < nkeys; k++)
                 if (keys[k].n == key_len && strncasecmp(keys[k].s, key, key_len) == 0)
@@ -624,14 +624,14 @@ static int jvalue(struct json *j, enum want want)
     switch (want) {
     case TOP:
         return j->s[j->i] == '{' && jcontainer(j, '{', TOP);
-    case PROCESS: /* bundle.field: absent, null or an object */
+    case PROCESS: /* oci_spec.field: absent, null or an object */
     case OBJECT:
         return j->s[j->i] == '{' ? jcontainer(j, '{', want) : jliteral(j, "null");
-    case ENV: /* bundle.process_env: null or a list of strings */
+    case ENV: /* oci_spec.process_env: null or a list of strings */
         return j->s[j->i] == '[' ? jcontainer(j, '[', ENV) : jliteral(j, "null");
     case STRING:
         return jstring(j, &s, &len);
-    case ROOT: /* bundle.root_path: read when an object, else any value (the hook then finds no root.path) */
+    case ROOT: /* ContainerSpec.root: read when an object, else any value (the hook then finds no root.path) */
         if (j->s[j->i] == '{')
             return jcontainer(j, '{', ROOT);
         break;
@@ -1314,7 +1314,7 @@ static const char *common_option(int *i, const char *const *options, const char 
 /* The config.json that the runtime opens for this create/run, when the command line has the form that podman
  * (conmon), containerd and Docker write and that runc 1.1 (urfave/cli over Go's flag package) and crun 1.8
  * (glibc argp) read alike; else NULL, and Python reads the command line with the rules of the real runtime
- * (runtime.parse_argv, runtime.config_path).  The form:
+ * (oci_argv.parse_argv, oci_argv.config_path).  The form:
  *
  *   [GLOBAL...] create|run [OPTION...] ID
  *   GLOBAL  --root V, --log V, --log-format text|json (each also --NAME=V), --debug, --systemd-cgroup
@@ -1408,7 +1408,7 @@ int main(int argc, char **argv)
 /* ------------------------------------------------------------------ the hooks */
 
 #if OGH_ROLE == OGH_ROLE_HOOK
-/* The state's pid and bundle as live.parse_state accepts them (the id a non-empty string, the pid a positive
+/* The state's pid and bundle as oci_state.parse_state accepts them (the id a non-empty string, the pid a positive
  * integer, the bundle an absolute path), read only where certain: no escape anywhere, and a JSON text the
  * strict reader takes.  ``bundle`` gets the bundle's path. */
 static int read_state(const char *s, size_t n, long *pid, char *bundle, size_t size)
@@ -1474,7 +1474,7 @@ static int link_ok(const char *path, const char *target)
     return node;
 }
 
-/* os.path.normpath(os.path.join(bundle, path)) for an absolute ``bundle`` (bundle.root_path) */
+/* os.path.normpath(os.path.join(bundle, path)) for an absolute ``bundle`` (ContainerSpec.root) */
 static int root_path(const char *bundle, const char *path, size_t path_len, char *out, size_t size)
 {
     char joined[2 * PATH_MAX], *parts[PATH_MAX / 2], *cursor, *part;

@@ -36,6 +36,7 @@ import copy
 import json
 from typing import Any
 
+from oci_gpu_hook.appliers.cdi_dirs import DEFAULT_SPEC_DIRS
 from oci_gpu_hook.errors import HookError
 
 RUNTIME_NAME = "oci-gpu"  # the RuntimeClass handler
@@ -45,7 +46,6 @@ DROP_IN_PATH = f"{DROP_IN_DIR}/oci-gpu-hook.toml"
 CRI = "io.containerd.grpc.v1.cri"
 CRI_V3 = "io.containerd.cri.v1.runtime"
 CRI_PLUGIN = {2: CRI, 3: CRI_V3, 4: CRI_V3}  # 4: containerd 2.3+ (its server settings moved; CRI as in 3)
-CDI_SPEC_DIRS = ["/etc/cdi", "/var/run/cdi"]
 
 
 def config_version(main: dict[str, Any] | None) -> int:
@@ -84,7 +84,7 @@ def cri_table(main: dict[str, Any] | None, binary: str, runtime_name: str = RUNT
     if cdi:
         cri["enable_cdi"] = True
         dirs = cri.get("cdi_spec_dirs")
-        cri["cdi_spec_dirs"] = dirs if isinstance(dirs, list) and dirs else list(CDI_SPEC_DIRS)
+        cri["cdi_spec_dirs"] = dirs if isinstance(dirs, list) and dirs else list(DEFAULT_SPEC_DIRS)
     return cri
 
 

@@ -251,8 +251,8 @@ def baked_settings(defaults: dict[str, str]) -> dict[str, object]:
 
 
 def _spec_field_names() -> list[str]:
-    """Every field name of config.json whose spelling :func:`oci_gpu_hook.bundle.loads` checks."""
-    from oci_gpu_hook.bundle import _FIELDS
+    """Every field name of config.json whose spelling :func:`oci_gpu_hook.oci_spec.loads` checks."""
+    from oci_gpu_hook.oci_spec import _FIELDS
 
     return sorted({name for names in _FIELDS.values() for name in names})
 

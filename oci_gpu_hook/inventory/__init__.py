@@ -27,8 +27,8 @@ from __future__ import annotations
 import os
 import sys
 
-from oci_gpu_hook.config import KINDS
 from oci_gpu_hook.inventory.sysfs import drm_devices, parse_pci_address
+from oci_gpu_hook.kinds import KINDS
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
 

@@ -401,7 +401,7 @@ def capabilities(value: str | None) -> frozenset[str]:
 
 
 def container_options(env: Sequence[str] | None) -> frozenset[str]:
-    from oci_gpu_hook.request import env_value
+    from oci_gpu_hook.oci_spec import env_value
 
     return capabilities(env_value(env, CAPABILITY_ENV))
 

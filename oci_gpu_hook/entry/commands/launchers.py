@@ -1,0 +1,35 @@
+"""``oci-gpu-hook launchers DIR``: the lean launchers for the hooks and the runtime shim."""
+
+from __future__ import annotations
+
+from oci_gpu_hook.cliparse import parser as _parser
+from oci_gpu_hook.errors import HookError
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
+
+if TYPE_CHECKING:
+    from oci_gpu_hook.config import Config
+
+
+def run(args: list[str], config: Config) -> int:
+    parser = _parser("launchers", "Write lean launchers for the hooks and the runtime shim into DIR.")
+    parser.add_argument("directory", metavar="DIR")
+    parser.add_argument("--set", action="append", default=[], metavar="OCI_GPU_HOOK_VAR=VALUE",
+                        help="bake a default for an OCI_GPU_HOOK_* variable into the launchers "
+                             "(runtimes such as podman do not pass their environment on to the shim)")
+    kind = parser.add_mutually_exclusive_group()
+    kind.add_argument("--native", dest="native", action="store_true", default=None,
+                      help="require the native front (a C compiler); default: native when cc is found")
+    kind.add_argument("--no-native", dest="native", action="store_false", help="write Python launchers only")
+    parser.add_argument("--allow-editable", action="store_true",
+                        help="allow a package outside site-packages (a development checkout)")
+    opts = parser.parse_args(args)
+    from oci_gpu_hook.host.launchers import editable_reason, launcher_defaults, write_launchers
+
+    defaults = launcher_defaults(opts.set, "launchers")
+    reason = editable_reason()
+    if reason and not opts.allow_editable:
+        raise HookError(f"launchers: {reason}")
+    for path in write_launchers(opts.directory, defaults, native=opts.native):
+        print(path)
+    return 0

@@ -1,0 +1,51 @@
+"""``oci-gpu-hook list``: the host's GPUs and compute partitions, per kind, in index order."""
+
+from __future__ import annotations
+
+import os
+
+from oci_gpu_hook.cliparse import parser as _parser
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
+
+if TYPE_CHECKING:
+    from oci_gpu_hook.config import Config
+
+
+def run(args: list[str], config: Config) -> int:
+    parser = _parser("list", "List the host's GPUs and compute partitions, per kind, in each vendor's index order; "
+                             "NAME is the stable CDI name (the same hardware while others come and go).")
+    parser.add_argument("--json", action="store_true", help="print JSON (schemas/inventory.schema.json)")
+    opts = parser.parse_args(args)
+    from oci_gpu_hook.inventory import scan_host, stable_name
+
+    inventory = scan_host(config)
+    if opts.json:
+        from oci_gpu_hook.models import InventoryModel
+
+        print(InventoryModel.of(inventory).model_dump_json(indent=2))
+        return 0
+    rows = [("KIND", "INDEX", "NAME", "PCI ADDRESS", "PARTITION", "MODE", "CARD", "RENDER", "NUMA", "UNIQUE ID",
+             "MODEL")]
+    for device in inventory.all_devices:
+        card, render = device.card, device.render
+        mode = "/".join(m for m in (device.compute_mode, device.memory_mode) if m) or "-"
+        rows.append((
+            device.kind, device.label, stable_name(device), device.pci_address,
+            "-" if device.partition is None else f"{device.partition} ({device.drm_name})",
+            mode, os.path.basename(card.path) if card else "-", os.path.basename(render.path) if render else "-",
+            "-" if device.numa_node is None else str(device.numa_node), device.unique_id_hex or "-",
+            f"{device.model} ({device.vendor_id}:{device.device_id})",
+        ))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    if not inventory.all_devices:
+        print(f"(no GPUs under {inventory.sysfs_root})")
+    for kind, found in inventory.kinds.items():
+        if found.shared:
+            shared = ", ".join(f"{n.path} ({n.type} {n.major}:{n.minor})" for n in found.shared)
+            print(f"shared by {kind} GPUs: {shared}")
+    for name, reason in inventory.ignored:
+        print(f"ignored: {name}: {reason}")
+    return 0

@@ -1,0 +1,523 @@
+"""The installer: install, uninstall and their dry runs, for one prefix.
+
+A file that was already there with other content (or a symlink) is first saved under
+:data:`~oci_gpu_hook.host.install.paths.BACKUP_DIR`, and put back by uninstall; one already exactly as
+wanted is adopted and left in place by uninstall.  Running install again is idempotent.  A file install
+wrote that has been edited since is neither overwritten nor removed (daemon.json excepted: uninstall takes
+just our runtime out of it).  Each change is recorded in the journal first (:mod:`journal`), and the
+manifest (:mod:`manifest`) says what is installed.
+"""
+
+from __future__ import annotations
+
+import difflib
+import errno
+import json
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from oci_gpu_hook.atomic import fsync_dir
+from oci_gpu_hook.config import Config
+from oci_gpu_hook.errors import HookError
+from oci_gpu_hook.host.install import journal
+from oci_gpu_hook.host.install.items import Item, wanted
+from oci_gpu_hook.host.install.journal import Current, Journal, current_at
+from oci_gpu_hook.host.install.manifest import Manifest, load_manifest, mode_of, sha256
+from oci_gpu_hook.host.install.paths import (
+    BACKUP_DIR,
+    INTEGRATIONS,
+    JOURNAL_PATH,
+    MANIFEST_PATH,
+    RUNTIME_LAUNCHER,
+    STATE_DIR,
+)
+
+SHOW_LIMIT = 4096  # --dry-run prints the content of new files up to this size, a diff for replaced ones
+
+
+@dataclass(frozen=True)
+class Options:
+    """What ``install`` was asked to do besides which integrations (see ``oci-gpu-hook install --help``)."""
+
+    uninstall: bool = False
+    dry_run: bool = False
+    hook: str | None = None
+    set: list[str] = field(default_factory=list)
+    native: bool | None = None
+    allow_editable: bool = False
+    docker_default_runtime: bool = False
+    containerd_version: str | None = None
+    host_root: str | None = None
+
+
+class Installer:
+    """Install, uninstall and their dry runs, for one prefix."""
+
+    def __init__(self, prefix: str, dry_run: bool) -> None:
+        self.prefix = os.path.abspath(prefix) if prefix else ""
+        self.dry_run = dry_run
+        self.manifest = Manifest()
+        self.planned_dirs: set[str] = set()  # --dry-run: directories that would have been created
+        self.journal = Journal(self.disk)
+
+    def disk(self, real: str) -> str:
+        return os.path.join(self.prefix, real.lstrip("/")) if self.prefix else real
+
+    def say(self, status: str, real: str, detail: str = "") -> None:
+        print(f"{status}: {self.disk(real)}{f' ({detail})' if detail else ''}")
+
+    # the changes, each recorded in the journal first
+
+    def put(self, real: str, data: bytes, mode: int, owner: tuple[int, int] | None = None,
+            mtime_ns: int | None = None) -> None:
+        self.journal.note_path(real)
+        journal.write_file(self.disk(real), data, mode, owner, mtime_ns)
+
+    def put_symlink(self, real: str, target: str) -> None:
+        self.journal.note_path(real)
+        journal.symlink(self.disk(real), target)
+
+    def remove(self, real: str) -> None:
+        self.journal.note_path(real)
+        journal.unlink(self.disk(real))
+
+    def start(self, op: str) -> None:
+        """Roll back an interrupted run, then start this one's journal."""
+        if self.dry_run:
+            if os.path.exists(self.disk(JOURNAL_PATH)):
+                print(f"note: {self.disk(JOURNAL_PATH)}: an interrupted run; the next real run rolls it back first")
+            return
+        self.journal.recover()
+
+    # directories
+
+    def ensure_dir(self, real: str) -> None:
+        """Create ``real`` and its missing parents (mode 0755), recording each one created."""
+        parts = real.strip("/").split("/")
+        for depth in range(1, len(parts) + 1):
+            path = "/" + "/".join(parts[:depth])
+            disk = self.disk(path)
+            if path in self.planned_dirs:
+                continue
+            if os.path.lexists(disk):
+                if not os.path.isdir(disk):
+                    raise HookError(f"{disk} is not a directory: install needs a directory there")
+                continue
+            if self.dry_run:
+                self.planned_dirs.add(path)
+                self.manifest.directories.append(path)
+                print(f"directory: {disk}/ (new)")
+                continue
+            if path == STATE_DIR or STATE_DIR.startswith(path + "/"):
+                raise HookError(f"{disk}: the state directory is made with the journal")  # never: begin() made it
+            self.journal.note_mkdir(path)
+            journal.step()
+            try:
+                os.mkdir(disk, 0o755)
+                os.chmod(disk, 0o755)
+            except OSError as err:
+                raise HookError(f"cannot create the directory {disk}: {err.strerror}") from None
+            self.manifest.directories.append(path)
+            fsync_dir(os.path.dirname(disk))
+            print(f"directory: {disk}/ (new)")
+
+    def begin(self, op: str) -> None:
+        if self.dry_run:
+            self.ensure_dir(STATE_DIR)
+            return
+        self.journal.on_created = self.created_state
+        self.journal.expect(op)
+
+    def created_state(self, created: list[str]) -> None:
+        for path in created:
+            self.manifest.directories.append(path)
+            print(f"directory: {self.disk(path)}/ (new)")
+
+    # the manifest
+
+    def manifest_text(self) -> bytes | None:
+        """The manifest now on disk, or None."""
+        disk = self.disk(MANIFEST_PATH)
+        try:
+            with open(disk, "rb") as handle:
+                return handle.read()
+        except FileNotFoundError:
+            return None
+        except OSError as err:
+            raise HookError(f"cannot read the manifest {disk}: {err.strerror}") from None
+
+    def save(self) -> None:
+        """Write the manifest when it changed (it lists itself nowhere; its directory is recorded)."""
+        text = self.manifest.text().encode()
+        if not self.dry_run and self.manifest_text() != text:
+            self.put(MANIFEST_PATH, text, 0o644)
+
+    # backups
+
+    def backup_path(self, real: str) -> str:
+        from urllib.parse import quote
+
+        base = f"{BACKUP_DIR}/{quote(real.lstrip('/'), safe='')}"
+        candidate, n = base, 0
+        while os.path.lexists(self.disk(candidate)):  # one left behind by an uninstall that kept a file
+            n += 1
+            candidate = f"{base}.{n}"
+        return candidate
+
+    def back_up(self, real: str, current: Current) -> dict[str, Any]:
+        """Save what is at ``real`` before it is replaced; return the manifest's record of it."""
+        assert current.st is not None
+        if current.kind == "symlink":
+            return {"symlink": current.target}
+        backup = self.backup_path(real)
+        self.ensure_dir(BACKUP_DIR)
+        if not self.dry_run:
+            self.put(backup, current.data, 0o600, mtime_ns=current.st.st_mtime_ns)
+        return {"path": backup, "sha256": sha256(current.data), "mode": f"{current.mode:04o}",
+                "uid": current.st.st_uid, "gid": current.st.st_gid, "mtime_ns": current.st.st_mtime_ns}
+
+    def restore(self, real: str, backup: dict[str, Any]) -> bool:
+        """Put back what install replaced at ``real``; False (and a warning) when its backup is lost."""
+        disk = self.disk(real)
+        if "symlink" in backup:
+            if not self.dry_run:
+                self.put_symlink(real, backup["symlink"])
+            self.say("restored", real, f"the symlink to {backup['symlink']} that install replaced")
+            return True
+        saved = self.disk(backup["path"])
+        try:
+            with open(saved, "rb") as handle:
+                data = handle.read()
+        except OSError as err:
+            print(f"warning: cannot restore {disk}: its backup {saved} is unreadable ({err.strerror})")
+            return False
+        if not self.dry_run:
+            owner = (backup["uid"], backup["gid"]) if "uid" in backup and "gid" in backup else None
+            self.put(real, data, mode_of(backup["mode"], saved), owner, backup.get("mtime_ns"))
+            self.remove(backup["path"])
+        self.say("restored", real, f"the file install replaced, from {saved}")
+        return True
+
+    # taking one file out
+
+    def take_out(self, entry: dict[str, Any], why: str) -> None:
+        """Remove (or restore) one installed file as uninstall does; keep it if it changed since."""
+        real = entry["path"]
+        disk = self.disk(real)
+        backup = entry.get("backup")
+        if entry.get("existed"):
+            self.say("left", real, "it was there, identical, before install")
+            return
+        current = current_at(disk)
+        if current.kind == "file" and sha256(current.data) == entry["sha256"]:
+            if backup and self.restore(real, backup):  # replaces ours atomically: no moment without the file
+                return
+            if not self.dry_run:
+                self.remove(real)
+            self.say("removed", real, why)
+            return
+        if current.kind == "missing":
+            self.say("gone", real, "already removed")
+            if backup:
+                self.restore(real, backup)
+            return
+        if current.kind == "file" and entry.get("merge") == "docker":
+            self.unmerge_docker(entry, current)
+            return
+        kept = "changed since install: kept, not removed"
+        if backup:
+            where = backup["symlink"] if "symlink" in backup else self.disk(backup["path"])
+            kept += f"; what install replaced is {'a symlink to ' if 'symlink' in backup else 'at '}{where}"
+        self.say("kept", real, kept)
+
+    def unmerge_docker(self, entry: dict[str, Any], current: Current) -> None:
+        """daemon.json edited since install: take out just our runtime, keep the operator's edits."""
+        from oci_gpu_hook.host import docker
+
+        real, disk = entry["path"], self.disk(entry["path"])
+        try:
+            text = docker.unmerged(current.data.decode(), RUNTIME_LAUNCHER, disk)
+        except (HookError, UnicodeDecodeError) as err:
+            self.say("kept", real, f"changed since install, and not readable JSON ({err}): remove the "
+                                   f"{docker.RUNTIME_NAME} runtime by hand")
+            return
+        if text is None:
+            self.say("kept", real, "changed since install; it no longer has the oci-gpu runtime")
+        else:
+            if not self.dry_run:
+                self.put(real, text.encode(), current.mode)
+            self.say("updated", real, f"changed since install: only the {docker.RUNTIME_NAME} runtime taken out")
+        backup = entry.get("backup")
+        if backup and "path" in backup and not self.dry_run:
+            self.remove(backup["path"])  # the operator's file is the current one now
+
+    # install
+
+    def install(self, items: list[Item], notes: list[str], selected: set[str] | None = None,
+                errors: list[str] | None = None) -> None:
+        """Write ``items``; take out the earlier install's files of the ``selected`` integrations (all: None)
+        that are no longer wanted.  An integration with a path install cannot write goes to ``errors`` (raised
+        when None) and is skipped, before anything is written."""
+        self.start("install")
+        before = self.manifest_text()
+        old = load_manifest(self.disk(MANIFEST_PATH))
+        if old is not None:
+            # Every entry stays listed until it is replaced or taken out.
+            self.manifest.files = list(old.files)
+            self.manifest.directories = [d for d in old.directories if os.path.isdir(self.disk(d))]
+        plan = []
+        for item in items:  # every refusal before any write
+            try:
+                plan.append((item, current_at(self.disk(item.path))))
+            except HookError as err:
+                if errors is None or item.integration == "core":
+                    raise
+                errors.append(f"{item.integration}: {err}")
+        failed = {e.split(":", 1)[0] for e in errors or []}
+        plan = [(item, current) for item, current in plan if item.integration not in failed]
+        if failed:
+            selected = (set(selected or INTEGRATIONS) - failed) | {"core"}
+        if self.dry_run:
+            print("dry run: nothing is written")
+        self.begin("install")
+        for item, current in plan:
+            self.install_one(item, current, old.entry(item.path) if old else None)
+        wanted_paths = {item.path for item in items}
+        for entry in old.files if old else []:
+            if entry["path"] not in wanted_paths and (selected is None
+                                                      or entry.get("integration", "core") in selected):
+                self.take_out(entry, "no longer installed")
+                self.manifest.forget(entry["path"])
+                self.save()
+        self.save()
+        if not self.dry_run:
+            self.journal.commit()
+        after = self.manifest.text().encode()
+        status = "new" if before is None else "unchanged" if before == after else "updated"
+        print(f"manifest: {self.disk(MANIFEST_PATH)} ({status})")
+        main_config = self.disk("/etc/containerd/config.toml")
+        try:
+            if self.dry_run or not any(item.path == "/etc/containerd/config.toml" for item in items):
+                raise OSError  # the file on disk is not what install would leave
+            with open(main_config, encoding="utf-8") as handle:
+                if "conf.d" not in handle.read():
+                    notes.append(f"{main_config} does not import the drop-in: add "
+                                 'imports = ["/etc/containerd/conf.d/*.toml"] to it')
+        except (OSError, ValueError):
+            pass  # no containerd here (or not a text file: not ours to judge)
+        for note in notes:
+            print(f"note: {note}")
+
+    def install_one(self, item: Item, current: Current, old: dict[str, Any] | None) -> None:
+        entry: dict[str, Any] = {"path": item.path, "sha256": sha256(item.data), "mode": f"{item.mode:04o}",
+                                 "backup": None, "integration": item.integration}
+        if item.merge:
+            entry["merge"] = item.merge
+        as_wanted = current.kind == "file" and current.data == item.data and current.mode == item.mode
+        if old is not None:
+            entry["backup"] = old.get("backup")
+            if old.get("existed"):
+                entry["existed"] = True
+            ours = current.kind == "file" and (sha256(current.data) == old["sha256"] or current.data == item.data)
+            if as_wanted:
+                self.say("unchanged", item.path, item.what)
+                if sha256(current.data) != old["sha256"]:
+                    entry = old  # edited since install into what is wanted now: uninstall keeps it too
+            elif current.kind == "missing":
+                self.write(item, current, "new", f"{item.what}; it had been removed")
+            elif ours:
+                if entry.pop("existed", False):  # it was the host's own: save it before changing it
+                    entry["backup"] = self.back_up(item.path, current)
+                self.write(item, current, "updated", item.what)
+            else:
+                self.say("kept", item.path, f"{item.what}: changed since install; not overwritten "
+                                            "(remove it and install again to get the new one)")
+                entry = old
+        elif as_wanted:
+            entry["existed"] = True
+            self.say("unchanged", item.path, f"{item.what}; it was already there and will be left by uninstall")
+        elif current.kind == "missing":
+            self.write(item, current, "new", item.what)
+        else:
+            backup = entry["backup"] = self.back_up(item.path, current)
+            saved = f"saved to {self.disk(backup['path'])}" if "path" in backup else "recorded in the manifest"
+            self.write(item, current, "replaced", f"{item.what}; what was there is {saved}")
+        self.manifest.record(entry)
+        self.save()
+
+    def write(self, item: Item, current: Current, status: str, detail: str) -> None:
+        """Write one file (its directory first)."""
+        disk = self.disk(item.path)
+        self.ensure_dir(os.path.dirname(item.path))
+        if not self.dry_run:
+            self.put(item.path, item.data, item.mode)
+        self.say(status, item.path, f"{detail}; mode {item.mode:04o}")
+        if self.dry_run:
+            self.show(item, current, disk)
+
+    def show(self, item: Item, current: Current, disk: str) -> None:
+        """--dry-run: the content of a new small file, or a diff against what is there."""
+        try:
+            new = item.data.decode()
+        except UnicodeDecodeError:
+            print(f"    ({len(item.data)} bytes, sha256 {sha256(item.data)})")
+            return
+        if current.kind == "file":
+            try:
+                old = current.data.decode()
+            except UnicodeDecodeError:
+                old = None
+            if old is not None:
+                if current.mode != item.mode:
+                    print(f"    mode {current.mode:04o} -> {item.mode:04o}")
+                sys.stdout.writelines(difflib.unified_diff(
+                    old.splitlines(keepends=True), new.splitlines(keepends=True),
+                    fromfile=f"{disk} (now)", tofile=f"{disk} (install)"))
+                if old and not old.endswith("\n"):
+                    print()
+                return
+        if current.kind == "symlink":
+            print(f"    now a symlink to {current.target}")
+        if len(item.data) > SHOW_LIMIT:
+            print(f"    ({len(item.data)} bytes, sha256 {sha256(item.data)})")
+        else:
+            sys.stdout.writelines(f"    {line}" for line in new.splitlines(keepends=True))
+
+    # uninstall
+
+    def uninstall(self, only: set[str] | None = None) -> None:
+        """Take out what the manifest lists (of the ``only`` integrations; the launchers only with all)."""
+        manifest_disk = self.disk(MANIFEST_PATH)
+        self.start("uninstall")
+        old = load_manifest(manifest_disk)
+        if old is None:
+            print(f"nothing to uninstall: no manifest at {manifest_disk}")
+            return
+        if self.dry_run:
+            print("dry run: nothing is removed")
+        self.manifest = Manifest(list(old.files), list(old.directories))
+        self.begin("uninstall")
+        mine = [e for e in old.files if only is None or e.get("integration", "core") in only]
+        for entry in mine:
+            self.take_out(entry, "installed")
+            self.manifest.forget(entry["path"])
+            if self.manifest.files:
+                self.save()  # a failure later leaves a manifest of what is still installed
+        if self.manifest.files:
+            self.journal.commit()
+            print(f"manifest: {manifest_disk} (updated: {len(self.manifest.files)} files still installed)")
+            return
+        if not self.dry_run:
+            self.remove(MANIFEST_PATH)
+        print(f"removed: {manifest_disk}")
+        kept: set[str] = set()
+        state = [d for d in old.directories if d == STATE_DIR or STATE_DIR.startswith(d + "/")]
+        for real in sorted(set(old.directories) - set(state), key=lambda d: d.count("/"), reverse=True):
+            disk = self.disk(real)
+            if not os.path.isdir(disk) or os.path.islink(disk):
+                continue
+            if self.dry_run:
+                print(f"directory: {disk}/ (removed if empty)")
+                continue
+            if os.listdir(disk):
+                kept.add(real)
+                if not all(f"{real}/{name}" in kept for name in os.listdir(disk)):  # not just a kept child
+                    print(f"kept: {disk}/ (created by install, not empty)")
+                continue
+            self.journal.note_rmdir(real, os.stat(disk))
+            journal.step()
+            try:
+                os.rmdir(disk)
+            except OSError as err:
+                if err.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise HookError(f"cannot remove the directory {disk}: {err.strerror}") from None
+                kept.add(real)
+                continue
+            fsync_dir(os.path.dirname(disk))
+            print(f"removed: {disk}/ (created by install)")
+        if self.dry_run:
+            return
+        self.journal.created = state
+        self.journal.commit(remove_state=True)
+        for real in sorted(state, key=lambda d: d.count("/"), reverse=True):
+            if not os.path.isdir(self.disk(real)):
+                print(f"removed: {self.disk(real)}/ (created by install)")
+            elif real not in kept and not any(k.startswith(real + "/") for k in kept):
+                print(f"kept: {self.disk(real)}/ (created by install, not empty)")
+
+
+def check_podman_hook(real: str, disk: Callable[[str], str], errors: list[str]) -> None:
+    """After install: the hook file is in a directory podman reads, and names an executable that is there."""
+    from oci_gpu_hook.host import podman
+
+    dirs, source = podman.hooks_dirs(disk)
+    try:
+        with open(disk(real), "rb") as handle:
+            path = json.loads(handle.read())["hook"]["path"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        errors.append(f"podman: the installed hook {disk(real)} cannot be read back ({err})")
+        return
+    if os.path.dirname(real) not in dirs:
+        errors.append(f"podman: {os.path.dirname(real)} is not a hooks directory podman reads ({source}: {dirs})")
+    elif not os.access(disk(path), os.X_OK):
+        errors.append(f"podman: the hook's path {disk(path)} is not an executable: podman refuses every container")
+    else:
+        print(f"checked: podman reads {os.path.dirname(disk(real))} ({source}) and runs {disk(path)}")
+
+
+def install_or_uninstall(opts: Options, only: set[str] | None, installer: Installer, config: Config) -> int:
+    """install or uninstall (``opts.uninstall``) the ``only`` integrations (None: all)."""
+    from oci_gpu_hook.host.launchers import launcher_defaults
+
+    if opts.uninstall:
+        given = [flag for flag, value in (("--hook", opts.hook is not None), ("--set", opts.set),
+                                          ("--docker-default-runtime", opts.docker_default_runtime),
+                                          ("--containerd-version", opts.containerd_version is not None),
+                                          ("--host-root", opts.host_root is not None)) if value]
+        if given:
+            raise HookError(f"install --uninstall takes no {', '.join(given)}: it removes what the manifest lists")
+        installer.uninstall(only)
+        return 0
+    from oci_gpu_hook.host.launchers import editable_reason
+
+    editable = editable_reason()
+    if editable and not opts.allow_editable:
+        raise HookError(f"install: {editable}")
+    notes: list[str] = []
+    errors: list[str] = []
+    items = wanted(config, opts.hook or "precreate", launcher_defaults(opts.set, "install"), notes, installer.disk,
+                   only, errors, native=opts.native, trust=not editable,
+                   docker_default_runtime=opts.docker_default_runtime, containerd_version=opts.containerd_version,
+                   host_root=os.path.abspath(opts.host_root) if opts.host_root else None)
+    failed = {e.split(":", 1)[0] for e in errors}
+    selected = None if only is None and not failed else (set(only or INTEGRATIONS) - failed) | {"core"}
+    installer.install(items, notes, selected, errors)
+    if not opts.dry_run:
+        for item in items:
+            if item.integration == "podman" and not any(e.startswith("podman:") for e in errors):
+                check_podman_hook(item.path, installer.disk, errors)
+    for error in errors:
+        print(f"skipped: {error}")
+    if errors:
+        raise HookError("; ".join(errors) + " (the other integrations are installed)")
+    return 0
+
+
+def one_at_a_time(installer: Installer, work: Callable[[], int]) -> int:
+    """Run ``work`` holding the install lock of the prefix: a second run would roll back the first's journal
+    as if it had died."""
+    import fcntl
+
+    lock = os.open(installer.prefix or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"waiting: another install or uninstall is running on {installer.prefix or '/'}")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        return work()
+    finally:
+        os.close(lock)

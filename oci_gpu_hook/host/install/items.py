@@ -1,0 +1,316 @@
+"""What install writes: one :class:`Item` per file, per integration, built from this host's configuration.
+
+The podman hook's one definition is :data:`HOOK_TEMPLATE`; the source tree's ``hooks.d/*.json`` are what
+:func:`hook_file` makes of it (tests/test_readme.py holds them to it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from oci_gpu_hook.appliers.cdi_dirs import DEFAULT_SPEC_DIRS
+from oci_gpu_hook.appliers.ocispec import HOOK_ENV
+from oci_gpu_hook.config import Config
+from oci_gpu_hook.errors import HookError
+from oci_gpu_hook.host.install.paths import (
+    HOOK_LAUNCHER,
+    LAUNCHER_DIR,
+    PACKAGE_PARENT,
+    PLANNER_UNIT,
+    RUNTIME_LAUNCHER,
+    SYSTEMD_UNIT,
+)
+
+# The podman hooks.d file of every stage ("STAGE"), naming the launcher install writes.
+HOOK_TEMPLATE: dict[str, Any] = {
+    "version": "1.0.0",
+    "hook": {"path": HOOK_LAUNCHER, "args": ["oci-gpu-hook", "STAGE"], "env": list(HOOK_ENV), "timeout": 10},
+    "when": {"always": True},
+    "stages": ["STAGE"],
+}
+
+
+@dataclass(frozen=True)
+class Item:
+    """One file install wants: its real path, content and mode, and the integration it belongs to."""
+
+    path: str
+    data: bytes
+    mode: int
+    what: str
+    integration: str = "core"
+    merge: str | None = None  # "docker": uninstall takes our entry out of a file edited since
+
+
+class Skip(Exception):
+    """An integration that is left out, with the note that says why."""
+
+
+def hook_template(stage: str) -> dict[str, Any]:
+    """The hooks.d file of ``stage``, from :data:`HOOK_TEMPLATE`."""
+    return json.loads(json.dumps(HOOK_TEMPLATE).replace('"STAGE"', json.dumps(stage)))  # type: ignore[no-any-return]
+
+
+def hook_file(stage: str, launcher: str) -> str:
+    """The hooks.d JSON of ``stage`` with ``hook.path`` pointed at ``launcher``."""
+    data = hook_template(stage)
+    data["hook"]["path"] = launcher
+    return json.dumps(data, indent=2) + "\n"
+
+
+UNIT_FALLBACK = """\
+# oci-gpu-hook watch: keeps the GPUs' CDI specs current (see examples/systemd in the source tree).
+[Unit]
+Description=oci-gpu-hook: keep the GPUs' CDI spec current on GPU and partition uevents
+After=local-fs.target systemd-modules-load.service
+Before=containerd.service crio.service docker.service
+
+[Service]
+Type=simple
+ExecStartPre=-{launcher} watch --once
+ExecStart={launcher} watch
+Restart=on-failure
+RestartSec=5s
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+PLANNER_UNIT_FALLBACK = """\
+# oci-gpu-hook serve: the resident planner the native front asks (see examples/systemd in the source tree).
+[Unit]
+Description=oci-gpu-hook: the resident planner the native front asks before it starts Python
+After=local-fs.target
+Before=containerd.service crio.service docker.service
+
+[Service]
+Type=simple
+ExecStart={launcher} serve
+Restart=always
+RestartSec=1s
+TimeoutStopSec=15s
+User=root
+RuntimeDirectory=oci-gpu-hook
+RuntimeDirectoryMode=0700
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def unit_file(launcher: str, unit: str = SYSTEMD_UNIT) -> str:
+    """The shipped unit ``unit`` (examples/systemd: the watch's or the planner's) with its ExecStart lines running
+    ``launcher``."""
+    name = os.path.basename(unit)
+    shipped = os.path.join(PACKAGE_PARENT, "examples", "systemd", name)
+    try:
+        with open(shipped, encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError:
+        return (PLANNER_UNIT_FALLBACK if unit == PLANNER_UNIT else UNIT_FALLBACK).format(launcher=launcher)
+    lines = []
+    for line in text.splitlines(keepends=True):
+        key, eq, value = line.partition("=")
+        if eq and key in ("ExecStart", "ExecStartPre"):
+            dash = "-" if value.startswith("-") else ""
+            command = value.lstrip("-").split(" ", 1)
+            line = f"{key}={dash}{launcher}{' ' + command[1] if len(command) > 1 else chr(10)}"
+        lines.append(line)
+    return "".join(lines)
+
+
+def wanted(config: Config, hook: str, defaults: dict[str, str], notes: list[str],
+           disk: Callable[[str], str], only: set[str] | None = None,
+           errors: list[str] | None = None, native: bool | None = False, trust: bool = False, *,
+           docker_default_runtime: bool = False, containerd_version: str | None = None,
+           host_root: str | None = None) -> list[Item]:
+    """Every file this install writes, in the order it writes them.  An integration that cannot be done is
+    left out: a note (``Skip``) or an error in ``errors`` (raised when ``errors`` is None).  The launchers:
+    ``native`` as ``launchers.launcher_files`` takes it (None: the native front when a compiler is found,
+    an error when it is found but the front cannot be built); ``trust``: they refuse code that a non-root
+    user could change.  ``docker_default_runtime``: make oci-gpu dockerd's default-runtime;
+    ``containerd_version``, ``host_root``: see :func:`containerd_items`."""
+    from oci_gpu_hook.host.launchers import launcher_files
+
+    items = [Item(path, data, 0o755, "launcher")
+             for path, data in launcher_files(LAUNCHER_DIR, defaults, native=native, trust=trust)]
+    planners: dict[str, Callable[[], list[Item]]] = {
+        "podman": lambda: podman_items(hook, disk, notes),
+        "cdi": lambda: cdi_items(config, notes),
+        "docker": lambda: docker_items(disk, notes, only is not None, docker_default_runtime),
+        "containerd": lambda: containerd_items(disk, notes, only is not None, containerd_version=containerd_version,
+                                               host_root=host_root),
+        "crio": lambda: crio_items(config, disk, only is not None),
+        "systemd": lambda: systemd_items(disk, notes, only is not None),
+    }
+    for name in ("podman", "cdi", "docker", "containerd", "crio", "systemd"):
+        if only is not None and name not in only:
+            continue
+        try:
+            items.extend(replace_integration(planners[name](), name))
+        except Skip as skip:
+            notes.append(f"{name}: {skip}")
+        except HookError as err:
+            if errors is None:
+                raise
+            errors.append(f"{name}: {err}")
+    return items
+
+
+def replace_integration(items: list[Item], name: str) -> list[Item]:
+    return [Item(i.path, i.data, i.mode, i.what, name, i.merge) for i in items]
+
+
+def podman_items(hook: str, disk: Callable[[str], str], notes: list[str]) -> list[Item]:
+    from oci_gpu_hook.host import podman
+
+    if hook == "none":
+        raise Skip("--hook none: no hooks.d file")
+    directory, source = podman.hooks_dir(disk)
+    notes.append(f"podman reads hooks from {directory} ({source})")
+    return [Item(f"{directory}/oci-gpu-hook-{hook}.json", hook_file(hook, HOOK_LAUNCHER).encode(),
+                 0o644, f"podman {hook} hook")]
+
+
+def cdi_items(config: Config, notes: list[str]) -> list[Item]:
+    from oci_gpu_hook.appliers import cdi
+    from oci_gpu_hook.inventory import scan_host
+
+    hook_launcher = HOOK_LAUNCHER
+    inventory = scan_host(config)
+    if not os.path.isabs(config.cdi_dir):
+        raise HookError(f"cdi_dir {config.cdi_dir!r} is not an absolute path")
+    if config.hook_path != hook_launcher:
+        notes.append(f"hook_path is {config.hook_path}, not the launcher installed here ({hook_launcher}): "
+                     "the CDI specs and rewritten specs name hook_path")
+    items = []
+    for kind in config.backends:
+        path = os.path.normpath(config.cdi_spec_path(kind))
+        if inventory.devices(kind):
+            spec = cdi.generate(inventory, kind, config)
+            cdi.validate(spec, f"generated CDI spec of {kind}")
+            items.append(Item(path, cdi.render(spec, "json").encode(), 0o644, f"CDI spec ({kind})"))
+        else:
+            notes.append(f"no {kind} GPUs under {inventory.sysfs_root}: the CDI spec {path} is not written")
+    return items
+
+
+def _read_text(disk_path: str) -> tuple[str | None, int]:
+    """A config file's text and mode; (None, 0o644) when there is none."""
+    try:
+        with open(disk_path, encoding="utf-8") as handle:
+            text = handle.read()
+        return text, stat.S_IMODE(os.stat(disk_path).st_mode)
+    except FileNotFoundError:
+        return None, 0o644
+    except (OSError, ValueError) as err:
+        raise HookError(f"cannot read {disk_path}: {getattr(err, 'strerror', None) or err}") from None
+
+
+def docker_items(disk: Callable[[str], str], notes: list[str], explicit: bool,
+                 default_runtime: bool = False) -> list[Item]:
+    """daemon.json with the ``oci-gpu`` runtime (and ``default-runtime`` when asked), and the
+    ``amd-container-runtime`` name Docker's ``--gpus`` looks for on dockerd's PATH (see :mod:`docker`)."""
+    from oci_gpu_hook.host import docker
+
+    if not explicit and not os.path.isdir(disk(os.path.dirname(docker.DAEMON_JSON))):
+        raise Skip(f"no {os.path.dirname(docker.DAEMON_JSON)} here: docker is not configured")
+    runtime = RUNTIME_LAUNCHER
+    text, mode = _read_text(disk(docker.DAEMON_JSON))
+    new = docker.merged(text, runtime, disk(docker.DAEMON_JSON), default_runtime)
+    data = text if new is None else new
+    assert data is not None
+    what = "docker daemon.json (runtime oci-gpu" + (", default-runtime oci-gpu)" if default_runtime else ")")
+    items = [Item(docker.DAEMON_JSON, data.encode(), mode, what, merge="docker")]
+    foreign = [p for p in docker.on_dockerd_path(disk, docker.GPUS_NAME) if not docker.ours(p)]
+    if foreign:
+        notes.append(f"docker: {', '.join(foreign)} is not this install's (AMD's container toolkit?): left as it is, "
+                     f"and {docker.GPUS_PATH} is not written; that file already makes Docker 28.3+ register its AMD "
+                     "driver, so `docker run --runtime oci-gpu --gpus ...` reaches this shim just the same")
+    else:
+        items.append(Item(docker.GPUS_PATH, docker.gpus_script(runtime).encode(), 0o755,
+                          "the name Docker's --gpus looks for on dockerd's PATH"))
+    nvidia = [p for name in docker.NVIDIA_NAMES for p in docker.on_dockerd_path(disk, name)]
+    if nvidia:
+        notes.append(f"docker: NVIDIA's {', '.join(nvidia)} is on dockerd's PATH: Docker then registers its NVIDIA "
+                     "driver for --gpus instead of AMD's (it looks for NVIDIA first), --gpus sets "
+                     "NVIDIA_VISIBLE_DEVICES and never asks this shim for a GPU; ask with "
+                     "-e AMD_VISIBLE_DEVICES=N or --device amd.com/gpu=N (CDI) instead")
+    current = json.loads(data).get("default-runtime") if data.strip() else None
+    if current == docker.RUNTIME_NAME:
+        notes.append("docker: default-runtime is oci-gpu: every container goes through the shim (one without a "
+                     "GPU request goes straight on to runc)")
+    else:
+        notes.append("docker: containers run through the shim only with --runtime oci-gpu; without it, runc runs "
+                     "them and a GPU request (--gpus, -e AMD_VISIBLE_DEVICES) gets no GPU, with no error. "
+                     "install --docker-default-runtime makes oci-gpu dockerd's default-runtime")
+    notes.append("restart dockerd to load the oci-gpu runtime and the --gpus driver (it looks for "
+                 f"{docker.GPUS_NAME} only when it starts); then: docker run --runtime oci-gpu --gpus device=1 ... "
+                 "(Docker 28.3+) or -e AMD_VISIBLE_DEVICES=1 (any Docker)")
+    return items
+
+
+def containerd_items(disk: Callable[[str], str], notes: list[str], explicit: bool = False, *,
+                     containerd_version: str | None = None, host_root: str | None = None) -> list[Item]:
+    """The drop-in (built from the node's main config, see :mod:`containerd`) and the main config with
+    the ``imports`` line it needs; nothing on a host without /etc/containerd.  The config version and
+    native CDI follow the node's containerd, found under ``host_root`` (default: the prefix) or given
+    as ``containerd_version`` (:mod:`containerd_detect`)."""
+    import tomllib
+
+    from oci_gpu_hook.host import containerd, containerd_detect
+
+    if not explicit and not os.path.isdir(disk(os.path.dirname(containerd.MAIN_CONFIG_PATH))):
+        raise Skip(f"no {os.path.dirname(containerd.MAIN_CONFIG_PATH)} here: containerd is not configured")
+    main_disk = disk(containerd.MAIN_CONFIG_PATH)
+    text, mode = _read_text(main_disk)
+    try:
+        main = tomllib.loads(text) if text is not None else None
+    except tomllib.TOMLDecodeError as err:
+        raise HookError(f"{main_disk} is not valid TOML ({err})") from None
+    if main is not None and containerd.config_version(main) not in containerd.CRI_PLUGIN:
+        raise Skip(f"{main_disk} is a version {main.get('version', 1)} config: containerd is left as it "
+                   "is (convert it with `containerd config migrate`, then install again)")
+    detection = containerd_detect.detect(host_root or disk("/"), option=containerd_version,
+                                         path_env=os.environ.get("PATH"))
+    chosen = containerd_detect.plan(detection, containerd.config_version(main) if main is not None else None,
+                                    main_disk)
+    version, cdi = chosen.version, chosen.cdi
+    notes.append(f"containerd: {chosen.note}")
+    items = [Item(containerd.DROP_IN_PATH,
+                  containerd.drop_in(RUNTIME_LAUNCHER, main, version=version, cdi=cdi).encode(),
+                  0o644, "containerd drop-in")]
+    if text is None:
+        imports = f'version = {version}\nimports = ["{containerd.DROP_IN_DIR}/*.toml"]\n'
+    else:  # as it is when it imports the drop-in already: still wanted, so a re-run keeps it
+        imports = containerd.with_import(text, main_disk) or text
+    items.append(Item(containerd.MAIN_CONFIG_PATH, imports.encode(), mode, "containerd config (imports)"))
+    notes.append("restart containerd to load its new configuration")
+    return items
+
+
+def crio_items(config: Config, disk: Callable[[str], str], explicit: bool) -> list[Item]:
+    from oci_gpu_hook.host import crio
+
+    if not explicit and not os.path.isdir(disk("/etc/crio")):
+        raise Skip("no /etc/crio here: CRI-O is not configured")
+    dirs = list(DEFAULT_SPEC_DIRS)
+    if os.path.normpath(config.cdi_dir) not in dirs:
+        dirs.append(os.path.normpath(config.cdi_dir))
+    return [Item(crio.DROP_IN_PATH, crio.drop_in(RUNTIME_LAUNCHER, dirs).encode(), 0o644,
+                 "CRI-O drop-in")]
+
+
+def systemd_items(disk: Callable[[str], str], notes: list[str], explicit: bool) -> list[Item]:
+    if not explicit and not os.path.isdir(disk("/etc/systemd/system")):
+        raise Skip("no /etc/systemd/system here: the watch and planner units are not installed")
+    notes.append("systemctl daemon-reload && systemctl enable --now oci-gpu-hook-watch oci-gpu-hook-planner "
+                 "(after an upgrade: systemctl restart oci-gpu-hook-planner; until then the launchers start Python)")
+    return [Item(SYSTEMD_UNIT, unit_file(HOOK_LAUNCHER).encode(), 0o644, "systemd watch unit"),
+            Item(PLANNER_UNIT, unit_file(HOOK_LAUNCHER, PLANNER_UNIT).encode(), 0o644, "systemd planner unit")]

@@ -1,0 +1,1 @@
+"""Tests that start real containers (runc, crun, podman, containerd, Docker) on real kernel cgroups."""
