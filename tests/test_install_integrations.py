@@ -10,29 +10,28 @@ from pathlib import Path
 
 import pytest
 
-from oci_gpu_hook.entry import cli
 from oci_gpu_hook.host import containerd, crio, docker, podman
 from oci_gpu_hook.host.install import items
 from oci_gpu_hook.host.install import paths as install_paths
-from tests.helpers.containerlib import INSTALL_DEV
-from tests.helpers.installtrees import CONTAINERD_V2, CONTAINERD_V3, DAEMON_JSON, build, isolated_env, put, snapshot
+from tests.helpers.installtrees import (
+    CONTAINERD_V2,
+    CONTAINERD_V3,
+    DAEMON_JSON,
+    at,
+    build,
+    isolated_env,
+    put,
+    run_install,
+    snapshot,
+)
 
 REPO = Path(__file__).resolve().parent.parent
-SYSFS = REPO / "examples" / "hosts" / "seed-8x-gfx1100" / "sys"
 LAUNCHER = f"{install_paths.LAUNCHER_DIR}/oci-gpu-hook"
 RUNTIME = f"{install_paths.LAUNCHER_DIR}/oci-gpu-runtime"
 __all__ = ["isolated_env"]  # the autouse fixture, imported
 
 
-def run(capsys: pytest.CaptureFixture[str], prefix: Path, *args: str, code: int = 0) -> tuple[str, str]:
-    got = cli.main(["--sysfs-root", str(SYSFS), "install", *INSTALL_DEV, "--prefix", str(prefix), *args])
-    out, err = capsys.readouterr()
-    assert got == code, (out, err)
-    return out, err
-
-
-def at(prefix: Path, real: str) -> Path:
-    return prefix / real.lstrip("/")
+run = run_install
 
 
 # --- docker ----------------------------------------------------------------------------------------

@@ -13,30 +13,18 @@ from pathlib import Path
 import pytest
 
 from oci_gpu_hook.config import Config
-from oci_gpu_hook.entry import cli
 from oci_gpu_hook.host import docker
 from oci_gpu_hook.host.install import paths
 from oci_gpu_hook.request import requested
 from tests.helpers import containerlib as cl
 from tests.helpers import dockergpus
-from tests.helpers.containerlib import INSTALL_DEV
-from tests.helpers.installtrees import DAEMON_JSON, build, isolated_env, put, snapshot
+from tests.helpers.installtrees import DAEMON_JSON, at, build, isolated_env, put, run_install, snapshot
 
-REPO = Path(__file__).resolve().parents[2]
-SYSFS = REPO / "examples" / "hosts" / "seed-8x-gfx1100" / "sys"
 RUNTIME = f"{paths.LAUNCHER_DIR}/oci-gpu-runtime"
 __all__ = ["isolated_env"]  # the autouse fixture, imported
 
 
-def run(capsys: pytest.CaptureFixture[str], prefix: Path, *args: str, code: int = 0) -> tuple[str, str]:
-    got = cli.main(["--sysfs-root", str(SYSFS), "install", *INSTALL_DEV, "--prefix", str(prefix), *args])
-    out, err = capsys.readouterr()
-    assert got == code, (out, err)
-    return out, err
-
-
-def at(prefix: Path, real: str) -> Path:
-    return prefix / real.lstrip("/")
+run = run_install
 
 
 # --- the contract: the real docker CLI, moby's AMD driver ------------------------------------------------

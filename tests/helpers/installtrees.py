@@ -190,3 +190,23 @@ def snapshot(root: Path, mtimes: bool = False, identity: bool = False) -> dict[s
             entry = (*what, stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid)
             tree[os.path.relpath(path, root)] = (*entry, st.st_ino, st.st_mtime_ns) if identity else entry
     return tree
+
+
+SEED_SYSFS = Path(__file__).resolve().parents[2] / "examples" / "hosts" / "seed-8x-gfx1100" / "sys"
+
+
+def run_install(capsys: pytest.CaptureFixture[str], prefix: Path, *args: str, code: int = 0) -> tuple[str, str]:
+    """``oci-gpu-hook install`` of the development tree into ``prefix`` on the seed host, in this process."""
+    from oci_gpu_hook.entry import cli
+
+    got = cli.main(["--sysfs-root", str(SEED_SYSFS), "install", "--allow-editable", "--no-native",
+                    "--prefix", str(prefix), *args])
+    out, err = capsys.readouterr()
+    assert got == code, (out, err)
+    return out, err
+
+
+def at(prefix: Path, real: str) -> Path:
+    """Where the real path ``real`` lies under ``prefix``."""
+    return prefix / real.lstrip("/")
+
