@@ -25,6 +25,7 @@ from oci_gpu_hook.oci_spec import ContainerSpec
 from oci_gpu_hook.plan import build_plan, plan_for_spec
 from oci_gpu_hook.request import requested, resolve, select
 from tests.conftest import unavailable
+from tests.helpers import fakenvidia
 from tests.helpers.fakenvidia import build_driver, build_fake_nvml, build_proc, elf_shared_object, ld_cache, mig_minor
 from tests.helpers.fakesysfs import EXAMPLE_DIRS, HOSTS, FakeGpu, FakeHost, build, build_all
 
@@ -461,6 +462,45 @@ for line in open("/proc/self/mountinfo"):
     assert list(outside.iterdir()) == [] and source.read_text() == "driver\n"
     assert (rootfs / str(outside / "target").lstrip("/")).read_text() == ""  # where evil.so leads in the rootfs
     assert (rootfs / "usr" / "lib" / "x86_64-linux-gnu" / "libcuda.so.550.54.15").read_text() == ""  # a mount point
+
+
+@pytest.mark.root("unshare")
+def test_ldconfig_reads_no_procfs_under_the_rootfs(tmp_path: Path) -> None:
+    """In a private mount namespace with two procfs under the rootfs (one at a path with a space, one bound over
+    a part of the other): ldconfig run as update_ldcache runs it lists nothing that an ld.so.conf names through
+    /proc/PID/root, where ldconfig -r alone lists the host's library; the procfs mounts are left as they were."""
+    rootfs, host = tmp_path / "root fs", tmp_path / "host"
+    (host / "lib").mkdir(parents=True)
+    (host / "lib" / "libhostonly.so.7").write_bytes(fakenvidia.elf_shared_object("libhostonly.so.7"))
+    for sub in ("proc", "x y/hp", "etc", "usr/lib/x86_64-linux-gnu"):
+        (rootfs / sub).mkdir(parents=True)
+    code = f"""
+import os, subprocess, sys
+sys.path.insert(0, {str(REPO)!r})
+from oci_gpu_hook.appliers import mounts
+from oci_gpu_hook.inventory import ldcache
+root, pid = {str(rootfs)!r}, os.getpid()
+for point in (root + "/proc", root + "/x y/hp"):
+    subprocess.run(["mount", "-t", "proc", "proc", point], check=True)
+subprocess.run(["mount", "--bind", root + "/proc/sys", root + "/proc/sys"], check=True)
+open(root + "/etc/ld.so.conf", "w").write(f"/proc/{{pid}}/root{host}/lib\\n/x y/hp/{{pid}}/root{host}/lib\\n")
+print(mounts._proc_mounts_under(root))
+subprocess.run([mounts.ldconfig(root), "-r", root], check=True, env={{}})
+print(sorted(e.soname for e in ldcache.read(root + "/etc/ld.so.cache")))
+fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+print(mounts.update_ldcache(fd, root, ("/usr/lib/x86_64-linux-gnu",)))
+print(sorted(e.soname for e in ldcache.read(root + "/etc/ld.so.cache")))
+print(mounts._proc_mounts_under(root))
+"""
+    done = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable, "-c", code],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == str([f"{rootfs}/proc", f"{rootfs}/x y/hp"])  # /proc/sys is covered with /proc
+    assert lines[1] == "['libhostonly.so.7']"  # ldconfig -r alone reads the host's library
+    assert lines[2] == f"ld cache of {rootfs} updated (/usr/lib/x86_64-linux-gnu)"
+    assert lines[3] == "[]"
+    assert lines[4] == lines[0]  # nothing propagated back
 
 
 # --- the plan and the spec rewrite -----------------------------------------------------------------
