@@ -31,7 +31,7 @@ from tests.helpers.fakenvidia import elf_shared_object
 pytestmark = pytest.mark.containers
 HOST_SONAME = "libhostonly.so.7"
 APPLIERS = ("shim", "prestart", "podman-precreate", "podman-cdi")
-HOST_PID = [1]  # set by the fixture
+Trap = Callable[[Path, Path, int], None]  # (the rootfs, the host directory it aims at, a host process's pid)
 
 
 @pytest.fixture(scope="module")
@@ -46,36 +46,35 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     (host / "firmware").mkdir()
     # a host process whose pid an image may name (pid 1 itself may be closed to root, as on some sandboxes)
     sleeper = subprocess.Popen(["sleep", "3600"])
-    HOST_PID[0] = sleeper.pid
     yield {"base": base, "host": host, "nv": host_setup(base / "nvidia-h100", "nvidia-h100"), "pid": sleeper.pid}
     sleeper.kill()
     sleeper.wait()
 
 
-def _conf(line: str) -> Callable[[Path, Path], None]:
-    def trap(rootfs: Path, host: Path) -> None:
+def _conf(line: str) -> Trap:
+    def trap(rootfs: Path, host: Path, pid: int) -> None:
         (rootfs / "etc" / "ld.so.conf").write_text("include /etc/ld.so.conf.d/*.conf\n")
         (rootfs / "etc" / "ld.so.conf.d").mkdir(exist_ok=True)
-        (rootfs / "etc" / "ld.so.conf.d" / "evil.conf").write_text(line.format(host=host, pid=HOST_PID[0]) + "\n")
+        (rootfs / "etc" / "ld.so.conf.d" / "evil.conf").write_text(line.format(host=host, pid=pid) + "\n")
     return trap
 
 
-def _link(path: str, target: str, conf: str | None = None) -> Callable[[Path, Path], None]:
-    def trap(rootfs: Path, host: Path) -> None:
+def _link(path: str, target: str, conf: str | None = None) -> Trap:
+    def trap(rootfs: Path, host: Path, pid: int) -> None:
         where = rootfs / path.lstrip("/")
         where.parent.mkdir(parents=True, exist_ok=True)
         where.symlink_to(target.format(host=host))
         if conf is not None:
-            _conf(conf)(rootfs, host)
+            _conf(conf)(rootfs, host, pid)
     return trap
 
 
-def _conf_file_link(rootfs: Path, host: Path) -> None:
+def _conf_file_link(rootfs: Path, host: Path, pid: int) -> None:
     (rootfs / "etc" / "ld.so.conf").symlink_to(f"/proc/1/root{host}/ld.so.conf")
 
 
 # (id, the trap, the container in the host's pid namespace)
-IMAGES: list[tuple[str, Callable[[Path, Path], None], bool]] = [
+IMAGES: list[tuple[str, Trap, bool]] = [
     ("conf-proc-1-root", _conf("/proc/1/root{host}/lib"), False),
     ("conf-proc-host-pid", _conf("/proc/{pid}/root{host}/lib\n/proc/self/root{host}/lib\n/proc/1/root{host}/lib"),
      True),
@@ -92,11 +91,11 @@ IMAGES: list[tuple[str, Callable[[Path, Path], None], bool]] = [
 ]
 
 
-def _start(setup: dict[str, Any], applier: str, trap: Callable[[Path, Path], None],
+def _start(setup: dict[str, Any], applier: str, trap: Trap,
            host_pid: bool) -> tuple[Any, Path]:
     nv = setup["nv"]
     rootfs = make_rootfs(setup["base"] / f"{cl.container_id()}-rootfs", nv["model"])
-    trap(rootfs, setup["host"])
+    trap(rootfs, setup["host"], setup["pid"])
     if applier.startswith("podman"):
         cdi = applier == "podman-cdi"
         argv = [*cl.PODMAN, "--runtime=runc", f"--hooks-dir={setup['base'] / 'no-hooks' if cdi else nv['hooks-dir']}",
@@ -125,7 +124,7 @@ def _listing(host: Path) -> dict[str, str]:
 
 @pytest.mark.parametrize(("trap", "host_pid"), [i[1:] for i in IMAGES], ids=[i[0] for i in IMAGES])
 def test_a_hostile_image_gets_nothing_of_the_host_and_one_outcome(setup: dict[str, Any],
-                                                                   trap: Callable[[Path, Path], None],
+                                                                   trap: Trap,
                                                                    host_pid: bool) -> None:
     before = _listing(setup["host"])
     outcomes = {}
@@ -158,7 +157,7 @@ def test_the_probe_sees_the_driver_through_the_image_symlinks(setup: dict[str, A
             (applier, done.stdout)
 
 
-def _fifo_conf(rootfs: Path, host: Path) -> None:
+def _fifo_conf(rootfs: Path, host: Path, pid: int) -> None:
     os.mkfifo(rootfs / "etc" / "ld.so.conf")
 
 
