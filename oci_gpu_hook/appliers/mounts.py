@@ -57,7 +57,9 @@ MOVE_MOUNT_F_EMPTY_PATH, MOVE_MOUNT_T_EMPTY_PATH = 0x04, 0x40
 MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID, MOUNT_ATTR_NODEV = 0x1, 0x2, 0x4
 LDCONFIG = ("/sbin/ldconfig.real", "/sbin/ldconfig", "/usr/sbin/ldconfig")  # Ubuntu's ldconfig is a script
 CONF_FILE = "/etc/ld.so.conf.d/00-oci-gpu-hook.conf"
-LDCONFIG_SECONDS = 5  # under the hooks' own timeouts (10 s, 30 s); ldconfig over 1100 libraries: 0.3 s
+# Under the runtime's timeout of the hooks that run it (prestart: 10 s for everything, as installed; ldcache: 30 s),
+# so that a refusal is this line, not the runtime's kill; ldconfig over the 1100 libraries of a Debian host: 0.3 s.
+LDCONFIG_SECONDS = 5
 CLONE_NEWNS, MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 0x20000, 1, 2, 4, 8, 0x4000, 1 << 18
 _libc: Any = None
 
