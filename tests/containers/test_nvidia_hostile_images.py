@@ -172,3 +172,29 @@ def test_an_image_that_would_hold_ldconfig_is_refused_alike(setup: dict[str, Any
         assert f"did not finish in {mounts.LDCONFIG_SECONDS} s" in line, (applier, done.stderr)
         said[applier] = line.replace(str(rootfs), "ROOTFS")
     assert len(set(said.values())) == 1, said
+
+
+def _file_at(path: str, directory: bool = False) -> Trap:
+    def trap(rootfs: Path, host: Path, pid: int) -> None:
+        where = rootfs / path.lstrip("/")
+        where.parent.mkdir(parents=True, exist_ok=True)
+        if directory:
+            where.mkdir()
+        else:
+            where.write_text("not a directory\n")
+    return trap
+
+
+@pytest.mark.parametrize(("trap", "named"), [(_file_at(LIB), LIB), (_file_at("/lib/firmware"), "/lib/firmware"),
+                                             (_file_at("/usr/bin/nvidia-smi", directory=True), "/usr/bin/nvidia-smi")],
+                         ids=["driver-dir-a-file", "firmware-a-file", "smi-a-directory"])
+def test_an_image_with_a_file_where_the_driver_goes_is_refused_everywhere(setup: dict[str, Any], trap: Trap,
+                                                                          named: str) -> None:
+    """Where the image has a file in place of a directory the driver's files go to (or a directory in place of
+    one): every applier refuses, in one line naming the place. The words differ: on the shim and CDI paths
+    runc itself mounts, before any hook, and says it in its own."""
+    for applier in APPLIERS:
+        done, _ = _start(setup, applier, trap, False)
+        assert done.returncode != 0 and "Traceback" not in done.stderr, (applier, done.stderr)
+        assert named in done.stderr and ("not a directory" in done.stderr or "directory or special file there"
+                                         in done.stderr), (applier, done.stderr)
