@@ -24,9 +24,10 @@ line on stderr, exit 1), unless written with ``allow_untrusted`` (tests, editabl
 
 **The front's settings stamp.**  What the front knows of the config file (its runtime, its request names) is
 only right while the file holds the bytes it was baked from, so the front bakes those bytes (the file as read
-once, and parsed from that same read: a file over 1 MiB, or one that cannot be read or parsed, bakes no fast
-path) and, on every create, run and hook, reads the file again and compares it in full with them, then checks
-it as trusted as :func:`oci_gpu_hook.config.check_trusted` does.  Any difference hands over to Python.  No
+once, and parsed from that same read: a file over 1 MiB bakes no fast path; one that a container start could
+not use is refused before anything is written, :func:`check_live_config`) and, on every create, run and hook,
+reads the file again and compares it in full with them, then checks it as trusted as
+:func:`oci_gpu_hook.config.check_trusted` does.  Any difference hands over to Python.  No
 clock or stat field is compared: reading a file changes its access time (``relatime``), and on a filesystem
 with whole-second timestamps an edit of the same size in the same second leaves every stat field as it was;
 the content cannot miss an edit.  Reading a small file costs the front a few microseconds.
