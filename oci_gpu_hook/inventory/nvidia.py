@@ -264,6 +264,8 @@ def _gpu_index(token: str, gpus: tuple[Device, ...]) -> Device | str:
     if not token.isdigit() or not token.isascii():
         return "is not an nvidia GPU index"
     digits = token.lstrip("0") or "0"
+    if not gpus:
+        return "is out of range: this host has no nvidia GPUs"
     if len(digits) > 9 or int(digits) >= len(gpus):
         return f"is out of range (the host has {len(gpus)} nvidia GPUs)"
     return gpus[int(digits)]
@@ -306,7 +308,7 @@ def match(token: str, devices: tuple[Device, ...]) -> tuple[Device, ...] | str |
         gpu, _, mig = token.partition(":")
         parent = _gpu_index(gpu, gpus)
         if isinstance(parent, str):
-            return f"names GPU '{gpu}', which {parent[3:] if parent.startswith('is ') else parent}"
+            return f"names GPU '{gpu}', which {parent}"
         mine = [d for d in devices if d.mig is not None and d.parent == parent.index]
         if not mig.isdigit() or not mig.isascii():
             return "is not a MIG device (expected GPU:MIG, e.g. 0:0)"
