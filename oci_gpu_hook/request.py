@@ -27,7 +27,9 @@ What the node cannot serve, one rule: ``all`` means every device of the kind thi
 node with none of the kind (it never had one, or they have all been removed) it grants nothing of it and is
 noted (one log line says the container asked for it), never refused: CUDA images carry
 ``NVIDIA_VISIBLE_DEVICES=all`` in their image env, and they start on an AMD, Intel or GPU-less node as they
-would without this tool, with what else they ask for (``AMD_VISIBLE_DEVICES=1`` beside it) granted.  A name
+would without this tool, with what else they ask for (``AMD_VISIBLE_DEVICES=1`` beside it) granted.  A node
+whose backend sees devices of the kind but can grant none of them (a GPU the driver excluded or cannot serve, an
+amdgpu device without its KFD node) is not without the kind: ``all`` is then refused with what it saw.  A name
 of one device (an index, a range, a UUID, a PCI address, a CDI name, a MIG device) that the node lacks is
 refused, whether the kind has other devices here or none.  A kind not in ``backends`` is not this tool's at
 all: its variables and annotations are someone else's (another vendor's toolkit), read by nothing here.
@@ -197,7 +199,7 @@ def resolve(asks: list[Ask], inventory: Inventory, present: Set[tuple[str, int, 
             continue
         counted.append(ask)
         if not inventory.devices(ask.kind) and any(v.strip().lower() == "all" for v in ask.values):
-            notes.append(f"{ask.source}=all: this host has no {ask.kind} GPUs, none granted")
+            notes.append(_nothing_of(ask, inventory.set_aside(ask.kind)))
         named: dict[int, Device] = {}
         for value in ask.values:
             for device in select(ask.kind, value, inventory.devices(ask.kind), ask.source):
@@ -212,6 +214,16 @@ def resolve(asks: list[Ask], inventory: Inventory, present: Set[tuple[str, int, 
         chosen.update(named)
         devices[ask.kind] = tuple(chosen[i] for i in sorted(chosen))
     return Request(counted, devices, tuple(notes))
+
+
+def _nothing_of(ask: Ask, set_aside: Sequence[tuple[str, str]]) -> str:
+    """The note of ``all`` of a kind the host has no device of; a HookError where it has some that cannot be granted
+    (the node is not without the kind: its driver or partitions are not right)."""
+    if set_aside:
+        name, why = set_aside[0]
+        more = f" (and {len(set_aside) - 1} more)" if len(set_aside) > 1 else ""
+        raise HookError(f"{ask.source}=all: this host's {ask.kind} GPUs cannot be granted: {name}: {why}{more}")
+    return f"{ask.source}=all: this host has no {ask.kind} GPUs, none granted"
 
 
 def _present(kind: str, devices: tuple[Device, ...], present: Set[tuple[str, int, int]]) -> tuple[Device, ...]:

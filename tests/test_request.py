@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -645,3 +646,25 @@ def test_gpus_removed_while_the_node_runs(tmp_path: Path) -> None:
         _plan([f"{NAME}=1"], sysfs, tmp_path)
     with pytest.raises(HookError, match="is not the PCI address of an AMD GPU on this host"):
         _plan([f"{NAME}={amd_gpus[0].pci}"], sysfs, tmp_path)
+
+
+def test_all_where_the_kind_is_there_but_nothing_can_be_granted_is_refused(tmp_path: Path) -> None:
+    """A node with the vendor's GPUs that its backend cannot grant (every GPU excluded by the NVIDIA driver; amdgpu
+    devices without KFD) is not a node without the kind: ``all`` there is refused with what was seen."""
+    nvidia = tmp_path / "nvidia"
+    shutil.copytree(REPO / "examples" / "hosts" / "nvidia-4x-h100", nvidia, symlinks=True)
+    for info in (nvidia / "proc" / "driver" / "nvidia" / "gpus").glob("*/information"):
+        info.write_text(info.read_text().replace("GPU Excluded:\t No", "GPU Excluded:\t Yes"))
+    settings = Config(sysfs_root=str(nvidia / "sys"), proc_root=str(nvidia / "proc"),
+                      driver_root=str(nvidia / "driver"), hook_path="/bin/true")
+    spec = ContainerSpec({"ociVersion": "1.0.2", "process": {"env": imageenvs.CUDA_BASE}})
+    with pytest.raises(HookError) as info:
+        plan_for_spec(spec, settings)
+    assert str(info.value) == ("NVIDIA_VISIBLE_DEVICES=all: this host's nvidia GPUs cannot be granted: 0000:1b:00.0: "
+                               "excluded by the driver (GPU Excluded: Yes) (and 3 more)")
+    host = fakesysfs.seed_host()
+    sysfs = Path(fakesysfs.build(str(tmp_path / "amd" / "sys"), host))
+    shutil.rmtree(sysfs / "devices" / "virtual" / "kfd")  # amdgpu loaded, its compute side not
+    with pytest.raises(HookError, match=r"^AMD_VISIBLE_DEVICES=all: this host's amd GPUs cannot be granted: "
+                                        r"0000:03:00.0: renderD128 has no KFD topology node.* \(and 7 more\)$"):
+        _plan([f"{NAME}=all"], sysfs, tmp_path)

@@ -36,7 +36,7 @@ import os
 
 from oci_gpu_hook.core.devices import Node
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.inventory import HALF_THERE, Device
+from oci_gpu_hook.inventory import HALF_THERE, NOT_A_DEVICE, Device
 from oci_gpu_hook.inventory.sysfs import HEX_DIGITS, driver, follow, numa_node, parse_pci_address, read
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
@@ -201,7 +201,7 @@ def discover(root: str, drm: list[DrmDevice], proc_root: str = "/proc",
     switches = os.path.join(root, "bus", "pci", "drivers", "nvidia-nvswitch")
     for name in sorted(os.listdir(switches)) if os.path.isdir(switches) else ():
         if parse_pci_address(name):
-            seen[follow(os.path.join(switches, name))] = "an NVSwitch (nvidia-nvswitch): not a GPU"
+            seen[follow(os.path.join(switches, name))] = "an NVSwitch (nvidia-nvswitch)" + NOT_A_DEVICE
     migs = _mig_devices(proc_root, gpus, majors.get("nvidia-caps"), seen)
     if not gpus:
         return [], (), seen
