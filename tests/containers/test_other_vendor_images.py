@@ -14,6 +14,7 @@ the node: what must open is worked out from the fixture definitions, never by th
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -188,3 +189,19 @@ def test_gpus_removed_while_the_node_runs(nodes: dict[str, Any]) -> None:
     starts("podman-precreate", {})
     done = _run(nodes, "removal", "prestart-v1", [*imageenvs.ROCM, AMD1])
     assert done.returncode != 0 and "'1' is out of range: this host has no amd GPUs" in done.stderr, done.stderr
+
+
+def test_all_where_the_gpus_are_there_but_none_can_be_granted_is_refused(nodes: dict[str, Any]) -> None:
+    """A copy of the H100 host whose driver excludes every GPU is not a node without NVIDIA GPUs: the CUDA image's
+    ``all`` stops it in one line, through the shim and the live hook alike."""
+    copy = nodes["base"] / "excluded"
+    shutil.copytree(model("nvidia-h100").base, copy, symlinks=True)
+    for info in (copy / "proc" / "driver" / "nvidia" / "gpus").glob("*/information"):
+        info.write_text(info.read_text().replace("GPU Excluded:\t No", "GPU Excluded:\t Yes"))
+    nodes["excluded"] = _node(nodes["base"], "excluded-node", nodes["nvidia"]["model"], copy / "sys", copy / "proc",
+                              copy / "driver")
+    line = ("oci-gpu-hook: error: NVIDIA_VISIBLE_DEVICES=all: this host's nvidia GPUs cannot be granted: 0000:1b:00.0: "
+            "excluded by the driver (GPU Excluded: Yes) (and 3 more)")
+    for applier in ("shim-v1", "prestart-v2"):
+        done = _run(nodes, "excluded", applier, imageenvs.CUDA_BASE)
+        assert done.returncode != 0 and "done" not in done.stdout and line in done.stderr, (applier, done.stderr)
