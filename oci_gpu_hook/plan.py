@@ -56,7 +56,8 @@ class Plan:
 
     def record(self, config: Config, entry: str, cid: str | None, started: float, **extra: Any) -> None:
         """The log line of a run that granted GPUs, or ignored a request (``allow_env_requests``, annotations
-        won); none for a container that asked for nothing, nor without a log file (:mod:`oci_gpu_hook.log`)."""
+        won, ``all`` of a kind the host has none of); none for a container that asked for nothing, nor without a log
+        file (:mod:`oci_gpu_hook.log`)."""
         if (not self and not self.request.note) or not config.log_file:
             return
         import time
