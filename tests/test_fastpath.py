@@ -18,6 +18,7 @@ import pytest
 
 from oci_gpu_hook.host import launchers
 from tests.helpers import containerlib as cl
+from tests.helpers import imageenvs
 
 pytestmark = pytest.mark.skipif(launchers.find_cc() is None, reason="no C compiler")
 
@@ -53,6 +54,7 @@ GRANTED = {
     "annotation-escaped-value": plain(annotations={"cdi.k8s.io/x": "V"}).replace('"V"',
                                                                                  f'"{esc("amd.com/gpu=1")}"'),
     "huge": plain([REQUEST], {"padding": "p" * (20 << 20)}),
+    "cuda-image-and-amd": plain([*imageenvs.CUDA_BASE, REQUEST]),  # NVIDIA_VISIBLE_DEVICES=all: none here, noted
 }
 # Inputs the Python path does not grant (or refuses); the front may hand over or not, the result must agree
 OTHER = {
@@ -60,6 +62,8 @@ OTHER = {
     "duplicate-key-last-wins": '{"process": {"env": []}, "process": {"env": ["AMD_VISIBLE_DEVICES=1"]}}',
 
     "clean": plain(["FOO=1"]),
+    "cuda-image": plain(imageenvs.CUDA_BASE),  # all of a kind the seed host lacks: nothing granted, noted
+    "rocm-image": plain(imageenvs.ROCM),
     "lower-case-name": plain(["amd_visible_devices=1"]),
     "key-other-case": '{"Process": {"Env": ["AMD_VISIBLE_DEVICES=1"]}}',
     "duplicate-key-first": '{"process": {"env": ["AMD_VISIBLE_DEVICES=1"]}, "process": {"env": []}}',
@@ -138,7 +142,7 @@ def test_precreate_non_utf8_and_custom_names(install: dict[str, Path]) -> None:
     assert b"\xff" in text
     python, front = precreate(install["python"], text), precreate(install["native"], text)
     assert (front.returncode, front.stdout) == (python.returncode, python.stdout)
-    custom = plain(["MY_INTEL_GPUS=all"]).encode()  # request_env of the config file, intel: asks, host has none
+    custom = plain(["MY_INTEL_GPUS=0"]).encode()  # request_env of the config file, intel: names a GPU the host lacks
     python, front = precreate(install["python"], custom), precreate(install["native"], custom)
     assert python.returncode != 0 and b"intel" in python.stderr
     assert (front.returncode, front.stderr) == (python.returncode, python.stderr)

@@ -194,7 +194,7 @@ def test_uuid_requests_are_case_insensitive() -> None:
     ("2", "'2' is out of range (the host has 2 nvidia GPUs)"),
     ("0:4", "'0:4' is out of range (GPU 0 has 4 MIG devices)"),
     ("1:0", "names MIG device 0 of GPU 1, which has no MIG devices"),
-    ("5:0", "names GPU '5', which out of range (the host has 2 nvidia GPUs)"),
+    ("5:0", "names GPU '5', which is out of range (the host has 2 nvidia GPUs)"),
     ("0:x", "is not a MIG device"),
     ("GPU-0000", "is not the UUID of an NVIDIA GPU on this host"),
     ("GPU-", "is not a valid UUID"),
@@ -215,9 +215,10 @@ def test_bad_requests_say_what_is_valid(value: str, why: str) -> None:
     assert "MIG devices like 0:0" in text and "\n" not in text
 
 
-def test_no_nvidia_gpus_all_is_an_error() -> None:
-    with pytest.raises(HookError, match="this host has no nvidia GPUs"):
-        select("nvidia", "all", (), "NVIDIA_VISIBLE_DEVICES")
+def test_no_nvidia_gpus_all_grants_nothing_and_a_name_is_refused() -> None:
+    assert select("nvidia", "all", (), "NVIDIA_VISIBLE_DEVICES") == ()
+    with pytest.raises(HookError, match="'1' is out of range: this host has no nvidia GPUs"):
+        select("nvidia", "1", (), "NVIDIA_VISIBLE_DEVICES")
 
 
 def test_env_and_annotations_select_the_kind() -> None:

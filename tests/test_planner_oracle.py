@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from oci_gpu_hook.host import launchers
 from tests.conftest import need
 from tests.helpers import containerlib as cl
-from tests.helpers import plannerlib
+from tests.helpers import imageenvs, plannerlib
 from tests.helpers.hostiletexts import hostile_text
 from tests.test_fastpath import GRANTED
 from tests.test_fastpath_oracle import CORPUS, FAKE_RUNTIME, STATES
@@ -180,6 +180,9 @@ REQUESTS = {
     "nvidia-on-an-amd-host": spec(["NVIDIA_VISIBLE_DEVICES=0"]),
     "nvidia-two": spec(["NVIDIA_VISIBLE_DEVICES=0,1", "NVIDIA_DRIVER_CAPABILITIES=compute,utility"]),
     "nvidia-all": spec(["NVIDIA_VISIBLE_DEVICES=all"]),
+    "cuda-image": spec(imageenvs.CUDA_BASE),
+    "cuda-image-and-amd": spec([*imageenvs.CUDA_BASE, "AMD_VISIBLE_DEVICES=1"]),
+    "rocm-image": spec(imageenvs.ROCM),
     "two-kinds": spec(["AMD_VISIBLE_DEVICES=1", "INTEL_VISIBLE_DEVICES=all"]),
     "annotation": spec([], {"cdi.k8s.io/oci-gpu-hook_gpu": "amd.com/gpu=0000:23:00.0"}),
     "annotation-wins": spec(["AMD_VISIBLE_DEVICES=all"], {"cdi.k8s.io/x": "amd.com/gpu=2"}),
@@ -203,7 +206,7 @@ REQUESTS = {
 def test_container_suite_requests_agree(install: dict[str, Path], planner: plannerlib.Planner, entry: str,
                                         name: str) -> None:
     planned = agree(entry, install, REQUESTS[name])
-    if entry != "prestart" and name in ("one", "all", "annotation", "out-of-range", "non-ascii"):
+    if entry != "prestart" and name in ("one", "all", "annotation", "out-of-range", "non-ascii", "cuda-image-and-amd"):
         assert planned, (entry, name)  # granted, or refused, by the planner: no Python start
 
 
@@ -234,7 +237,7 @@ ENVIRONMENTS = {
 
 @pytest.mark.parametrize("entry", sorted(ENTRIES))
 @pytest.mark.parametrize("request_name", ["one", "out-of-range", "lone-surrogate-escape", "non-ascii", "nvidia-two",
-                                          "nvidia-all"])
+                                          "nvidia-all", "cuda-image-and-amd"])
 @pytest.mark.parametrize("environment", sorted(ENVIRONMENTS))
 def test_environments_agree(install: dict[str, Path], planner: plannerlib.Planner, entry: str, request_name: str,
                             environment: str) -> None:
