@@ -31,15 +31,12 @@ pytestmark = pytest.mark.skipif(launchers.find_cc() is None, reason="no C compil
 
 
 @pytest.fixture(scope="module")
-def install(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def served(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Path], plannerlib.Planner]:
+    """An install and its planner (two workers), for the module."""
     need()  # the planner runs as root
-    return make_install(tmp_path_factory.mktemp("bounds"))
-
-
-@pytest.fixture(scope="module")
-def planner(install: dict[str, Path]) -> plannerlib.Planner:
+    install = make_install(tmp_path_factory.mktemp("bounds"))
     running = start_planner(install, workers=2)
-    yield running  # type: ignore[misc]
+    yield install, running  # type: ignore[misc]
     running.stop()
 
 
@@ -69,12 +66,13 @@ WRAPPERS = {
 
 @pytest.mark.parametrize("name", sorted(WRAPPERS))
 @pytest.mark.parametrize("owner", [0, 65534], ids=["root-bundle", "other-uid-bundle"])
-def test_a_front_with_less_gets_what_python_gets(install: dict[str, Path], planner: plannerlib.Planner,
-                                                 name: str, owner: int) -> None:
+def test_a_front_with_less_gets_what_python_gets(served: tuple[dict[str, Path], plannerlib.Planner], name: str,
+                                                 owner: int) -> None:
     """The same shim create under the same real setpriv/prlimit/capsh, through the native front (the planner
     running) and through the Python launcher alone: the same status, stdout, stderr and config.json; the planner
     served it only where the front's credentials are the planner's (else the front fell back to Python)."""
-    wrapper, served = WRAPPERS[name]
+    install, planner = served
+    wrapper, by_planner = WRAPPERS[name]
     cl.need(wrapper[0])
     text = spec_text(["AMD_VISIBLE_DEVICES=1"])
     outcomes = []
@@ -85,7 +83,7 @@ def test_a_front_with_less_gets_what_python_gets(install: dict[str, Path], plann
         python_runs(install)
         done = create(install, kind, bundle, name, wrapper)
         if kind == "native":
-            assert python_runs(install) == (0 if served else 1), (name, planner.log.read_text()[-2000:])
+            assert python_runs(install) == (0 if by_planner else 1), (name, planner.log.read_text()[-2000:])
         outcomes.append((done.returncode, done.stdout, done.stderr, (bundle / "config.json").read_bytes()))
     assert outcomes[0] == outcomes[1]
     if name == "fsize-512":
@@ -94,10 +92,11 @@ def test_a_front_with_less_gets_what_python_gets(install: dict[str, Path], plann
         assert outcomes[0][0] == 1 and outcomes[0][3] == text.encode()  # Python cannot write it: nor the planner
 
 
-def test_credentials_are_read_from_the_peer(install: dict[str, Path], planner: plannerlib.Planner) -> None:
+def test_credentials_are_read_from_the_peer(served: tuple[dict[str, Path], plannerlib.Planner]) -> None:
     """What the planner compares: its own credentials against the connecting process's, named by its pidfd (a
     child under setpriv differs in its capabilities, a child under prlimit in its limits, an ordinary child in
     nothing)."""
+    install, _planner = served
     own = planner_module.credentials_of(0)
     assert own is not None and not planner_module.exec_problem(own)
     probe = ("import socket, sys, time\nfrom oci_gpu_hook.host import planner\n"
@@ -206,10 +205,11 @@ def test_a_burst_far_beyond_the_workers_writes_each_config_once(tmp_path: Path) 
     assert fell_back < 100
 
 
-def test_a_front_that_is_not_told_ready_in_time_is_never_served(install: dict[str, Path],
-                                                                planner: plannerlib.Planner) -> None:
+def test_a_front_that_is_not_told_ready_in_time_is_never_served(
+        served: tuple[dict[str, Path], plannerlib.Planner]) -> None:
     """A client that never says GO: the worker that said READY does nothing (the precreate's log record never
     comes), and the next request is served."""
+    install, _planner = served
     text = spec_text(["AMD_VISIBLE_DEVICES=3"]).encode()
     data = plannerlib.request_bytes(planner_module.version_line(), "oci-gpu-hook", "/x", ["precreate"],
                                     [f"OCI_GPU_HOOK_CONFIG={install['config']}", "PATH=/bin"], text)
