@@ -270,3 +270,52 @@ def test_the_stamp_without_inotify_sees_a_change(tmp_path: Path) -> None:
     assert not stamp.changed()
     (tree / "plan.py").write_text((tree / "plan.py").read_text())  # the same bytes, written again
     assert stamp.changed() and watch.changed()
+
+
+# --- real containers ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def runc_served(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Path], Path]:
+    """An install whose shim runs runc, and a rootfs."""
+    need()
+    cl.need("runc", "busybox", "unshare", "setpriv")
+    install = make_install(tmp_path_factory.mktemp("bounds-runc"), runtime="runc")
+    return install, cl.make_rootfs(install["base"] / "rootfs")
+
+
+def _without_pids(text: str) -> str:
+    import re
+
+    return re.sub(r"\d+", "N", text)
+
+
+@pytest.mark.containers
+@pytest.mark.parametrize("v2", [False, True], ids=["cgroup-v1", "cgroup-v2"])
+def test_a_prestart_hook_without_capabilities_in_runc(runc_served: tuple[dict[str, Path], Path], v2: bool) -> None:
+    """A prestart hook entry run under ``setpriv --bounding-set=-all --inh-caps=-all`` in a real runc container: with
+    the planner running, the native front is refused by it and falls back, and the container fails as it does with
+    the Python launcher alone (the hook cannot enter the container); neither makes a node or opens the cgroup."""
+    install, rootfs = runc_served
+    running = start_planner(install, workers=2)
+    outcomes = []
+    try:
+        for kind in ("native", "python"):
+            wrapper = install["base"] / f"capless-{kind}"
+            wrapper.write_text(f'#!/bin/sh\nexec setpriv --bounding-set=-all --inh-caps=-all '
+                               f'{install[kind] / "oci-gpu-hook"} "$@"\n')
+            wrapper.chmod(0o755)
+            bundle = cl.make_bundle(install["base"] / cl.container_id(), rootfs, ["AMD_VISIBLE_DEVICES=1"])
+            cl.add_prestart(bundle, wrapper)
+            python_runs(install)
+            argv = ["runc", "run", "--bundle", str(bundle), bundle.name]
+            result = cl.run(cl.cgroup2_wrap(argv) if v2 else argv, env=cl.hook_env())
+            if kind == "native":
+                assert python_runs(install) == 1, running.log.read_text()[-2000:]
+            hook_lines = [line for line in result.stderr.splitlines() if "oci-gpu-hook" in line]
+            outcomes.append((result.returncode, _without_pids("\n".join(hook_lines)), "renderD" in result.stdout))
+    finally:
+        running.stop()
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[0][0] != 0 and not outcomes[0][2], outcomes
+    assert "credentials" in running.log.read_text()
