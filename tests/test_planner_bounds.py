@@ -61,6 +61,7 @@ WRAPPERS = {
     "fsize-512": (["prlimit", "--fsize=512"], True),  # the worker takes the limit on, and fails as Python does
     "nofile-256": (["prlimit", "--nofile=256:256"], True),
     "as-limited": (["prlimit", "--as=8000000000"], False),  # a fork of the planner holds more than a fresh Python
+    "groups-65534": (["setpriv", "--groups=65534"], True),  # supplementary groups: taken on
 }
 
 

@@ -301,12 +301,13 @@ def decode_answer(data: bytes) -> list[bytes]:
 # /proc does not show: the front sends its own, and a front that lies about them holds the capabilities anyway,
 # for they must equal the planner's), and the memory limits (RLIMITS_SAME: a fork of the planner holds more
 # memory than a fresh Python).  The other rlimits the worker takes on (RLIMITS_TAKEN): the file size limit, the
-# descriptor limit and the rest bound the Python launcher exactly as they bind the worker.  Anything else
+# descriptor limit and the rest bound the Python launcher exactly as they bind the worker; and so it takes on the
+# supplementary groups (a root shell's "0", a service's none).  Anything else
 # differs: refused, and the front's Python runs with the front's own credentials.  The peer is named by
 # SO_PEERPIDFD (the process that connected, not whatever holds its pid now), its /proc files are read while
 # that pidfd shows the same pid (a reaped front's pid could be another process's), before the request is read.
 
-STATUS_FIELDS = ("Uid", "Gid", "Groups", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp",
+STATUS_FIELDS = ("Uid", "Gid", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp",
                  "Seccomp_filters")
 RLIMITS_SAME = ("AS", "DATA", "STACK", "RSS")
 RLIMITS_TAKEN = ("CPU", "FSIZE", "CORE", "NPROC", "NOFILE", "MEMLOCK", "LOCKS", "SIGPENDING", "MSGQUEUE", "NICE",
@@ -319,12 +320,14 @@ RLIMIT_NUMBERS = {"CPU": 0, "FSIZE": 1, "DATA": 2, "STACK": 3, "CORE": 4, "RSS":
 class Credentials:
     """What decides what a process may do: the STATUS_FIELDS lines, the LSM label and the rlimits."""
 
-    __slots__ = ("label", "limits", "status")
+    __slots__ = ("groups", "label", "limits", "status")
 
-    def __init__(self, status: dict[str, str], label: bytes | None, limits: dict[str, tuple[int, int]]) -> None:
+    def __init__(self, status: dict[str, str], label: bytes | None, limits: dict[str, tuple[int, int]],
+                 groups: list[int] | None = None) -> None:
         self.status = status
         self.label = label
         self.limits = limits
+        self.groups = groups or []
 
 
 def _read(path: str) -> bytes | None:
@@ -335,12 +338,15 @@ def _read(path: str) -> bytes | None:
         return None  # attr/current where no LSM is loaded (EINVAL); the comparison then sees None on both sides
 
 
+_WANTED = frozenset(f.encode() for f in (*STATUS_FIELDS, "Groups"))
+
+
 def _status_fields(text: bytes) -> dict[str, str]:
     fields = {}
-    for line in text.decode("ascii", "replace").splitlines():
-        name, _colon, value = line.partition(":")
-        if name in STATUS_FIELDS:
-            fields[name] = " ".join(value.split())
+    for line in text.split(b"\n"):
+        name, _colon, value = line.partition(b":")
+        if name in _WANTED:
+            fields[name.decode()] = b" ".join(value.split()).decode("ascii", "replace")
     return fields
 
 
@@ -356,16 +362,17 @@ def credentials_of(pid: int) -> Credentials | None:
         limits = {n: resource.prlimit(pid, RLIMIT_NUMBERS[n]) for n in (*RLIMITS_SAME, *RLIMITS_TAKEN)}
     except OSError:
         return None
-    return Credentials(_status_fields(status), _read(f"{where}/attr/current"), limits)
+    fields = _status_fields(status)
+    groups = [int(g) for g in fields.pop("Groups", "").split() if g.isdigit()]
+    return Credentials(fields, _read(f"{where}/attr/current"), limits, groups)
 
 
-def _pidfd_pid(pidfd: int) -> int:
-    text = _read(f"/proc/self/fdinfo/{pidfd}") or b""
-    for line in text.splitlines():
-        if line.startswith(b"Pid:"):
-            value = line[4:].strip()
-            return int(value) if value.isdigit() else -1
-    return -1
+def _pidfd_pid(fdinfo: int) -> int:
+    """The pid in the pidfd's /proc/self/fdinfo (open as ``fdinfo``): -1 once the process is reaped."""
+    text = os.pread(fdinfo, 4096, 0)
+    at = text.find(b"\nPid:")
+    value = text[at + 5:text.find(b"\n", at + 5)].strip() if at >= 0 else b""
+    return int(value) if value.isdigit() else -1
 
 
 def peer_credentials(conn: socket_module.socket) -> Credentials | str:
@@ -376,16 +383,22 @@ def peer_credentials(conn: socket_module.socket) -> Credentials | str:
         pidfd = conn.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD)
     except OSError as err:
         return f"the front cannot be named (SO_PEERPIDFD: {err.strerror}; Linux 6.5 or later)"
+    fdinfo = -1
     try:
-        pid = _pidfd_pid(pidfd)
+        fdinfo = os.open(f"/proc/self/fdinfo/{pidfd}", os.O_RDONLY | os.O_CLOEXEC)
+        pid = _pidfd_pid(fdinfo)
         if pid <= 0:
             return "the front is gone or in a pid namespace this planner cannot see"
         found = credentials_of(pid)
-        if found is None or _pidfd_pid(pidfd) != pid:
+        if found is None or _pidfd_pid(fdinfo) != pid:
             return "the front is gone"
         return found
+    except OSError as err:
+        return f"the front cannot be read ({err.strerror})"
     finally:
         os.close(pidfd)
+        if fdinfo >= 0:
+            os.close(fdinfo)
 
 
 def securebits() -> int:
@@ -410,8 +423,15 @@ def credentials_problem(peer: Credentials, own: Credentials, peer_securebits: in
 
 
 def take_limits(peer: Credentials, own: Credentials) -> None:
-    """The RLIMITS_TAKEN of the front, set on this worker where they differ from the planner's."""
+    """The RLIMITS_TAKEN and the supplementary groups of the front, set on this worker where they differ from the
+    planner's."""
     import resource
+
+    if peer.groups != own.groups:
+        try:
+            os.setgroups(peer.groups)
+        except OSError as err:
+            raise BadRequest(f"cannot take the front's groups: {err.strerror}") from None
 
     for name in RLIMITS_TAKEN:
         if peer.limits[name] != own.limits[name]:
