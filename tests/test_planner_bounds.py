@@ -320,3 +320,57 @@ def test_a_prestart_hook_without_capabilities_in_runc(runc_served: tuple[dict[st
     assert outcomes[0] == outcomes[1]
     assert outcomes[0][0] != 0 and not outcomes[0][2], outcomes
     assert "credentials" in running.log.read_text()
+
+
+def _fake_planner(socket_path: Path, steps: str) -> threading.Thread:
+    """A server on ``socket_path`` that reads one request and then plays ``steps``: "ready" (say READY and read
+    GO), "started" (say STARTED), then closes: a worker killed at that step."""
+    socket_path.parent.mkdir(mode=0o700, exist_ok=True)  # as the planner makes it: root's alone
+    listening = socket.socket(socket.AF_UNIX)
+    socket_path.unlink(missing_ok=True)
+    listening.bind(str(socket_path))
+    listening.listen(1)
+
+    def serve() -> None:
+        with listening:
+            conn, _addr = listening.accept()
+            with conn:
+                conn.settimeout(30)
+                _data, _fds, _flags, _addr2 = socket.recv_fds(conn, 8, 8)
+                size = int.from_bytes(_data[4:8], "big")
+                while size > 0:
+                    size -= len(conn.recv(size))
+                if "ready" in steps:
+                    conn.sendall(planner_module.READY)
+                    assert conn.recv(4, socket.MSG_WAITALL) == planner_module.GO
+                if "started" in steps:
+                    conn.sendall(planner_module.STARTED)
+                for fd in _fds:
+                    os.close(fd)
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("steps", ["", "ready", "ready started"], ids=["before-ready", "after-go", "after-started"])
+def test_a_worker_killed_at_each_step(tmp_path: Path, steps: str) -> None:
+    """The front against a planner that dies after reading the request, after GO, after STARTED: the first two
+    fall back to Python (nothing was done), the last stops with one line and does not run the request again."""
+    install = make_install(tmp_path / "install")
+    text = spec_text(["AMD_VISIBLE_DEVICES=4"])
+    bundle = bundle_with(tmp_path, "b", text)
+    python_runs(install)
+    thread = _fake_planner(install["socket"], steps)
+    try:
+        done = create(install, "native", bundle, "k1")
+    finally:
+        thread.join(timeout=60)
+        install["socket"].unlink(missing_ok=True)
+    if "started" in steps:
+        assert done.returncode == 1 and done.stderr.count(b"\n") == 1, done.stderr
+        assert b"resident planner stopped while it served this request" in done.stderr
+        assert python_runs(install) == 0 and (bundle / "config.json").read_text() == text
+    else:
+        assert (done.returncode, done.stderr) == (0, b"")
+        assert python_runs(install) == 1 and logged(install, "k1") == 1
