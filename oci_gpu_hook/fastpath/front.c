@@ -925,7 +925,7 @@ static int write_all(int fd, const char *s, size_t n)
  * front falls back to the Python launcher, which gives the same outcome.  Once or not at all: the planner says
  * READY before it changes anything; the front says GO only within OGH_PLANNER_TIMEOUT_MS of its start, else it
  * falls back; after GO it falls back only when the connection ends before the planner's STARTED, and after
- * STARTED it never runs the request again (a planner that dies then: one line, status 1).
+ * STARTED it never runs the request again (a planner that dies or fails then: one line, status 1).
  * The protocol: planner.py read_request, serve_one, encode_answer. */
 
 struct out {
@@ -1201,8 +1201,7 @@ static void ask_planner(const char *input, size_t len)
         /* as the Python launcher: SIGPIPE and SIGXFSZ ignored (CPython does so at start; exec keeps it) */
         signal(SIGPIPE, SIG_IGN);
         signal(SIGXFSZ, SIG_IGN);
-        if (!write_all(1, f[5], n[5]) || !write_all(2, f[6], n[6]))
-        {
+        if (!write_all(1, f[5], n[5]) || !write_all(2, f[6], n[6])) {
             dprintf(2, "oci-gpu-hook: error: cannot write the planner's answer: %s\n", strerror(errno));
             _exit(1); /* the request is not run again */
         }
@@ -1221,8 +1220,8 @@ static void ask_planner(const char *input, size_t len)
         _exit((int)code);
     }
 started: /* the planner began and did not finish: what it did is not done twice */
-    dprintf(2, "oci-gpu-hook: error: the resident planner stopped while it served this request (not run again; "
-               "see its log): start the container again\n");
+    dprintf(2, "oci-gpu-hook: error: the resident planner did not finish this request (it is not run again; "
+               "see the planner's log): start the container again\n");
     _exit(1);
 fallback:
     free(req.p);
