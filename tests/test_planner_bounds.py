@@ -284,6 +284,28 @@ def test_the_stamp_without_inotify_sees_a_change(tmp_path: Path) -> None:
     assert stamp.changed() and watch.changed()
 
 
+@pytest.mark.parametrize("change", ["rename-over", "remove", "chmod", "rename-away"])
+def test_the_watch_sees_what_an_upgrade_does(tmp_path: Path, change: str) -> None:
+    """What pip does to an installed file: a new one renamed over it, removed, its mode changed, moved away."""
+    tree = tmp_path / "pkg"
+    shutil.copytree(cl.REPO / "oci_gpu_hook", tree, ignore=shutil.ignore_patterns("__pycache__"))
+    watch = planner_module.PackageWatch(str(tree))
+    (tree / "__pycache__").mkdir(exist_ok=True)  # Python's own writes are no change
+    (tree / "__pycache__" / "x.pyc").write_bytes(b"")
+    assert not watch.changed()
+    target = tree / "request.py"
+    if change == "rename-over":
+        (tree / ".new").write_text(target.read_text())
+        os.replace(tree / ".new", target)
+    elif change == "remove":
+        target.unlink()
+    elif change == "chmod":
+        target.chmod(0o600)
+    else:
+        target.rename(tmp_path / "away.py")
+    assert watch.changed()
+
+
 # --- real containers ------------------------------------------------------------------------------------------
 
 
