@@ -72,6 +72,7 @@
 #include <linux/openat2.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
@@ -292,10 +293,26 @@ static int read_all(int fd, char **out, size_t *len)
     return got == 1;
 }
 
+/* a regular file: anything else (a FIFO, whose open would block; a socket; a device, whose open may act) is
+ * never opened here: 0, and the Python path says what it is */
+static int open_regular(const char *path)
+{
+    struct stat st;
+    int fd;
+    if (stat(path, &st) != 0 || !S_ISREG(st.st_mode))
+        return -1;
+    fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))) { /* replaced in between */
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
 static int read_path(const char *path, char **out, size_t *len)
 {
     struct stat st;
-    int ok, fd = open(path, O_RDONLY | O_CLOEXEC);
+    int ok, fd = open_regular(path);
     if (fd < 0)
         return 0;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > OGH_MAX_INPUT) {
@@ -830,9 +847,12 @@ static int config_as_baked(int named)
 {
     char *buf;
     size_t len;
-    int same, fd = open(OGH_CONFIG_PATH, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) /* as Python: a missing default file is no file; a named one that is missing is an error */
+    struct stat st;
+    int same, fd;
+    if (stat(OGH_CONFIG_PATH, &st) != 0) /* as Python: a missing default file is no file; a named one, an error */
         return !OGH_CONFIG_EXISTS && errno == ENOENT && !named;
+    if ((fd = open_regular(OGH_CONFIG_PATH)) < 0)
+        return 0;
     if (!OGH_CONFIG_EXISTS) {
         close(fd);
         return 0;
@@ -900,9 +920,13 @@ static int write_all(int fd, const char *s, size_t n)
  * (the namespaces, root and cwd as file descriptors); the front then writes its stdout and stderr bytes and
  * exits with its status, or execs the runtime it names.  The planner writes config.json itself, as Python does
  * (atomic.write_atomic: a rename, never a half-written file).  No socket, a socket in a directory that is not
- * root's alone, a server that is not root, a planner of another version or build, anything short or late
- * (OGH_PLANNER_TIMEOUT_MS in all): the front falls back to the Python launcher, which gives the same outcome.
- * The protocol: planner.py read_request / write_answer. */
+ * root's alone, a server that is not root, a planner of another version or build, a refusal (a front whose
+ * credentials are not the planner's, a planner whose package changed on disk), anything short or late: the
+ * front falls back to the Python launcher, which gives the same outcome.  Once or not at all: the planner says
+ * READY before it changes anything; the front says GO only within OGH_PLANNER_TIMEOUT_MS of its start, else it
+ * falls back; after GO it falls back only when the connection ends before the planner's STARTED, and after
+ * STARTED it never runs the request again (a planner that dies or fails then: one line, status 1).
+ * The protocol: planner.py read_request, serve_one, encode_answer. */
 
 struct out {
     char *p;
@@ -965,13 +989,14 @@ static long ms_left(const struct timespec *deadline)
     return (deadline->tv_sec - now.tv_sec) * 1000 + (deadline->tv_nsec - now.tv_nsec) / 1000000;
 }
 
+/* fd ready for ``events`` before ``deadline`` (NULL: however long it takes) */
 static int wait_for(int fd, short events, const struct timespec *deadline)
 {
     for (;;) {
         struct pollfd p = {.fd = fd, .events = events};
-        long left = ms_left(deadline);
+        long left = deadline ? ms_left(deadline) : -1;
         int got;
-        if (left <= 0)
+        if (deadline && left <= 0)
             return 0;
         got = poll(&p, 1, (int)left);
         if (got < 0 && errno == EINTR)
@@ -1108,6 +1133,7 @@ static void ask_planner(const char *input, size_t len)
     out_str(&req, OGH_ROLE == OGH_ROLE_SHIM ? OGH_RUNTIME : ""); /* the runtime the Python launcher has baked */
     out_num(&req, (long)getppid());
     out_num(&req, (long)mask);
+    out_num(&req, (long)prctl(PR_GET_SECUREBITS, 0, 0, 0, 0));
     out_u32(&req, g_argc > 1 ? (size_t)g_argc - 1 : 0);
     for (int i = 1; i < g_argc; i++)
         out_str(&req, g_argv[i]);
@@ -1145,12 +1171,15 @@ static void ask_planner(const char *input, size_t len)
         goto fallback;
     free(req.p);
     req.p = NULL;
-    if (!recv_all(sock, header, sizeof header, &deadline) || memcmp(header, "OGHA", 4) != 0)
+    /* READY (else a refusal, or nothing in time: Python), GO while inside the bound, then STARTED */
+    if (!recv_all(sock, header, 4, &deadline) || memcmp(header, "OGHR", 4) != 0 || ms_left(&deadline) <= 0 ||
+        !send_all(sock, "OGHG", 4, &deadline) || !recv_all(sock, header, 4, NULL) || memcmp(header, "OGHS", 4) != 0)
         goto fallback;
+    if (!recv_all(sock, header, sizeof header, NULL) || memcmp(header, "OGHA", 4) != 0)
+        goto started;
     body = get_u32(header + 4);
-    if (body > OGH_PLANNER_MAX_ANSWER || !(answer = malloc(body ? body : 1)) ||
-        !recv_all(sock, answer, body, &deadline))
-        goto fallback;
+    if (body > OGH_PLANNER_MAX_ANSWER || !(answer = malloc(body ? body : 1)) || !recv_all(sock, answer, body, NULL))
+        goto started;
     {
         const char *at = answer, *end = answer + body, *f[7];
         size_t n[7];
@@ -1161,19 +1190,21 @@ static void ask_planner(const char *input, size_t len)
         /* version, status, exit status, runtime to exec, an environment entry for it, stdout, stderr */
         if (at != end || !span_is(f[0], n[0], OGH_PLANNER_VERSION) || !span_is(f[1], n[1], "ok") || !n[2] ||
             n[2] > 3 || n[3] >= PATH_MAX || memchr(f[3], '\0', n[3]) || memchr(f[4], '\0', n[4]))
-            goto fallback;
+            goto started;
         for (size_t k = 0; k < n[2]; k++) {
             if (!isdigit((unsigned char)f[2][k]))
-                goto fallback;
+                goto started;
             code = code * 10 + (f[2][k] - '0');
         }
         if (code > 255)
-            goto fallback;
+            goto started;
         /* as the Python launcher: SIGPIPE and SIGXFSZ ignored (CPython does so at start; exec keeps it) */
         signal(SIGPIPE, SIG_IGN);
         signal(SIGXFSZ, SIG_IGN);
-        if (!write_all(1, f[5], n[5]) || !write_all(2, f[6], n[6]))
-            goto fallback; /* Python meets the same broken pipe, and says so */
+        if (!write_all(1, f[5], n[5]) || !write_all(2, f[6], n[6])) {
+            dprintf(2, "oci-gpu-hook: error: cannot write the planner's answer: %s\n", strerror(errno));
+            _exit(1); /* the request is not run again */
+        }
         close(sock);
         if (n[3]) {
             char runtime[PATH_MAX];
@@ -1188,6 +1219,10 @@ static void ask_planner(const char *input, size_t len)
         }
         _exit((int)code);
     }
+started: /* the planner began and did not finish: what it did is not done twice */
+    dprintf(2, "oci-gpu-hook: error: the resident planner did not finish this request (it is not run again; "
+               "see the planner's log): start the container again\n");
+    _exit(1);
 fallback:
     free(req.p);
     free(answer);
