@@ -220,9 +220,11 @@ def load_file(path: str) -> dict[str, Any]:
     """Read and check the TOML file."""
     check_trusted(path)
     where = f"config file {path}"
+    from oci_gpu_hook.trust import read_regular
+
     try:
-        with open(path, "rb") as handle:
-            raw = handle.read()
+        # a FIFO, socket or device never blocks a container's start; /dev/null is the empty config, as it is written
+        raw = b"" if path == os.devnull else read_regular(path)
     except OSError as err:
         raise HookError(f"{where}: cannot read ({err.strerror})") from None
     return parse_bytes(raw, where)

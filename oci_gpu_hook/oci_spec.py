@@ -250,21 +250,11 @@ def loads(text: str) -> Any:
 
 def read_text(path: str) -> str:
     """The text of the file at ``path``; a FIFO, socket or device is refused unopened (its open could block or
-    act), as the native front hands it over unopened."""
-    import stat
-
-    def special(mode: int) -> bool:
-        return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+    act), as the native front hands it over unopened (:func:`oci_gpu_hook.trust.read_regular`)."""
+    from oci_gpu_hook.trust import read_regular
 
     try:
-        if special(os.stat(path).st_mode):
-            raise HookError(f"cannot read {path}: it is not a regular file")
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)  # replaced in between: no hang
-        if special(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise HookError(f"cannot read {path}: it is not a regular file")
-        with open(fd, encoding="utf-8") as handle:
-            return handle.read()
+        return read_regular(path).decode("utf-8")
     except OSError as err:
         raise HookError(f"cannot read {path}: {err.strerror}") from None
     except UnicodeDecodeError:

@@ -343,3 +343,26 @@ def test_without_config_raises_the_configs_own_error(capsys: pytest.CaptureFixtu
     without_config(ContainerSpec({"process": {"env": ["AMD_VISIBLE_DEVICES=none"]}}), problem, "precreate")
     err = capsys.readouterr().err
     assert err.startswith(f"oci-gpu-hook: warning: {problem}; the container asks for no GPU") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("kind", ["fifo", "socket"])
+def test_a_config_path_that_is_no_file_is_refused_unopened(tmp_path: Path, kind: str) -> None:
+    """A FIFO at the config path would block the read of every container's start (no writer ever comes): it is
+    refused, as a socket is, before any open could block; ``/dev/null`` stays the empty config."""
+    import os
+    import socket
+
+    path = tmp_path / "config.toml"
+    listening = None
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listening.bind(str(path))
+    try:
+        with pytest.raises(HookError, match="cannot read .it is not a regular file"):
+            load_file(str(path))
+    finally:
+        if listening is not None:
+            listening.close()
+    assert load_config({"OCI_GPU_HOOK_CONFIG": os.devnull}).source == os.devnull
