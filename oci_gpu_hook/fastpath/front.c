@@ -72,6 +72,7 @@
 #include <linux/openat2.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
@@ -93,6 +94,55 @@ extern char **environ;
 
 static char **g_argv;
 static int g_argc;
+
+/* ------------------------------------------------------------------ the journal's line */
+
+/* oci_gpu_hook/log.py journal: "<PRI>Mmm dd hh:mm:ss oci-gpu-hook[PID]: ENTRY: TEXT" as one datagram to the
+ * syslog socket, non-blocking; nothing when it cannot go, nor when the config baked says syslog = false.  ENTRY:
+ * the hook's command or the shim's name, as Python writes it. */
+static void journal(int pri, const char *fmt, ...)
+{
+    static const char months[12][4] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
+                                       "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    char text[1024], line[1280];
+    struct tm tm;
+    time_t now = time(NULL);
+    va_list ap;
+    int n, fd;
+    if (!OGH_SYSLOG || strlen(OGH_SYSLOG_SOCKET) >= sizeof addr.sun_path || !localtime_r(&now, &tm))
+        return;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    for (char *c = text; *c; c++)
+        if ((unsigned char)*c < 0x20 || *c == 0x7f)
+            *c = '?';
+    n = snprintf(line, sizeof line, "<%d>%s %2d %02d:%02d:%02d %s[%ld]: %s: %s", pri, months[tm.tm_mon],
+                 tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, OGH_PROGRAM, (long)getpid(),
+                 OGH_ROLE == OGH_ROLE_SHIM || g_argc < 2 ? OGH_ROLE_NAME : g_argv[1], text);
+    if (n <= 0)
+        return;
+    strcpy(addr.sun_path, OGH_SYSLOG_SOCKET);
+    fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return;
+    sendto(fd, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1, MSG_NOSIGNAL, (struct sockaddr *)&addr,
+           sizeof addr);
+    close(fd);
+}
+
+/* the one error line on stderr, and the journal's (a front refuses by itself only where Python cannot run) */
+static void say_error(const char *fmt, ...)
+{
+    char text[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    dprintf(2, "%s: error: %s\n", OGH_PROGRAM, text);
+    journal(OGH_SYSLOG_PRI_ERR, "error: %s", text);
+}
 
 /* ------------------------------------------------------------------ hand-over to Python */
 
@@ -135,8 +185,8 @@ static int trusted_path(const char *path)
 
 static void refuse(const char *what, const char *path)
 {
-    dprintf(2, "oci-gpu-hook: error: refusing to run: %s %s is missing or writable by a non-root user "
-               "(install into a root-owned prefix, see README)\n", what, path);
+    say_error("refusing to run: %s %s is missing or writable by a non-root user "
+              "(install into a root-owned prefix, see README)", what, path);
     _exit(1);
 }
 
@@ -183,7 +233,7 @@ static void to_python(const char *input, size_t len, int more)
                 unlink(name);
         }
         if (fd < 0) {
-            dprintf(2, "oci-gpu-hook: error: cannot keep stdin for the Python path: %s\n", strerror(errno));
+            say_error("cannot keep stdin for the Python path: %s", strerror(errno));
             _exit(1);
         }
         while (done < len) {
@@ -191,7 +241,7 @@ static void to_python(const char *input, size_t len, int more)
             if (w < 0 && errno == EINTR)
                 continue;
             if (w <= 0) {
-                dprintf(2, "oci-gpu-hook: error: cannot keep stdin for the Python path: %s\n", strerror(errno));
+                say_error("cannot keep stdin for the Python path: %s", strerror(errno));
                 _exit(1);
             }
             done += (size_t)w;
@@ -212,12 +262,12 @@ static void to_python(const char *input, size_t len, int more)
                 w += k;
             }
             if (r < 0 || w < r) {
-                dprintf(2, "oci-gpu-hook: error: cannot keep stdin for the Python path: %s\n", strerror(errno));
+                say_error("cannot keep stdin for the Python path: %s", strerror(errno));
                 _exit(1);
             }
         }
         if (lseek(fd, 0, SEEK_SET) != 0 || dup2(fd, 0) != 0) {
-            dprintf(2, "oci-gpu-hook: error: cannot hand stdin to the Python path: %s\n", strerror(errno));
+            say_error("cannot hand stdin to the Python path: %s", strerror(errno));
             _exit(1);
         }
         if (fd != 0)
@@ -234,7 +284,7 @@ static void to_python(const char *input, size_t len, int more)
         args[n++] = g_argv[i];
     args[n] = NULL;
     execv(OGH_PYTHON, args);
-    dprintf(2, "oci-gpu-hook: error: cannot run %s: %s\n", OGH_PYTHON, strerror(errno));
+    say_error("cannot run %s: %s", OGH_PYTHON, strerror(errno));
     _exit(1);
 }
 
@@ -1055,6 +1105,30 @@ static int planner_dir_ok(const char *socket_path)
 
 static void exec_path(const char *path);
 
+/* The journal's info line for a planner that is there but does not serve this request (the front then starts
+ * Python: slower, same outcome).  None where no planner runs: no directory, no socket (it was stopped). */
+static void planner_handover(const char *socket_path, int sock, int answered, const struct timespec *deadline)
+{
+    int err = errno;
+    struct sockaddr_un peer;
+    socklen_t peer_len = sizeof peer;
+    const char *why;
+    if (sock < 0 || getpeername(sock, (struct sockaddr *)&peer, &peer_len) != 0) {
+        if (err == ENOENT)
+            return;
+        journal(OGH_SYSLOG_PRI_INFO, "the planner at %s cannot be reached (%s); handing over to Python",
+                socket_path, strerror(err));
+        return;
+    }
+    if (answered)
+        why = "handed the request back (a planner of another version, or a request it does not serve: see its log)";
+    else if (ms_left(deadline) <= 0)
+        why = "did not answer in time";
+    else
+        why = "broke the exchange off";
+    journal(OGH_SYSLOG_PRI_INFO, "the planner at %s %s; handing over to Python", socket_path, why);
+}
+
 /* Ask the planner (see above): returns only when the front is to fall back to the Python launcher. */
 static void ask_planner(const char *input, size_t len)
 {
@@ -1067,7 +1141,7 @@ static void ask_planner(const char *input, size_t len)
     socklen_t cred_len = sizeof cred;
     struct out req = {0};
     char header[8], *answer = NULL;
-    int fds[6], nfds = 0, sock = -1;
+    int fds[6], nfds = 0, sock = -1, answered = 0;
     mode_t mask;
     size_t count = 0, body;
     if (!socket_path)
@@ -1151,6 +1225,7 @@ static void ask_planner(const char *input, size_t len)
     if (body > OGH_PLANNER_MAX_ANSWER || !(answer = malloc(body ? body : 1)) ||
         !recv_all(sock, answer, body, &deadline))
         goto fallback;
+    answered = 1;
     {
         const char *at = answer, *end = answer + body, *f[7];
         size_t n[7];
@@ -1189,6 +1264,7 @@ static void ask_planner(const char *input, size_t len)
         _exit((int)code);
     }
 fallback:
+    planner_handover(socket_path, sock, answered, &deadline);
     free(req.p);
     free(answer);
     for (int i = 0; i < nfds; i++)
@@ -1209,7 +1285,7 @@ static void exec_path(const char *path)
         args[i] = g_argv[i];
     args[n] = NULL;
     execv(path, args);
-    dprintf(2, "oci-gpu-hook: error: cannot run %s: %s\n", path, strerror(errno));
+    say_error("cannot run %s: %s", path, strerror(errno));
     _exit(1);
 }
 
@@ -1658,7 +1734,7 @@ static void links_main(void)
         to_python(NULL, 0, 0);
     got = read_fd(0, &input, &len);
     if (!got) {
-        dprintf(2, "oci-gpu-hook: error: cannot read stdin: %s\n", strerror(errno));
+        say_error("cannot read stdin: %s", strerror(errno));
         _exit(1);
     }
     if (got == TOO_LARGE)
@@ -1696,7 +1772,7 @@ int main(int argc, char **argv)
         to_python(NULL, 0, 0);
     got = read_fd(0, &input, &len);
     if (!got) {
-        dprintf(2, "oci-gpu-hook: error: cannot read stdin: %s\n", strerror(errno));
+        say_error("cannot read stdin: %s", strerror(errno));
         return 1;
     }
     if (got == TOO_LARGE)
