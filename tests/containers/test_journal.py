@@ -6,6 +6,7 @@ there), with no planner running: a GPU container handed to Python for want of on
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from collections.abc import Iterator
@@ -31,6 +32,11 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     paths = cl.hook_setup(base)
     paths["hooks"] = cl.write_hooks_dir(base / "hooks", paths["hook"], paths["config"])
     paths["no-hooks"] = base / "no-hooks"
+    shipped = json.loads((cl.REPO / "hooks.d" / "oci-gpu-hook-prestart.json").read_text())
+    shipped["hook"]["path"] = str(paths["hook"])
+    (base / "prestart-hooks").mkdir()
+    (base / "prestart-hooks" / "oci-gpu-hook-prestart.json").write_text(json.dumps(shipped))
+    paths["prestart-hooks"] = base / "prestart-hooks"
     return paths
 
 
@@ -49,10 +55,10 @@ def _run(argv: list[str], journal: tuple[Listener, Path]) -> tuple[subprocess.Co
     return done, listener.lines()
 
 
-def _podman(setup: dict[str, Path], name: str, *options: str, hooks: bool = True,
+def _podman(setup: dict[str, Path], name: str, *options: str, hooks: str = "hooks",
             runtime: str = "runc") -> list[str]:
     run = [a for a in cl.PODMAN_RUN if a != "--rm"]  # kept until inspected: its id is what the line must name
-    return [*cl.PODMAN, f"--runtime={runtime}", f"--hooks-dir={setup['hooks' if hooks else 'no-hooks']}", *run,
+    return [*cl.PODMAN, f"--runtime={runtime}", f"--hooks-dir={setup[hooks]}", *run,
             "--name", name, *options, "--rootfs", str(setup["rootfs"]), "/bin/true"]
 
 
@@ -110,13 +116,26 @@ def test_podman_granted_gpu_and_no_request_write_no_journal_line(setup: dict[str
 def test_podman_shim_refusal_is_in_podman_output_and_the_journal(setup: dict[str, Path],
                                                                  journal: tuple[Listener, Path]) -> None:
     name = cl.container_id()
-    done, lines = _run(_podman(setup, name, "-e", "AMD_VISIBLE_DEVICES=gpu1", hooks=False,
+    done, lines = _run(_podman(setup, name, "-e", "AMD_VISIBLE_DEVICES=gpu1", hooks="no-hooks",
                                runtime=str(setup["runtime"])), journal)
     cid = _podman_id(name)
     assert done.returncode != 0
     assert REASON in done.stderr  # runc's --log, read by podman
     container, reason = _one_refusal(lines, "oci-gpu-runtime")
     assert container == cid  # the shim's argv
+    assert reason.startswith(REASON)
+
+
+def test_podman_prestart_refusal_is_in_podman_output_and_the_journal(setup: dict[str, Path],
+                                                                     journal: tuple[Listener, Path]) -> None:
+    name = cl.container_id()
+    done, lines = _run(_podman(setup, name, "-e", "AMD_VISIBLE_DEVICES=gpu1", hooks="prestart-hooks"), journal)
+    cid = _podman_id(name)
+    assert done.returncode != 0
+    # podman shows runc's error, which quotes the hook's stderr
+    assert "error running hook: exit status 1, stdout: , stderr: oci-gpu-hook: error: " + REASON in done.stderr
+    container, reason = _one_refusal(lines, "prestart")
+    assert container == cid  # the state's id
     assert reason.startswith(REASON)
 
 
