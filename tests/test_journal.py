@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ from oci_gpu_hook import log
 from oci_gpu_hook.config import Config
 from oci_gpu_hook.entry import cli, runtime
 from oci_gpu_hook.host import launchers
+from oci_gpu_hook.host import planner as planner_module
 from tests.conftest import need
 from tests.helpers import containerlib as cl
 from tests.helpers.journallib import Listener
@@ -296,4 +298,33 @@ def test_the_front_says_when_a_planner_is_there_but_does_not_serve(front: dict[s
     finally:
         silent.close()
     assert _message(line) == (f"oci-gpu-runtime: the planner at {front['socket']} did not answer in time; "
+                              "handing over to Python")
+    front["socket"].unlink()
+
+
+def test_the_front_says_when_the_planner_hands_the_request_back(front: dict[str, Path]) -> None:
+    """A planner that reads the request and answers "refused" (as one of another version does)."""
+    front["socket"].parent.mkdir(mode=0o700)
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(front["socket"]))
+    server.listen(1)
+    server.settimeout(60)  # a front that never asks fails the test, not hangs it
+
+    def answer() -> None:
+        conn, _addr = server.accept()
+        with conn:
+            request = planner_module.read_request(conn)
+            for fd in request.fds:
+                os.close(fd)
+            conn.sendall(planner_module.encode_answer(request.version, "refused"))
+
+    thread = threading.Thread(target=answer)
+    thread.start()
+    try:
+        (line,) = _create(front)
+    finally:
+        thread.join()
+        server.close()
+    assert _message(line) == (f"oci-gpu-runtime: the planner at {front['socket']} handed the request back (a "
+                              "planner of another version, or a request it does not serve: see its log); "
                               "handing over to Python")

@@ -54,6 +54,7 @@
  *   ask_planner         oci_gpu_hook/host/planner.py read_request, encode_answer (the protocol), run_entry
  *                       (what the answer holds); exec_path: entry/runtime.py main's execv (after prepare)
  *   untrusted           the TRUST check of oci_gpu_hook/host/launchers.py
+ *   journal             oci_gpu_hook/log.py journal (syslog_line), with the config's syslog as baked
  */
 #define _GNU_SOURCE
 #include <ctype.h>
