@@ -26,7 +26,8 @@ from oci_gpu_hook.host import launchers
 from oci_gpu_hook.host import planner as planner_module
 from tests.conftest import need
 from tests.helpers import containerlib as cl
-from tests.helpers.journallib import Listener
+from tests.helpers import plannerlib
+from tests.helpers.journallib import Listener, with_dev_log
 
 BAD = "AMD_VISIBLE_DEVICES=gpu1"
 REASON = "AMD_VISIBLE_DEVICES=gpu1: 'gpu1' is not a GPU index"
@@ -328,3 +329,48 @@ def test_the_front_says_when_the_planner_hands_the_request_back(front: dict[str,
     assert _message(line) == (f"oci-gpu-runtime: the planner at {front['socket']} handed the request back (a "
                               "planner of another version, or a request it does not serve: see its log); "
                               "handing over to Python")
+
+
+def test_a_refusal_the_planner_serves_is_one_line_from_the_front_s_dev_log(tmp_path: Path) -> None:
+    """The planner's worker runs the shim's code in the front's mount namespace: the line goes to the front's
+    /dev/log (here the test's socket, in a namespace of its own), once, and the front falls back to nothing."""
+    if launchers.find_cc() is None:
+        pytest.skip("no C compiler")
+    need("unshare")
+    config = tmp_path / "config.toml"
+    config.write_text(f'sysfs_root = "{cl.SEED_SYSFS}"\nruntime = "/bin/true"\nhook_path = "/bin/true"\n')
+    socket_path = tmp_path / "run" / "planner.sock"
+    launchers.write_launchers(str(tmp_path / "bin"), {"OCI_GPU_HOOK_CONFIG": str(config),
+                                                      "OCI_GPU_HOOK_PLANNER_SOCKET": str(socket_path)}, native=True)
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "config.json").write_text(_spec([BAD]))
+    launcher = tmp_path / "bin" / "oci-gpu-hook"
+    running = plannerlib.Planner(launcher, socket_path, {**cl.hook_env(), "OCI_GPU_HOOK_CONFIG": str(config)}, 2,
+                                 argv=[str(launcher), "serve", "--verbose"]).start()
+    got = Listener(tmp_path / "log.sock")
+    try:
+        (tmp_path / "dev").mkdir()
+        done = subprocess.run(with_dev_log([str(tmp_path / "bin" / "oci-gpu-runtime"), "create", "--bundle",
+                                            str(bundle), "c1"], got.path, tmp_path / "dev"),
+                              capture_output=True, text=True, env=cl.hook_env(), timeout=120)
+        lines = got.lines()
+    finally:
+        got.close()
+        assert running.stop() == 0
+    assert done.returncode == 1 and done.stderr.startswith("oci-gpu-hook: error: " + REASON), done.stderr
+    (line,) = lines
+    assert _message(line) == "oci-gpu-runtime: container c1: " + done.stderr.strip().removeprefix("oci-gpu-hook: ")
+    assert "ok 1" in running.log.read_text()  # the planner served it (exit status 1), no Python start
+
+
+def test_the_front_says_when_its_config_changed_since_it_was_built(front: dict[str, Path]) -> None:
+    """After an edit of the config file, until the launchers are written again, every container starts Python:
+    one info line each time (none before the edit: the GPU container goes to Python, as usual)."""
+    assert _create(front) == []
+    config = front["shim"].parent.parent / "config.toml"
+    config.write_text(config.read_text() + "mask_other_gpus = false\n")
+    (line,) = _create(front)
+    assert line.startswith(b"<30>") and _message(line) == (
+        "oci-gpu-runtime: the config file changed since this launcher was built: every create, run and hook starts "
+        "Python until `oci-gpu-hook launchers` (or install) is run again; handing over to Python")

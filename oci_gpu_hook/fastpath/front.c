@@ -95,6 +95,7 @@ extern char **environ;
 
 static char **g_argv;
 static int g_argc;
+static const char *g_slow; /* why every container goes to Python (settings_as_baked), for the journal's line */
 
 /* ------------------------------------------------------------------ the journal's line */
 
@@ -224,6 +225,9 @@ static void to_python(const char *input, size_t len, int more)
     char **args;
     int i, n = 0;
     check_trust();
+    if (g_slow)
+        journal(OGH_SYSLOG_PRI_INFO, "%s: every create, run and hook starts Python until `oci-gpu-hook launchers` "
+                "(or install) is run again; handing over to Python", g_slow);
     if (input) {
         int fd = memfd_create("oci-gpu-hook-stdin", 0);
         size_t done = 0;
@@ -909,8 +913,10 @@ static int settings_as_baked(void)
     const char *path, *v;
     for (int i = 0; OGH_DEFAULTS[i]; i += 2)
         setenv(OGH_DEFAULTS[i], OGH_DEFAULTS[i + 1], 0);
-    if (!OGH_FAST)
+    if (!OGH_FAST) {
+        g_slow = "this launcher was built without its fast path (its config could not be read then)";
         return 0;
+    }
     for (int i = 0; OGH_BOOL_ENV[i]; i++) {
         v = getenv(OGH_BOOL_ENV[i]);
         if (v && !bool_ok(v))
@@ -921,7 +927,11 @@ static int settings_as_baked(void)
         path = NULL;
     if (strcmp(path ? path : OGH_DEFAULT_CONFIG, OGH_CONFIG_PATH) != 0)
         return 0;
-    return config_as_baked(path != NULL);
+    if (!config_as_baked(path != NULL)) {
+        g_slow = "the config file changed since this launcher was built";
+        return 0;
+    }
+    return 1;
 }
 
 /* config.check_trusted still passes for the config file (when there is one): else Python refuses it */
