@@ -259,17 +259,23 @@ def front(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str,
     need()  # the planner's directory must be root's
     got = Listener(tmp_path / "log.sock")
     monkeypatch.setattr(log, "SYSLOG_SOCKET", str(got.path))
-    config = tmp_path / "config.toml"
-    config.write_text(f'sysfs_root = "{cl.SEED_SYSFS}"\nruntime = "/bin/true"\n')
-    socket_path = tmp_path / "run" / "planner.sock"
-    launchers.write_launchers(str(tmp_path / "bin"), {"OCI_GPU_HOOK_CONFIG": str(config),
-                                                      "OCI_GPU_HOOK_PLANNER_SOCKET": str(socket_path)}, native=True)
-    bundle = tmp_path / "bundle"
-    bundle.mkdir()
-    (bundle / "config.json").write_text(_spec(["AMD_VISIBLE_DEVICES=1"]))
-    yield {"shim": tmp_path / "bin" / "oci-gpu-runtime", "socket": socket_path, "bundle": bundle,
-           "listener": got}  # type: ignore[dict-item]
+    yield {**_native(tmp_path, ["AMD_VISIBLE_DEVICES=1"]), "listener": got}  # type: ignore[dict-item]
     got.close()
+
+
+def _native(base: Path, env: list[str]) -> dict[str, Path]:
+    """Native launchers in ``base/bin`` (a config of the seed host; the planner at ``base/run/planner.sock``) and
+    a bundle whose container has ``env``."""
+    config = base / "config.toml"
+    config.write_text(f'sysfs_root = "{cl.SEED_SYSFS}"\nruntime = "/bin/true"\nhook_path = "/bin/true"\n')
+    socket_path = base / "run" / "planner.sock"
+    launchers.write_launchers(str(base / "bin"), {"OCI_GPU_HOOK_CONFIG": str(config),
+                                                  "OCI_GPU_HOOK_PLANNER_SOCKET": str(socket_path)}, native=True)
+    bundle = base / "bundle"
+    bundle.mkdir()
+    (bundle / "config.json").write_text(_spec(env))
+    return {"shim": base / "bin" / "oci-gpu-runtime", "hook": base / "bin" / "oci-gpu-hook", "socket": socket_path,
+            "bundle": bundle, "config": config}
 
 
 def _create(front: dict[str, Path]) -> list[bytes]:
@@ -337,22 +343,14 @@ def test_a_refusal_the_planner_serves_is_one_line_from_the_front_s_dev_log(tmp_p
     if launchers.find_cc() is None:
         pytest.skip("no C compiler")
     need("unshare")
-    config = tmp_path / "config.toml"
-    config.write_text(f'sysfs_root = "{cl.SEED_SYSFS}"\nruntime = "/bin/true"\nhook_path = "/bin/true"\n')
-    socket_path = tmp_path / "run" / "planner.sock"
-    launchers.write_launchers(str(tmp_path / "bin"), {"OCI_GPU_HOOK_CONFIG": str(config),
-                                                      "OCI_GPU_HOOK_PLANNER_SOCKET": str(socket_path)}, native=True)
-    bundle = tmp_path / "bundle"
-    bundle.mkdir()
-    (bundle / "config.json").write_text(_spec([BAD]))
-    launcher = tmp_path / "bin" / "oci-gpu-hook"
-    running = plannerlib.Planner(launcher, socket_path, {**cl.hook_env(), "OCI_GPU_HOOK_CONFIG": str(config)}, 2,
-                                 argv=[str(launcher), "serve", "--verbose"]).start()
+    made = _native(tmp_path, [BAD])
+    launcher, env = made["hook"], {**cl.hook_env(), "OCI_GPU_HOOK_CONFIG": str(made["config"])}
+    running = plannerlib.Planner(launcher, made["socket"], env, 2, argv=[str(launcher), "serve", "--verbose"]).start()
     got = Listener(tmp_path / "log.sock")
     try:
         (tmp_path / "dev").mkdir()
-        done = subprocess.run(with_dev_log([str(tmp_path / "bin" / "oci-gpu-runtime"), "create", "--bundle",
-                                            str(bundle), "c1"], got.path, tmp_path / "dev"),
+        done = subprocess.run(with_dev_log([str(made["shim"]), "create", "--bundle", str(made["bundle"]), "c1"],
+                                           got.path, tmp_path / "dev"),
                               capture_output=True, text=True, env=cl.hook_env(), timeout=120)
         lines = got.lines()
     finally:
@@ -368,8 +366,7 @@ def test_the_front_says_when_its_config_changed_since_it_was_built(front: dict[s
     """After an edit of the config file, until the launchers are written again, every container starts Python:
     one info line each time (none before the edit: the GPU container goes to Python, as usual)."""
     assert _create(front) == []
-    config = front["shim"].parent.parent / "config.toml"
-    config.write_text(config.read_text() + "mask_other_gpus = false\n")
+    front["config"].write_text(front["config"].read_text() + "mask_other_gpus = false\n")
     (line,) = _create(front)
     assert line.startswith(b"<30>") and _message(line) == (
         "oci-gpu-runtime: the config file changed since this launcher was built: every create, run and hook starts "
