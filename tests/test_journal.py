@@ -371,3 +371,19 @@ def test_the_front_says_when_its_config_changed_since_it_was_built(front: dict[s
     assert line.startswith(b"<30>") and _message(line) == (
         "oci-gpu-runtime: the config file changed since this launcher was built: every create, run and hook starts "
         "Python until `oci-gpu-hook launchers` (or install) is run again; handing over to Python")
+
+
+def test_a_full_journal_never_holds_the_front(front: dict[str, Path]) -> None:
+    """The front's line to a socket whose queue is full is dropped at once (a hang: the run's timeout)."""
+    filler = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    filler.setblocking(False)
+    try:
+        while True:
+            filler.sendto(b"x" * 1024, str(front["listener"].path))  # type: ignore[attr-defined]
+    except BlockingIOError:
+        pass
+    finally:
+        filler.close()
+    front["config"].write_text(front["config"].read_text() + "mask_other_gpus = false\n")  # a line to send
+    lines = _create(front)
+    assert lines and all(line == b"x" * 1024 for line in lines)  # only the filler's: the front's was dropped
