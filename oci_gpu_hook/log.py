@@ -152,12 +152,14 @@ def refused(config: Config | None, entry: str, container: str | None, line: str)
     journal(config, "error", entry, line, container)
 
 
-def warn(config: Config | None, entry: str, message: str, container: str | None = None, **fields: Any) -> None:
-    """Something the operator should know that does not stop the container (a config that cannot be read, a
-    slower path taken): the journal's line at warning level and a log file record (``outcome: "warning"``, with
-    ``fields``).  Nothing on stderr: the caller says there what its user must see."""
-    record(config, entry=entry, id=container, outcome="warning", warning=message, **fields)
-    journal(config, "warning", entry, message, container)
+def warn(message: str, **about: Any) -> None:
+    """The one warning line on stderr, ``oci-gpu-hook: warning: ...``, for something a container start went on
+    past, and the journal's line at warning level; ``about``: what it concerns (``entry``, the container ``id``),
+    for the places a warning is kept (the journal's line names both; ``config``: the config in use, whose
+    ``syslog`` decides, when there is one)."""
+    line = " ".join(str(message).split())
+    print(f"{PROGRAM}: warning: " + line, file=sys.stderr)
+    journal(about.get("config"), "warning", str(about.get("entry") or PROGRAM), "warning: " + line, about.get("id"))
 
 
 def report_failure(err: BaseException, debug: bool) -> str:

@@ -143,6 +143,30 @@ def _requested(environ: Mapping[str, str], annotations: Mapping[str, object] | N
     return asks
 
 
+def asks_by_default(spec: ContainerSpec) -> bool:
+    """Whether ``spec`` carries a request under the default names (the default ``request_env`` variables of every
+    kind, ``cdi.k8s.io`` annotations naming a known kind): :func:`requested` with the default settings.  One
+    these names would refuse (two variables of a kind, a malformed annotation) counts as a request."""
+    from oci_gpu_hook.config import Config
+
+    try:
+        return any(a.values for a in _requested(spec.environ, spec.annotations, Config()))
+    except HookError:
+        return True
+
+
+def without_config(spec: ContainerSpec, problem: HookError, entry: str, cid: str | None = None) -> None:
+    """The rule for a config that cannot be used (:mod:`oci_gpu_hook.config`): return after one warning line
+    when ``spec`` asks for nothing under the default names (the caller then changes nothing), else raise
+    ``problem``, the config's error."""
+    if asks_by_default(spec):
+        raise problem
+    from oci_gpu_hook.log import warn
+
+    warn(f"{problem}; the container asks for no GPU, so it starts untouched (oci-gpu-hook validate checks the "
+         "config)", entry=entry, id=cid)
+
+
 def parse_devices_option(text: str, kinds: Sequence[str]) -> list[Ask]:
     """``dry-run --devices``: ``1,3`` (the first backend's kind), or qualified ``amd.com/gpu=1,intel.com/gpu=0``
     entries (a bare entry after a qualified one belongs to the same kind)."""

@@ -247,7 +247,8 @@ def test_same_size_edit_in_the_same_second_on_whole_second_timestamps(tmp_path: 
 @pytest.mark.parametrize("how", ["file-o+w", "file-owner", "dir-g+w", "link-to-theirs"])
 def test_config_made_untrusted_after_the_bake(tmp_path: Path, how: str) -> None:
     """The front checks the config as config.check_trusted does: a config made writable or handed to another user
-    after the launchers were written is refused by both launchers alike, even for a container asking nothing."""
+    after the launchers were written is never acted upon by either launcher, alike: a container asking nothing
+    passes untouched with one warning, one asking for a GPU is refused (the rule in oci_gpu_hook/config.py)."""
     etc = tmp_path / "etc"
     etc.mkdir()
     config = etc / "config.toml"
@@ -275,7 +276,13 @@ def test_config_made_untrusted_after_the_bake(tmp_path: Path, how: str) -> None:
         config.unlink()
         config.symlink_to(theirs / "config.toml")
     native, python = precreate(tmp_path / "native", clean_spec), precreate(tmp_path / "python", clean_spec)
-    assert python.returncode == 1 and b"not trusted" in python.stderr
+    assert (python.returncode, python.stdout) == (0, clean_spec) and b"warning: " in python.stderr
+    assert b"not trusted" in python.stderr and b"asks for no GPU" in python.stderr
+    assert (native.returncode, native.stdout, native.stderr) == (python.returncode, python.stdout, python.stderr)
+    asking = plain([REQUEST]).encode()
+    native, python = precreate(tmp_path / "native", asking), precreate(tmp_path / "python", asking)
+    assert (python.returncode, python.stdout) == (1, b"") and b"error: " in python.stderr
+    assert b"not trusted" in python.stderr
     assert (native.returncode, native.stdout, native.stderr) == (python.returncode, python.stdout, python.stderr)
     # a pass-through command still reaches the runtime the bytes name, through either launcher
     for kind in ("native", "python"):

@@ -76,13 +76,17 @@ def test_journal_sends_one_datagram(listener: Listener) -> None:
     assert second.startswith(b"<30>") and second.endswith(b"]: oci-gpu-runtime: handed over")
 
 
-def test_syslog_false_sends_nothing(listener: Listener) -> None:
+def test_syslog_false_sends_nothing(listener: Listener, capsys: pytest.CaptureFixture[str]) -> None:
     log.journal(Config(syslog=False), "error", "precreate", "no")
     log.refused(Config(syslog=False), "precreate", "c1", "no")
-    log.warn(Config(syslog=False), "precreate", "no")
+    log.warn("no", entry="precreate", config=Config(syslog=False))
     assert listener.lines() == []
-    log.warn(Config(), "precreate", "config file broken: passed through", "c1")
-    assert listener.lines()[0].startswith(b"<28>")
+    log.warn("config file broken:\n passed through", entry="precreate", id="c1")
+    (line,) = listener.lines()
+    assert line.startswith(b"<28>") and _message(line) == "precreate: container c1: warning: config file broken: " \
+        "passed through"
+    assert capsys.readouterr().err == ("oci-gpu-hook: warning: no\n"
+                                       "oci-gpu-hook: warning: config file broken: passed through\n")
 
 
 @pytest.mark.parametrize("what", ["missing", "file", "directory", "stream-socket", "fifo"])
@@ -222,15 +226,21 @@ def test_the_shim_names_the_id_of_its_argv(listener: Listener, config_file: Path
     assert _records(config_file)[0]["id"] == "ctr-9"
 
 
-def test_a_config_that_cannot_be_read_still_reaches_the_journal(listener: Listener, tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("env", "code", "level"), [([BAD], 1, "<27>"), ([], 0, "<28>")], ids=["refused", "passed"])
+def test_a_config_that_cannot_be_used_still_reaches_the_journal(listener: Listener, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch, env: list[str],
+                                                                code: int, level: str) -> None:
+    """The container that asks for a GPU is refused with the config's error, the one that asks for nothing passes
+    with a warning (oci_gpu_hook.config's rule): both lines name it, whatever the unread file says of syslog."""
     broken = tmp_path / "broken.toml"
     broken.write_text("syslog = false\nmask_other_gpu = true\n")  # unread: the default (on) holds
     monkeypatch.setenv("OCI_GPU_HOOK_CONFIG", str(broken))
-    _stdin(monkeypatch, _spec([BAD], hostname="h1"))
-    assert cli.main(["precreate"]) == 1
+    _stdin(monkeypatch, _spec(env, hostname="h1"))
+    assert cli.main(["precreate"]) == code
     (line,) = listener.lines()
-    assert "unknown key 'mask_other_gpu'" in _message(line) and _message(line).startswith("precreate: error: ")
+    word = "error" if code else "warning"
+    assert line.startswith(level.encode()) and _message(line).startswith(f"precreate: container h1: {word}: ")
+    assert "unknown key 'mask_other_gpu'" in _message(line)
 
 
 def test_operator_commands_write_no_journal_line(listener: Listener, capsys: pytest.CaptureFixture[str]) -> None:

@@ -242,6 +242,28 @@ def test_environments_agree(install: dict[str, Path], planner: plannerlib.Planne
     agree(entry, install, REQUESTS[request_name], env)
 
 
+@pytest.mark.parametrize("entry", sorted(ENTRIES))
+@pytest.mark.parametrize("request_name", ["none", "empty", "one", "nvidia-all", "annotation"])
+@pytest.mark.parametrize("config", ["broken", "missing", "typo"])
+def test_a_config_that_cannot_be_used_agrees(install: dict[str, Path], planner: plannerlib.Planner, entry: str,
+                                             request_name: str, config: str) -> None:
+    """The rule of oci_gpu_hook/config.py through the planner as through Python: what asks for nothing passes
+    (the shim: to the runtime a pass-through command gets, here the variable's), the rest is refused alike."""
+    typo = install["base"] / "typo.toml"
+    typo.write_text(install["config"].read_text() + "mask_other_gpu = true\n")
+    env = {"OCI_GPU_HOOK_CONFIG": str(install["base"] / f"{config}.toml"),
+           "OCI_GPU_HOOK_RUNTIME": str(install["base"] / "fake-runtime")}
+    (planned_result, python_result), planned = ENTRIES[entry](install, REQUESTS[request_name], env=env)
+    assert planned_result == python_result
+    assert planned or entry == "prestart"  # the front hands the file over; the planner, not Python, answers
+    status, stdout, stderr = python_result[:3]  # type: ignore[index]
+    if request_name in ("none", "empty"):
+        assert b"oci-gpu-hook: warning: config file" in stderr and b"asks for no GPU" in stderr
+        assert (status, stdout.startswith(b"fake-runtime ")) == ((3, True) if entry == "create" else (0, False))
+    else:
+        assert status == 1 and b"oci-gpu-hook: error: config file" in stderr
+
+
 def test_zz_the_planner_answered_most(planner: plannerlib.Planner) -> None:
     """Not an oracle: the counts, so that a planner that always refuses cannot pass the tests above."""
     print(COUNTS)

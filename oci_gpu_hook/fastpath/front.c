@@ -914,7 +914,7 @@ static int settings_as_baked(void)
     for (int i = 0; OGH_DEFAULTS[i]; i += 2)
         setenv(OGH_DEFAULTS[i], OGH_DEFAULTS[i + 1], 0);
     if (!OGH_FAST) {
-        g_slow = "this launcher was built without its fast path (its config could not be read then)";
+        g_slow = "this launcher was built without a fast path for its config";
         return 0;
     }
     for (int i = 0; OGH_BOOL_ENV[i]; i++) {
