@@ -89,6 +89,8 @@ FIELDS: dict[str, Field] = {
     "device_gid": Field(0, "id", None, "Owner gid of the created nodes."),
     "cgroup_access": Field("rwm", "access", None, "Access granted by each device cgroup rule."),
     "log_file": Field("", "str", "OCI_GPU_HOOK_LOG_FILE", "Append one JSON line per hook run here ('' = off)."),
+    "syslog": Field(True, "bool", None, "Also write each refusal and each hand-over to a slower path to the "
+                    "system journal (the syslog socket /dev/log, identifier oci-gpu-hook)."),
     "debug": Field(False, "bool", "OCI_GPU_HOOK_DEBUG", "Print tracebacks on internal errors."),
 }
 RENAMED = {"cdi_spec": "cdi_dir", "cdi_kind": "backends"}
@@ -167,6 +169,7 @@ class Config:
     device_gid: int
     cgroup_access: str
     log_file: str
+    syslog: bool
     debug: bool
     source: str
 

@@ -29,6 +29,7 @@ EXPECTED_DEFAULTS = {
     "device_gid": 0,
     "cgroup_access": "rwm",
     "log_file": "",
+    "syslog": True,
     "debug": False,
 }
 
@@ -76,6 +77,7 @@ device_uid = 0
 device_gid = 44
 cgroup_access = "rw"
 log_file = "/var/log/oci-gpu-hook.jsonl"
+syslog = false
 debug = true
 
 [request_env]
@@ -103,6 +105,7 @@ def test_file_values(tmp_path: Path) -> None:
         "device_gid": 44,
         "cgroup_access": "rw",
         "log_file": "/var/log/oci-gpu-hook.jsonl",
+        "syslog": False,
         "debug": True,
     }
     assert cfg.source == path

@@ -222,28 +222,33 @@ def cmd_precreate(config: Config | HookError) -> int:
     cannot be used; the spec passes unchanged or the container is refused)."""
     import time
 
+    from oci_gpu_hook.errors import HookError
     from oci_gpu_hook.oci_spec import ContainerSpec
     from oci_gpu_hook.plan import plan_for_spec
 
     started = time.monotonic()
     text = read_stdin()
     spec = ContainerSpec.parse(text)
-    if isinstance(config, Exception):
-        from oci_gpu_hook.request import without_config
+    try:
+        if isinstance(config, Exception):
+            from oci_gpu_hook.request import without_config
 
-        without_config(spec, config, "precreate")
-        sys.stdout.write(text)
-        sys.stdout.flush()
-        return 0
-    plan = plan_for_spec(spec, config)
-    new_text = None
-    if plan:  # nothing asked for: the spec-rewrite applier is not even imported
-        from oci_gpu_hook.appliers.ocispec import rewrite
+            without_config(spec, config, "precreate", spec.name())
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            return 0
+        plan = plan_for_spec(spec, config)
+        new_text = None
+        if plan:  # nothing asked for: the spec-rewrite applier is not even imported
+            from oci_gpu_hook.appliers.ocispec import rewrite
 
-        new_text = rewrite(spec, plan, config)
+            new_text = rewrite(spec, plan, config)
+    except HookError as err:
+        err.container_id = spec.name()  # the input has no id: what names it (the log's and the journal's lines)
+        raise
     sys.stdout.write(text if new_text is None else new_text)
     sys.stdout.flush()
-    plan.record(config, "precreate", None, started)
+    plan.record(config, "precreate", spec.name(), started)
     return 0
 
 
@@ -296,15 +301,18 @@ def main(argv: list[str] | None = None) -> int:
                 return _quiet_broken_pipe()
         raise
     except BaseException as err:
-        from oci_gpu_hook.log import debug_from_env, record, report_failure
+        from oci_gpu_hook.log import debug_from_env, record, refused, report_failure
 
         if isinstance(err, BrokenPipeError) and not is_hook(command):  # a hook's reader is podman: say it
             return _quiet_broken_pipe()
         if isinstance(err, KeyboardInterrupt):
             return 130
         line = report_failure(err, debug or (config.debug if config else debug_from_env()))
-        record(config, entry=command or "oci-gpu-hook", id=getattr(err, "container_id", None), outcome="error",
-               error=line)
+        if is_hook(command):  # a refused container: the journal too, where podman's user looks
+            refused(config, command, getattr(err, "container_id", None), line)
+        else:  # an operator's command: its user reads the line on the terminal
+            record(config, entry=command or "oci-gpu-hook", id=getattr(err, "container_id", None),
+                   outcome="error", error=line)
         return getattr(err, "exit_code", 1)
 
 

@@ -148,7 +148,16 @@ def main(argv: list[str] | None = None, baked_runtime: str | None = None) -> int
     try:
         os.execv(runtime, [runtime, *args])
     except OSError as err:
-        print(f"oci-gpu-hook: error: cannot run {runtime}: {err.strerror}", file=sys.stderr)
+        from oci_gpu_hook.config import load_config
+        from oci_gpu_hook.log import error_line, refused
+
+        line = error_line(f"cannot run {runtime}: {err.strerror}")
+        print(line, file=sys.stderr)
+        try:
+            config = load_config()
+        except Exception:
+            config = None  # the journal's default (on)
+        refused(config, "oci-gpu-runtime", Reading(args, RUNC).container_id or None, line)
         return 1
     return 1  # not reached
 
@@ -195,11 +204,11 @@ def prepare(args: list[str], baked_runtime: str | None = None) -> tuple[int, str
                 sys.stdout.write(f"oci-gpu-runtime {__version__}\n")
                 sys.stdout.flush()
     except Exception as err:
-        from oci_gpu_hook.log import debug_from_env, record, report_failure
+        from oci_gpu_hook.log import debug_from_env, refused, report_failure
 
         line = report_failure(err, config.debug if config else debug_from_env())
         _log_for_runtime(reading.options, line)
-        record(config, entry="oci-gpu-runtime", id=reading.container_id, outcome="error", error=line)
+        refused(config, "oci-gpu-runtime", reading.container_id or None, line)
         return 1, None
     return 0, runtime
 

@@ -248,6 +248,7 @@ def baked_settings(defaults: dict[str, str]) -> dict[str, object]:
         names.update(names_of_kind)
     return {"fast": fast, "path": path, "content": content if fast else None,
             "runtime": values.get("runtime", cfg.FIELDS["runtime"].default),
+            "syslog": values.get("syslog", cfg.FIELDS["syslog"].default),
             "needles": sorted({n.lower() for n in names} | {CDI_NEEDLE})}
 
 
@@ -262,7 +263,7 @@ def front_contract() -> dict[str, str | list[str] | int]:
     """The fast-path contract: every name, word and path the front compares or uses that the Python path
     defines, each taken from where Python defines it (``oci_gpu_hook/fastpath/front.c`` names them
     ``OGH_<KEY>``; its header says which Python function each part of the front mirrors)."""
-    from oci_gpu_hook import config
+    from oci_gpu_hook import config, log
     from oci_gpu_hook.appliers.ocispec import LINKS_COMMAND
     from oci_gpu_hook.core.edits import BY_PATH_DIR, LINK_NODES
     from oci_gpu_hook.entry import cli, runtime
@@ -284,6 +285,10 @@ def front_contract() -> dict[str, str | list[str] | int]:
         "PLANNER_ENV": planner.SOCKET_ENV,
         "PLANNER_SOCKET": planner.DEFAULT_SOCKET,
         "PLANNER_TIMEOUT_MS": planner.ANSWER_TIMEOUT_MS,
+        "SYSLOG_SOCKET": log.SYSLOG_SOCKET,  # the journal's line (log.py journal)
+        "SYSLOG_PRI_ERR": log.SYSLOG_FACILITY * 8 + log.SEVERITY["error"],
+        "SYSLOG_PRI_INFO": log.SYSLOG_FACILITY * 8 + log.SEVERITY["info"],
+        "PROGRAM": log.PROGRAM,
     }
 
 
@@ -316,6 +321,7 @@ def front_header(name: str, directory: str, defaults: dict[str, str], trust: boo
         f"static const char OGH_DEFAULT_CONFIG[] = {_c_string(DEFAULT_CONFIG_PATH)};",
         f"static const char OGH_CONFIG_PATH[] = {_c_string(str(baked['path']))};",
         f"static const char OGH_RUNTIME[] = {_c_string(str(baked['runtime']))};",
+        f"#define OGH_SYSLOG {int(bool(baked['syslog']))}",
         f"static const char *const OGH_NEEDLES[] = {_c_list(list(baked['needles']))};",  # type: ignore[call-overload]
         f"static const char *const OGH_FIELD_NAMES[] = {_c_list(_spec_field_names())};",
         f"static const char OGH_VERSION_LINE[] = {_c_string(f'oci-gpu-runtime {__version__}')};",
