@@ -330,7 +330,7 @@ def test_the_front_says_when_the_planner_hands_the_request_back(front: dict[str,
     def answer() -> None:
         conn, _addr = server.accept()
         with conn:
-            request = planner_module.read_request(conn)
+            request = planner_module.read_request(conn, time.monotonic() + 30)
             for fd in request.fds:
                 os.close(fd)
             conn.sendall(planner_module.encode_answer(request.version, "refused"))
