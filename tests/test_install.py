@@ -839,8 +839,13 @@ def test_uninstall_leaves_an_edited_file_with_all_it_names_and_exits_1(prefix: P
     before, installed = installed_tree(capsys, prefix)
     pristine = at(prefix, real).read_bytes()
     edited = hand_edit(prefix, real, how)
+    ready = snapshot(prefix, identity=True)
+    code, dry, _ = run(capsys, "--prefix", str(prefix), "--uninstall", "--dry-run")  # says the same, writes nothing
+    assert code == 1 and snapshot(prefix, identity=True) == ready
     code, out, err = run(capsys, "--prefix", str(prefix), "--uninstall")
     assert code == 1, out
+    assert [line for line in dry.splitlines() if line.startswith("left: ")] == [
+        line for line in out.splitlines() if line.startswith("left: ")]
     assert err == (f"oci-gpu-hook: error: install --uninstall: {len(left)} files left, so the node is still "
                    "integrated (each 'left:' line above says why and what to do); the manifest and backups are kept "
                    "for the next install --uninstall\n")

@@ -39,6 +39,7 @@ from tests.helpers.containerdlib import (
     MIRROR,
     SANDBOX_IMAGE,
     Daemon,
+    main_config,
     start,
     stop,
     write_config,
@@ -213,6 +214,42 @@ def test_containerd_1_6_ignores_enable_cdi(tmp_path_factory: pytest.TempPathFact
         assert f"failed to load plugin {CRI}" not in log
         (started,) = [line for line in log.splitlines() if "Start cri plugin with config" in line]
         assert f"BinaryName:{runtime}" in started and f"SandboxImage:{SANDBOX_IMAGE}" in started
+    finally:
+        problems = stop(d)
+    assert not problems, "containerd teardown: " + "; ".join(problems)
+
+
+def test_containerd_starts_on_the_main_config_an_uninstall_left(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The operator edited the main config after install: uninstall keeps their edit and takes out only the imports
+    line install added (``containerd.without_import``).  containerd 1.6 must start on what is left, with the host's
+    CRI settings, no drop-in and no oci-gpu runtime."""
+    from oci_gpu_hook.host import containerd
+
+    cl.need("containerd", "ctr")
+    base = tmp_path_factory.mktemp("ctrd-uninstalled")
+    runtime = base / "oci-gpu-runtime"
+    config = write_config(base, base / "c.sock", runtime)
+    original = main_config(base, base / "c.sock")
+    edited = config.read_text().replace("[grpc]\n", "[grpc]\n  # tuned by hand\n  max_recv_message_size = 16777216\n")
+    assert edited != config.read_text()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(containerd, "DROP_IN_DIR", str(base / "conf.d"))
+        left = containerd.without_import(edited, original)
+    assert left == original.replace("[grpc]\n", "[grpc]\n  # tuned by hand\n  max_recv_message_size = 16777216\n")
+    config.write_text(left)
+    d = Daemon(base=base, config=config, socket=base / "c.sock", namespace=f"ogh-test-{uuid.uuid4().hex[:8]}",
+               runtime=runtime, runtime_no_env=runtime, hook_log=base / "hook.log",
+               daemon_log=base / "containerd.log")
+    try:
+        start(d)
+        plugins = d.ctr("plugins", "ls").stdout
+        assert any(line.split()[:2] == ["io.containerd.grpc.v1", "cri"] and line.split()[-1] == "ok"
+                   for line in plugins.splitlines()), plugins
+        (started,) = [line for line in d.daemon_log.read_text().splitlines() if "Start cri plugin with config" in line]
+        assert f"SandboxImage:{SANDBOX_IMAGE}" in started and str(runtime) not in started
+        dump = _dump(config)
+        assert RUNTIME_NAME not in dump["plugins"][CRI]["containerd"]["runtimes"]  # type: ignore[index]
+        assert dump["grpc"]["max_recv_message_size"] == 16777216  # type: ignore[index]
     finally:
         problems = stop(d)
     assert not problems, "containerd teardown: " + "; ".join(problems)
