@@ -916,3 +916,46 @@ def test_uninstall_takes_out_only_what_install_put_in_an_edited_file(prefix: Pat
         assert f"kept: {at(prefix, real)} (changed since install, and names nothing of this install: kept as " \
                "yours)" in out
         assert LAUNCHER not in text
+
+
+def test_an_edited_file_an_install_no_longer_wants_stays_listed(prefix: Path, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Switching the hook stage after editing the precreate hook: install keeps that file and its manifest entry,
+    so that a later uninstall still leaves the launcher it names."""
+    populate(prefix)
+    original = snapshot(prefix)
+    ok(capsys, "--prefix", str(prefix))
+    hand_edit(prefix, PRECREATE, lambda t: t.replace('"timeout": 10', '"timeout": 30'))
+    out = ok(capsys, "--prefix", str(prefix), "--hook", "prestart")
+    assert (f"kept: {at(prefix, PRECREATE)} (no longer installed, but changed since install, and it names {LAUNCHER}: "
+            "still listed for install --uninstall)") in out
+    assert PRECREATE in {e["path"] for e in json.loads(at(prefix, MANIFEST).read_text())["files"]}
+    code, out, _ = run(capsys, "--prefix", str(prefix), "--uninstall")
+    assert code == 1
+    assert sorted(line.split(" ", 2)[1] for line in out.splitlines() if line.startswith("left: ")) == sorted(
+        [str(at(prefix, PRECREATE)), str(at(prefix, LAUNCHER))])
+    assert not at(prefix, PRESTART).exists()
+    at(prefix, PRECREATE).rename(tmp_path / "mine.json")
+    ok(capsys, "--prefix", str(prefix), "--uninstall")
+    assert snapshot(prefix) == original
+
+
+def test_uninstall_only_one_integration_keeps_what_a_later_one_must_leave(prefix: Path, tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """``--uninstall --only containerd`` with the drop-in edited: the launchers stay anyway, but the drop-in stays
+    listed (and the run says so, exit 1), so that the full uninstall later leaves the launcher it names."""
+    before, _ = installed_tree(capsys, prefix)
+    hand_edit(prefix, DROP_IN, edit_append)
+    code, out, _ = run(capsys, "--prefix", str(prefix), "--uninstall", "--only", "containerd")
+    assert code == 1
+    assert [line.split(" ", 2)[1] for line in out.splitlines() if line.startswith("left: ")] == [
+        str(at(prefix, DROP_IN))]
+    assert f"restored: {at(prefix, MAIN)} (" in out
+    assert DROP_IN in {e["path"] for e in json.loads(at(prefix, MANIFEST).read_text())["files"]}
+    code, out, _ = run(capsys, "--prefix", str(prefix), "--uninstall")
+    assert code == 1
+    assert sorted(line.split(" ", 2)[1] for line in out.splitlines() if line.startswith("left: ")) == sorted(
+        [str(at(prefix, DROP_IN)), str(at(prefix, RUNTIME))])
+    at(prefix, DROP_IN).rename(tmp_path / "mine.toml")
+    ok(capsys, "--prefix", str(prefix), "--uninstall")
+    assert snapshot(prefix) == before

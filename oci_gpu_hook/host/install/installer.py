@@ -312,12 +312,17 @@ class Installer:
         for item, current in plan:
             self.install_one(item, current, old.entry(item.path) if old else None)
         wanted_paths = {item.path for item in items}
-        for entry in old.files if old else []:
-            if entry["path"] not in wanted_paths and (selected is None
-                                                      or entry.get("integration", "core") in selected):
-                self.take_out(entry, "no longer installed")
-                self.manifest.forget(entry["path"])
-                self.save()
+        dropped = [entry for entry in old.files if entry["path"] not in wanted_paths and (
+            selected is None or entry.get("integration", "core") in selected)] if old else []
+        left = self.left_in_place(dropped, self.manifest.files) if dropped else {}
+        for entry in dropped:
+            if entry["path"] in left:  # an uninstall must find it, or it would take out what it names
+                self.say("kept", entry["path"], f"no longer installed, but {left[entry['path']]}: still listed "
+                                                "for install --uninstall")
+                continue
+            self.take_out(entry, "no longer installed")
+            self.manifest.forget(entry["path"])
+            self.save()
         self.save()
         if not self.dry_run:
             self.journal.commit()
@@ -427,11 +432,12 @@ class Installer:
         rest = self.without_ours(entry, current)
         return current.data if rest is None else rest
 
-    def left_in_place(self, mine: list[dict[str, Any]]) -> dict[str, str]:
-        """The entries of ``mine`` that uninstall leaves exactly as they are, and why: each file changed since
-        install that still names something uninstall would take out (:func:`named_in`), and, transitively,
-        everything such a file names."""
-        removable = [e for e in mine if not e.get("existed") and nameable(e["path"])]
+    def left_in_place(self, mine: list[dict[str, Any]], every: list[dict[str, Any]]) -> dict[str, str]:
+        """The entries (of ``every``, the manifest's) that taking out ``mine`` must leave exactly as they are, and
+        why: each file of ``mine`` changed since install that still names something an uninstall would take out
+        (:func:`named_in`; ``--only``: also what a later one would), and, transitively, everything such a file
+        names."""
+        removable = [e for e in every if not e.get("existed") and nameable(e["path"])]
         left: dict[str, str] = {}
         todo: list[tuple[str, bytes]] = []
         for entry in mine:
@@ -484,7 +490,7 @@ class Installer:
         self.manifest = Manifest(list(old.files), list(old.directories))
         self.begin("uninstall")
         mine = [e for e in old.files if only is None or e.get("integration", "core") in only]
-        left = self.left_in_place(mine)
+        left = self.left_in_place(mine, old.files)
         lines = []
         for entry in mine:
             if entry["path"] in left:
