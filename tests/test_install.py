@@ -959,3 +959,26 @@ def test_uninstall_only_one_integration_keeps_what_a_later_one_must_leave(prefix
     at(prefix, DROP_IN).rename(tmp_path / "mine.toml")
     ok(capsys, "--prefix", str(prefix), "--uninstall")
     assert snapshot(prefix) == before
+
+
+@pytest.mark.parametrize("own_imports", [None, '["/etc/containerd/site.toml"]'], ids=["no-imports", "own-imports"])
+def test_uninstall_puts_back_the_main_configs_imports_line_and_keeps_the_operators_edit(
+        prefix: Path, capsys: pytest.CaptureFixture[str], own_imports: str | None) -> None:
+    main = MAIN_CONFIG if own_imports is None else MAIN_CONFIG.replace(
+        "version = 2\n", f"version = 2\nimports = {own_imports}\n", 1)
+    containerd_host(prefix, main)
+    before = snapshot(prefix)
+    ok(capsys, "--prefix", str(prefix))
+    config = at(prefix, MAIN)
+    assert containerd.IMPORT_MARK in config.read_text()
+    config.write_text(config.read_text().replace("oom_score = -999", "oom_score = -500"))
+    if ROOT:
+        os.chown(config, 1111, 2222)  # whoever the operator made it
+    owner = (config.stat().st_uid, config.stat().st_gid)
+    out = ok(capsys, "--prefix", str(prefix), "--uninstall")
+    assert f"updated: {config} (changed since install: only the imports line install added taken out)" in out
+    assert config.read_text() == main.replace("oom_score = -999", "oom_score = -500")
+    assert stat.S_IMODE(config.stat().st_mode) == 0o640
+    assert (config.stat().st_uid, config.stat().st_gid) == owner
+    assert {k: v for k, v in snapshot(prefix).items() if k != key(MAIN)} == {
+        k: v for k, v in before.items() if k != key(MAIN)}  # the drop-in, the launchers, the backup: all gone

@@ -242,7 +242,8 @@ class Installer:
         rest = self.without_ours(entry, current) if current.kind == "file" else None
         if rest is not None and rest != current.data:
             if not self.dry_run:
-                self.put(real, rest, current.mode)
+                assert current.st is not None
+                self.put(real, rest, current.mode, (current.st.st_uid, current.st.st_gid))  # the operator's owner
             self.say("updated", real, f"changed since install: only {self.ours_in(entry)} taken out")
         elif rest is not None and entry.get("merge") == "docker":
             self.say("kept", real, f"changed since install; it no longer has {self.ours_in(entry)}")
