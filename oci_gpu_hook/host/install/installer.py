@@ -219,7 +219,9 @@ class Installer:
     # taking one file out
 
     def take_out(self, entry: dict[str, Any], why: str) -> None:
-        """Remove (or restore) one installed file as uninstall does; keep it if it changed since."""
+        """Remove (or restore) one installed file as uninstall does; one changed since loses only what install put
+        in it (:meth:`without_ours`) and is then the operator's (what must stay listed, :meth:`left_in_place`
+        decides first)."""
         real = entry["path"]
         disk = self.disk(real)
         backup = entry.get("backup")
@@ -595,9 +597,10 @@ def install_or_uninstall(opts: Options, only: set[str] | None, installer: Instal
             raise HookError(f"install --uninstall takes no {', '.join(given)}: it removes what the manifest lists")
         left = installer.uninstall(only)
         if left:
-            raise HookError(f"install --uninstall: {len(left)} files left, so the node is still integrated (each "
-                            "'left:' line above says why and what to do); the manifest and backups are kept for "
-                            "the next install --uninstall")
+            files = f"{len(left)} file{'s' if len(left) != 1 else ''}"
+            raise HookError(f"install --uninstall: {files} left, so the node is still integrated (each 'left:' line "
+                            "above says why and what to do); the manifest and backups are kept for the next "
+                            "install --uninstall")
         return 0
     from oci_gpu_hook.host.launchers import editable_reason
 
