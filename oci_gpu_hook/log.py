@@ -99,6 +99,12 @@ def record(config: Config | None, **fields: Any) -> None:
         print(f"{PROGRAM}: warning: cannot write log file {path}: {err.strerror}", file=sys.stderr)
 
 
+def warn(message: str, **about: Any) -> None:
+    """The one warning line on stderr, ``oci-gpu-hook: warning: ...``, for something a container start went on
+    past; ``about``: what it concerns (``entry``, the container ``id``), for the places a warning is kept."""
+    print(f"{PROGRAM}: warning: " + " ".join(str(message).split()), file=sys.stderr)
+
+
 def report_failure(err: BaseException, debug: bool) -> str:
     """Print the one stderr line for ``err`` (a traceback too when debugging); return the line."""
     from oci_gpu_hook.errors import HookError
