@@ -187,3 +187,5 @@ def test_killed_uninstall_that_leaves_an_edited_file_then_the_one_that_finishes(
             break
         tested += 1
     assert tested >= 5, f"only {tested} kill points"
+    print(f"{tree} uninstall leaving an edited file, then the one that finishes: {tested} kill points, every "
+          f"{STRIDE}th")
