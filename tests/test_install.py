@@ -42,7 +42,7 @@ __all__ = ["isolated_env"]  # the autouse fixture, imported
 
 IMPORTS_LINE = 'imports = ["/etc/containerd/conf.d/*.toml"]  # added by oci-gpu-hook install\n'
 # What install writes to /etc/containerd/config.toml on a host with /etc/containerd but no main config.
-NEW_MAIN = 'version = 2\nimports = ["/etc/containerd/conf.d/*.toml"]\n'
+NEW_MAIN = 'version = 2\nimports = ["/etc/containerd/conf.d/*.toml"]  # added by oci-gpu-hook install\n'
 # A kubeadm node's main config: CRI settings that containerd 1.x would lose to a drop-in without them.
 MAIN_CONFIG = """\
 # containerd config of a kubeadm node
@@ -474,7 +474,8 @@ def test_a_file_already_as_install_wants_it_is_left_in_place(prefix: Path,
 # --- files changed since install ------------------------------------------------------------------
 
 
-def test_uninstall_keeps_an_edited_file_and_says_so(prefix: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_uninstall_keeps_an_edited_file_and_says_so(prefix: Path, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
     ok(capsys, "--prefix", str(prefix))
     hook = at(prefix, PRECREATE)
     hook.write_text(hook.read_text().replace('"timeout": 10', '"timeout": 30'))
@@ -482,33 +483,46 @@ def test_uninstall_keeps_an_edited_file_and_says_so(prefix: Path, capsys: pytest
     out = ok(capsys, "--prefix", str(prefix))  # install does not overwrite it either
     assert f"kept: {hook} (podman precreate hook: changed since install; not overwritten" in out
     assert hook.read_text() == edited
-    out = ok(capsys, "--prefix", str(prefix), "--uninstall")
-    assert f"kept: {hook} (changed since install: kept, not removed)" in out
-    assert f"kept: {hook.parent}/ (created by install, not empty)" in out
+    code, out, err = run(capsys, "--prefix", str(prefix), "--uninstall")
+    assert code == 1 and err.startswith("oci-gpu-hook: error: install --uninstall: 2 files left, so the node is "
+                                        "still integrated"), err
+    assert f"left: {hook} (changed since install, and it names {LAUNCHER}: revert your edit" in out
+    assert f"left: {at(prefix, LAUNCHER)} (named by {hook}, which is left: " in out  # podman still finds it
     assert hook.read_text() == edited
-    assert sorted(str(p.relative_to(prefix)) for p in prefix.rglob("*")) == [
-        "usr", "usr/share", "usr/share/containers", "usr/share/containers/oci", "usr/share/containers/oci/hooks.d",
-        "usr/share/containers/oci/hooks.d/oci-gpu-hook-precreate.json"]
+    assert sorted(str(p.relative_to(prefix)) for p in prefix.rglob("*") if p.is_file()) == [
+        "usr/local/libexec/oci-gpu-hook/oci-gpu-hook", "usr/share/containers/oci/hooks.d/oci-gpu-hook-precreate.json",
+        "var/lib/oci-gpu-hook/install.json"]
+    hook.rename(tmp_path / "mine.json")  # the operator moves theirs away: the next uninstall finishes
+    out = ok(capsys, "--prefix", str(prefix), "--uninstall")
+    assert f"gone: {hook} (already removed)" in out
+    assert snapshot(prefix) == {}
 
 
-def test_an_edited_file_that_replaced_one_keeps_the_original_too(prefix: Path,
+def test_an_edited_file_that_replaced_one_keeps_the_original_too(prefix: Path, tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     populate(prefix)
+    original = snapshot(prefix)
     ok(capsys, "--prefix", str(prefix))
     drop_in = at(prefix, containerd.DROP_IN_PATH)
     drop_in.write_text(drop_in.read_text() + "# tuned by hand\n")
-    out = ok(capsys, "--prefix", str(prefix), "--uninstall")
+    code, out, _ = run(capsys, "--prefix", str(prefix), "--uninstall")
+    assert code == 1
     saved = at(prefix, paths.BACKUP_DIR) / "etc%2Fcontainerd%2Fconf.d%2Foci-gpu-hook.toml"
-    assert f"kept: {drop_in} (changed since install: kept, not removed; what install replaced is at {saved})" in out
+    assert (f"left: {drop_in} (changed since install, and it names {RUNTIME}: revert your edit, take out what names "
+            "this install, or move the file away; then run install --uninstall again (what install replaced is saved "
+            f"at {saved}))") in out
     assert drop_in.read_text().endswith("# tuned by hand\n")
     assert saved.read_text() == "# the operator's own runtime\nversion = 2\n"
-    assert not at(prefix, MANIFEST).exists()
+    assert at(prefix, MANIFEST).exists()
     # A later install and uninstall never overwrite that saved original.
     ok(capsys, "--prefix", str(prefix))
     assert saved.read_text() == "# the operator's own runtime\nversion = 2\n"
-    ok(capsys, "--prefix", str(prefix), "--uninstall")
+    assert run(capsys, "--prefix", str(prefix), "--uninstall")[0] == 1
     assert drop_in.read_text().endswith("# tuned by hand\n")
     assert saved.read_text() == "# the operator's own runtime\nversion = 2\n"
+    drop_in.rename(tmp_path / "mine.toml")  # the operator keeps their copy elsewhere: the original comes back
+    ok(capsys, "--prefix", str(prefix), "--uninstall")
+    assert snapshot(prefix) == original
 
 
 def test_an_installed_file_removed_by_hand(prefix: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -784,3 +798,221 @@ def test_a_broken_config_is_never_made_live(prefix: Path, tmp_path: Path, text: 
     result = cli_subprocess("install", *INSTALL_DEV, "--prefix", str(prefix), "--set", f"OCI_GPU_HOOK_CONFIG={config}")
     assert result.returncode == 0, result.stderr
     assert at(prefix, LAUNCHER).is_file()
+
+
+# --- uninstall is whole or says why not: hand edits of each kind of file ---------------------------
+
+DROP_IN = containerd.DROP_IN_PATH
+WATCH_UNIT, PLANNER_UNIT = paths.SYSTEMD_UNIT, paths.PLANNER_UNIT
+CRIO_DROP_IN = "/etc/crio/crio.conf.d/99-oci-gpu-hook.conf"
+GPUS = "/usr/local/bin/amd-container-runtime"
+DAEMON = "/etc/docker/daemon.json"
+
+
+def edit_append(text: str) -> str:
+    return text + "# tuned by hand\n"
+
+
+def edit_imports_line(text: str) -> str:  # the operator rewrites the imports line install added
+    assert containerd.IMPORT_MARK in text
+    return text.replace(containerd.IMPORT_MARK, "  # ours now", 1)
+
+
+# The file edited, how, and what uninstall must leave (the file and all it names) ...
+LEFT_BY_EDIT = {
+    "containerd-drop-in": (DROP_IN, edit_append, {DROP_IN, RUNTIME}),
+    "containerd-imports-line": (MAIN, edit_imports_line, {MAIN, DROP_IN, RUNTIME}),
+    "podman-hook": (PRECREATE, lambda t: t.replace('"timeout": 10', '"timeout": 30'), {PRECREATE, LAUNCHER}),
+    "cdi-spec": (CDI_SPEC, lambda t: t + "\n", {CDI_SPEC, LAUNCHER}),
+    "watch-unit": (WATCH_UNIT, edit_append, {WATCH_UNIT, LAUNCHER}),
+    "planner-unit": (PLANNER_UNIT, lambda t: t.replace("RestartSec=1s", "RestartSec=3s"), {PLANNER_UNIT, LAUNCHER}),
+    "crio-drop-in": (CRIO_DROP_IN, edit_append, {CRIO_DROP_IN, RUNTIME}),
+    "gpus-name": (GPUS, edit_append, {GPUS, RUNTIME}),
+    "daemon-json-not-json": (DAEMON, lambda t: t + "# not JSON\n", {DAEMON, RUNTIME}),
+}
+# ... and the edits uninstall resolves itself: it takes out only what install put in, or the file names nothing
+# of this install any more (then it is the operator's: kept, its backup deleted).
+RESOLVED_EDITS = {
+    "daemon-json-key": (DAEMON, lambda t: t.replace("{\n", '{\n  "debug": true,\n', 1)),
+    "containerd-main-config": (MAIN, edit_append),
+    "podman-hook-runs-another": (PRECREATE, lambda t: t.replace(LAUNCHER, "/usr/bin/true")),
+}
+
+
+def installed_tree(capsys: pytest.CaptureFixture[str], prefix: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The docker-v2 host (daemon.json, a containerd v2 config, podman, CRI-O, systemd) before and after install."""
+    from tests.helpers.installtrees import build
+
+    build(prefix, "docker-v2")
+    before = snapshot(prefix)
+    out = ok(capsys, "--prefix", str(prefix))
+    assert f"replaced: {at(prefix, MAIN)} (" in out and f"new: {at(prefix, CRIO_DROP_IN)} (" in out
+    return before, snapshot(prefix)
+
+
+def hand_edit(prefix: Path, real: str, how: Any) -> bytes:
+    path = at(prefix, real)
+    path.write_text(how(path.read_text()))
+    return path.read_bytes()
+
+
+def key(real: str) -> str:
+    return real.lstrip("/")
+
+
+def without_state(tree: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in tree.items() if not k.startswith(key(paths.STATE_DIR))}
+
+
+@pytest.mark.parametrize("resolution", ["revert", "move-away", "install-again"])
+@pytest.mark.parametrize("edit", sorted(LEFT_BY_EDIT))
+def test_uninstall_leaves_an_edited_file_with_all_it_names_and_exits_1(prefix: Path, tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str],
+                                                                       edit: str, resolution: str) -> None:
+    real, how, left = LEFT_BY_EDIT[edit]
+    before, installed = installed_tree(capsys, prefix)
+    pristine = at(prefix, real).read_bytes()
+    edited = hand_edit(prefix, real, how)
+    ready = snapshot(prefix, identity=True)
+    code, dry, _ = run(capsys, "--prefix", str(prefix), "--uninstall", "--dry-run")  # says the same, writes nothing
+    assert code == 1 and snapshot(prefix, identity=True) == ready
+    code, out, err = run(capsys, "--prefix", str(prefix), "--uninstall")
+    assert code == 1, out
+    assert [line for line in dry.splitlines() if line.startswith("left: ")] == [
+        line for line in out.splitlines() if line.startswith("left: ")]
+    assert err == (f"oci-gpu-hook: error: install --uninstall: {len(left)} files left, so the node is still "
+                   "integrated (each 'left:' line above says why and what to do); the manifest and backups are kept "
+                   "for the next install --uninstall\n")
+    lines = [line for line in out.splitlines() if line.startswith("left: ")]
+    assert sorted(line.split(" ", 2)[1] for line in lines) == sorted(str(at(prefix, p)) for p in left), out
+    for line in lines:  # one line each: what is left, why, what to do
+        if line.startswith(f"left: {at(prefix, real)} "):
+            assert "(changed since install, and it names /" in line
+            todo = "revert your edit, take out what names this install, or move the file away; then run install " \
+                   "--uninstall again"
+            saved = f" (what install replaced is saved at {at(prefix, paths.BACKUP_DIR)}/"
+            assert line.endswith(todo + ")") if real not in (MAIN, DAEMON) else f"{todo}{saved}" in line, line
+        else:
+            assert "(named by " in line and "removed by the next install --uninstall" in line, line
+    # Every other file is as before install; the left ones as installed (the edited one as edited), so nothing
+    # names a file that is gone; the directories install made stay until the last uninstall; the manifest lists
+    # exactly what is left.
+    after = snapshot(prefix)
+    expected = dict(before)
+    for name, value in installed.items():
+        if value[0] == "dir" or name in {key(p) for p in left}:
+            expected[name] = value
+    expected[key(real)] = (*installed[key(real)][:1], edited, *installed[key(real)][2:])
+    assert without_state(after) == without_state(expected)
+    manifest = json.loads(at(prefix, MANIFEST).read_text())
+    assert sorted(e["path"] for e in manifest["files"]) == sorted(left)
+    for entry in manifest["files"]:
+        if entry["backup"] and "path" in entry["backup"]:
+            assert at(prefix, entry["backup"]["path"]).is_file()  # the backups of what is left, kept
+    # The operator resolves it; the next uninstall finishes the job, and the tree is the one before install.
+    if resolution == "revert":
+        at(prefix, real).write_bytes(pristine)
+    elif resolution == "move-away":
+        at(prefix, real).rename(tmp_path / "mine")
+    else:  # install again first: it sees the manifest and backups, keeps the edited file, and installs the rest
+        code, out, err = run(capsys, "--prefix", str(prefix))
+        assert code == 0 or (real == DAEMON and "daemon.json is not valid JSON" in err), err  # docker: skipped
+        assert real == DAEMON or any(f"{word}: {at(prefix, real)} (" in out for word in ("kept", "unchanged"))
+        again = {**installed, key(real): expected[key(real)]}
+        if real == DAEMON:
+            del again[key(GPUS)]  # docker skipped: its --gpus name is not written again
+        assert without_state(snapshot(prefix)) == without_state(again)
+        at(prefix, real).write_bytes(pristine)
+    out = ok(capsys, "--prefix", str(prefix), "--uninstall")
+    assert "left: " not in out
+    assert snapshot(prefix) == before
+
+
+@pytest.mark.parametrize("edit", sorted(RESOLVED_EDITS))
+def test_uninstall_takes_out_only_what_install_put_in_an_edited_file(prefix: Path,
+                                                                    capsys: pytest.CaptureFixture[str],
+                                                                    edit: str) -> None:
+    real, how = RESOLVED_EDITS[edit]
+    before, _ = installed_tree(capsys, prefix)
+    hand_edit(prefix, real, how)
+    out = ok(capsys, "--prefix", str(prefix), "--uninstall")
+    assert "left: " not in out
+    after = snapshot(prefix)
+    assert not at(prefix, paths.STATE_DIR).exists()  # the manifest and every backup: gone
+    assert {k: v for k, v in after.items() if k != key(real)} == {k: v for k, v in before.items() if k != key(real)}
+    text = at(prefix, real).read_text()
+    if key(real) in before:
+        original = before[key(real)][1].decode()
+        assert text == how(original)  # the operator's edit on the file install had replaced: nothing of ours
+        assert f"updated: {at(prefix, real)} (changed since install: only the " in out
+        assert f"removed: {at(prefix, paths.BACKUP_DIR)}/" in out
+    else:
+        assert f"kept: {at(prefix, real)} (changed since install, and names nothing of this install: kept as " \
+               "yours)" in out
+        assert LAUNCHER not in text
+
+
+def test_an_edited_file_an_install_no_longer_wants_stays_listed(prefix: Path, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Switching the hook stage after editing the precreate hook: install keeps that file and its manifest entry,
+    so that a later uninstall still leaves the launcher it names."""
+    populate(prefix)
+    original = snapshot(prefix)
+    ok(capsys, "--prefix", str(prefix))
+    hand_edit(prefix, PRECREATE, lambda t: t.replace('"timeout": 10', '"timeout": 30'))
+    out = ok(capsys, "--prefix", str(prefix), "--hook", "prestart")
+    assert (f"kept: {at(prefix, PRECREATE)} (no longer installed, but changed since install, and it names {LAUNCHER}: "
+            "still listed for install --uninstall)") in out
+    assert PRECREATE in {e["path"] for e in json.loads(at(prefix, MANIFEST).read_text())["files"]}
+    code, out, _ = run(capsys, "--prefix", str(prefix), "--uninstall")
+    assert code == 1
+    assert sorted(line.split(" ", 2)[1] for line in out.splitlines() if line.startswith("left: ")) == sorted(
+        [str(at(prefix, PRECREATE)), str(at(prefix, LAUNCHER))])
+    assert not at(prefix, PRESTART).exists()
+    at(prefix, PRECREATE).rename(tmp_path / "mine.json")
+    ok(capsys, "--prefix", str(prefix), "--uninstall")
+    assert snapshot(prefix) == original
+
+
+def test_uninstall_only_one_integration_keeps_what_a_later_one_must_leave(prefix: Path, tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """``--uninstall --only containerd`` with the drop-in edited: the launchers stay anyway, but the drop-in stays
+    listed (and the run says so, exit 1), so that the full uninstall later leaves the launcher it names."""
+    before, _ = installed_tree(capsys, prefix)
+    hand_edit(prefix, DROP_IN, edit_append)
+    code, out, _ = run(capsys, "--prefix", str(prefix), "--uninstall", "--only", "containerd")
+    assert code == 1
+    assert [line.split(" ", 2)[1] for line in out.splitlines() if line.startswith("left: ")] == [
+        str(at(prefix, DROP_IN))]
+    assert f"restored: {at(prefix, MAIN)} (" in out
+    assert DROP_IN in {e["path"] for e in json.loads(at(prefix, MANIFEST).read_text())["files"]}
+    code, out, _ = run(capsys, "--prefix", str(prefix), "--uninstall")
+    assert code == 1
+    assert sorted(line.split(" ", 2)[1] for line in out.splitlines() if line.startswith("left: ")) == sorted(
+        [str(at(prefix, DROP_IN)), str(at(prefix, RUNTIME))])
+    at(prefix, DROP_IN).rename(tmp_path / "mine.toml")
+    ok(capsys, "--prefix", str(prefix), "--uninstall")
+    assert snapshot(prefix) == before
+
+
+@pytest.mark.parametrize("own_imports", [None, '["/etc/containerd/site.toml"]'], ids=["no-imports", "own-imports"])
+def test_uninstall_puts_back_the_main_configs_imports_line_and_keeps_the_operators_edit(
+        prefix: Path, capsys: pytest.CaptureFixture[str], own_imports: str | None) -> None:
+    main = MAIN_CONFIG if own_imports is None else MAIN_CONFIG.replace(
+        "version = 2\n", f"version = 2\nimports = {own_imports}\n", 1)
+    containerd_host(prefix, main)
+    before = snapshot(prefix)
+    ok(capsys, "--prefix", str(prefix))
+    config = at(prefix, MAIN)
+    assert containerd.IMPORT_MARK in config.read_text()
+    config.write_text(config.read_text().replace("oom_score = -999", "oom_score = -500"))
+    if ROOT:
+        os.chown(config, 1111, 2222)  # whoever the operator made it
+    owner = (config.stat().st_uid, config.stat().st_gid)
+    out = ok(capsys, "--prefix", str(prefix), "--uninstall")
+    assert f"updated: {config} (changed since install: only the imports line install added taken out)" in out
+    assert config.read_text() == main.replace("oom_score = -999", "oom_score = -500")
+    assert stat.S_IMODE(config.stat().st_mode) == 0o640
+    assert (config.stat().st_uid, config.stat().st_gid) == owner
+    assert {k: v for k, v in snapshot(prefix).items() if k != key(MAIN)} == {
+        k: v for k, v in before.items() if k != key(MAIN)}  # the drop-in, the launchers, the backup: all gone

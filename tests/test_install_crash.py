@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from oci_gpu_hook.entry import cli
+from oci_gpu_hook.host import containerd
 from oci_gpu_hook.host.install import journal as install_journal
 from oci_gpu_hook.host.install import paths
 from tests.helpers.containerlib import INSTALL_DEV
@@ -34,19 +35,19 @@ TREES = ["empty", "docker-v2", "v3-conf"]
 STRIDE = 1 if os.environ.get("OCI_GPU_HOOK_TEST_EVERY_KILL_POINT") else 5
 
 
-def run(prefix: Path, *args: str) -> None:
-    """``install --prefix PREFIX ARGS`` in this process; it must succeed."""
+def run(prefix: Path, *args: str, code: int = 0) -> None:
+    """``install --prefix PREFIX ARGS`` in this process; it must exit ``code``."""
     saved = sys.stdout
     with open(os.devnull, "w") as sink:
         sys.stdout = sink
         try:
-            code = cli.main(["--sysfs-root", str(SYSFS), "install", *INSTALL_DEV, "--prefix", str(prefix), *args])
+            got = cli.main(["--sysfs-root", str(SYSFS), "install", *INSTALL_DEV, "--prefix", str(prefix), *args])
         finally:
             sys.stdout = saved
-    assert code == 0
+    assert got == code
 
 
-def killed_at(prefix: Path, n: int, *args: str) -> bool:
+def killed_at(prefix: Path, n: int, *args: str, code: int = 0) -> bool:
     """Run install in a forked child that kills itself before its ``n``th change: True if it was killed,
     False if it finished first (``n`` is past its last change)."""
     pid = os.fork()
@@ -66,7 +67,7 @@ def killed_at(prefix: Path, n: int, *args: str) -> bool:
     if os.WIFSIGNALED(status):
         assert os.WTERMSIG(status) == signal.SIGKILL
         return True
-    assert os.WEXITSTATUS(status) in (0, 70), status
+    assert os.WEXITSTATUS(status) in (code, 70), status
     assert os.WEXITSTATUS(status) != 70 or n > 0
     return False
 
@@ -146,3 +147,45 @@ def test_strace_sigkill_on_a_syscall(tmp_path: Path, syscall: str, when: int) ->
     run(prefix)
     run(prefix, "--uninstall")
     assert snapshot(prefix, mtimes=True) == original
+
+
+def edit_drop_in(prefix: Path) -> None:
+    drop_in = prefix / containerd.DROP_IN_PATH.lstrip("/")
+    drop_in.write_text(drop_in.read_text() + "# tuned by hand\n")
+
+
+@pytest.mark.parametrize("tree", ["docker-v2", "v3-conf"])
+def test_killed_uninstall_that_leaves_an_edited_file_then_the_one_that_finishes(tmp_path: Path, tree: str) -> None:
+    """An uninstall that must leave the edited drop-in (and the runtime launcher it names), killed at any change,
+    is rolled back by the next, which leaves exactly what an unkilled one leaves; after the operator moves the
+    file away, the uninstall that finishes, killed at any change, is rolled back too, and the next gives back the
+    tree of before install."""
+    reference = tmp_path / "reference"
+    build(reference, tree)
+    original = snapshot(reference, mtimes=True)
+    run(reference)
+    edit_drop_in(reference)
+    run(reference, "--uninstall", code=1)
+    partial = snapshot(reference)
+    assert paths.MANIFEST_PATH.lstrip("/") in partial
+    tested = 0
+    for n in points(tree):
+        prefix = tmp_path / f"{tree}-{n}"
+        build(prefix, tree)
+        run(prefix)
+        edit_drop_in(prefix)
+        first = killed_at(prefix, n, "--uninstall", code=1)
+        run(prefix, "--uninstall", code=1)  # rolls back the killed run, then leaves what it must
+        assert snapshot(prefix) == partial, f"killed at change {n} of the first uninstall"
+        drop_in = prefix / containerd.DROP_IN_PATH.lstrip("/")
+        drop_in.rename(tmp_path / "mine.toml")
+        second = killed_at(prefix, n, "--uninstall")
+        run(prefix, "--uninstall")
+        assert snapshot(prefix, mtimes=True) == original, f"killed at change {n} of the second uninstall"
+        shutil.rmtree(prefix)
+        if not first and not second:
+            break
+        tested += 1
+    assert tested >= 5, f"only {tested} kill points"
+    print(f"{tree} uninstall leaving an edited file, then the one that finishes: {tested} kill points, every "
+          f"{STRIDE}th")

@@ -43,6 +43,7 @@ RUNTIME_NAME = "oci-gpu"  # the RuntimeClass handler
 MAIN_CONFIG_PATH = "/etc/containerd/config.toml"
 DROP_IN_DIR = "/etc/containerd/conf.d"
 DROP_IN_PATH = f"{DROP_IN_DIR}/oci-gpu-hook.toml"
+IMPORT_MARK = "  # added by oci-gpu-hook install"  # the end of the imports line install adds (uninstall finds it)
 CRI = "io.containerd.grpc.v1.cri"
 CRI_V3 = "io.containerd.cri.v1.runtime"
 CRI_PLUGIN = {2: CRI, 3: CRI_V3, 4: CRI_V3}  # 4: containerd 2.3+ (its server settings moved; CRI as in 3)
@@ -116,7 +117,7 @@ def with_import(text: str, where: str = MAIN_CONFIG_PATH) -> str | None:
     wanted = f"{DROP_IN_DIR}/*.toml"
     if wanted in imports or DROP_IN_PATH in imports:
         return None
-    line = f"imports = {json.dumps([*imports, wanted])}  # added by oci-gpu-hook install\n"
+    line = f"imports = {json.dumps([*imports, wanted])}{IMPORT_MARK}\n"
     lines = text.splitlines(keepends=True)
     if "imports" in data:  # replace the existing top-level key, which must stand before the first table
         for i, current in enumerate(lines):
@@ -133,6 +134,25 @@ def with_import(text: str, where: str = MAIN_CONFIG_PATH) -> str | None:
     if tomllib.loads(result).get("imports") != [*imports, wanted]:
         raise HookError(f"could not add imports to {where}; add {wanted} to it by hand")
     return result
+
+
+def without_import(text: str, original: str | None) -> str | None:
+    """``text`` (the main config, edited since install) with the ``imports`` line install added put back as it was
+    in ``original`` (the file install replaced; None: there was none, or no imports line); None when that line is
+    no longer there as install wrote it."""
+    import tomllib
+
+    ours = next((line for line in text.splitlines(keepends=True) if line.endswith(IMPORT_MARK + "\n")), None)
+    if ours is None:
+        return None
+    before = next((line for line in (original or "").splitlines(keepends=True)
+                   if line.lstrip().startswith("imports") and line.split("=", 1)[0].strip() == "imports"), "")
+    result = text.replace(ours, before, 1)
+    try:
+        imports = tomllib.loads(result).get("imports", [])
+    except tomllib.TOMLDecodeError:
+        return None
+    return None if f"{DROP_IN_DIR}/*.toml" in imports else result
 
 
 # --- a small TOML writer: the subset a containerd config uses -------------------------------------

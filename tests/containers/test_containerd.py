@@ -39,6 +39,7 @@ from tests.helpers.containerdlib import (
     MIRROR,
     SANDBOX_IMAGE,
     Daemon,
+    main_config,
     start,
     stop,
     write_config,
@@ -212,14 +213,8 @@ def test_a_drop_in_without_the_main_config_loses_the_hosts_cri_config(tmp_path: 
     assert cri["containerd"]["runtimes"]["runc"]["options"] == {}  # SystemdCgroup lost
 
 
-def test_containerd_1_6_ignores_enable_cdi(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """What install writes when it cannot tell the node's containerd version: a version 2 drop-in with native CDI
-    on.  containerd 1.6 (which has no CDI) must start with it, the CRI plugin and our runtime loaded."""
-    cl.need("containerd", "ctr")
-    base = tmp_path_factory.mktemp("ctrd-cdi")
-    runtime = base / "oci-gpu-runtime"
-    config = write_config(base, base / "c.sock", runtime, cdi=True)
-    assert "enable_cdi = true" in (base / "conf.d" / "oci-gpu-hook.toml").read_text()
+def _cri_start_line(base: Path, config: Path, runtime: Path) -> str:
+    """Start a private containerd on ``config``: its CRI plugin must load; its start line (the CRI config it read)."""
     d = Daemon(base=base, config=config, socket=base / "c.sock", namespace=f"ogh-test-{uuid.uuid4().hex[:8]}",
                runtime=runtime, runtime_no_env=runtime, hook_log=base / "hook.log",
                daemon_log=base / "containerd.log")
@@ -231,7 +226,45 @@ def test_containerd_1_6_ignores_enable_cdi(tmp_path_factory: pytest.TempPathFact
         log = d.daemon_log.read_text()
         assert f"failed to load plugin {CRI}" not in log
         (started,) = [line for line in log.splitlines() if "Start cri plugin with config" in line]
-        assert f"BinaryName:{runtime}" in started and f"SandboxImage:{SANDBOX_IMAGE}" in started
     finally:
         problems = stop(d)
     assert not problems, "containerd teardown: " + "; ".join(problems)
+    return started
+
+
+def test_containerd_1_6_ignores_enable_cdi(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """What install writes when it cannot tell the node's containerd version: a version 2 drop-in with native CDI
+    on.  containerd 1.6 (which has no CDI) must start with it, the CRI plugin and our runtime loaded."""
+    cl.need("containerd", "ctr")
+    base = tmp_path_factory.mktemp("ctrd-cdi")
+    runtime = base / "oci-gpu-runtime"
+    config = write_config(base, base / "c.sock", runtime, cdi=True)
+    assert "enable_cdi = true" in (base / "conf.d" / "oci-gpu-hook.toml").read_text()
+    started = _cri_start_line(base, config, runtime)
+    assert f"BinaryName:{runtime}" in started and f"SandboxImage:{SANDBOX_IMAGE}" in started
+
+
+def test_containerd_starts_on_the_main_config_an_uninstall_left(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The operator edited the main config after install: uninstall keeps their edit and takes out only the imports
+    line install added (``containerd.without_import``).  containerd 1.6 must start on what is left, with the host's
+    CRI settings, no drop-in and no oci-gpu runtime."""
+    from oci_gpu_hook.host import containerd
+
+    cl.need("containerd", "ctr")
+    base = tmp_path_factory.mktemp("ctrd-uninstalled")
+    runtime = base / "oci-gpu-runtime"
+    config = write_config(base, base / "c.sock", runtime)
+    original = main_config(base, base / "c.sock")
+    tuned = "[grpc]\n  # tuned by hand\n  max_recv_message_size = 16777216\n"
+    edited = config.read_text().replace("[grpc]\n", tuned)
+    assert edited != config.read_text()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(containerd, "DROP_IN_DIR", str(base / "conf.d"))
+        left = containerd.without_import(edited, original)
+    assert left == original.replace("[grpc]\n", tuned)
+    config.write_text(left)
+    started = _cri_start_line(base, config, runtime)
+    assert f"SandboxImage:{SANDBOX_IMAGE}" in started and str(runtime) not in started
+    dump = _dump(config)
+    assert RUNTIME_NAME not in dump["plugins"][CRI]["containerd"]["runtimes"]  # type: ignore[index]
+    assert dump["grpc"]["max_recv_message_size"] == 16777216  # type: ignore[index]

@@ -59,7 +59,8 @@ def run(args: list[str], config: Config) -> int:
                              "package (default: the --prefix, else /)")
     parser.add_argument("--uninstall", action="store_true",
                         help=f"remove what the manifest ({MANIFEST_PATH}) lists, restoring the files install "
-                             "replaced; files changed since install are kept")
+                             "replaced; a file changed since install is kept, with what it names (exit 1, a 'left:' "
+                             "line for each; run it again once resolved)")
     opts = parser.parse_args(args)
     only = parse_only(opts.only)
     if opts.containerd_version is not None:

@@ -28,8 +28,10 @@ A file that was already there with other content (or a symlink) is first saved u
 :data:`paths.BACKUP_DIR`, and put back by ``--uninstall``; one already exactly as wanted is adopted and left
 in place by ``--uninstall``.  ``--prefix`` changes where files land, never what they say.
 
-Running install again is idempotent.  A file install wrote that has been edited since is neither
-overwritten nor removed (daemon.json excepted: uninstall takes just our runtime out of it).
+Running install again is idempotent.  A file install wrote that has been edited since is never
+overwritten.  Uninstall is whole or says why not: an edited file keeps what it names (the launchers, the
+containerd drop-in), and uninstall then exits 1 with a ``left:`` line for each file, keeping the manifest and
+backups for the next run (:mod:`installer` has the rule).
 
 **Crash safety.**  Every run is one transaction recorded in a journal
 (:data:`paths.JOURNAL_PATH`, written atomically and fsync'd) *before* each change: a directory

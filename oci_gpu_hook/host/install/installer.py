@@ -2,10 +2,23 @@
 
 A file that was already there with other content (or a symlink) is first saved under
 :data:`~oci_gpu_hook.host.install.paths.BACKUP_DIR`, and put back by uninstall; one already exactly as
-wanted is adopted and left in place by uninstall.  Running install again is idempotent.  A file install
-wrote that has been edited since is neither overwritten nor removed (daemon.json excepted: uninstall takes
-just our runtime out of it).  Each change is recorded in the journal first (:mod:`journal`), and the
-manifest (:mod:`manifest`) says what is installed.
+wanted is adopted and left in place by uninstall.  Running install again is idempotent; a file install
+wrote that has been edited since is never overwritten.  Each change is recorded in the journal first
+(:mod:`journal`), and the manifest (:mod:`manifest`) says what is installed.
+
+**Uninstall is whole or says why not.**  Each file the manifest lists is removed (or the file it replaced put
+back) when it is as install wrote it, or gone.  One changed since install is never removed or overwritten:
+
+- daemon.json and the containerd main config: just what install put in is taken out (our runtime; the
+  ``imports`` line install added, back to what it was), the operator's edits stay;
+- a file that then names nothing uninstall would take out is the operator's: kept, out of the manifest, its
+  backup deleted (that file is the operator's now);
+- a file that still names something uninstall would take out (:func:`nameable`: a launcher, or the containerd
+  drop-in, by path or by its directory's glob) is **left**, and so is, transitively, all it names, as installed:
+  no file is left naming something removed.  Each such file is one ``left:`` line (what, why, what to do),
+  stays in the manifest with its backup, and uninstall exits 1: the node is still integrated.  Once the
+  operator reverts the edit, takes out what names this install, or moves the file away, the next uninstall
+  finishes the job (and a later install still sees the manifest and backups).
 """
 
 from __future__ import annotations
@@ -14,6 +27,7 @@ import difflib
 import errno
 import json
 import os
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,6 +44,7 @@ from oci_gpu_hook.host.install.paths import (
     BACKUP_DIR,
     INTEGRATIONS,
     JOURNAL_PATH,
+    LAUNCHER_DIR,
     MANIFEST_PATH,
     RUNTIME_LAUNCHER,
     STATE_DIR,
@@ -204,7 +219,9 @@ class Installer:
     # taking one file out
 
     def take_out(self, entry: dict[str, Any], why: str) -> None:
-        """Remove (or restore) one installed file as uninstall does; keep it if it changed since."""
+        """Remove (or restore) one installed file as uninstall does; one changed since loses only what install put
+        in it (:meth:`without_ours`) and is then the operator's (what must stay listed, :meth:`left_in_place`
+        decides first)."""
         real = entry["path"]
         disk = self.disk(real)
         backup = entry.get("backup")
@@ -224,35 +241,47 @@ class Installer:
             if backup:
                 self.restore(real, backup)
             return
-        if current.kind == "file" and entry.get("merge") == "docker":
-            self.unmerge_docker(entry, current)
-            return
-        kept = "changed since install: kept, not removed"
-        if backup:
-            where = backup["symlink"] if "symlink" in backup else self.disk(backup["path"])
-            kept += f"; what install replaced is {'a symlink to ' if 'symlink' in backup else 'at '}{where}"
-        self.say("kept", real, kept)
-
-    def unmerge_docker(self, entry: dict[str, Any], current: Current) -> None:
-        """daemon.json edited since install: take out just our runtime, keep the operator's edits."""
-        from oci_gpu_hook.host import docker
-
-        real, disk = entry["path"], self.disk(entry["path"])
-        try:
-            text = docker.unmerged(current.data.decode(), RUNTIME_LAUNCHER, disk)
-        except (HookError, UnicodeDecodeError) as err:
-            self.say("kept", real, f"changed since install, and not readable JSON ({err}): remove the "
-                                   f"{docker.RUNTIME_NAME} runtime by hand")
-            return
-        if text is None:
-            self.say("kept", real, "changed since install; it no longer has the oci-gpu runtime")
-        else:
+        rest = self.without_ours(entry, current) if current.kind == "file" else None
+        if rest is not None and rest != current.data:
             if not self.dry_run:
-                self.put(real, text.encode(), current.mode)
-            self.say("updated", real, f"changed since install: only the {docker.RUNTIME_NAME} runtime taken out")
-        backup = entry.get("backup")
-        if backup and "path" in backup and not self.dry_run:
+                assert current.st is not None
+                self.put(real, rest, current.mode, (current.st.st_uid, current.st.st_gid))  # the operator's owner
+            self.say("updated", real, f"changed since install: only {self.ours_in(entry)} taken out")
+        elif rest is not None and entry.get("merge") == "docker":
+            self.say("kept", real, f"changed since install; it no longer has {self.ours_in(entry)}")
+        else:  # changed since install, and naming nothing this uninstall removes (left_in_place): the operator's
+            self.say("kept", real, "changed since install, and names nothing of this install: kept as yours")
+        if backup and "path" in backup and not self.dry_run and os.path.lexists(self.disk(backup["path"])):
             self.remove(backup["path"])  # the operator's file is the current one now
+            print(f"removed: {self.disk(backup['path'])} (what install replaced at {disk}: that file is yours now)")
+
+    @staticmethod
+    def ours_in(entry: dict[str, Any]) -> str:
+        return "the oci-gpu runtime" if entry.get("merge") == "docker" else "the imports line install added"
+
+    def without_ours(self, entry: dict[str, Any], current: Current) -> bytes | None:
+        """A file changed since install with just what install put in it taken out: daemon.json without our
+        runtime (as it is when it has none), the containerd main config without the ``imports`` line install
+        added; None for any other file, or when that part cannot be found."""
+        from oci_gpu_hook.host import containerd, docker
+
+        disk = self.disk(entry["path"])
+        try:
+            text = current.data.decode()
+            if entry.get("merge") == "docker":
+                rest = docker.unmerged(text, RUNTIME_LAUNCHER, disk)
+                return current.data if rest is None else rest.encode()
+            if entry["path"] == containerd.MAIN_CONFIG_PATH:
+                backup = entry.get("backup") or {}
+                original = None
+                if "path" in backup:
+                    with open(self.disk(backup["path"]), encoding="utf-8") as handle:
+                        original = handle.read()
+                rest = containerd.without_import(text, original)
+                return None if rest is None else rest.encode()
+        except (HookError, OSError, UnicodeDecodeError):
+            return None
+        return None
 
     # install
 
@@ -286,12 +315,17 @@ class Installer:
         for item, current in plan:
             self.install_one(item, current, old.entry(item.path) if old else None)
         wanted_paths = {item.path for item in items}
-        for entry in old.files if old else []:
-            if entry["path"] not in wanted_paths and (selected is None
-                                                      or entry.get("integration", "core") in selected):
-                self.take_out(entry, "no longer installed")
-                self.manifest.forget(entry["path"])
-                self.save()
+        dropped = [entry for entry in old.files if entry["path"] not in wanted_paths and (
+            selected is None or entry.get("integration", "core") in selected)] if old else []
+        left = self.left_in_place(dropped, self.manifest.files) if dropped else {}
+        for entry in dropped:
+            if entry["path"] in left:  # an uninstall must find it, or it would take out what it names
+                self.say("kept", entry["path"], f"no longer installed, but {left[entry['path']]}: still listed "
+                                                "for install --uninstall")
+                continue
+            self.take_out(entry, "no longer installed")
+            self.manifest.forget(entry["path"])
+            self.save()
         self.save()
         if not self.dry_run:
             self.journal.commit()
@@ -388,28 +422,92 @@ class Installer:
 
     # uninstall
 
-    def uninstall(self, only: set[str] | None = None) -> None:
-        """Take out what the manifest lists (of the ``only`` integrations; the launchers only with all)."""
+    def after_uninstall(self, entry: dict[str, Any]) -> bytes | None:
+        """What uninstall would leave at ``entry``'s path when it is changed since install (:meth:`without_ours`);
+        None when it is as installed, gone, or left anyway (it was there before install)."""
+        if entry.get("existed"):
+            return None
+        current = current_at(self.disk(entry["path"]))
+        if current.kind != "file":
+            return None  # gone, or a symlink: nothing of ours is read through it
+        if sha256(current.data) == entry["sha256"]:
+            return None
+        rest = self.without_ours(entry, current)
+        return current.data if rest is None else rest
+
+    def left_in_place(self, mine: list[dict[str, Any]], every: list[dict[str, Any]]) -> dict[str, str]:
+        """The entries (of ``every``, the manifest's) that taking out ``mine`` must leave exactly as they are, and
+        why: each file of ``mine`` changed since install that still names something an uninstall would take out
+        (:func:`named_in`; ``--only``: also what a later one would), and, transitively, everything such a file
+        names."""
+        removable = [e for e in every if not e.get("existed") and nameable(e["path"])]
+        left: dict[str, str] = {}
+        todo: list[tuple[str, bytes]] = []
+        for entry in mine:
+            data = self.after_uninstall(entry)
+            if data is None:
+                continue
+            named = [e["path"] for e in removable if e["path"] != entry["path"] and named_in(e["path"], data)]
+            if named:
+                left[entry["path"]] = f"changed since install, and it names {', '.join(named)}"
+                todo.append((entry["path"], data))
+        while todo:
+            by, data = todo.pop()
+            for entry in removable:
+                real = entry["path"]
+                if real in left or real == by or not named_in(real, data):
+                    continue
+                current = current_at(self.disk(real))
+                if current.kind != "file":
+                    continue  # gone already: nothing to keep
+                left[real] = f"named by {self.disk(by)}, which is left"
+                todo.append((real, current.data))
+        return left
+
+    def say_left(self, entry: dict[str, Any], why: str) -> str:
+        """The line for a file uninstall leaves: what, why, what to do."""
+        real = entry["path"]
+        if why.startswith("named by"):
+            todo = "removed by the next install --uninstall once nothing left names it"
+        else:
+            todo = ("revert your edit, take out what names this install, or move the file away; then run "
+                    "install --uninstall again")
+        backup = entry.get("backup")
+        if backup and "path" in backup:
+            todo += f" (what install replaced is saved at {self.disk(backup['path'])})"
+        line = f"left: {self.disk(real)} ({why}: {todo})"
+        print(line)
+        return line
+
+    def uninstall(self, only: set[str] | None = None) -> list[str]:
+        """Take out what the manifest lists (of the ``only`` integrations; the launchers only with all); the
+        ``left:`` lines of the files it had to leave (:meth:`left_in_place`), which stay in the manifest."""
         manifest_disk = self.disk(MANIFEST_PATH)
         self.start("uninstall")
         old = load_manifest(manifest_disk)
         if old is None:
             print(f"nothing to uninstall: no manifest at {manifest_disk}")
-            return
+            return []
         if self.dry_run:
             print("dry run: nothing is removed")
         self.manifest = Manifest(list(old.files), list(old.directories))
         self.begin("uninstall")
         mine = [e for e in old.files if only is None or e.get("integration", "core") in only]
+        left = self.left_in_place(mine, old.files)
+        lines = []
         for entry in mine:
+            if entry["path"] in left:
+                lines.append(self.say_left(entry, left[entry["path"]]))
+                continue  # stays in the manifest, with its backup
             self.take_out(entry, "installed")
             self.manifest.forget(entry["path"])
             if self.manifest.files:
                 self.save()  # a failure later leaves a manifest of what is still installed
         if self.manifest.files:
-            self.journal.commit()
+            if not self.dry_run:
+                self.journal.commit()
             print(f"manifest: {manifest_disk} (updated: {len(self.manifest.files)} files still installed)")
-            return
+            return lines
         if not self.dry_run:
             self.remove(MANIFEST_PATH)
         print(f"removed: {manifest_disk}")
@@ -439,7 +537,7 @@ class Installer:
             fsync_dir(os.path.dirname(disk))
             print(f"removed: {disk}/ (created by install)")
         if self.dry_run:
-            return
+            return []
         self.journal.created = state
         self.journal.commit(remove_state=True)
         for real in sorted(state, key=lambda d: d.count("/"), reverse=True):
@@ -447,6 +545,24 @@ class Installer:
                 print(f"removed: {self.disk(real)}/ (created by install)")
             elif real not in kept and not any(k.startswith(real + "/") for k in kept):
                 print(f"kept: {self.disk(real)}/ (created by install, not empty)")
+        return []
+
+
+def nameable(real: str) -> bool:
+    """What a file install wrote can name, so that uninstall must not take it out from under that file: the
+    launchers, and the containerd drop-in (the main config's ``imports`` load it)."""
+    from oci_gpu_hook.host import containerd
+
+    return real.startswith(LAUNCHER_DIR + "/") or real == containerd.DROP_IN_PATH
+
+
+def named_in(real: str, data: bytes) -> bool:
+    """``data`` names the path ``real`` (as a whole path, not the start of a longer name); the containerd drop-in
+    also by the glob of its directory."""
+    from oci_gpu_hook.host import containerd
+
+    spellings = [real] + ([f"{containerd.DROP_IN_DIR}/*.toml"] if real == containerd.DROP_IN_PATH else [])
+    return any(re.search(re.escape(s.encode()) + rb"(?![\w.-])", data) for s in spellings)
 
 
 def check_podman_hook(real: str, disk: Callable[[str], str], errors: list[str]) -> None:
@@ -479,7 +595,12 @@ def install_or_uninstall(opts: Options, only: set[str] | None, installer: Instal
                                           ("--host-root", opts.host_root is not None)) if value]
         if given:
             raise HookError(f"install --uninstall takes no {', '.join(given)}: it removes what the manifest lists")
-        installer.uninstall(only)
+        left = installer.uninstall(only)
+        if left:
+            files = f"{len(left)} file{'s' if len(left) != 1 else ''}"
+            raise HookError(f"install --uninstall: {files} left, so the node is still integrated (each 'left:' line "
+                            "above says why and what to do); the manifest and backups are kept for the next "
+                            "install --uninstall")
         return 0
     from oci_gpu_hook.host.launchers import editable_reason
 

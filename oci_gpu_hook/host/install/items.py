@@ -287,7 +287,7 @@ def containerd_items(disk: Callable[[str], str], notes: list[str], explicit: boo
                   containerd.drop_in(RUNTIME_LAUNCHER, main, version=version, cdi=cdi).encode(),
                   0o644, "containerd drop-in")]
     if text is None:
-        imports = f'version = {version}\nimports = ["{containerd.DROP_IN_DIR}/*.toml"]\n'
+        imports = f'version = {version}\nimports = ["{containerd.DROP_IN_DIR}/*.toml"]{containerd.IMPORT_MARK}\n'
     else:  # as it is when it imports the drop-in already: still wanted, so a re-run keeps it
         imports = containerd.with_import(text, main_disk) or text
     items.append(Item(containerd.MAIN_CONFIG_PATH, imports.encode(), mode, "containerd config (imports)"))
