@@ -1016,3 +1016,29 @@ def test_uninstall_puts_back_the_main_configs_imports_line_and_keeps_the_operato
     assert (config.stat().st_uid, config.stat().st_gid) == owner
     assert {k: v for k, v in snapshot(prefix).items() if k != key(MAIN)} == {
         k: v for k, v in before.items() if k != key(MAIN)}  # the drop-in, the launchers, the backup: all gone
+
+
+def test_uninstall_is_the_way_out_of_a_broken_config(prefix: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A typo'd config stops every operator command that uses it, in one line; ``install --uninstall`` uses none of
+    it (it removes what the manifest lists), so it goes on after one warning and gives the tree back, and
+    ``validate --config-file`` checks a new file while the live one is broken."""
+    before = snapshot(prefix)
+    ok(capsys, "--prefix", str(prefix))
+    broken = tmp_path / "config.toml"
+    broken.write_text("mask_other_gpu = true\n")
+    monkeypatch.setenv("OCI_GPU_HOOK_CONFIG", str(broken))
+    code, _out, err = run(capsys, "--prefix", str(prefix))
+    assert code == 1 and err.count("\n") == 1 and "did you mean 'mask_other_gpus'" in err, err
+    code, _out, err = run(capsys, "--prefix", str(prefix), "--uninstall")
+    assert code == 0, err
+    assert err.startswith("oci-gpu-hook: warning: config file ") and err.count("\n") == 1, err
+    assert "install --uninstall goes on" in err
+    assert snapshot(prefix) == before
+    fixed = tmp_path / "fixed.toml"
+    fixed.write_text("mask_other_gpus = true\n")
+    assert cli.main(["validate", "--config-file", str(fixed)]) == 0
+    out, err = capsys.readouterr()
+    assert out == f"ok: config file {fixed}\n" and "validate goes on with the defaults" in err
+    assert cli.main(["list"]) == 1
+    assert "did you mean 'mask_other_gpus'" in capsys.readouterr().err

@@ -206,6 +206,34 @@ def load_for_container(overrides: dict[str, Any]) -> Config | HookError:
         return err
 
 
+def needs_no_config(command: str, args: list[str]) -> str | None:
+    """What an operator command does without the config's values, when it is its way out of a broken config:
+    ``install --uninstall`` (it removes what the manifest lists) and ``validate --config-file FILE`` (it checks
+    another file); None for every other command."""
+    if command == "install" and "--uninstall" in args:
+        return "install --uninstall goes on: it removes what the manifest lists"
+    if command == "validate" and any(a == "--config-file" or a.startswith("--config-file=") for a in args):
+        return "validate goes on with the defaults to check --config-file"
+    return None
+
+
+def load_for_command(command: str, args: list[str], overrides: dict[str, Any]) -> Config:
+    """The config of an operator command; a config that cannot be used stops it, with its one line, unless the
+    command needs none of it (:func:`needs_no_config`): then one warning and the defaults."""
+    from oci_gpu_hook.errors import HookError
+
+    try:
+        return load(overrides)
+    except HookError as err:
+        why = needs_no_config(command, args)
+        if why is None:
+            raise
+        from oci_gpu_hook.config import Config
+
+        print(f"oci-gpu-hook: warning: {' '.join(str(err).split())}; {why}", file=sys.stderr)
+        return Config()
+
+
 def read_stdin() -> str:
     """The runtime's JSON on stdin as UTF-8, whatever the locale: anything else is one clear line."""
     from oci_gpu_hook.errors import HookError
@@ -289,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"oci-gpu-hook {__version__}")
             code = 0
         else:
-            config = load(overrides)
+            config = load_for_command(command, rest[1:], overrides)
             code = run_command(command, rest[1:], config)
         sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
         return code
