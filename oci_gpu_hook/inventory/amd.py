@@ -1,8 +1,9 @@
 """AMD GPUs and compute partitions (amdgpu + KFD), numbered as AMD's container toolkit numbers them.
 
 A device is a DRM device bound to ``amdgpu`` (a PCI GPU, or one of its compute
-partitions) whose render minor has a KFD topology node.  Facts (sources in
-``../shared/reference/gpu-sysfs-layouts.md``):
+partitions) whose render minor has a KFD topology node.  Facts, with their sources, in
+``docs/hardware.md#amd`` (``docs/hardware.md#amd-kfd-topology``, ``docs/hardware.md#amd-compute-partitions``,
+``docs/hardware.md#amd-numbering``):
 
 * Partition 0 of a GPU is the PCI device's own card and render node; partitions
   1..7 are platform devices ``amdgpu_xcp_N`` (kernel 6.11 and later) or

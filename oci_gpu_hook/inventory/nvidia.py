@@ -1,6 +1,6 @@
 """NVIDIA GPUs and MIG devices, numbered as nvidia-smi numbers them, and the driver's files a container needs.
 
-Facts (sources in ``../shared/reference/gpu-sysfs-layouts.md`` section 3):
+Facts, with their sources, in ``docs/hardware.md#nvidia`` (``docs/hardware.md#nvidia-mig`` for MIG):
 
 * A GPU is a ``/proc/driver/nvidia/gpus/<BDF>/information`` file (``Bus Location``, ``Device Minor``,
   ``GPU UUID``, ``Model``, ``GPU Excluded``) whose PCI device in sysfs is vendor ``0x10de``, a display

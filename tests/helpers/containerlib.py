@@ -1,6 +1,6 @@
 """Real containers for the tests: a busybox rootfs, runc bundles, podman, and the isolation probe.
 
-The probe (../shared/reference/testing-here.md) proves isolation without a GPU:
+The probe (docs/hardware.md#the-isolation-probe) proves isolation without a GPU:
 a node the device cgroup allows opens with ENXIO (no driver behind it here), a
 denied one with EPERM.  Inside the container it lists the nodes the runtime
 made, then mknods every GPU minor of the seed host on a ``dev`` tmpfs and opens

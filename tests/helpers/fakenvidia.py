@@ -1,6 +1,6 @@
 """The /proc and driver roots of a fake host with NVIDIA GPUs (its sysfs is tests/helpers/fakesysfs.py's).
 
-Facts from ../shared/reference/gpu-sysfs-layouts.md section 3: ``/proc/devices`` (``nvidia`` 195 or
+Facts from docs/hardware.md#nvidia: ``/proc/devices`` (``nvidia`` 195 or
 ``nvidia-frontend``, dynamic ``nvidia-uvm`` and ``nvidia-caps``), ``/proc/driver/nvidia/version``,
 ``params``, ``gpus/<pci>/information``, ``/proc/driver/nvidia-caps/mig-minors`` and the capability access
 files of each MIG instance.  mig-minors numbers as observed on a real node: ``config 1``, ``monitor 2``,

@@ -11,7 +11,7 @@ A host with NVIDIA GPUs also has ``/sys/bus/pci/devices`` links (its backend rea
 tests/helpers/fakenvidia.py's.
 
 An AMD host carries what Debian's ``rocm-smi`` 5.2.3 (librocm_smi64) reads, in the kernel's formats
-(../shared/reference/gpu-sysfs-layouts.md; link and property values from the real MI308X capture in
+(docs/hardware.md#amd and docs/hardware.md#fake-hosts; link and property values from the real MI308X capture in
 ROCm/k8s-device-plugin testdata/topology-parsing-mi308): ``/sys/module/amdgpu/initstate``, a
 ``vbios_version`` and an ``amdgpu`` hwmon per PCI GPU, and per KFD node the full ``properties`` line set
 in ``node_show`` order, ``mem_banks/0`` and its ``io_links``/``p2p_links``.  Not modelled: KFD
