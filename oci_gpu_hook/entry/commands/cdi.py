@@ -159,7 +159,10 @@ def run(args: list[str], config: Config) -> int:
     inventory = scan_host(config)
     kinds = [opts.kind] if opts.kind else [k for k in config.backends if inventory.devices(k)]
     if not kinds or not any(inventory.devices(k) for k in kinds):
-        raise HookError(f"no GPUs under {inventory.sysfs_root}: a CDI spec needs at least one device")
+        from oci_gpu_hook.inventory.sysfs import wrong_root
+
+        raise HookError(wrong_root(inventory.sysfs_root)
+                        or f"no GPUs under {inventory.sysfs_root}: a CDI spec needs at least one device")
     if not output and len(kinds) > 1 and fmt == "json":
         raise UsageError(f"this host has devices of {len(kinds)} kinds ({', '.join(kinds)}) and a CDI spec holds "
                          "one: add --kind KIND, --output DIR/ (one file per kind), or --format yaml (one YAML "
