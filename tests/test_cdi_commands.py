@@ -88,14 +88,28 @@ def test_output_file_needs_a_spec_extension_and_a_kind(tmp_path: Path) -> None:
 def test_output_dir_without_a_slash_is_created(tmp_path: Path) -> None:
     """`cdi generate --output /var/run/cdi` on a fresh host: a name without an extension is a directory."""
     out = tmp_path / "var" / "run" / "cdi"
-    done = hook("cdi", "generate", "--output", str(out))
+    done = hook("cdi", "generate", "--output", str(out), cdi_dir=out)  # the cdi_dir a consumer was told to read
     assert done.returncode == 0, done.stderr
     assert done.stderr == f"wrote: {out}/amd.com-gpu.json\n"
     assert os.listdir(out) == ["amd.com-gpu.json"]
     assert stat.S_IMODE(out.stat().st_mode) == 0o755
     assert json.loads((out / "amd.com-gpu.json").read_text()) == generated()
-    again = hook("cdi", "generate", "--output", str(out))
+    again = hook("cdi", "generate", "--output", str(out), cdi_dir=out)
     assert again.returncode == 0 and again.stderr == f"unchanged: {out}/amd.com-gpu.json\n"
+
+
+@pytest.mark.parametrize("where", ["dir", "file"])
+def test_output_where_no_cdi_consumer_reads_says_so(tmp_path: Path, where: str) -> None:
+    """`cdi generate --output /var/rnu/cdi`: written, and a warning naming the directories consumers read."""
+    out = tmp_path / "var" / "rnu" / "cdi"
+    args = ("--output", str(out)) if where == "dir" else ("--kind", "amd", "--output", f"{out}/amd.json")
+    done = hook("cdi", "generate", *args, cdi_dir=tmp_path / "cdi")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines()[1] == (
+        f"warning: {out} is not a directory CDI consumers read (podman, containerd, CRI-O read /etc/cdi, "
+        f"/var/run/cdi, {tmp_path / 'cdi'}, a later one winning; cdi_dir is {tmp_path / 'cdi'}): nothing uses "
+        "these specs unless a runtime's cdi_spec_dirs names it")
+    assert len(done.stderr.splitlines()) == 2 and os.listdir(out)
 
 
 @pytest.mark.parametrize("mode", [0o777, 0o775, 0o757])

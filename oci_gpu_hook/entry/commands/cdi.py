@@ -179,6 +179,12 @@ def run(args: list[str], config: Config) -> int:
         path = os.path.join(output, cdi.file_name(config, kind, fmt)) if to_dir else output
         changed = cdi.write(path, text)
         print(f"{'wrote' if changed else 'unchanged'}: {path}", file=sys.stderr)
+    if output:
+        where, read = output if to_dir else os.path.dirname(os.path.abspath(output)), consumer_dirs(config)
+        if os.path.realpath(where) not in {os.path.realpath(d) for d in read}:
+            print(f"warning: {where} is not a directory CDI consumers read (podman, containerd, CRI-O read "
+                  f"{', '.join(read)}, a later one winning; cdi_dir is {config.cdi_dir}): nothing uses these specs "
+                  "unless a runtime's cdi_spec_dirs names it", file=sys.stderr)
     if not (os.path.isfile(config.hook_path) and os.access(config.hook_path, os.X_OK)):
         print(f"note: hook_path {config.hook_path} is not an executable file here: a container given one of these "
               "devices fails to start until it is (oci-gpu-hook install, or oci-gpu-hook launchers "
