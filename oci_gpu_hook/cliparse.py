@@ -18,7 +18,7 @@ class UsageError(HookError):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(f"{self.prog}: {message} (see oci-gpu-hook {self.prog.split()[-1]} --help)")
+        raise UsageError(f"{self.prog}: {message} (see {self.prog} --help)")  # `oci-gpu-hook cdi generate`
 
     def _print_message(self, message: str, file: Any = None) -> None:
         # argparse swallows a write error here, so with PYTHONUNBUFFERED a closed pipe would pass unseen while a

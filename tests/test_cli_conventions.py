@@ -119,10 +119,16 @@ def test_help_alone_and_for_an_unknown_command() -> None:
     ("cdi", "generate", "--output", "/nonexistent/oci-gpu-hook-tests/spec.txt"),
     ("cdi", "generate", "--output", "/nonexistent/oci-gpu-hook-tests/spec.json"),
     ("cdi", "list", "--spec-dirs", ","), ("inspect",), ("watch", "--bogus"), ("install", "--hook", "sideways"),
-    ("device-plugin", "--resource-strategy", "odd"),
+    ("device-plugin", "--resource-strategy", "odd"), ("cdi", "generate", "--kind", "amdd"),
 ])
 def test_usage_errors_exit_2(args: tuple[str, ...]) -> None:
-    assert_one_error_line(cli(*args, stdin=""), 2)
+    line = assert_one_error_line(cli(*args, stdin=""), 2)
+    if "(see oci-gpu-hook" not in line:
+        return
+    pointer = line.rsplit("(see ", 1)[-1].removesuffix(")\n")
+    assert pointer.endswith(" --help"), line
+    shown = cli(*pointer.split()[1:])  # the command the line points at exists and prints its usage
+    assert shown.returncode == 0 and shown.stdout.startswith("usage: "), (line, shown.stderr)
 
 
 @pytest.mark.parametrize("args", [("dry-run", "/nonexistent/oci-gpu-hook-tests/config.json"),
