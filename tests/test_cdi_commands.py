@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from oci_gpu_hook.appliers import cdi
 from tests.helpers.clilib import REPO, assert_one_error_line, clean_env
 
 SEED = REPO / "examples" / "hosts" / "seed-8x-gfx1100" / "sys"
@@ -96,6 +97,20 @@ def test_output_dir_without_a_slash_is_created(tmp_path: Path) -> None:
     assert json.loads((out / "amd.com-gpu.json").read_text()) == generated()
     again = hook("cdi", "generate", "--output", str(out), cdi_dir=out)
     assert again.returncode == 0 and again.stderr == f"unchanged: {out}/amd.com-gpu.json\n"
+
+
+def test_mask_other_gpus_on_the_cdi_path_is_a_warning(tmp_path: Path) -> None:
+    """validate and cdi generate say that CDI cannot mask (install: tests/test_install.py)."""
+    config = tmp_path / "config.toml"
+    config.write_text("mask_other_gpus = true\n")
+    warning = f"warning: {cdi.mask_ignored(True)}"
+    validated = hook("validate", "--config-file", str(config))
+    assert validated.returncode == 0 and warning in validated.stdout.splitlines(), validated.stdout
+    generated = hook("--config", str(config), "cdi", "generate", "--kind", "amd")
+    assert generated.returncode == 0 and warning in generated.stderr.splitlines(), generated.stderr
+    config.write_text("mask_other_gpus = false\n")
+    assert "ignored on the CDI path" not in hook("validate", "--config-file", str(config)).stdout
+    assert "ignored on the CDI path" not in hook("--config", str(config), "cdi", "generate", "--kind", "amd").stderr
 
 
 @pytest.mark.parametrize("where", ["dir", "file"])

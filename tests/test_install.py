@@ -335,6 +335,19 @@ def test_launchers_run(prefix: Path, capsys: pytest.CaptureFixture[str]) -> None
 # --- dry run, idempotence -------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("mask", [True, False])
+def test_mask_other_gpus_ignored_on_the_cdi_path_is_said(prefix: Path, capsys: pytest.CaptureFixture[str],
+                                                         mask: bool) -> None:
+    config = prefix.parent / "config.toml"
+    config.write_text(f"mask_other_gpus = {str(mask).lower()}\n")
+    code = cli.main(["--config", str(config), "--sysfs-root", str(EXAMPLE_SYSFS), "install", *INSTALL_DEV,
+                     "--prefix", str(prefix), "--dry-run"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    said = [line for line in out.splitlines() if "ignored on the CDI path" in line]
+    assert said == ([f"note: {cdi.mask_ignored(True)}"] if mask else [])
+
+
 def test_dry_run_writes_nothing(prefix: Path, capsys: pytest.CaptureFixture[str]) -> None:
     containerd_host(prefix)
     before = snapshot(prefix, identity=True)

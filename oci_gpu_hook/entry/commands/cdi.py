@@ -179,6 +179,9 @@ def run(args: list[str], config: Config) -> int:
         path = os.path.join(output, cdi.file_name(config, kind, fmt)) if to_dir else output
         changed = cdi.write(path, text)
         print(f"{'wrote' if changed else 'unchanged'}: {path}", file=sys.stderr)
+    masked = cdi.mask_ignored(config.mask_other_gpus)
+    if masked:
+        print(f"warning: {masked}", file=sys.stderr)
     if output:
         where, read = output if to_dir else os.path.dirname(os.path.abspath(output)), consumer_dirs(config)
         if os.path.realpath(where) not in {os.path.realpath(d) for d in read}:
