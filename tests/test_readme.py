@@ -34,7 +34,7 @@ import pytest
 from oci_gpu_hook.host.install import items, paths
 from tests.conftest import ROOT
 from tests.helpers import containerlib as cl
-from tests.helpers import dockersave, plainvenv
+from tests.helpers import dockersave, plainvenv, pristinenode
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
@@ -249,6 +249,7 @@ def node_script(base: Path, blocks: list[Block]) -> str:
         "mount -t tmpfs tmpfs /run",
         f"mkdir /run/ogh-readme && mount --bind {base} /run/ogh-readme",
         "mount -t tmpfs tmpfs /tmp",
+        *pristinenode.take_back_lines(OVERLAID),  # a node before install, also where this machine is one
         "W=/run/ogh-readme",
         "mkdir -p /etc/oci-gpu-hook /etc/containers",
         "cp $W/config.toml /etc/oci-gpu-hook/config.toml",
