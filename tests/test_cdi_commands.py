@@ -18,14 +18,17 @@ import pytest
 import yaml
 
 from oci_gpu_hook.appliers import cdi
+from oci_gpu_hook.host.install.paths import LAUNCHER_DIR
 from tests.helpers.clilib import REPO, assert_one_error_line, clean_env
 
 SEED = REPO / "examples" / "hosts" / "seed-8x-gfx1100" / "sys"
 OTHER = REPO / "examples" / "hosts" / "shuffled-4x-gfx942" / "sys"
 
 
-def hook(*args: str, cdi_dir: Path | None = None, sysfs: Path = SEED,
-         umask: int | None = None, hook_path: str | None = None) -> subprocess.CompletedProcess[str]:
+def hook(*args: str, cdi_dir: Path | None = None, sysfs: Path = SEED, umask: int | None = None,
+         hook_path: str | None = None, hide_launchers: bool = False) -> subprocess.CompletedProcess[str]:
+    """``oci-gpu-hook ARGS``; ``hide_launchers``: in a private mount namespace where the installed launchers'
+    directory is empty (on a machine that is an installed node)."""
     env = clean_env(OCI_GPU_HOOK_SYSFS_ROOT=str(sysfs))
     if cdi_dir is not None:
         env["OCI_GPU_HOOK_CDI_DIR"] = str(cdi_dir)
@@ -36,8 +39,11 @@ def hook(*args: str, cdi_dir: Path | None = None, sysfs: Path = SEED,
         if umask is not None:
             os.umask(umask)
 
-    return subprocess.run([sys.executable, "-m", "oci_gpu_hook.entry.cli", *args], capture_output=True, text=True,
-                          env=env, cwd=REPO, timeout=60, check=False, preexec_fn=set_umask)
+    argv = [sys.executable, "-m", "oci_gpu_hook.entry.cli", *args]
+    if hide_launchers:
+        argv = ["unshare", "-m", "sh", "-c", f'mount -t tmpfs tmpfs {LAUNCHER_DIR} && exec "$@"', "sh", *argv]
+    return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=60, check=False,
+                          preexec_fn=set_umask)
 
 
 def generated(sysfs: Path = SEED) -> dict[str, Any]:
@@ -194,10 +200,10 @@ def write_spec(path: Path, spec: dict[str, Any]) -> None:
     path.write_text(yaml.safe_dump(spec) if path.suffix == ".yaml" else json.dumps(spec))
 
 
-def listing(etc: Path, run: Path, cdi_dir: Path | None = None, sysfs: Path = SEED,
-            hook_path: str | None = None) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+def listing(etc: Path, run: Path, cdi_dir: Path | None = None, sysfs: Path = SEED, hook_path: str | None = None,
+            hide_launchers: bool = False) -> tuple[subprocess.CompletedProcess[str], list[str]]:
     done = hook("cdi", "list", "--spec-dirs", f"{etc},{run}", cdi_dir=cdi_dir or run, sysfs=sysfs,
-                hook_path=hook_path)
+                hook_path=hook_path, hide_launchers=hide_launchers)
     problems = [line[len("problem: "):] for line in done.stdout.splitlines() if line.startswith("problem: ")]
     if problems:
         assert done.returncode == 1
@@ -337,18 +343,17 @@ def test_list_checks_every_hook_a_spec_names(dirs: tuple[Path, Path], tmp_path: 
 
 
 def test_list_names_install_as_the_fix_for_the_launcher_path(dirs: tuple[Path, Path]) -> None:
-    from oci_gpu_hook.host.install.paths import LAUNCHER_DIR
-
     etc, run = dirs
     launcher = f"{LAUNCHER_DIR}/oci-gpu-hook"
-    if os.path.exists(launcher):
-        pytest.skip(f"{launcher} is installed on this machine")
+    installed = os.path.exists(launcher)  # an installed node: the launchers hidden in a namespace of its own
+    if installed and os.geteuid() != 0:
+        pytest.skip(f"{launcher} is installed on this machine, and hiding it needs root")
     spec = generated()
     for device in spec["devices"]:
         for entry in device["containerEdits"].get("hooks", []):
             entry["path"] = launcher
     write_spec(run / "amd.com-gpu.json", spec)
-    _, problems = listing(etc, run, hook_path=launcher)
+    _, problems = listing(etc, run, hook_path=launcher, hide_launchers=installed)
     assert problems == [f"{run}/amd.com-gpu.json names the hook {launcher}, which is missing: every container given "
                         f"0, 1, 2, 3, 4, 5 ... fails to start (fix: oci-gpu-hook install (or oci-gpu-hook launchers "
                         f"{LAUNCHER_DIR}))"]
