@@ -10,6 +10,22 @@ per-container path, so it imports nothing heavy: a config file is read with
 :mod:`oci_gpu_hook.tomlsubset`, and :mod:`tomllib` is loaded only for a file
 outside that subset.  The backends and their defaults are
 :data:`oci_gpu_hook.kinds.KINDS`.
+
+**A config that cannot be used never stops a container that asks for nothing.**  When the settings cannot be
+loaded -- the file is unreadable, not TOML, untrusted (:func:`check_trusted`), has an unknown key
+(``mask_other_gpu``) or a bad value, or an ``OCI_GPU_HOOK_*`` variable has a bad value -- nothing in them is
+acted upon, and each per-container entry point (the precreate hook, the live prestart hook, the shim's
+create/run, the resident planner, which runs the same code) decides by the *default* request names alone
+(:func:`oci_gpu_hook.request.without_config`): a container whose spec carries no request under them (the
+default ``request_env`` variables of every kind, ``cdi.k8s.io/`` annotations naming a known kind; an empty,
+``none`` or ``void`` value asks for nothing) passes through untouched, with one warning line
+(:func:`oci_gpu_hook.log.warn`); one that carries a request is refused with the config's one-line error.  The
+shim then execs the runtime a pass-through command would
+(:func:`oci_gpu_hook.entry.runtime.passthrough_runtime_name`: never one named by an untrusted file).  A request
+under a name that only the broken file would have added is not seen: the file cannot be believed.  The operator
+commands fail on such a config, and ``install`` and ``launchers`` refuse to make one live
+(:func:`oci_gpu_hook.host.launchers.check_live_config`).  An unknown key's error names the key it was probably
+meant to be (``did you mean 'mask_other_gpus'?``).
 """
 
 from __future__ import annotations
@@ -73,6 +89,8 @@ FIELDS: dict[str, Field] = {
     "device_gid": Field(0, "id", None, "Owner gid of the created nodes."),
     "cgroup_access": Field("rwm", "access", None, "Access granted by each device cgroup rule."),
     "log_file": Field("", "str", "OCI_GPU_HOOK_LOG_FILE", "Append one JSON line per hook run here ('' = off)."),
+    "syslog": Field(True, "bool", None, "Also write each refusal and each hand-over to a slower path to the "
+                    "system journal (the syslog socket /dev/log, identifier oci-gpu-hook)."),
     "debug": Field(False, "bool", "OCI_GPU_HOOK_DEBUG", "Print tracebacks on internal errors."),
 }
 RENAMED = {"cdi_spec": "cdi_dir", "cdi_kind": "backends"}
@@ -151,6 +169,7 @@ class Config:
     device_gid: int
     cgroup_access: str
     log_file: str
+    syslog: bool
     debug: bool
     source: str
 
@@ -174,9 +193,20 @@ def parse_file(data: Mapping[str, Any], where: str) -> dict[str, Any]:
     """The keys of a parsed config file, each checked; unknown keys are errors."""
     for key in data:
         if key not in FIELDS:
-            hint = f"; it is now '{RENAMED[key]}'" if key in RENAMED else ""
-            raise HookError(f"{where}: unknown key {key!r}{hint} (valid: {', '.join(FIELDS)})")
+            meant = _meant(key)
+            raise HookError(f"{where}: unknown key {key!r}{meant}" if meant.startswith(" (did you mean")
+                            else f"{where}: unknown key {key!r}{meant} (valid: {', '.join(FIELDS)})")
     return {name: check_value(name, value, where) for name, value in data.items()}
+
+
+def _meant(key: str) -> str:
+    """What an unknown key was probably meant to be: its new name, or the closest key (a typo)."""
+    if key in RENAMED:
+        return f"; it is now '{RENAMED[key]}'"
+    import difflib  # only on this error path
+
+    close = difflib.get_close_matches(key, FIELDS, n=1, cutoff=0.75)
+    return f" (did you mean '{close[0]}'?)" if close else ""
 
 
 def check_trusted(path: str) -> None:
@@ -193,9 +223,11 @@ def load_file(path: str) -> dict[str, Any]:
     """Read and check the TOML file."""
     check_trusted(path)
     where = f"config file {path}"
+    from oci_gpu_hook.trust import read_regular
+
     try:
-        with open(path, "rb") as handle:
-            raw = handle.read()
+        # a FIFO, socket or device never blocks a container's start; /dev/null is the empty config, as it is written
+        raw = b"" if path == os.devnull else read_regular(path)
     except OSError as err:
         raise HookError(f"{where}: cannot read ({err.strerror})") from None
     return parse_bytes(raw, where)

@@ -1,6 +1,16 @@
-"""Operator-facing output: one line on stderr for a failure, one JSON line per run in the log file.
+"""Operator-facing output: one line on stderr for a failure, one JSON line per run in the log file, and the
+system journal's line for each refusal and each hand-over to a slower path.
 
 A leaf: what a line holds is its caller's (:meth:`oci_gpu_hook.plan.Plan.record`); this module only writes it.
+
+**The journal line** (:func:`journal`) goes to the syslog socket :data:`SYSLOG_SOCKET` as one datagram, as
+glibc's ``syslog()`` writes it: ``<PRI>Mmm dd hh:mm:ss oci-gpu-hook[PID]: MESSAGE``, facility daemon (the tool
+runs for the container daemons), the local time, no host name (journald and rsyslog add it).  MESSAGE is
+``ENTRY: container ID: TEXT`` (``ENTRY: TEXT`` where the input names no container), TEXT an error line without
+its ``oci-gpu-hook:`` prefix, control characters escaped, at most :data:`SYSLOG_MAX` bytes.  It is sent
+non-blocking on a fresh socket: a missing socket, a full one, anything else at that path is silently no line;
+the container never waits for nor fails by it.  ``syslog = false`` in the config turns it off; with no config
+(it could not be read) it is on.  ``journalctl -t oci-gpu-hook`` shows the lines.
 """
 
 from __future__ import annotations
@@ -20,6 +30,11 @@ if TYPE_CHECKING:
     from oci_gpu_hook.config import Config
 
 PROGRAM = "oci-gpu-hook"
+SYSLOG_SOCKET = "/dev/log"
+SYSLOG_FACILITY = 3  # LOG_DAEMON
+SEVERITY = {"error": 3, "warning": 4, "info": 6}  # LOG_ERR, LOG_WARNING, LOG_INFO
+SYSLOG_MAX = 4096  # bytes of MESSAGE; a longer one is cut (journald takes more, a classic syslogd 1024 or more)
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 
 
 def error_line(message: str) -> str:
@@ -97,6 +112,54 @@ def record(config: Config | None, **fields: Any) -> None:
         print(f"{PROGRAM}: warning: log file {path} not written: {err}", file=sys.stderr)
     except OSError as err:
         print(f"{PROGRAM}: warning: cannot write log file {path}: {err.strerror}", file=sys.stderr)
+
+
+def syslog_line(severity: str, message: str, now: float | None = None, pid: int | None = None) -> bytes:
+    """The datagram for ``message`` at ``severity`` (a key of :data:`SEVERITY`), as glibc's syslog() frames it."""
+    t = time.localtime(now)
+    text = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in " ".join(str(message).split()))
+    data = text.encode("utf-8", "backslashreplace")
+    if len(data) > SYSLOG_MAX:
+        data = data[:SYSLOG_MAX].decode("utf-8", "ignore").encode() + b"..."
+    head = (f"<{SYSLOG_FACILITY * 8 + SEVERITY[severity]}>{_MONTHS[t.tm_mon - 1]} {t.tm_mday:2d} "
+            f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d} {PROGRAM}[{os.getpid() if pid is None else pid}]: ")
+    return head.encode() + data
+
+
+def journal(config: Config | None, severity: str, entry: str, text: str, container: str | None = None) -> None:
+    """Send the journal's line (see the top) unless ``config.syslog`` is off; never block, never fail."""
+    if config is not None and not config.syslog:
+        return
+    if text.startswith(PROGRAM + ": "):
+        text = text[len(PROGRAM) + 2:]
+    where = f"container {container[:128]}: " if container else ""
+    try:
+        import _socket  # not socket: that one imports enum, selectors, ... (~5 ms); this is the C module alone
+
+        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_DGRAM | _socket.SOCK_NONBLOCK | _socket.SOCK_CLOEXEC)
+        try:
+            sock.sendto(syslog_line(severity, f"{entry}: {where}{text}"), SYSLOG_SOCKET)
+        finally:
+            sock.close()
+    except (OSError, ImportError):
+        pass  # no journal, a full one, no socket at the path: the line is dropped
+
+
+def refused(config: Config | None, entry: str, container: str | None, line: str) -> None:
+    """A container refused with the error line ``line`` (already on stderr): the log file's record and the
+    journal's line, both naming ``container`` (its id, or what the input names it by) where known."""
+    record(config, entry=entry, id=container, outcome="error", error=line)
+    journal(config, "error", entry, line, container)
+
+
+def warn(message: str, **about: Any) -> None:
+    """The one warning line on stderr, ``oci-gpu-hook: warning: ...``, for something a container start went on
+    past, and the journal's line at warning level; ``about``: what it concerns (``entry``, the container ``id``),
+    for the places a warning is kept (the journal's line names both; ``config``: the config in use, whose
+    ``syslog`` decides, when there is one)."""
+    line = " ".join(str(message).split())
+    print(f"{PROGRAM}: warning: " + line, file=sys.stderr)
+    journal(about.get("config"), "warning", str(about.get("entry") or PROGRAM), "warning: " + line, about.get("id"))
 
 
 def report_failure(err: BaseException, debug: bool) -> str:

@@ -26,6 +26,11 @@ if TYPE_CHECKING:
     from oci_gpu_hook.core.rules import Policy
 
 
+# annotations that name a container, most specific first: CRI-O's id, containerd's CRI and the kubelet's names
+NAME_ANNOTATIONS = ("io.kubernetes.cri-o.ContainerID", "io.kubernetes.cri.container-name",
+                    "io.kubernetes.container.name")
+
+
 class ContainerSpec:
     """One config.json, checked where the request path reads it: ``env`` (``process.env``, empty when absent) and
     ``environ`` (the values its process sees, by name), ``annotations`` (empty when absent), ``present`` ((type,
@@ -49,6 +54,17 @@ class ContainerSpec:
     @classmethod
     def read(cls, path: str) -> ContainerSpec:
         return cls.parse(read_text(path))
+
+    def name(self) -> str | None:
+        """What names the container in a spec that carries no id of its own (podman's precreate input): the first of
+        :data:`NAME_ANNOTATIONS` that the spec holds, else its ``hostname`` (podman's default is the first 12
+        characters of the container's id, as ``podman ps`` shows it), else None.  For log lines only."""
+        for key in NAME_ANNOTATIONS:
+            value = self.annotations.get(key)
+            if isinstance(value, str) and value:
+                return value
+        hostname = self.raw.get("hostname")
+        return hostname if isinstance(hostname, str) and hostname else None
 
     def root(self, bundle: str) -> str:
         """``root.path``, made absolute against the bundle as the runtime does."""
@@ -249,9 +265,12 @@ def loads(text: str) -> Any:
 
 
 def read_text(path: str) -> str:
+    """The text of the file at ``path``; a FIFO, socket or device is refused unopened (its open could block or
+    act), as the native front hands it over unopened (:func:`oci_gpu_hook.trust.read_regular`)."""
+    from oci_gpu_hook.trust import read_regular
+
     try:
-        with open(path, encoding="utf-8") as handle:
-            return handle.read()
+        return read_regular(path).decode("utf-8")
     except OSError as err:
         raise HookError(f"cannot read {path}: {err.strerror}") from None
     except UnicodeDecodeError:

@@ -41,21 +41,23 @@ class Plan:
         return self.edits.nodes
 
     def summary(self) -> str:
-        """``amd 1 (0000:23:00.0): /dev/dri/card2 /dev/dri/renderD129 /dev/kfd``."""
+        """``amd 1 (0000:23:00.0): /dev/dri/card2 /dev/dri/renderD129 /dev/kfd``, and the request's note."""
+        note = f" ({self.request.note})" if self.request.note else ""
         if not self.devices:
-            note = self.request.note
-            return "no GPU requested" + (f" ({note})" if note else "")
+            asked = any(a.values for a in self.request.asks)
+            return ("no GPU granted" if asked else "no GPU requested") + note
         parts = []
         for device in self.devices:
             part = "" if device.partition is None or device.mig else f" partition {device.partition}"
             part += f" MIG {device.drm_name}" if device.mig else ""
             parts.append(f"{device.kind} {device.label} ({device.pci_address}{part})")
         mounts = f" + {len(self.edits.mounts)} driver files" if self.edits.mounts else ""
-        return ", ".join(parts) + ": " + " ".join(n.path for n in self.edits.nodes) + mounts
+        return ", ".join(parts) + ": " + " ".join(n.path for n in self.edits.nodes) + mounts + note
 
     def record(self, config: Config, entry: str, cid: str | None, started: float, **extra: Any) -> None:
         """The log line of a run that granted GPUs, or ignored a request (``allow_env_requests``, annotations
-        won); none for a container that asked for nothing, nor without a log file (:mod:`oci_gpu_hook.log`)."""
+        won, ``all`` of a kind the host has none of); none for a container that asked for nothing, nor without a log
+        file (:mod:`oci_gpu_hook.log`)."""
         if (not self and not self.request.note) or not config.log_file:
             return
         import time

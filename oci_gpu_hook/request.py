@@ -22,6 +22,17 @@ a comma list of indices (``1``), inclusive ranges (``0-3``) and the backend's ow
 addresses, unique ids; Intel: ``cardN``, PCI addresses; NVIDIA: ``GPU-<uuid>``, PCI addresses, ``<gpu>:<mig>``,
 ``MIG-<uuid>``; its indices count whole GPUs).  Duplicates collapse.  Anything unknown,
 malformed or out of range is a :class:`HookError` naming the bad token and what is valid.
+
+What the node cannot serve, one rule: ``all`` means every device of the kind this node has now, so on a
+node with none of the kind (it never had one, or they have all been removed) it grants nothing of it and is
+noted (one log line says the container asked for it), never refused: CUDA images carry
+``NVIDIA_VISIBLE_DEVICES=all`` in their image env, and they start on an AMD, Intel or GPU-less node as they
+would without this tool, with what else they ask for (``AMD_VISIBLE_DEVICES=1`` beside it) granted.  A node
+whose backend sees devices of the kind but can grant none of them (a GPU the driver excluded or cannot serve, an
+amdgpu device without its KFD node) is not without the kind: ``all`` is then refused with what it saw.  A name
+of one device (an index, a range, a UUID, a PCI address, a CDI name, a MIG device) that the node lacks is
+refused, whether the kind has other devices here or none.  A kind not in ``backends`` is not this tool's at
+all: its variables and annotations are someone else's (another vendor's toolkit), read by nothing here.
 """
 
 from __future__ import annotations
@@ -143,6 +154,30 @@ def _requested(environ: Mapping[str, str], annotations: Mapping[str, object] | N
     return asks
 
 
+def asks_by_default(spec: ContainerSpec) -> bool:
+    """Whether ``spec`` carries a request under the default names (the default ``request_env`` variables of every
+    kind, ``cdi.k8s.io`` annotations naming a known kind): :func:`requested` with the default settings.  One
+    these names would refuse (two variables of a kind, a malformed annotation) counts as a request."""
+    from oci_gpu_hook.config import Config
+
+    try:
+        return any(a.values for a in _requested(spec.environ, spec.annotations, Config()))
+    except HookError:
+        return True
+
+
+def without_config(spec: ContainerSpec, problem: HookError, entry: str, cid: str | None = None) -> None:
+    """The rule for a config that cannot be used (:mod:`oci_gpu_hook.config`): return after one warning line
+    when ``spec`` asks for nothing under the default names (the caller then changes nothing), else raise
+    ``problem``, the config's error."""
+    if asks_by_default(spec):
+        raise problem
+    from oci_gpu_hook.log import warn
+
+    warn(f"{problem}; the container asks for no GPU, so it starts untouched (oci-gpu-hook validate checks the "
+         "config)", entry=entry, id=cid)
+
+
 def parse_devices_option(text: str, kinds: Sequence[str]) -> list[Ask]:
     """``dry-run --devices``: ``1,3`` (the first backend's kind), or qualified ``amd.com/gpu=1,intel.com/gpu=0``
     entries (a bare entry after a qualified one belongs to the same kind)."""
@@ -187,6 +222,8 @@ def resolve(asks: list[Ask], inventory: Inventory, present: Set[tuple[str, int, 
                          "(CDI, --device or the orchestrator); an image's env cannot add to them")
             continue
         counted.append(ask)
+        if not inventory.devices(ask.kind) and any(v.strip().lower() == "all" for v in ask.values):
+            notes.append(_nothing_of(ask, inventory.set_aside(ask.kind)))
         named: dict[int, Device] = {}
         for value in ask.values:
             for device in select(ask.kind, value, inventory.devices(ask.kind), ask.source):
@@ -201,6 +238,16 @@ def resolve(asks: list[Ask], inventory: Inventory, present: Set[tuple[str, int, 
         chosen.update(named)
         devices[ask.kind] = tuple(chosen[i] for i in sorted(chosen))
     return Request(counted, devices, tuple(notes))
+
+
+def _nothing_of(ask: Ask, set_aside: Sequence[tuple[str, str]]) -> str:
+    """The note of ``all`` of a kind the host has no device of; a HookError where it has some that cannot be granted
+    (the node is not without the kind: its driver or partitions are not right)."""
+    if set_aside:
+        name, why = set_aside[0]
+        more = f" (and {len(set_aside) - 1} more)" if len(set_aside) > 1 else ""
+        raise HookError(f"{ask.source}=all: this host's {ask.kind} GPUs cannot be granted: {name}: {why}{more}")
+    return f"{ask.source}=all: this host has no {ask.kind} GPUs, none granted"
 
 
 def _present(kind: str, devices: tuple[Device, ...], present: Set[tuple[str, int, int]]) -> tuple[Device, ...]:
@@ -222,7 +269,8 @@ def _listed(kind: str, devices: Sequence[Device]) -> str:
 
 
 def select(kind: str, value: str, devices: tuple[Device, ...], source: str = "request") -> tuple[Device, ...]:
-    """The devices of ``kind`` that ``value`` names, in index order; () for no device."""
+    """The devices of ``kind`` that ``value`` names, in index order; () for no device (and for ``all`` where the
+    host has none of the kind)."""
     from oci_gpu_hook.inventory import backend
 
     text = (value or "").strip()
@@ -230,9 +278,7 @@ def select(kind: str, value: str, devices: tuple[Device, ...], source: str = "re
         return ()
     module = backend(kind)
     if text.lower() == "all":
-        if not devices:
-            raise HookError(f"{source}=all: this host has no {kind} GPUs (valid: none)")
-        return devices
+        return devices  # every one this host has: none on a host without the kind (module docstring)
     chosen: dict[int, Device] = {}
     try:
         for raw in text.split(","):
@@ -275,6 +321,8 @@ def _index(token: str, devices: tuple[Device, ...], kind: str) -> int:
     if not token.isdigit() or not token.isascii():
         raise _Bad(token, f"is not a {kind} GPU index")
     digits = token.lstrip("0") or "0"
+    if not devices:
+        raise _Bad(token, f"is out of range: this host has no {kind} GPUs")
     if len(digits) > 9 or int(digits) >= len(devices):  # length first: int() refuses 4300+ digits
         raise _Bad(token, f"is out of range (the host has {len(devices)} {kind} GPUs)")
     return int(digits)
@@ -284,7 +332,7 @@ def valid_values(kind: str, devices: tuple[Device, ...]) -> str:
     from oci_gpu_hook.inventory import backend
 
     if not devices:
-        return f"this host has no {kind} GPUs; valid: none"
+        return f"valid: all or none, which grant no {kind} GPU on this host"
     indexed = getattr(backend(kind), "indexed", None)  # NVIDIA: indices count GPUs, not MIG devices
     last = len(indexed(devices) if indexed else devices) - 1
     parts = ["all", "none", f"indices 0-{last}" if last else "index 0"]

@@ -87,3 +87,27 @@ def problem(path: str) -> str | None:
         else:
             current = candidate
     return bad
+
+
+def read_regular(path: str) -> bytes:
+    """The bytes of the file at ``path``; a FIFO, socket or device is refused unopened (its open could block or
+    act), and again on the fd (replaced in between: the open was non-blocking, so it never hung): an OSError whose
+    ``strerror`` is "it is not a regular file".  A directory is the OSError its read gives ("Is a directory")."""
+    def special(mode: int) -> bool:
+        return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+
+    if special(os.stat(path).st_mode):
+        raise OSError(0, NOT_REGULAR, path)
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
+    try:
+        if special(os.fstat(fd).st_mode):
+            raise OSError(0, NOT_REGULAR, path)
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+NOT_REGULAR = "it is not a regular file"

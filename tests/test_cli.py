@@ -185,6 +185,95 @@ def test_precreate_writes_the_log_file(tmp_path: Path) -> None:
     assert records[0]["devices"] == GPU1_PATHS
 
 
+# --- a config that cannot be used (the rule in oci_gpu_hook/config.py) --------------
+
+BROKEN_CONFIGS = {
+    "typo": ("mask_other_gpu = true\n", 0o644, "unknown key 'mask_other_gpu' (did you mean 'mask_other_gpus'?)"),
+    "not-toml": ("runtime = \n", 0o644, "not valid TOML"),
+    "bad-value": ("cgroup_access = 'rwx'\n", 0o644, "bad value 'rwx' for 'cgroup_access'"),
+    "untrusted": ("debug = false\n", 0o646, "is not trusted"),
+    "unreadable": (None, 0o644, "cannot read"),
+}
+NO_REQUEST = [["PATH=/bin"], ["AMD_VISIBLE_DEVICES="], ["AMD_VISIBLE_DEVICES=none", "NVIDIA_VISIBLE_DEVICES=void"],
+              ["MY_GPUS=1", "amd_visible_devices=1", "NVIDIA_DRIVER_CAPABILITIES=all"]]
+ASKING = [["AMD_VISIBLE_DEVICES=1"], ["NVIDIA_VISIBLE_DEVICES=all"], ["INTEL_VISIBLE_DEVICES=0"]]
+
+
+def broken_config(tmp_path: Path, name: str) -> tuple[Path, str]:
+    text, mode, what = BROKEN_CONFIGS[name]
+    path = tmp_path / "etc" / "config.toml"
+    path.parent.mkdir(exist_ok=True)
+    if text is None:
+        path.mkdir()  # a directory where the file should be: it cannot be read
+    else:
+        path.write_text(text)
+        path.chmod(mode)
+    return path, what
+
+
+def annotated(env: list[str], annotations: dict[str, str] | None) -> str:
+    spec = json.loads(spec_text(env))
+    if annotations is not None:
+        spec["annotations"] = annotations
+    return json.dumps(spec, indent=4)
+
+
+def assert_one_warning_line(result: Any, what: str) -> None:
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.startswith("oci-gpu-hook: warning: config file ") and result.stderr.count("\n") == 1
+    assert what in result.stderr and "asks for no GPU" in result.stderr
+
+
+@pytest.mark.parametrize("broken", sorted(BROKEN_CONFIGS))
+@pytest.mark.parametrize("env", NO_REQUEST, ids=range(len(NO_REQUEST)))
+def test_precreate_with_a_broken_config_passes_what_asks_for_nothing(tmp_path: Path, broken: str,
+                                                                     env: list[str]) -> None:
+    config, what = broken_config(tmp_path, broken)
+    text = annotated(env, {"cdi.k8s.io/x": "vendor.example/gpu=0"}) + "\n"
+    result = cli("precreate", stdin=text, env=clean_env(OCI_GPU_HOOK_CONFIG=str(config)))
+    assert_one_warning_line(result, what)
+    assert result.stdout == text
+
+
+@pytest.mark.parametrize("broken", sorted(BROKEN_CONFIGS))
+@pytest.mark.parametrize("env", [*ASKING, []], ids=range(len(ASKING) + 1))
+def test_precreate_with_a_broken_config_refuses_a_request(tmp_path: Path, broken: str, env: list[str]) -> None:
+    config, what = broken_config(tmp_path, broken)
+    annotations = None if env else {"cdi.k8s.io/x": "amd.com/gpu=0"}
+    result = cli("precreate", stdin=annotated(env, annotations),
+                 env=clean_env(OCI_GPU_HOOK_CONFIG=str(config)))
+    line = assert_one_error_line(result)
+    assert line.startswith(f"oci-gpu-hook: error: config file {config}") and what in line
+    assert result.stdout == ""
+
+
+def test_a_bad_variable_is_a_broken_config_too() -> None:
+    result = cli("precreate", stdin=spec_text(["PATH=/bin"]), env=clean_env(OCI_GPU_HOOK_DEBUG="maybe"))
+    assert result.returncode == 0 and "warning: environment variable OCI_GPU_HOOK_DEBUG" in result.stderr
+    result = cli("precreate", stdin=spec_text(["AMD_VISIBLE_DEVICES=1"]), env=clean_env(OCI_GPU_HOOK_DEBUG="maybe"))
+    assert "OCI_GPU_HOOK_DEBUG: bad value 'maybe'" in assert_one_error_line(result)
+
+
+@pytest.mark.parametrize("broken", ["typo", "untrusted"])
+def test_prestart_with_a_broken_config(tmp_path: Path, broken: str) -> None:
+    """The live hook decides before it looks at the container (the state's pid is not one here)."""
+    config, what = broken_config(tmp_path, broken)
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    state = json.dumps({"ociVersion": "1.0.2", "id": "ctr-1", "pid": 1, "bundle": str(bundle), "status": "created"})
+    (bundle / "config.json").write_text(spec_text(["AMD_VISIBLE_DEVICES=none"]))
+    assert_one_warning_line(cli("prestart", stdin=state, env=clean_env(OCI_GPU_HOOK_CONFIG=str(config))), what)
+    (bundle / "config.json").write_text(spec_text(["AMD_VISIBLE_DEVICES=1"]))
+    line = assert_one_error_line(cli("prestart", stdin=state, env=clean_env(OCI_GPU_HOOK_CONFIG=str(config))))
+    assert line.startswith(f"oci-gpu-hook: error: config file {config}") and what in line
+
+
+def test_operator_commands_still_fail_on_a_broken_config(tmp_path: Path) -> None:
+    config, what = broken_config(tmp_path, "typo")
+    for args in (("list",), ("dry-run", str(EXAMPLE_BUNDLE)), ("validate",)):
+        assert what in assert_one_error_line(cli(*args, env=clean_env(OCI_GPU_HOOK_CONFIG=str(config)))), args
+
+
 # --- errors -----------------------------------------------------------------------
 
 
@@ -325,6 +414,15 @@ def test_validate_bad_config(tmp_path: Path, text: str, key: str) -> None:
     line = assert_one_error_line(cli("validate", "--config-file", str(bad)))
     assert key in line
     assert str(bad) in line
+
+
+@pytest.mark.parametrize(("key", "meant"), [("mask_other_gpu", "mask_other_gpus"), ("sysfsroot", "sysfs_root"),
+                                            ("cgroup_acess", "cgroup_access"), ("backend", "backends")])
+def test_validate_says_what_a_typo_would_have_meant(tmp_path: Path, key: str, meant: str) -> None:
+    bad = tmp_path / "config.toml"
+    bad.write_text(f"{key} = true\n")
+    line = assert_one_error_line(cli("validate", "--config-file", str(bad)))
+    assert line == f"oci-gpu-hook: error: config file {bad}: unknown key '{key}' (did you mean '{meant}'?)\n"
 
 
 def test_validate_config_that_is_not_toml(tmp_path: Path) -> None:

@@ -29,6 +29,7 @@ EXPECTED_DEFAULTS = {
     "device_gid": 0,
     "cgroup_access": "rwm",
     "log_file": "",
+    "syslog": True,
     "debug": False,
 }
 
@@ -76,6 +77,7 @@ device_uid = 0
 device_gid = 44
 cgroup_access = "rw"
 log_file = "/var/log/oci-gpu-hook.jsonl"
+syslog = false
 debug = true
 
 [request_env]
@@ -103,6 +105,7 @@ def test_file_values(tmp_path: Path) -> None:
         "device_gid": 44,
         "cgroup_access": "rw",
         "log_file": "/var/log/oci-gpu-hook.jsonl",
+        "syslog": False,
         "debug": True,
     }
     assert cfg.source == path
@@ -289,3 +292,80 @@ def test_example_config_lists_every_key_with_its_default() -> None:
     values = load_file(str(example))
     assert list(values) == list(FIELDS) or set(values) == set(FIELDS)
     assert {k: _plain(v) for k, v in values.items()} == {k: _plain(f.default) for k, f in FIELDS.items()}
+
+
+def test_a_typo_says_what_it_would_have_meant(tmp_path: Path) -> None:
+    path = write(tmp_path, "mask_other_gpu = true\n")
+    with pytest.raises(HookError) as info:
+        load_config({"OCI_GPU_HOOK_CONFIG": path})
+    assert str(info.value) == f"config file {path}: unknown key 'mask_other_gpu' (did you mean 'mask_other_gpus'?)"
+
+
+def test_a_key_like_none_lists_the_valid_ones(tmp_path: Path) -> None:
+    with pytest.raises(HookError) as info:
+        load_file(write(tmp_path, "colour = 1\n"))
+    assert "did you mean" not in str(info.value) and f"(valid: {', '.join(FIELDS)})" in str(info.value)
+
+
+# --- the rule for a config that cannot be used: the default request names alone decide ------------------------
+
+@pytest.mark.parametrize(("env", "annotations", "asks"), [
+    (["PATH=/bin"], None, False),
+    (["AMD_VISIBLE_DEVICES="], None, False),
+    (["AMD_VISIBLE_DEVICES=none", "INTEL_VISIBLE_DEVICES=void", "NVIDIA_VISIBLE_DEVICES= None "], None, False),
+    (["AMD_VISIBLE_DEVICES=1", "AMD_VISIBLE_DEVICES="], None, False),  # the last entry wins, as in runc
+    (["MY_GPUS=1", "amd_visible_devices=1", "NVIDIA_DRIVER_CAPABILITIES=all"], None, False),
+    ([], {"cdi.k8s.io/x": "vendor.example/gpu=0", "other": "amd.com/gpu=1"}, False),
+    (["AMD_VISIBLE_DEVICES=1"], None, True),
+    (["AMD_VISIBLE_DEVICES=", "AMD_VISIBLE_DEVICES=0"], None, True),
+    (["NVIDIA_VISIBLE_DEVICES=all"], None, True),
+    (["INTEL_VISIBLE_DEVICES=card0"], None, True),
+    (["AMD_VISIBLE_DEVICES=banana"], None, True),  # malformed: still a request
+    ([], {"cdi.k8s.io/x": "nvidia.com/gpu=0"}, True),
+    ([], {"cdi.k8s.io/x": "amd.com/gpu"}, True),  # malformed annotation of a known kind
+])
+def test_asks_by_default(env: list[str], annotations: dict[str, str] | None, asks: bool) -> None:
+    from oci_gpu_hook.oci_spec import ContainerSpec
+    from oci_gpu_hook.request import asks_by_default
+
+    raw: dict[str, Any] = {"process": {"env": env}}
+    if annotations is not None:
+        raw["annotations"] = annotations
+    assert asks_by_default(ContainerSpec(raw)) is asks
+
+
+def test_without_config_raises_the_configs_own_error(capsys: pytest.CaptureFixture[str]) -> None:
+    from oci_gpu_hook.oci_spec import ContainerSpec
+    from oci_gpu_hook.request import without_config
+
+    problem = HookError("config file /x: unknown key 'mask_other_gpu' (did you mean 'mask_other_gpus'?)")
+    with pytest.raises(HookError) as info:
+        without_config(ContainerSpec({"process": {"env": ["AMD_VISIBLE_DEVICES=0"]}}), problem, "precreate")
+    assert info.value is problem
+    assert capsys.readouterr().err == ""
+    without_config(ContainerSpec({"process": {"env": ["AMD_VISIBLE_DEVICES=none"]}}), problem, "precreate")
+    err = capsys.readouterr().err
+    assert err.startswith(f"oci-gpu-hook: warning: {problem}; the container asks for no GPU") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("kind", ["fifo", "socket"])
+def test_a_config_path_that_is_no_file_is_refused_unopened(tmp_path: Path, kind: str) -> None:
+    """A FIFO at the config path would block the read of every container's start (no writer ever comes): it is
+    refused, as a socket is, before any open could block; ``/dev/null`` stays the empty config."""
+    import os
+    import socket
+
+    path = tmp_path / "config.toml"
+    listening = None
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listening.bind(str(path))
+    try:
+        with pytest.raises(HookError, match=r"cannot read \(it is not a regular file\)"):
+            load_file(str(path))
+    finally:
+        if listening is not None:
+            listening.close()
+    assert load_config({"OCI_GPU_HOOK_CONFIG": os.devnull}).source == os.devnull

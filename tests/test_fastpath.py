@@ -18,6 +18,7 @@ import pytest
 
 from oci_gpu_hook.host import launchers
 from tests.helpers import containerlib as cl
+from tests.helpers import imageenvs
 
 pytestmark = pytest.mark.skipif(launchers.find_cc() is None, reason="no C compiler")
 
@@ -53,6 +54,7 @@ GRANTED = {
     "annotation-escaped-value": plain(annotations={"cdi.k8s.io/x": "V"}).replace('"V"',
                                                                                  f'"{esc("amd.com/gpu=1")}"'),
     "huge": plain([REQUEST], {"padding": "p" * (20 << 20)}),
+    "cuda-image-and-amd": plain([*imageenvs.CUDA_BASE, REQUEST]),  # NVIDIA_VISIBLE_DEVICES=all: none here, noted
 }
 # Inputs the Python path does not grant (or refuses); the front may hand over or not, the result must agree
 OTHER = {
@@ -60,6 +62,8 @@ OTHER = {
     "duplicate-key-last-wins": '{"process": {"env": []}, "process": {"env": ["AMD_VISIBLE_DEVICES=1"]}}',
 
     "clean": plain(["FOO=1"]),
+    "cuda-image": plain(imageenvs.CUDA_BASE),  # all of a kind the seed host lacks: nothing granted, noted
+    "rocm-image": plain(imageenvs.ROCM),
     "lower-case-name": plain(["amd_visible_devices=1"]),
     "key-other-case": '{"Process": {"Env": ["AMD_VISIBLE_DEVICES=1"]}}',
     "duplicate-key-first": '{"process": {"env": ["AMD_VISIBLE_DEVICES=1"]}, "process": {"env": []}}',
@@ -138,7 +142,7 @@ def test_precreate_non_utf8_and_custom_names(install: dict[str, Path]) -> None:
     assert b"\xff" in text
     python, front = precreate(install["python"], text), precreate(install["native"], text)
     assert (front.returncode, front.stdout) == (python.returncode, python.stdout)
-    custom = plain(["MY_INTEL_GPUS=all"]).encode()  # request_env of the config file, intel: asks, host has none
+    custom = plain(["MY_INTEL_GPUS=0"]).encode()  # request_env of the config file, intel: names a GPU the host lacks
     python, front = precreate(install["python"], custom), precreate(install["native"], custom)
     assert python.returncode != 0 and b"intel" in python.stderr
     assert (front.returncode, front.stderr) == (python.returncode, python.stderr)
@@ -247,7 +251,8 @@ def test_same_size_edit_in_the_same_second_on_whole_second_timestamps(tmp_path: 
 @pytest.mark.parametrize("how", ["file-o+w", "file-owner", "dir-g+w", "link-to-theirs"])
 def test_config_made_untrusted_after_the_bake(tmp_path: Path, how: str) -> None:
     """The front checks the config as config.check_trusted does: a config made writable or handed to another user
-    after the launchers were written is refused by both launchers alike, even for a container asking nothing."""
+    after the launchers were written is never acted upon by either launcher, alike: a container asking nothing
+    passes untouched with one warning, one asking for a GPU is refused (the rule in oci_gpu_hook/config.py)."""
     etc = tmp_path / "etc"
     etc.mkdir()
     config = etc / "config.toml"
@@ -275,7 +280,13 @@ def test_config_made_untrusted_after_the_bake(tmp_path: Path, how: str) -> None:
         config.unlink()
         config.symlink_to(theirs / "config.toml")
     native, python = precreate(tmp_path / "native", clean_spec), precreate(tmp_path / "python", clean_spec)
-    assert python.returncode == 1 and b"not trusted" in python.stderr
+    assert (python.returncode, python.stdout) == (0, clean_spec) and b"warning: " in python.stderr
+    assert b"not trusted" in python.stderr and b"asks for no GPU" in python.stderr
+    assert (native.returncode, native.stdout, native.stderr) == (python.returncode, python.stdout, python.stderr)
+    asking = plain([REQUEST]).encode()
+    native, python = precreate(tmp_path / "native", asking), precreate(tmp_path / "python", asking)
+    assert (python.returncode, python.stdout) == (1, b"") and b"error: " in python.stderr
+    assert b"not trusted" in python.stderr
     assert (native.returncode, native.stdout, native.stderr) == (python.returncode, python.stdout, python.stderr)
     # a pass-through command still reaches the runtime the bytes name, through either launcher
     for kind in ("native", "python"):

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -180,6 +182,57 @@ def test_the_front_passes_clean_configs_without_python(install: dict[str, Path],
                                   str(install["bundle"]), "c1"], b"", install["base"])
         assert (status, out.decode()) == (3, f"fake-runtime 4: create --bundle {install['bundle']} c1\n")
     assert not marker.exists()
+
+
+# ------------------------------------------------------------------ config.json that is not a regular file
+
+
+def _not_a_file(where: Path, kind: str) -> socket.socket | None:
+    """``where`` made a ``kind`` (a FIFO no one writes, a listening socket, a symlink to /dev/null or /dev/zero, a
+    directory); the socket to close after, for "socket"."""
+    if where.is_dir() and not where.is_symlink():
+        where.rmdir()
+    else:
+        where.unlink(missing_ok=True)
+    if kind == "fifo":
+        os.mkfifo(where)
+    elif kind == "socket":
+        listening = socket.socket(socket.AF_UNIX)
+        listening.bind(str(where))
+        listening.listen(1)
+        return listening
+    elif kind in ("devnull", "devzero"):
+        where.symlink_to(f"/dev/{kind[3:]}")
+    else:
+        where.mkdir()
+    return None
+
+
+@pytest.mark.parametrize("kind", ["fifo", "socket", "devnull", "devzero", "directory"])
+@pytest.mark.parametrize("entry", ["prestart", "create"])
+def test_a_config_json_that_is_not_a_file(install: dict[str, Path], tmp_path: Path, kind: str, entry: str) -> None:
+    """Neither the front nor Python opens a FIFO, socket or device as config.json (an open that blocks for ever, a
+    read that never ends): both refuse it with the same line, a directory as before."""
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    listening = _not_a_file(bundle / "config.json", kind)
+    try:
+        outcomes = []
+        for launcher in ("native", "python"):
+            if entry == "prestart":
+                state = json.dumps({"ociVersion": "1.0.2", "id": "c1", "pid": 1, "bundle": str(bundle)}).encode()
+                argv = [str(install[launcher] / "oci-gpu-hook"), "prestart"]
+            else:
+                state, argv = b"", [str(install[launcher] / "oci-gpu-runtime"), "create", "--bundle", str(bundle), "c1"]
+            done = subprocess.run(argv, input=state, capture_output=True, env=cl.hook_env(), timeout=30)
+            outcomes.append((done.returncode, done.stdout, done.stderr))
+    finally:
+        if listening is not None:
+            listening.close()
+    assert outcomes[0] == outcomes[1]
+    status, _out, err = outcomes[0]
+    assert status == 1 and err.count(b"\n") == 1, err
+    assert (b"Is a directory" if kind == "directory" else b"it is not a regular file") in err
 
 
 # ------------------------------------------------------------------ argc 0

@@ -785,3 +785,37 @@ def test_install_writes_the_native_front_when_a_compiler_is_there(capsys: pytest
     assert code == 0 and err == "", err
     assert at(prefix, LAUNCHER).read_bytes()[:4] == b"\x7fELF"  # the native front
     assert at(prefix, LAUNCHER + ".py").read_text().startswith(f"#!{sys.executable} -IS")
+
+
+@pytest.mark.parametrize(("text", "what"), [
+    ("mask_other_gpu = true\n", "unknown key 'mask_other_gpu' (did you mean 'mask_other_gpus'?)"),
+    ("runtime = \n", "not valid TOML"),
+    ("device_file_mode = 9999999\n", "bad value 9999999 for 'device_file_mode'"),
+    (None, "is not trusted"),
+])
+def test_a_broken_config_is_never_made_live(prefix: Path, tmp_path: Path, text: str | None, what: str) -> None:
+    """install (and its dry run) and launchers stop with the config's one line before anything is written: the
+    file the launchers would read (the baked OCI_GPU_HOOK_CONFIG here), not only the one this run read."""
+    config = tmp_path / "etc" / "config.toml"
+    config.parent.mkdir()
+    config.write_text(text or "debug = false\n")
+    config.chmod(0o644 if text else 0o646)
+    before = snapshot(prefix)
+    for args in (["install", *INSTALL_DEV, "--prefix", str(prefix)],
+                 ["install", *INSTALL_DEV, "--prefix", str(prefix), "--dry-run"],
+                 ["install", *INSTALL_DEV, "--prefix", str(prefix / "new")],
+                 ["launchers", str(prefix / "bin"), "--allow-editable", "--no-native"]):
+        result = cli_subprocess(*args, "--set", f"OCI_GPU_HOOK_CONFIG={config}")
+        line = assert_one_error_line(result)
+        assert line.startswith(f"oci-gpu-hook: error: config file {config}") and what in line, args
+        assert "refusing to make this config live, nothing is written" in line
+        assert result.stdout == ""
+        assert snapshot(prefix) == before, args
+    result = cli_subprocess("install", *INSTALL_DEV, "--prefix", str(prefix), "--set", "OCI_GPU_HOOK_DEBUG=maybe")
+    assert "OCI_GPU_HOOK_DEBUG: bad value 'maybe'" in assert_one_error_line(result)
+    assert snapshot(prefix) == before
+    config.chmod(0o644)
+    config.write_text("debug = false\n")  # fixed: installed
+    result = cli_subprocess("install", *INSTALL_DEV, "--prefix", str(prefix), "--set", f"OCI_GPU_HOOK_CONFIG={config}")
+    assert result.returncode == 0, result.stderr
+    assert at(prefix, LAUNCHER).is_file()

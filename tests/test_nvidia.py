@@ -25,6 +25,7 @@ from oci_gpu_hook.oci_spec import ContainerSpec
 from oci_gpu_hook.plan import build_plan, plan_for_spec
 from oci_gpu_hook.request import requested, resolve, select
 from tests.conftest import unavailable
+from tests.helpers import fakenvidia
 from tests.helpers.fakenvidia import build_driver, build_fake_nvml, build_proc, elf_shared_object, ld_cache, mig_minor
 from tests.helpers.fakesysfs import EXAMPLE_DIRS, HOSTS, FakeGpu, FakeHost, build, build_all
 
@@ -203,7 +204,7 @@ def test_uuid_requests_are_case_insensitive() -> None:
     ("2", "'2' is out of range (the host has 2 nvidia GPUs)"),
     ("0:4", "'0:4' is out of range (GPU 0 has 4 MIG devices)"),
     ("1:0", "names MIG device 0 of GPU 1, which has no MIG devices"),
-    ("5:0", "names GPU '5', which out of range (the host has 2 nvidia GPUs)"),
+    ("5:0", "names GPU '5', which is out of range (the host has 2 nvidia GPUs)"),
     ("0:x", "is not a MIG device"),
     ("GPU-0000", "is not the UUID of an NVIDIA GPU on this host"),
     ("GPU-", "is not a valid UUID"),
@@ -224,9 +225,10 @@ def test_bad_requests_say_what_is_valid(value: str, why: str) -> None:
     assert "MIG devices like 0:0" in text and "\n" not in text
 
 
-def test_no_nvidia_gpus_all_is_an_error() -> None:
-    with pytest.raises(HookError, match="this host has no nvidia GPUs"):
-        select("nvidia", "all", (), "NVIDIA_VISIBLE_DEVICES")
+def test_no_nvidia_gpus_all_grants_nothing_and_a_name_is_refused() -> None:
+    assert select("nvidia", "all", (), "NVIDIA_VISIBLE_DEVICES") == ()
+    with pytest.raises(HookError, match="'1' is out of range: this host has no nvidia GPUs"):
+        select("nvidia", "1", (), "NVIDIA_VISIBLE_DEVICES")
 
 
 def test_env_and_annotations_select_the_kind() -> None:
@@ -376,7 +378,7 @@ def test_native_flags() -> None:
         ldcache.native_flags("mips")
 
 
-# --- resolution inside a rootfs (openat2 RESOLVE_IN_ROOT), without mounting --------------------------
+# --- resolution inside a rootfs (as runc resolves), without mounting ----------------------------------
 
 
 def test_symlinks_and_directories_never_leave_the_rootfs(tmp_path: Path) -> None:
@@ -401,11 +403,22 @@ def test_symlinks_and_directories_never_leave_the_rootfs(tmp_path: Path) -> None
             mounts.symlink(fd, "/usr/../etc/passwd", "y")
         with pytest.raises(HookError, match="a file name in its own directory"):
             mounts.symlink(fd, "/usr/libz.so.1", "../../etc/shadow")
-        with pytest.raises(HookError, match="cannot make /opt in the container"):  # a dangling symlink: refused
-            mounts.symlink(fd, "/opt/lib/libz.so.1", "libz.so.1.2")
+        # a dangling symlink: its target is made inside the rootfs, as runc makes a mount destination's
+        assert mounts.symlink(fd, "/opt/lib/libz.so.1", "libz.so.1.2").endswith("made")
+        # .. after a symlink goes up the path walked (lexically), and stops at the root
+        (rootfs / "up").symlink_to("usr/lib64/../../../../.." + str(outside) + "/m")
+        assert mounts.symlink(fd, "/up/libm.so.1", "libm.so.1.2").endswith("made")
+        (rootfs / "loop").symlink_to("loop")
+        with pytest.raises(HookError, match="more than 255 symlinks"):
+            mounts.symlink(fd, "/loop/libz.so.1", "libz.so.1.2")
+        (rootfs / "file").write_text("")
+        with pytest.raises(HookError, match="cannot use /file in the container: it is not a directory"):
+            mounts.symlink(fd, "/file/libz.so.1", "libz.so.1.2")
     finally:
         os.close(fd)
     assert list(outside.iterdir()) == []  # nothing outside the rootfs
+    assert os.readlink(rootfs / "nonexistent" / "lib" / "libz.so.1") == "libz.so.1.2"
+    assert os.readlink(rootfs / str(outside).lstrip("/") / "m" / "libm.so.1") == "libm.so.1.2"
     inside = rootfs / str(outside).lstrip("/") / "x86_64-linux-gnu" / "libcuda.so.1"
     assert os.readlink(inside) == "libcuda.so.550.54.15"
     assert os.readlink(rootfs / "outside" / "libnvidia-ml.so.1") == "libnvidia-ml.so.1.new"  # .. stops at the root
@@ -414,7 +427,8 @@ def test_symlinks_and_directories_never_leave_the_rootfs(tmp_path: Path) -> None
 @pytest.mark.root("unshare")
 def test_bind_mounts_read_only_inside_the_rootfs_only(tmp_path: Path) -> None:
     """In a private mount namespace: the detached read-only copy lands on the destination inside the rootfs (through
-    the image's symlinks), a symlink destination is refused, and nothing outside the rootfs is touched."""
+    the image's symlinks, a symlink in the destination's own place too, as runc mounts), and nothing outside the
+    rootfs is touched."""
     rootfs, outside = tmp_path / "rootfs", tmp_path / "outside"
     (rootfs / "usr" / "lib").mkdir(parents=True)
     outside.mkdir()
@@ -434,7 +448,7 @@ print(mounts.bind(fd, good, mounts.clone_tree(good)))
 print(mounts.bind(fd, good, mounts.clone_tree(good)))
 try:
     evil = Mount({str(source)!r}, "/usr/lib/evil.so")
-    mounts.bind(fd, evil, mounts.clone_tree(evil))
+    print(mounts.bind(fd, evil, mounts.clone_tree(evil)))
 except HookError as err:
     print("refused:", err)
 target = {str(rootfs)!r} + "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15"
@@ -453,11 +467,51 @@ for line in open("/proc/self/mountinfo"):
     lines = done.stdout.splitlines()
     assert lines[0] == "/lib/x86_64-linux-gnu/libcuda.so.550.54.15 mounted"
     assert lines[1] == "/lib/x86_64-linux-gnu/libcuda.so.550.54.15 present"
-    assert lines[2].startswith("refused: refusing to mount") and "symlink there" in lines[2]
+    assert lines[2] == "/usr/lib/evil.so mounted"
     assert lines[3] == "write: Read-only file system" and lines[4] == "driver"
     assert lines[5].startswith("options: ro,nosuid,nodev")
     assert list(outside.iterdir()) == [] and source.read_text() == "driver\n"
+    assert (rootfs / str(outside / "target").lstrip("/")).read_text() == ""  # where evil.so leads in the rootfs
     assert (rootfs / "usr" / "lib" / "x86_64-linux-gnu" / "libcuda.so.550.54.15").read_text() == ""  # a mount point
+
+
+@pytest.mark.root("unshare")
+def test_ldconfig_reads_no_procfs_under_the_rootfs(tmp_path: Path) -> None:
+    """In a private mount namespace with two procfs under the rootfs (one at a path with a space, one bound over
+    a part of the other): ldconfig run as update_ldcache runs it lists nothing that an ld.so.conf names through
+    /proc/PID/root, where ldconfig -r alone lists the host's library; the procfs mounts are left as they were."""
+    rootfs, host = tmp_path / "root fs", tmp_path / "host"
+    (host / "lib").mkdir(parents=True)
+    (host / "lib" / "libhostonly.so.7").write_bytes(fakenvidia.elf_shared_object("libhostonly.so.7"))
+    for sub in ("proc", "x y/hp", "etc", "usr/lib/x86_64-linux-gnu"):
+        (rootfs / sub).mkdir(parents=True)
+    code = f"""
+import os, subprocess, sys
+sys.path.insert(0, {str(REPO)!r})
+from oci_gpu_hook.appliers import mounts
+from oci_gpu_hook.inventory import ldcache
+root, pid = {str(rootfs)!r}, os.getpid()
+for point in (root + "/proc", root + "/x y/hp"):
+    subprocess.run(["mount", "-t", "proc", "proc", point], check=True)
+subprocess.run(["mount", "--bind", root + "/proc/sys", root + "/proc/sys"], check=True)
+open(root + "/etc/ld.so.conf", "w").write(f"/proc/{{pid}}/root{host}/lib\\n/x y/hp/{{pid}}/root{host}/lib\\n")
+print(mounts._proc_mounts_under(root))
+subprocess.run([mounts.ldconfig(root), "-r", root], check=True, env={{}})
+print(sorted(e.soname for e in ldcache.read(root + "/etc/ld.so.cache")))
+fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+print(mounts.update_ldcache(fd, root, ("/usr/lib/x86_64-linux-gnu",)))
+print(sorted(e.soname for e in ldcache.read(root + "/etc/ld.so.cache")))
+print(mounts._proc_mounts_under(root))
+"""
+    done = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable, "-c", code],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == str([f"{rootfs}/proc", f"{rootfs}/x y/hp"])  # /proc/sys is covered with /proc
+    assert lines[1] == "['libhostonly.so.7']"  # ldconfig -r alone reads the host's library
+    assert lines[2] == f"ld cache of {rootfs} updated (/usr/lib/x86_64-linux-gnu)"
+    assert lines[3] == "[]"
+    assert lines[4] == lines[0]  # nothing propagated back
 
 
 # --- the plan and the spec rewrite -----------------------------------------------------------------

@@ -338,11 +338,12 @@ def test_killed_at_random_moments_during_500_starts(tmp_path: Path) -> None:
             if rng.random() < 0.3:
                 time.sleep(rng.uniform(0.01, 0.2))  # a while without any planner
             running.kill_group()
-            running.start(wait=False)
+            running.start(wait=rng.random() < 0.5)  # half the time killed while starting, half while serving
 
     def one(i: int) -> tuple[int, bytes, bool]:
         bundle = bundle_with(tmp_path, f"b{i}", texts[i % 8])
-        done = shim(install, "native", bundle, timeout=30)  # nothing waits for ever
+        done = subprocess.run([str(install["native"] / "oci-gpu-runtime"), "create", "--bundle", str(bundle), f"k{i}"],
+                              capture_output=True, env=cl.hook_env(), timeout=30)  # nothing waits for ever
         written = (bundle / "config.json").read_bytes()
         return done.returncode, done.stderr, written == wanted[i % 8]
 
@@ -355,12 +356,15 @@ def test_killed_at_random_moments_during_500_starts(tmp_path: Path) -> None:
         stop.set()
         thread.join()
         running.kill_group()
-    for status, stderr, right in results:
+    records = [json.loads(line).get("id") for line in install["log"].read_text().splitlines()]
+    for i, (status, stderr, right) in enumerate(results):
         if status == 0:
             assert right and stderr == b""
-        else:  # allowed: one line (it never happened in the runs measured)
-            assert stderr.count(b"\n") == 1 and stderr.startswith(b"oci-gpu-hook: error:"), stderr
-    assert sum(1 for s, _e, _r in results if s == 0) == 500
+            assert records.count(f"k{i}") == 1, i  # once: the planner's or Python's, never both
+        else:  # a worker killed after it said STARTED: one line, and the request not run again
+            assert stderr.count(b"\n") == 1 and b"the resident planner did not finish this request" in stderr, stderr
+            assert records.count(f"k{i}") <= 1, i
+    assert sum(1 for s, _e, _r in results if s == 0) >= 450
     assert len(kills) >= 10
     served = 500 - python_runs(install)
     print(f"kills: {len(kills)} ({', '.join(f'{k} {kills.count(k)}' for k in sorted(set(kills)))}); "

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from oci_gpu_hook.host import launchers
 from tests.conftest import need
 from tests.helpers import containerlib as cl
-from tests.helpers import plannerlib
+from tests.helpers import imageenvs, plannerlib
 from tests.helpers.hostiletexts import hostile_text
 from tests.test_fastpath import GRANTED
 from tests.test_fastpath_oracle import CORPUS, FAKE_RUNTIME, STATES
@@ -180,6 +180,9 @@ REQUESTS = {
     "nvidia-on-an-amd-host": spec(["NVIDIA_VISIBLE_DEVICES=0"]),
     "nvidia-two": spec(["NVIDIA_VISIBLE_DEVICES=0,1", "NVIDIA_DRIVER_CAPABILITIES=compute,utility"]),
     "nvidia-all": spec(["NVIDIA_VISIBLE_DEVICES=all"]),
+    "cuda-image": spec(imageenvs.CUDA_BASE),
+    "cuda-image-and-amd": spec([*imageenvs.CUDA_BASE, "AMD_VISIBLE_DEVICES=1"]),
+    "rocm-image": spec(imageenvs.ROCM),
     "two-kinds": spec(["AMD_VISIBLE_DEVICES=1", "INTEL_VISIBLE_DEVICES=all"]),
     "annotation": spec([], {"cdi.k8s.io/oci-gpu-hook_gpu": "amd.com/gpu=0000:23:00.0"}),
     "annotation-wins": spec(["AMD_VISIBLE_DEVICES=all"], {"cdi.k8s.io/x": "amd.com/gpu=2"}),
@@ -203,7 +206,7 @@ REQUESTS = {
 def test_container_suite_requests_agree(install: dict[str, Path], planner: plannerlib.Planner, entry: str,
                                         name: str) -> None:
     planned = agree(entry, install, REQUESTS[name])
-    if entry != "prestart" and name in ("one", "all", "annotation", "out-of-range", "non-ascii"):
+    if entry != "prestart" and name in ("one", "all", "annotation", "out-of-range", "non-ascii", "cuda-image-and-amd"):
         assert planned, (entry, name)  # granted, or refused, by the planner: no Python start
 
 
@@ -234,12 +237,34 @@ ENVIRONMENTS = {
 
 @pytest.mark.parametrize("entry", sorted(ENTRIES))
 @pytest.mark.parametrize("request_name", ["one", "out-of-range", "lone-surrogate-escape", "non-ascii", "nvidia-two",
-                                          "nvidia-all"])
+                                          "nvidia-all", "cuda-image-and-amd"])
 @pytest.mark.parametrize("environment", sorted(ENVIRONMENTS))
 def test_environments_agree(install: dict[str, Path], planner: plannerlib.Planner, entry: str, request_name: str,
                             environment: str) -> None:
     env = {k: v.replace("BASE", str(install["base"])) for k, v in ENVIRONMENTS[environment].items()}
     agree(entry, install, REQUESTS[request_name], env)
+
+
+@pytest.mark.parametrize("entry", sorted(ENTRIES))
+@pytest.mark.parametrize("request_name", ["none", "empty", "one", "nvidia-all", "annotation"])
+@pytest.mark.parametrize("config", ["broken", "missing", "typo"])
+def test_a_config_that_cannot_be_used_agrees(install: dict[str, Path], planner: plannerlib.Planner, entry: str,
+                                             request_name: str, config: str) -> None:
+    """The rule of oci_gpu_hook/config.py through the planner as through Python: what asks for nothing passes
+    (the shim: to the runtime a pass-through command gets, here the variable's), the rest is refused alike."""
+    typo = install["base"] / "typo.toml"
+    typo.write_text(install["config"].read_text() + "mask_other_gpu = true\n")
+    env = {"OCI_GPU_HOOK_CONFIG": str(install["base"] / f"{config}.toml"),
+           "OCI_GPU_HOOK_RUNTIME": str(install["base"] / "fake-runtime")}
+    (planned_result, python_result), planned = ENTRIES[entry](install, REQUESTS[request_name], env=env)
+    assert planned_result == python_result
+    assert planned or entry == "prestart"  # the front hands the file over; the planner, not Python, answers
+    status, stdout, stderr = python_result[:3]  # type: ignore[index]
+    if request_name in ("none", "empty"):
+        assert b"oci-gpu-hook: warning: config file" in stderr and b"asks for no GPU" in stderr
+        assert (status, stdout.startswith(b"fake-runtime ")) == ((3, True) if entry == "create" else (0, False))
+    else:
+        assert status == 1 and b"oci-gpu-hook: error: config file" in stderr
 
 
 def test_zz_the_planner_answered_most(planner: plannerlib.Planner) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -12,8 +14,10 @@ from hypothesis import strategies as st
 from oci_gpu_hook.config import Config
 from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.inventory import Device, Inventory, scan
-from oci_gpu_hook.oci_spec import env_value
+from oci_gpu_hook.oci_spec import ContainerSpec, env_value
+from oci_gpu_hook.plan import Plan, plan_for_spec
 from oci_gpu_hook.request import (
+    CDI_SOURCE,
     Request,
     annotation_names,
     parse_devices_option,
@@ -22,6 +26,7 @@ from oci_gpu_hook.request import (
     valid_values,
 )
 from oci_gpu_hook.request import resolve as resolve_asks
+from tests.helpers import fakesysfs, imageenvs
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_SYSFS = REPO / "examples" / "hosts" / "seed-8x-gfx1100" / "sys"
@@ -201,11 +206,11 @@ def test_valid_values_lists_the_host() -> None:
 def test_no_gpus_host(tmp_path: Path) -> None:
     empty = scan(str(tmp_path))
     assert resolve("none", empty) == ()
-    for value in ("all", "0"):
+    assert resolve("all", empty) == ()  # every one the host has: none (the module docstring's rule)
+    for value in ("0", "0-1", "0000:03:00.0", GPU1_UID, "all,0"):
         with pytest.raises(HookError) as info:
             resolve(value, empty, NAME)
-        assert "valid:" in str(info.value)
-        assert "no amd GPUs" in str(info.value)
+        assert "valid: all or none, which grant no amd GPU on this host" in str(info.value), info.value
 
 
 # --- the environment ----------------------------------------------------------
@@ -533,3 +538,133 @@ def test_env_beside_present_devices_is_set_aside_without_changing_the_asks() -> 
     assert asks[0].values == ["all"] and not asks[0].note  # decided in resolution; the asks are as parsed
     # nothing present: the env asks as usual
     assert amd(resolve_asks(asks, seed(), set())) == list(range(8))
+
+
+# --- what the node cannot serve: `all` of a kind it lacks grants nothing, a name of one device is refused ---
+
+
+def _plan(env: list[str], sysfs: Path, tmp_path: Path, **values: object) -> Plan:
+    """The plan of a container with ``env`` under the default backends and names, on the host at ``sysfs``."""
+    settings = Config(sysfs_root=str(sysfs), proc_root=str(tmp_path / "no-proc"), driver_root=str(tmp_path),
+                      hook_path="/bin/true", log_file=str(tmp_path / "log"), **values)  # type: ignore[arg-type]
+    spec = ContainerSpec({"ociVersion": "1.0.2", "process": {"env": env}, "root": {"path": "rootfs"}})
+    return plan_for_spec(spec, settings)
+
+
+AMD_HOST = EXAMPLE_SYSFS
+INTEL_HOST = REPO / "examples" / "hosts" / "intel-i915-xe" / "sys"
+
+
+@pytest.mark.parametrize("sysfs", [AMD_HOST, INTEL_HOST, None], ids=["amd", "intel", "no-gpus"])
+def test_a_cuda_image_on_a_host_without_nvidia_gpus_gets_nothing_and_a_note(tmp_path: Path, sysfs: Path | None) -> None:
+    host = sysfs or tmp_path / "sys"
+    host.mkdir(exist_ok=True)
+    plan = _plan(imageenvs.CUDA_BASE, host, tmp_path)
+    assert not plan and plan.devices == () and not plan.edits.mounts
+    assert plan.request.note == "NVIDIA_VISIBLE_DEVICES=all: this host has no nvidia GPUs, none granted"
+    assert plan.summary() == "no GPU granted (NVIDIA_VISIBLE_DEVICES=all: this host has no nvidia GPUs, none granted)"
+    plan.record(Config(log_file=str(tmp_path / "log")), "precreate", "c1", 0.0)
+    line = json.loads((tmp_path / "log").read_text())
+    assert (line["outcome"], line["request"], line["note"], line["devices"]) == (
+        "ignored", "nvidia.com/gpu=all", plan.request.note, [])
+
+
+def test_a_cuda_image_asking_for_an_amd_gpu_beside_gets_it(tmp_path: Path) -> None:
+    plan = _plan([*imageenvs.CUDA_BASE, f"{NAME}=1"], AMD_HOST, tmp_path)
+    assert [(d.kind, d.index) for d in plan.devices] == [("amd", 1)]
+    assert {n.path for n in plan.nodes} == {"/dev/dri/card2", "/dev/dri/renderD129", "/dev/kfd"}
+    assert plan.summary().endswith("(NVIDIA_VISIBLE_DEVICES=all: this host has no nvidia GPUs, none granted)")
+
+
+def test_nvidia_options_are_not_read_where_no_nvidia_gpu_is_granted(tmp_path: Path) -> None:
+    """NVIDIA_DRIVER_CAPABILITIES (a word the hook refuses on an NVIDIA host), NVIDIA_REQUIRE_CUDA and the rest of a
+    CUDA image's env change nothing on a host without NVIDIA GPUs."""
+    env = [*imageenvs.CUDA_BASE, "NVIDIA_DRIVER_CAPABILITIES=compute,compat32", f"{NAME}=0"]
+    plan = _plan(env, AMD_HOST, tmp_path)
+    assert [(d.kind, d.index) for d in plan.devices] == [("amd", 0)] and not plan.edits.mounts
+    assert not _plan([*imageenvs.CUDA_BASE, "NVIDIA_DRIVER_CAPABILITIES=compat32"], AMD_HOST, tmp_path)
+
+
+def test_a_rocm_image_asks_for_nothing(tmp_path: Path) -> None:
+    plan = _plan(imageenvs.ROCM, AMD_HOST, tmp_path)
+    assert not plan and plan.request.asks == [] and plan.summary() == "no GPU requested"
+
+
+@pytest.mark.parametrize(("value", "why"), [
+    ("0", "'0' is out of range: this host has no nvidia GPUs"),
+    ("0-1", "is a range whose end '0' is out of range: this host has no nvidia GPUs"),
+    ("GPU-8f6e2a1c-5d1b-4c3e-9a7f-0123456789ab", "is not the UUID of an NVIDIA GPU on this host"),
+    ("0000:1a:00.0", "is not the PCI address of an NVIDIA GPU on this host"),
+    ("0:0", "names GPU '0', which is out of range: this host has no nvidia GPUs"),
+    ("all,0", "'all' cannot be combined with other entries"),
+])
+def test_a_named_nvidia_device_on_a_host_without_nvidia_gpus_is_refused(tmp_path: Path, value: str, why: str) -> None:
+    with pytest.raises(HookError) as info:
+        _plan([*imageenvs.CUDA_BASE, f"NVIDIA_VISIBLE_DEVICES={value}"], AMD_HOST, tmp_path)
+    text = str(info.value)
+    assert text.startswith(f"NVIDIA_VISIBLE_DEVICES={value}: ") and why in text, text
+    assert text.endswith("(valid: all or none, which grant no nvidia GPU on this host)") and "\n" not in text
+
+
+def test_a_cdi_name_of_a_kind_the_host_lacks(tmp_path: Path) -> None:
+    settings = Config(sysfs_root=str(AMD_HOST), proc_root=str(tmp_path), hook_path="/bin/true")
+    for names, refused in (("nvidia.com/gpu=all", False), ("nvidia.com/gpu=GPU-8f6e2a1c", True),
+                           ("intel.com/gpu=card0", True), ("intel.com/gpu=all,amd.com/gpu=2", False)):
+        spec = ContainerSpec({"ociVersion": "1.0.2", "process": {"env": []}, "annotations": {"cdi.k8s.io/x": names}})
+        if refused:
+            with pytest.raises(HookError, match="on this host"):
+                plan_for_spec(spec, settings)
+            continue
+        plan = plan_for_spec(spec, settings)
+        assert plan.request.note.endswith("GPUs, none granted") and plan.request.source == CDI_SOURCE, names
+        assert [d.index for d in plan.devices] == ([2] if "amd" in names else [])
+
+
+def test_a_kind_not_in_backends_is_not_read_at_all(tmp_path: Path) -> None:
+    env = [*imageenvs.CUDA_BASE, "NVIDIA_VISIBLE_DEVICES=GPU-8f6e2a1c", f"{NAME}=1"]
+    plan = _plan(env, AMD_HOST, tmp_path, backends=("amd", "intel"))
+    assert [d.index for d in plan.devices] == [1] and plan.request.note == ""
+    assert [a.kind for a in plan.request.asks] == ["amd"]
+
+
+def test_gpus_removed_while_the_node_runs(tmp_path: Path) -> None:
+    """Hot-removal on a copy of the seed host: ``all`` follows what is there (none at the end: nothing granted,
+    noted); an index of a removed GPU is refused; the same container env throughout."""
+    host = fakesysfs.seed_host()
+    sysfs = Path(fakesysfs.build(str(tmp_path / "sys"), host))
+    amd_gpus = [g for g in host.gpus if g.driver == "amdgpu"]
+    assert [d.index for d in _plan([f"{NAME}=all"], sysfs, tmp_path).devices] == list(range(len(amd_gpus)))
+    fakesysfs.remove_gpu(str(sysfs), host, amd_gpus[-1].pci)
+    assert [d.index for d in _plan([f"{NAME}=all"], sysfs, tmp_path).devices] == list(range(len(amd_gpus) - 1))
+    with pytest.raises(HookError, match=f"'{len(amd_gpus) - 1}' is out of range"):
+        _plan([f"{NAME}={len(amd_gpus) - 1}"], sysfs, tmp_path)
+    for gpu in amd_gpus[:-1]:
+        fakesysfs.remove_gpu(str(sysfs), host, gpu.pci)
+    plan = _plan([f"{NAME}=all"], sysfs, tmp_path)
+    assert not plan and plan.request.note == f"{NAME}=all: this host has no amd GPUs, none granted"
+    with pytest.raises(HookError, match="'1' is out of range: this host has no amd GPUs"):
+        _plan([f"{NAME}=1"], sysfs, tmp_path)
+    with pytest.raises(HookError, match="is not the PCI address of an AMD GPU on this host"):
+        _plan([f"{NAME}={amd_gpus[0].pci}"], sysfs, tmp_path)
+
+
+def test_all_where_the_kind_is_there_but_nothing_can_be_granted_is_refused(tmp_path: Path) -> None:
+    """A node with the vendor's GPUs that its backend cannot grant (every GPU excluded by the NVIDIA driver; amdgpu
+    devices without KFD) is not a node without the kind: ``all`` there is refused with what was seen."""
+    nvidia = tmp_path / "nvidia"
+    shutil.copytree(REPO / "examples" / "hosts" / "nvidia-4x-h100", nvidia, symlinks=True)
+    for info in (nvidia / "proc" / "driver" / "nvidia" / "gpus").glob("*/information"):
+        info.write_text(info.read_text().replace("GPU Excluded:\t No", "GPU Excluded:\t Yes"))
+    settings = Config(sysfs_root=str(nvidia / "sys"), proc_root=str(nvidia / "proc"),
+                      driver_root=str(nvidia / "driver"), hook_path="/bin/true")
+    spec = ContainerSpec({"ociVersion": "1.0.2", "process": {"env": imageenvs.CUDA_BASE}})
+    with pytest.raises(HookError) as info:
+        plan_for_spec(spec, settings)
+    assert str(info.value) == ("NVIDIA_VISIBLE_DEVICES=all: this host's nvidia GPUs cannot be granted: 0000:1b:00.0: "
+                               "excluded by the driver (GPU Excluded: Yes) (and 3 more)")
+    host = fakesysfs.seed_host()
+    sysfs = Path(fakesysfs.build(str(tmp_path / "amd" / "sys"), host))
+    shutil.rmtree(sysfs / "devices" / "virtual" / "kfd")  # amdgpu loaded, its compute side not
+    with pytest.raises(HookError, match=r"^AMD_VISIBLE_DEVICES=all: this host's amd GPUs cannot be granted: "
+                                        r"0000:03:00.0: renderD128 has no KFD topology node.* \(and 7 more\)$"):
+        _plan([f"{NAME}=all"], sysfs, tmp_path)

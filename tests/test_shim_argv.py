@@ -321,6 +321,33 @@ def test_broken_config_fails_before_the_runtime(shim: Shim, text: str) -> None:
     assert shim.config.read_text() == text
 
 
+@pytest.mark.parametrize("runtime_from", ["variable", "file"])
+def test_a_settings_file_that_cannot_be_used_passes_a_container_that_asks_for_nothing(shim: Shim, tmp_path: Path,
+                                                                                      runtime_from: str) -> None:
+    """The rule in oci_gpu_hook/config.py: the default request names decide; the runtime is the one a pass-through
+    command gets (OCI_GPU_HOOK_RUNTIME, else the broken file's runtime line, read leniently)."""
+    settings = tmp_path / "config.toml"
+    settings.write_text(f'runtime = "{shim.runtime}"\nmask_other_gpu = true\n')
+    extra = {"OCI_GPU_HOOK_CONFIG": str(settings)}
+    if runtime_from == "file":
+        extra["OCI_GPU_HOOK_RUNTIME"] = ""
+    before = shim.write_spec(["PATH=/bin", "AMD_VISIBLE_DEVICES="])
+    log = shim.out / "runc.log"
+    args = ["--log", str(log), "create", "--bundle", str(shim.bundle), "ctr"]
+    result = shim.run(*args, **extra)
+    assert result.returncode == FAKE_EXIT, result.stderr
+    assert result.stderr.startswith("oci-gpu-hook: warning: config file ") and result.stderr.count("\n") == 1
+    assert "(did you mean 'mask_other_gpus'?)" in result.stderr and "asks for no GPU" in result.stderr
+    assert shim.runtime_argv() == [str(shim.runtime), *args]
+    assert shim.config.read_bytes() == before
+    (shim.out / "argv").unlink()
+    shim.write_spec(["PATH=/bin", "AMD_VISIBLE_DEVICES=1"])
+    line = assert_one_error_line(shim.run(*args, **extra))
+    assert line.startswith(f"oci-gpu-hook: error: config file {settings}: unknown key 'mask_other_gpu'")
+    assert shim.runtime_argv() is None
+    assert "level=error" in log.read_text() and "mask_other_gpu" in log.read_text()  # where podman/conmon look
+
+
 def test_missing_bundle_config_fails(shim: Shim) -> None:
     line = assert_one_error_line(shim.run("create", "--bundle", str(shim.out / "nope"), "ctr"))
     assert "config.json" in line

@@ -121,7 +121,8 @@ def test_relative_links_and_dotdot_resolve_like_the_kernel(tmp_path: Path) -> No
 ENTRY_POINTS = {
     "shim create": ("oci_gpu_hook.entry.runtime", ["create", "--bundle", "{bundle}", "c1"], ""),
     "precreate": ("oci_gpu_hook.entry.cli", ["precreate"], "{spec}"),
-    "prestart": ("oci_gpu_hook.entry.cli", ["prestart"], '{"ociVersion": "1.0.2", "id": "c1", "pid": 1}'),
+    "prestart": ("oci_gpu_hook.entry.cli", ["prestart"], '{"ociVersion": "1.0.2", "id": "c1", "pid": 1, '
+                                                           '"bundle": "{bundle}"}'),
     "watch --once": ("oci_gpu_hook.entry.cli", ["watch", "--once", "--output", "{out}/"], ""),
     "cdi generate --output": ("oci_gpu_hook.entry.cli", ["cdi", "generate", "--output", "{out}/"], ""),
     "list": ("oci_gpu_hook.entry.cli", ["list"], ""),
@@ -132,6 +133,7 @@ ENTRY_POINTS = {
 @pytest.mark.parametrize("entry", list(ENTRY_POINTS))
 @pytest.mark.parametrize("how", ["owner", "mode", "directory", "symlink"])
 def test_every_entry_point_refuses_an_untrusted_config(tmp_path: Path, entry: str, how: str) -> None:
+    """For a container that asks for a GPU (one that asks for nothing passes: test_cli.py, test_broken_config.py)."""
     path = _config(tmp_path / "etc", 'runtime = "/bin/true"\n')
     if how != "symlink":
         spoil(path.parent if how == "directory" else path, 0o666 if how == "mode" else "owner")
@@ -147,7 +149,8 @@ def test_every_entry_point_refuses_an_untrusted_config(tmp_path: Path, entry: st
     module, args, stdin = ENTRY_POINTS[entry]
     fill = {"bundle": str(bundle), "spec": spec, "out": str(tmp_path / "cdi")}
     env = clean_env(OCI_GPU_HOOK_CONFIG=str(path), OCI_GPU_HOOK_RUNTIME="/bin/true")
-    done = run(module, *[a.format(**fill) for a in args], env=env, stdin=stdin.replace("{spec}", spec))
+    done = run(module, *[a.format(**fill) for a in args], env=env,
+               stdin=stdin.replace("{spec}", spec).replace("{bundle}", str(bundle)))
     one_line(done, f"config file {path} is not trusted")
     assert done.stdout == ""
     assert (bundle / "config.json").read_text() == spec

@@ -61,8 +61,9 @@ def check_container(pid: int, rootfs: str, bundle: str) -> None:
         raise HookError(f"{where}: neither its root nor its working directory is the bundle's root.path {rootfs}")
 
 
-def run(stdin_text: str, config: Config) -> int:
-    """Apply the plan of the container described by the state JSON ``stdin_text``."""
+def run(stdin_text: str, config: Config | HookError) -> int:
+    """Apply the plan of the container described by the state JSON ``stdin_text`` (``config`` an error: it cannot
+    be used, and :func:`oci_gpu_hook.request.without_config` decides)."""
     started = time.monotonic()
     cid, pid, bundle = parse_state(stdin_text)
     try:
@@ -72,10 +73,15 @@ def run(stdin_text: str, config: Config) -> int:
         raise
 
 
-def _apply(cid: str, pid: int, bundle: str, config: Config, started: float) -> int:
+def _apply(cid: str, pid: int, bundle: str, config: Config | HookError, started: float) -> int:
     from oci_gpu_hook.plan import plan_for_spec
 
     spec = ContainerSpec.read(os.path.join(bundle, "config.json"))
+    if isinstance(config, HookError):
+        from oci_gpu_hook.request import without_config
+
+        without_config(spec, config, "prestart", cid)
+        return 0
     plan = plan_for_spec(spec, config)
     if not plan:
         plan.record(config, "prestart", cid, started)

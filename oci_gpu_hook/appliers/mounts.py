@@ -5,16 +5,31 @@ mount namespace before ``pivot_root``, where the host's tree is still the namesp
 container's root is ``root.path``).  Lessons of the NVIDIA toolkit's CVE-2024-0132 and CVE-2025-23359 (paths
 in the rootfs resolved as strings, so that an image's symlinks sent host paths into the container):
 
-* every path inside the rootfs is resolved by the kernel inside it, ``openat2`` with ``RESOLVE_IN_ROOT``
-  and ``RESOLVE_NO_MAGICLINKS``: an image's symlinks (``/lib -> usr/lib``) work as they would for its own
-  processes, and none leads out of the rootfs; directories are made with ``mkdirat`` on the resolved parent;
+* every path inside the rootfs is resolved here as runc resolves a mount destination, so that the live hook
+  takes every image exactly as the shim and the CDI specs (where runc mounts) take it: one component at a time
+  below a directory fd with ``O_NOFOLLOW``, a symlink followed by its text (absolute ones from the root, a
+  ``/proc/*/root`` magic link too, never through the kernel), ``..`` up the path walked and no further than the
+  root, missing directories made with ``mkdirat``; a symlink in the destination's own place is followed the
+  same way.  An image's ``/lib -> usr/lib``, ``/lib/firmware -> /proc/1/root/x`` or ``-> ../../../x`` thus
+  lead where they lead for runc, inside the rootfs, on all three paths alike; nothing outside it is opened;
 * a mount's source is cloned in the host's namespace before the helper enters the container's
   (``open_tree(OPEN_TREE_CLONE)``), made read-only, nosuid and nodev while still detached
   (``mount_setattr``), and attached onto the destination's file descriptor (``move_mount``): it is never
   writable in the container, not even for an instant, and no path is resolved twice;
-* a destination that is a symlink is refused, never mounted through;
-* the ld cache is rebuilt by the host's ``ldconfig -r ROOTFS`` (it chroots into the rootfs first), never
-  by a binary of the image.
+* the ld cache is rebuilt by the host's ``ldconfig -r ROOTFS`` (it chroots into the rootfs and reads the
+  image's ``/etc/ld.so.conf`` there), never by a binary of the image.  A chroot keeps symlinks and ``..``
+  inside, but not the magic links of a procfs: before ``pivot_root`` the container's ``/proc/1/root`` is the
+  host's ``/``, so an image whose ld.so.conf (or a symlink in a scanned directory, or a symlinked
+  ``/etc/ld.so.conf``) names ``/proc/1/root/usr/lib`` would have ldconfig read and list the host's libraries.
+  So ldconfig runs in a mount namespace of its own (a private copy of the container's, nothing propagating
+  back) where an empty read-only tmpfs covers every procfs mounted under the rootfs: what it sees is what the
+  container's processes will see after ``pivot_root``, less ``/proc``.  That was chosen over parsing the
+  image's ld.so.conf here and handing ldconfig a list of our own: ldconfig would still follow the symlinks
+  of the directories it scans through ``/proc``, and its config grammar (``include`` globs, ``hwcap``) would
+  be written twice.  The cost, measured: 4 ms a container given a driver's libraries (20 ms for the fork and
+  ldconfig on an empty rootfs instead of 16), and ctypes' import where the hook had not loaded it.
+  Our own directories are passed by their real paths inside the rootfs; ldconfig is killed after
+  ``LDCONFIG_SECONDS`` (an image's FIFO where it reads would otherwise hold the container's start forever).
 
 Needs Linux 5.12 (``mount_setattr``); an older kernel is one clear error, and the spec-rewrite and CDI paths,
 where the runtime mounts, work there.
@@ -36,39 +51,36 @@ if TYPE_CHECKING:
     from oci_gpu_hook.core.edits import Edits, Mount
 
 # Syscall numbers of the generic table (the same on x86_64, arm64, ppc64le, riscv64: numbers above 424 are shared)
-SYS_OPEN_TREE, SYS_MOVE_MOUNT, SYS_OPENAT2, SYS_MOUNT_SETATTR = 428, 429, 437, 442
-RESOLVE_NO_MAGICLINKS, RESOLVE_IN_ROOT = 0x02, 0x10
+SYS_OPEN_TREE, SYS_MOVE_MOUNT, SYS_MOUNT_SETATTR = 428, 429, 442
 OPEN_TREE_CLONE, AT_EMPTY_PATH, AT_FDCWD = 1, 0x1000, -100
 MOVE_MOUNT_F_EMPTY_PATH, MOVE_MOUNT_T_EMPTY_PATH = 0x04, 0x40
 MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID, MOUNT_ATTR_NODEV = 0x1, 0x2, 0x4
 LDCONFIG = ("/sbin/ldconfig.real", "/sbin/ldconfig", "/usr/sbin/ldconfig")  # Ubuntu's ldconfig is a script
 CONF_FILE = "/etc/ld.so.conf.d/00-oci-gpu-hook.conf"
+# Under the runtime's timeout of the hooks that run it (prestart: 10 s for everything, as installed; ldcache: 30 s),
+# so that a refusal is this line, not the runtime's kill; ldconfig over the 1100 libraries of a Debian host: 0.3 s.
+LDCONFIG_SECONDS = 5
+CLONE_NEWNS, MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 0x20000, 1, 2, 4, 8, 0x4000, 1 << 18
 _libc: Any = None
 
 
-def _syscall(number: int, *args: Any) -> int:
+def _load_libc() -> Any:
     import ctypes
 
     global _libc
     if _libc is None:
         _libc = ctypes.CDLL(None, use_errno=True)
-    result = int(_libc.syscall(ctypes.c_long(number), *args))
+    return _libc
+
+
+def _syscall(number: int, *args: Any) -> int:
+    import ctypes
+
+    result = int(_load_libc().syscall(ctypes.c_long(number), *args))
     if result < 0:
         errno = ctypes.get_errno()
         raise OSError(errno, os.strerror(errno))
     return result
-
-
-def openat2(dir_fd: int, path: str, flags: int) -> int:
-    """``openat2(dir_fd, path, {flags, 0, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS})``."""
-    import ctypes
-
-    class OpenHow(ctypes.Structure):
-        _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
-
-    how = OpenHow(flags | os.O_CLOEXEC, 0, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
-    return _syscall(SYS_OPENAT2, ctypes.c_int(dir_fd), ctypes.c_char_p(os.fsencode(path)), ctypes.byref(how),
-                    ctypes.c_size_t(ctypes.sizeof(how)))
 
 
 def _kernel_error(err: OSError, what: str) -> HookError:
@@ -107,42 +119,101 @@ def clone_tree(mount: Mount) -> int:
     return fd
 
 
-def dir_in_root(root_fd: int, directory: str) -> int:
-    """An O_PATH fd of ``directory`` resolved inside the rootfs, every missing component made (mode 0755)."""
-    fd = os.dup(root_fd)
-    path = ""
+MAX_LINKS = 255  # symlinks followed in one path, as runc (filepath-securejoin) allows
+
+
+def _resolve(root_fd: int, path: str, make: bool) -> tuple[int, str]:
+    """An O_PATH fd of the directory ``path`` inside the rootfs and its real path there, resolved as runc resolves
+    a mount destination (so that the live hook takes the image exactly as the shim and CDI paths, where runc
+    mounts): one component at a time, each opened with ``O_NOFOLLOW`` below the last; a symlink is followed by
+    its text (an absolute one from the root), also a ``/proc`` magic link, never through the kernel; ``..`` goes
+    up the path walked so far and stops at the root; a missing directory is made (mode 0755) where ``make``.
+    Nothing outside the rootfs is ever opened or made."""
+    stack = [os.dup(root_fd)]  # the directories walked, the root first
+    names: list[str] = []
+    todo = [p for p in path.split("/") if p]
+    links = 0
     try:
-        for part in [p for p in directory.split("/") if p]:
-            path += "/" + part
+        while todo:
+            part = todo.pop(0)
+            if part == ".":
+                continue
+            if part == "..":
+                if len(stack) > 1:
+                    os.close(stack.pop())
+                    names.pop()
+                continue
+            shown = "/" + "/".join([*names, part])
             try:
-                child = openat2(root_fd, path, os.O_PATH | os.O_DIRECTORY)
+                mode = os.stat(part, dir_fd=stack[-1], follow_symlinks=False).st_mode
             except FileNotFoundError:
+                if not make:
+                    raise HookError(f"{shown} is missing in the container") from None
                 try:
-                    os.mkdir(part, 0o755, dir_fd=fd)
-                except FileExistsError:
-                    pass  # a dangling symlink (fails below) or made meanwhile
-                try:
-                    child = openat2(root_fd, path, os.O_PATH | os.O_DIRECTORY)
+                    os.mkdir(part, 0o755, dir_fd=stack[-1])
                 except OSError as err:
-                    raise HookError(f"cannot make {path} in the container: {err.strerror}") from None
+                    raise HookError(f"cannot make {shown} in the container: {err.strerror}") from None
+                mode = stat.S_IFDIR
             except OSError as err:
-                if err.errno == 38:
-                    raise _kernel_error(err, "openat2") from None
-                raise HookError(f"cannot use {path} in the container: {err.strerror}") from None
-            os.close(fd)
-            fd = child
+                raise HookError(f"cannot use {shown} in the container: {err.strerror}") from None
+            if stat.S_ISLNK(mode):
+                links += 1
+                if links > MAX_LINKS:
+                    raise HookError(f"cannot use {path} in the container: more than {MAX_LINKS} symlinks")
+                try:
+                    target = os.readlink(part, dir_fd=stack[-1])
+                except OSError as err:
+                    raise HookError(f"cannot read the symlink {shown} in the container: {err.strerror}") from None
+                if target.startswith("/"):
+                    while len(stack) > 1:
+                        os.close(stack.pop())
+                    names.clear()
+                todo[:0] = [p for p in target.split("/") if p]
+                continue
+            if not stat.S_ISDIR(mode):
+                raise HookError(f"cannot use {shown} in the container: it is not a directory")
+            try:
+                child = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=stack[-1])
+            except OSError as err:
+                raise HookError(f"cannot use {shown} in the container: {err.strerror}") from None
+            stack.append(child)
+            names.append(part)
     except BaseException:
-        os.close(fd)
+        for fd in stack:
+            os.close(fd)
         raise
-    return fd
+    for fd in stack[:-1]:
+        os.close(fd)
+    return stack[-1], "/" + "/".join(names)
+
+
+def dir_in_root(root_fd: int, directory: str) -> int:
+    """An O_PATH fd of ``directory`` resolved inside the rootfs (:func:`_resolve`), every missing one made."""
+    return _resolve(root_fd, directory, make=True)[0]
+
+
+def _leaf_in_root(root_fd: int, path: str) -> tuple[int, str, str]:
+    """``path``'s directory (an O_PATH fd, missing ones made) and a name in it that is no symlink (or missing),
+    a symlink in the last place followed inside the rootfs as runc follows it; the real path too."""
+    for _ in range(MAX_LINKS):
+        directory, _, name = path.rpartition("/")
+        dir_fd, real = _resolve(root_fd, directory or "/", make=True)
+        try:
+            target = os.readlink(name, dir_fd=dir_fd)
+        except OSError:  # missing, or no symlink
+            return dir_fd, name, f"{real.rstrip('/')}/{name}"
+        os.close(dir_fd)
+        path = target if target.startswith("/") else f"{real.rstrip('/')}/{target}"
+        if path.rstrip("/").rpartition("/")[2] in ("", ".", ".."):
+            raise HookError(f"refusing {path!r} in the container: a symlink there leads to a directory name")
+    raise HookError(f"cannot use {path} in the container: more than {MAX_LINKS} symlinks")
 
 
 def bind(root_fd: int, mount: Mount, tree_fd: int) -> str:
     """Attach the detached ``tree_fd`` at ``mount.destination`` inside the rootfs ('made' or 'present')."""
     check_container_path(mount.destination, "mount destination")
-    directory, _, name = mount.destination.rpartition("/")
     is_dir = stat.S_ISDIR(os.fstat(tree_fd).st_mode)
-    dir_fd = dir_in_root(root_fd, directory or "/")
+    dir_fd, name, _ = _leaf_in_root(root_fd, mount.destination)
     try:
         try:
             mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
@@ -245,18 +316,77 @@ def ldconfig(rootfs: str) -> str:
     raise HookError(f"no ldconfig on the host ({', '.join(LDCONFIG)}): cannot update the ld cache of {rootfs}")
 
 
+def _proc_mounts_under(root: str) -> list[str]:
+    """The procfs mount points at or below ``root`` in this mount namespace, outermost first (the inner ones are
+    covered with them)."""
+    found: list[str] = []
+    with open("/proc/self/mountinfo", "rb") as handle:
+        for line in handle.read().decode(errors="surrogateescape").splitlines():
+            fields = line.split(" ")
+            if " - " not in line or len(fields) < 5:
+                continue
+            if line.split(" - ", 1)[1].split(" ", 1)[0] != "proc":
+                continue
+            point = fields[4]
+            for code in ("\\040", "\\011", "\\012", "\\134"):
+                point = point.replace(code, chr(int(code[1:], 8)))
+            if point == root or point.startswith(root.rstrip("/") + "/"):
+                found.append(point)
+    outer: list[str] = []
+    for point in sorted(set(found), key=len):
+        if not any(point == o or point.startswith(o + "/") for o in outer):
+            outer.append(point)
+    return outer
+
+
+def _hide_proc(root: str) -> None:
+    """In the calling process: a mount namespace of its own (private, nothing propagates to the container's),
+    with an empty read-only tmpfs over every procfs below ``root``; raises OSError."""
+    import ctypes
+
+    libc = _load_libc()
+
+    def check(result: int, what: str) -> None:
+        if result != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, f"{what}: {os.strerror(errno)}")
+
+    check(libc.unshare(ctypes.c_int(CLONE_NEWNS)), "unshare")
+    check(libc.mount(None, b"/", None, ctypes.c_ulong(MS_REC | MS_PRIVATE), None), "making mounts private")
+    for point in _proc_mounts_under(root):
+        check(libc.mount(b"none", os.fsencode(point), b"tmpfs", ctypes.c_ulong(MS_RDONLY | MS_NOSUID | MS_NODEV
+                                                                                | MS_NOEXEC), b"mode=0555,size=4k"),
+              f"covering {point}")
+
+
 def update_ldcache(root_fd: int, rootfs: str, folders: tuple[str, ...]) -> str:
     """List ``folders`` in the container's ld.so.conf.d (for the image's own later ldconfig runs) and rebuild
-    its cache with them: ``ldconfig -r ROOTFS -X FOLDER...`` (-X: links are made here, not by ldconfig)."""
+    its cache with them: ``ldconfig -r ROOTFS -X FOLDER...`` (-X: links are made here, not by ldconfig), each
+    folder by its real path inside the rootfs, ldconfig in a mount namespace of its own where no procfs is
+    under the rootfs and killed after LDCONFIG_SECONDS (a FIFO where it reads never holds the container)."""
+    import select
+    import time
+
+    real = []
     for folder in folders:
         check_container_path(folder, "ld cache directory")
-    _write_in_root(root_fd, CONF_FILE, "".join(f"{f}\n" for f in folders))
-    argv = [ldconfig(rootfs), "-r", rootfs, "-X", *folders]
+        fd, path = _resolve(root_fd, folder, make=True)
+        os.close(fd)
+        real.append(path)
+    _write_in_root(root_fd, CONF_FILE, "".join(f"{f}\n" for f in real))
+    root = os.readlink(f"/proc/self/fd/{root_fd}")  # the rootfs as mountinfo names it
+    argv = [ldconfig(rootfs), "-r", root, "-X", *real]
+    _load_libc()  # here, not in each child
     read_end, write_end = os.pipe()
     child = os.fork()
     if child == 0:  # pragma: no cover - the exec'd ldconfig
         try:
             os.close(read_end)
+            try:
+                _hide_proc(root)
+            except OSError as err:
+                os.write(write_end, f"cannot hide /proc from ldconfig ({err.strerror})".encode())
+                os._exit(126)
             os.dup2(write_end, 1)
             os.dup2(write_end, 2)
             os.chdir("/")
@@ -265,14 +395,26 @@ def update_ldcache(root_fd: int, rootfs: str, folders: tuple[str, ...]) -> str:
             os._exit(127)
     os.close(write_end)
     chunks = []
-    while chunk := os.read(read_end, 65536):
-        chunks.append(chunk)
-    os.close(read_end)
+    deadline = time.monotonic() + LDCONFIG_SECONDS
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([read_end], [], [], left)[0]:
+                os.kill(child, 9)
+                os.waitpid(child, 0)
+                raise HookError(f"{' '.join(argv[:3])} did not finish in {LDCONFIG_SECONDS} s (a FIFO or a device "
+                                "where the image's ld.so.conf or libraries should be?)")
+            chunk = os.read(read_end, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(read_end)
     _, status = os.waitpid(child, 0)
     if os.waitstatus_to_exitcode(status) != 0:
         said = b"".join(chunks).decode(errors="replace").strip().splitlines()
         raise HookError(f"{' '.join(argv[:3])} failed: {said[-1] if said else f'status {status}'}")
-    return f"ld cache of {rootfs} updated ({', '.join(folders)})"
+    return f"ld cache of {rootfs} updated ({', '.join(real)})"
 
 
 def apply(root_fd: int, rootfs: str, edits: Edits, trees: list[int]) -> list[str]:

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from oci_gpu_hook.config import Config
+    from oci_gpu_hook.errors import HookError
 
 USAGE_HEAD = """usage: oci-gpu-hook [--sysfs-root DIR] [--proc-root DIR] [--driver-root DIR] [--config FILE] [--debug]
                     COMMAND ...
@@ -200,6 +201,17 @@ def load(overrides: dict[str, Any]) -> Config:
     return load_config(environ, {k: v for k, v in overrides.items() if k != "config"})
 
 
+def load_for_container(overrides: dict[str, Any]) -> Config | HookError:
+    """:func:`load` for a hook that a container's start runs: the config, or why it cannot be used (then
+    :func:`oci_gpu_hook.request.without_config` decides: the rule in :mod:`oci_gpu_hook.config`)."""
+    from oci_gpu_hook.errors import HookError
+
+    try:
+        return load(overrides)
+    except HookError as err:
+        return err
+
+
 def read_stdin() -> str:
     """The runtime's JSON on stdin as UTF-8, whatever the locale: anything else is one clear line."""
     from oci_gpu_hook.errors import HookError
@@ -211,25 +223,38 @@ def read_stdin() -> str:
         raise HookError(f"the JSON on stdin is not UTF-8 text (byte {err.start})") from None
 
 
-def cmd_precreate(config: Config) -> int:
-    """podman's precreate stage: the proposed config on stdin, the full config on stdout."""
+def cmd_precreate(config: Config | HookError) -> int:
+    """podman's precreate stage: the proposed config on stdin, the full config on stdout (``config`` an error: it
+    cannot be used; the spec passes unchanged or the container is refused)."""
     import time
 
+    from oci_gpu_hook.errors import HookError
     from oci_gpu_hook.oci_spec import ContainerSpec
     from oci_gpu_hook.plan import plan_for_spec
 
     started = time.monotonic()
     text = read_stdin()
     spec = ContainerSpec.parse(text)
-    plan = plan_for_spec(spec, config)
-    new_text = None
-    if plan:  # nothing asked for: the spec-rewrite applier is not even imported
-        from oci_gpu_hook.appliers.ocispec import rewrite
+    try:
+        if isinstance(config, Exception):
+            from oci_gpu_hook.request import without_config
 
-        new_text = rewrite(spec, plan, config)
+            without_config(spec, config, "precreate", spec.name())
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            return 0
+        plan = plan_for_spec(spec, config)
+        new_text = None
+        if plan:  # nothing asked for: the spec-rewrite applier is not even imported
+            from oci_gpu_hook.appliers.ocispec import rewrite
+
+            new_text = rewrite(spec, plan, config)
+    except HookError as err:
+        err.container_id = spec.name()  # the input has no id: what names it (the log's and the journal's lines)
+        raise
     sys.stdout.write(text if new_text is None else new_text)
     sys.stdout.flush()
-    plan.record(config, "precreate", None, started)
+    plan.record(config, "precreate", spec.name(), started)
     return 0
 
 
@@ -250,13 +275,14 @@ def main(argv: list[str] | None = None) -> int:
                 os.chdir("/")
                 run = live.run_links if command == "links" else live.run_ldcache
                 return run(read_stdin(), rest[1:])
-            config = load(overrides)
+            loaded = load_for_container(overrides)
+            config = None if isinstance(loaded, Exception) else loaded
             os.chdir("/")  # never work relative to a directory the container may control
             if command == "precreate":
-                return cmd_precreate(config)
+                return cmd_precreate(loaded)
             from oci_gpu_hook.appliers import live
 
-            return live.run(read_stdin(), config)
+            return live.run(read_stdin(), loaded)
         if command is None:
             sys.stdout.write(usage())
             sys.stdout.flush()
@@ -281,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
                 return _quiet_broken_pipe()
         raise
     except BaseException as err:
-        from oci_gpu_hook.log import debug_from_env, record, report_failure
+        from oci_gpu_hook.log import debug_from_env, record, refused, report_failure
 
         if isinstance(err, BrokenPipeError):
             if not is_hook(command):
@@ -294,8 +320,11 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(err, KeyboardInterrupt):
             return 130
         line = report_failure(err, debug or (config.debug if config else debug_from_env()))
-        record(config, entry=command or "oci-gpu-hook", id=getattr(err, "container_id", None), outcome="error",
-               error=line)
+        if is_hook(command):  # a refused container: the journal too, where podman's user looks
+            refused(config, command, getattr(err, "container_id", None), line)
+        else:  # an operator's command: its user reads the line on the terminal
+            record(config, entry=command or "oci-gpu-hook", id=getattr(err, "container_id", None),
+                   outcome="error", error=line)
         return getattr(err, "exit_code", 1)
 
 

@@ -148,14 +148,24 @@ def main(argv: list[str] | None = None, baked_runtime: str | None = None) -> int
     try:
         os.execv(runtime, [runtime, *args])
     except OSError as err:
-        print(f"oci-gpu-hook: error: cannot run {runtime}: {err.strerror}", file=sys.stderr)
+        from oci_gpu_hook.config import load_config
+        from oci_gpu_hook.log import error_line, refused
+
+        line = error_line(f"cannot run {runtime}: {err.strerror}")
+        print(line, file=sys.stderr)
+        try:
+            config = load_config()
+        except Exception:
+            config = None  # the journal's default (on)
+        refused(config, "oci-gpu-runtime", Reading(args, RUNC).container_id or None, line)
         return 1
     return 1  # not reached
 
 
 def prepare(args: list[str], baked_runtime: str | None = None) -> tuple[int, str | None]:
     """Everything the shim does before it execs the runtime: (0, the runtime to exec with ``args``), or (the exit
-    status, None) after the one error line (``baked_runtime``: see :func:`passthrough_runtime_name`).  The
+    status, None) after the one error line (``baked_runtime``: see :func:`passthrough_runtime_name`, which also
+    names the runtime of a create or run when the config cannot be used: :mod:`oci_gpu_hook.config`).  The
     resident planner runs this for the native front, which then execs the runtime itself
     (:mod:`oci_gpu_hook.host.planner`)."""
     runc = reading = Reading(args, RUNC)
@@ -167,14 +177,25 @@ def prepare(args: list[str], baked_runtime: str | None = None) -> tuple[int, str
         if runc.command in REWRITE_COMMANDS or (crun is not None and crun.command in REWRITE_COMMANDS):
             from oci_gpu_hook.config import load_config
 
-            config = load_config()  # create/run fail closed on a broken config file
-            runtime = resolve_runtime(config.runtime)
+            try:
+                config = load_config()
+                problem = None
+            except HookError as err:  # the config cannot be used: a container that asks for nothing still starts
+                problem = err
+            runtime = resolve_runtime(passthrough_runtime_name(baked_runtime) if config is None else config.runtime)
             if dialect(runtime) == CRUN:
                 reading = crun or Reading(args, CRUN)
             if reading.command in REWRITE_COMMANDS:
                 if reading.refusal is not None:
                     raise reading.refusal
-                rewrite_bundle(reading.config, config, reading.container_id)
+                if problem is not None:  # the rule of oci_gpu_hook.config: by the default request names alone
+                    from oci_gpu_hook.oci_spec import ContainerSpec
+                    from oci_gpu_hook.request import without_config
+
+                    without_config(ContainerSpec.read(reading.config), problem, "oci-gpu-runtime",
+                                   reading.container_id)
+                else:
+                    rewrite_bundle(reading.config, config, reading.container_id)
         else:
             runtime = resolve_runtime(passthrough_runtime_name(baked_runtime))
             if len(args) == 1 and args[0] in VERSION_ARGS:
@@ -188,11 +209,11 @@ def prepare(args: list[str], baked_runtime: str | None = None) -> tuple[int, str
 
             drop_stdout()
             return 141, None
-        from oci_gpu_hook.log import debug_from_env, record, report_failure
+        from oci_gpu_hook.log import debug_from_env, refused, report_failure
 
         line = report_failure(err, config.debug if config else debug_from_env())
         _log_for_runtime(reading.options, line)
-        record(config, entry="oci-gpu-runtime", id=reading.container_id, outcome="error", error=line)
+        refused(config, "oci-gpu-runtime", reading.container_id or None, line)
         return 1, None
     return 0, runtime
 

@@ -54,6 +54,7 @@
  *   ask_planner         oci_gpu_hook/host/planner.py read_request, encode_answer (the protocol), run_entry
  *                       (what the answer holds); exec_path: entry/runtime.py main's execv (after prepare)
  *   untrusted           the TRUST check of oci_gpu_hook/host/launchers.py
+ *   journal             oci_gpu_hook/log.py journal (syslog_line), with the config's syslog as baked
  */
 #define _GNU_SOURCE
 #include <ctype.h>
@@ -72,6 +73,8 @@
 #include <linux/openat2.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdarg.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
@@ -93,6 +96,56 @@ extern char **environ;
 
 static char **g_argv;
 static int g_argc;
+static const char *g_slow; /* why every container goes to Python (settings_as_baked), for the journal's line */
+
+/* ------------------------------------------------------------------ the journal's line */
+
+/* oci_gpu_hook/log.py journal: "<PRI>Mmm dd hh:mm:ss oci-gpu-hook[PID]: ENTRY: TEXT" as one datagram to the
+ * syslog socket, non-blocking; nothing when it cannot go, nor when the config baked says syslog = false.  ENTRY:
+ * the hook's command or the shim's name, as Python writes it. */
+static void journal(int pri, const char *fmt, ...)
+{
+    static const char months[12][4] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
+                                       "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    char text[1024], line[1280];
+    struct tm tm;
+    time_t now = time(NULL);
+    va_list ap;
+    int n, fd;
+    if (!OGH_SYSLOG || strlen(OGH_SYSLOG_SOCKET) >= sizeof addr.sun_path || !localtime_r(&now, &tm))
+        return;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    for (char *c = text; *c; c++)
+        if ((unsigned char)*c < 0x20 || *c == 0x7f)
+            *c = '?';
+    n = snprintf(line, sizeof line, "<%d>%s %2d %02d:%02d:%02d %s[%ld]: %s: %s", pri, months[tm.tm_mon],
+                 tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, OGH_PROGRAM, (long)getpid(),
+                 OGH_ROLE == OGH_ROLE_SHIM || g_argc < 2 ? OGH_ROLE_NAME : g_argv[1], text);
+    if (n <= 0)
+        return;
+    strcpy(addr.sun_path, OGH_SYSLOG_SOCKET);
+    fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return;
+    sendto(fd, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1, MSG_NOSIGNAL, (struct sockaddr *)&addr,
+           sizeof addr);
+    close(fd);
+}
+
+/* the one error line on stderr, and the journal's (a front refuses by itself only where Python cannot run) */
+static void say_error(const char *fmt, ...)
+{
+    char text[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    dprintf(2, "%s: error: %s\n", OGH_PROGRAM, text);
+    journal(OGH_SYSLOG_PRI_ERR, "error: %s", text);
+}
 
 /* ------------------------------------------------------------------ hand-over to Python */
 
@@ -135,8 +188,8 @@ static int trusted_path(const char *path)
 
 static void refuse(const char *what, const char *path)
 {
-    dprintf(2, "oci-gpu-hook: error: refusing to run: %s %s is missing or writable by a non-root user "
-               "(install into a root-owned prefix, see README)\n", what, path);
+    say_error("refusing to run: %s %s is missing or writable by a non-root user "
+              "(install into a root-owned prefix, see README)", what, path);
     _exit(1);
 }
 
@@ -173,6 +226,9 @@ static void to_python(const char *input, size_t len, int more)
     char **args;
     int i, n = 0;
     check_trust();
+    if (g_slow)
+        journal(OGH_SYSLOG_PRI_INFO, "%s: every create, run and hook starts Python until `oci-gpu-hook launchers` "
+                "(or install) is run again; handing over to Python", g_slow);
     if (input) {
         int fd = memfd_create("oci-gpu-hook-stdin", 0);
         size_t done = 0;
@@ -183,7 +239,7 @@ static void to_python(const char *input, size_t len, int more)
                 unlink(name);
         }
         if (fd < 0) {
-            dprintf(2, "oci-gpu-hook: error: cannot keep stdin for the Python path: %s\n", strerror(errno));
+            say_error("cannot keep stdin for the Python path: %s", strerror(errno));
             _exit(1);
         }
         while (done < len) {
@@ -191,7 +247,7 @@ static void to_python(const char *input, size_t len, int more)
             if (w < 0 && errno == EINTR)
                 continue;
             if (w <= 0) {
-                dprintf(2, "oci-gpu-hook: error: cannot keep stdin for the Python path: %s\n", strerror(errno));
+                say_error("cannot keep stdin for the Python path: %s", strerror(errno));
                 _exit(1);
             }
             done += (size_t)w;
@@ -212,12 +268,12 @@ static void to_python(const char *input, size_t len, int more)
                 w += k;
             }
             if (r < 0 || w < r) {
-                dprintf(2, "oci-gpu-hook: error: cannot keep stdin for the Python path: %s\n", strerror(errno));
+                say_error("cannot keep stdin for the Python path: %s", strerror(errno));
                 _exit(1);
             }
         }
         if (lseek(fd, 0, SEEK_SET) != 0 || dup2(fd, 0) != 0) {
-            dprintf(2, "oci-gpu-hook: error: cannot hand stdin to the Python path: %s\n", strerror(errno));
+            say_error("cannot hand stdin to the Python path: %s", strerror(errno));
             _exit(1);
         }
         if (fd != 0)
@@ -234,7 +290,7 @@ static void to_python(const char *input, size_t len, int more)
         args[n++] = g_argv[i];
     args[n] = NULL;
     execv(OGH_PYTHON, args);
-    dprintf(2, "oci-gpu-hook: error: cannot run %s: %s\n", OGH_PYTHON, strerror(errno));
+    say_error("cannot run %s: %s", OGH_PYTHON, strerror(errno));
     _exit(1);
 }
 
@@ -292,10 +348,26 @@ static int read_all(int fd, char **out, size_t *len)
     return got == 1;
 }
 
+/* a regular file: anything else (a FIFO, whose open would block; a socket; a device, whose open may act) is
+ * never opened here: 0, and the Python path says what it is */
+static int open_regular(const char *path)
+{
+    struct stat st;
+    int fd;
+    if (stat(path, &st) != 0 || !S_ISREG(st.st_mode))
+        return -1;
+    fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))) { /* replaced in between */
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
 static int read_path(const char *path, char **out, size_t *len)
 {
     struct stat st;
-    int ok, fd = open(path, O_RDONLY | O_CLOEXEC);
+    int ok, fd = open_regular(path);
     if (fd < 0)
         return 0;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > OGH_MAX_INPUT) {
@@ -830,9 +902,12 @@ static int config_as_baked(int named)
 {
     char *buf;
     size_t len;
-    int same, fd = open(OGH_CONFIG_PATH, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) /* as Python: a missing default file is no file; a named one that is missing is an error */
+    struct stat st;
+    int same, fd;
+    if (stat(OGH_CONFIG_PATH, &st) != 0) /* as Python: a missing default file is no file; a named one, an error */
         return !OGH_CONFIG_EXISTS && errno == ENOENT && !named;
+    if ((fd = open_regular(OGH_CONFIG_PATH)) < 0)
+        return 0;
     if (!OGH_CONFIG_EXISTS) {
         close(fd);
         return 0;
@@ -858,8 +933,10 @@ static int settings_as_baked(void)
     const char *path, *v;
     for (int i = 0; OGH_DEFAULTS[i]; i += 2)
         setenv(OGH_DEFAULTS[i], OGH_DEFAULTS[i + 1], 0);
-    if (!OGH_FAST)
+    if (!OGH_FAST) {
+        g_slow = "this launcher was built without a fast path for its config";
         return 0;
+    }
     for (int i = 0; OGH_BOOL_ENV[i]; i++) {
         v = getenv(OGH_BOOL_ENV[i]);
         if (v && !bool_ok(v))
@@ -870,7 +947,11 @@ static int settings_as_baked(void)
         path = NULL;
     if (strcmp(path ? path : OGH_DEFAULT_CONFIG, OGH_CONFIG_PATH) != 0)
         return 0;
-    return config_as_baked(path != NULL);
+    if (!config_as_baked(path != NULL)) {
+        g_slow = "the config file changed since this launcher was built";
+        return 0;
+    }
+    return 1;
 }
 
 /* config.check_trusted still passes for the config file (when there is one): else Python refuses it */
@@ -900,9 +981,13 @@ static int write_all(int fd, const char *s, size_t n)
  * (the namespaces, root and cwd as file descriptors); the front then writes its stdout and stderr bytes and
  * exits with its status, or execs the runtime it names.  The planner writes config.json itself, as Python does
  * (atomic.write_atomic: a rename, never a half-written file).  No socket, a socket in a directory that is not
- * root's alone, a server that is not root, a planner of another version or build, anything short or late
- * (OGH_PLANNER_TIMEOUT_MS in all): the front falls back to the Python launcher, which gives the same outcome.
- * The protocol: planner.py read_request / write_answer. */
+ * root's alone, a server that is not root, a planner of another version or build, a refusal (a front whose
+ * credentials are not the planner's, a planner whose package changed on disk), anything short or late: the
+ * front falls back to the Python launcher, which gives the same outcome.  Once or not at all: the planner says
+ * READY before it changes anything; the front says GO only within OGH_PLANNER_TIMEOUT_MS of its start, else it
+ * falls back; after GO it falls back only when the connection ends before the planner's STARTED, and after
+ * STARTED it never runs the request again (a planner that dies or fails then: one line, status 1).
+ * The protocol: planner.py read_request, serve_one, encode_answer. */
 
 struct out {
     char *p;
@@ -965,13 +1050,14 @@ static long ms_left(const struct timespec *deadline)
     return (deadline->tv_sec - now.tv_sec) * 1000 + (deadline->tv_nsec - now.tv_nsec) / 1000000;
 }
 
+/* fd ready for ``events`` before ``deadline`` (NULL: however long it takes) */
 static int wait_for(int fd, short events, const struct timespec *deadline)
 {
     for (;;) {
         struct pollfd p = {.fd = fd, .events = events};
-        long left = ms_left(deadline);
+        long left = deadline ? ms_left(deadline) : -1;
         int got;
-        if (left <= 0)
+        if (deadline && left <= 0)
             return 0;
         got = poll(&p, 1, (int)left);
         if (got < 0 && errno == EINTR)
@@ -1055,6 +1141,30 @@ static int planner_dir_ok(const char *socket_path)
 
 static void exec_path(const char *path);
 
+/* The journal's info line for a planner that is there but does not serve this request (the front then starts
+ * Python: slower, same outcome).  None where no planner runs: no directory, no socket (it was stopped). */
+static void planner_handover(const char *socket_path, int sock, int answered, const struct timespec *deadline)
+{
+    int err = errno;
+    struct sockaddr_un peer;
+    socklen_t peer_len = sizeof peer;
+    const char *why;
+    if (sock < 0 || getpeername(sock, (struct sockaddr *)&peer, &peer_len) != 0) {
+        if (err == ENOENT)
+            return;
+        journal(OGH_SYSLOG_PRI_INFO, "the planner at %s cannot be reached (%s); handing over to Python",
+                socket_path, strerror(err));
+        return;
+    }
+    if (answered)
+        why = "handed the request back (a planner of another version, or a request it does not serve: see its log)";
+    else if (ms_left(deadline) <= 0)
+        why = "did not answer in time";
+    else
+        why = "broke the exchange off";
+    journal(OGH_SYSLOG_PRI_INFO, "the planner at %s %s; handing over to Python", socket_path, why);
+}
+
 /* Ask the planner (see above): returns only when the front is to fall back to the Python launcher. */
 static void ask_planner(const char *input, size_t len)
 {
@@ -1067,7 +1177,7 @@ static void ask_planner(const char *input, size_t len)
     socklen_t cred_len = sizeof cred;
     struct out req = {0};
     char header[8], *answer = NULL;
-    int fds[6], nfds = 0, sock = -1;
+    int fds[6], nfds = 0, sock = -1, answered = 0;
     mode_t mask;
     size_t count = 0, body;
     if (!socket_path)
@@ -1108,6 +1218,7 @@ static void ask_planner(const char *input, size_t len)
     out_str(&req, OGH_ROLE == OGH_ROLE_SHIM ? OGH_RUNTIME : ""); /* the runtime the Python launcher has baked */
     out_num(&req, (long)getppid());
     out_num(&req, (long)mask);
+    out_num(&req, (long)prctl(PR_GET_SECUREBITS, 0, 0, 0, 0));
     out_u32(&req, g_argc > 1 ? (size_t)g_argc - 1 : 0);
     for (int i = 1; i < g_argc; i++)
         out_str(&req, g_argv[i]);
@@ -1145,12 +1256,18 @@ static void ask_planner(const char *input, size_t len)
         goto fallback;
     free(req.p);
     req.p = NULL;
-    if (!recv_all(sock, header, sizeof header, &deadline) || memcmp(header, "OGHA", 4) != 0)
+    /* READY (else a refusal, or nothing in time: Python), GO while inside the bound, then STARTED */
+    if (!recv_all(sock, header, 4, &deadline))
         goto fallback;
+    answered = memcmp(header, "OGHR", 4) != 0; /* its refusal: handed back before it did anything */
+    if (answered || ms_left(&deadline) <= 0 || !send_all(sock, "OGHG", 4, &deadline) ||
+        !recv_all(sock, header, 4, NULL) || memcmp(header, "OGHS", 4) != 0)
+        goto fallback;
+    if (!recv_all(sock, header, sizeof header, NULL) || memcmp(header, "OGHA", 4) != 0)
+        goto started;
     body = get_u32(header + 4);
-    if (body > OGH_PLANNER_MAX_ANSWER || !(answer = malloc(body ? body : 1)) ||
-        !recv_all(sock, answer, body, &deadline))
-        goto fallback;
+    if (body > OGH_PLANNER_MAX_ANSWER || !(answer = malloc(body ? body : 1)) || !recv_all(sock, answer, body, NULL))
+        goto started;
     {
         const char *at = answer, *end = answer + body, *f[7];
         size_t n[7];
@@ -1161,19 +1278,21 @@ static void ask_planner(const char *input, size_t len)
         /* version, status, exit status, runtime to exec, an environment entry for it, stdout, stderr */
         if (at != end || !span_is(f[0], n[0], OGH_PLANNER_VERSION) || !span_is(f[1], n[1], "ok") || !n[2] ||
             n[2] > 3 || n[3] >= PATH_MAX || memchr(f[3], '\0', n[3]) || memchr(f[4], '\0', n[4]))
-            goto fallback;
+            goto started;
         for (size_t k = 0; k < n[2]; k++) {
             if (!isdigit((unsigned char)f[2][k]))
-                goto fallback;
+                goto started;
             code = code * 10 + (f[2][k] - '0');
         }
         if (code > 255)
-            goto fallback;
+            goto started;
         /* as the Python launcher: SIGPIPE and SIGXFSZ ignored (CPython does so at start; exec keeps it) */
         signal(SIGPIPE, SIG_IGN);
         signal(SIGXFSZ, SIG_IGN);
-        if (!write_all(1, f[5], n[5]) || !write_all(2, f[6], n[6]))
-            goto fallback; /* Python meets the same broken pipe, and says so */
+        if (!write_all(1, f[5], n[5]) || !write_all(2, f[6], n[6])) {
+            say_error("cannot write the planner's answer: %s", strerror(errno));
+            _exit(1); /* the request is not run again */
+        }
         close(sock);
         if (n[3]) {
             char runtime[PATH_MAX];
@@ -1188,7 +1307,12 @@ static void ask_planner(const char *input, size_t len)
         }
         _exit((int)code);
     }
+started: /* the planner began and did not finish: what it did is not done twice */
+    say_error("the resident planner did not finish this request (it is not run again; see the planner's log): "
+              "start the container again");
+    _exit(1);
 fallback:
+    planner_handover(socket_path, sock, answered, &deadline);
     free(req.p);
     free(answer);
     for (int i = 0; i < nfds; i++)
@@ -1209,7 +1333,7 @@ static void exec_path(const char *path)
         args[i] = g_argv[i];
     args[n] = NULL;
     execv(path, args);
-    dprintf(2, "oci-gpu-hook: error: cannot run %s: %s\n", path, strerror(errno));
+    say_error("cannot run %s: %s", path, strerror(errno));
     _exit(1);
 }
 
@@ -1658,7 +1782,7 @@ static void links_main(void)
         to_python(NULL, 0, 0);
     got = read_fd(0, &input, &len);
     if (!got) {
-        dprintf(2, "oci-gpu-hook: error: cannot read stdin: %s\n", strerror(errno));
+        say_error("cannot read stdin: %s", strerror(errno));
         _exit(1);
     }
     if (got == TOO_LARGE)
@@ -1696,7 +1820,7 @@ int main(int argc, char **argv)
         to_python(NULL, 0, 0);
     got = read_fd(0, &input, &len);
     if (!got) {
-        dprintf(2, "oci-gpu-hook: error: cannot read stdin: %s\n", strerror(errno));
+        say_error("cannot read stdin: %s", strerror(errno));
         return 1;
     }
     if (got == TOO_LARGE)

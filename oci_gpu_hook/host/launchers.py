@@ -24,9 +24,10 @@ line on stderr, exit 1), unless written with ``allow_untrusted`` (tests, editabl
 
 **The front's settings stamp.**  What the front knows of the config file (its runtime, its request names) is
 only right while the file holds the bytes it was baked from, so the front bakes those bytes (the file as read
-once, and parsed from that same read: a file over 1 MiB, or one that cannot be read or parsed, bakes no fast
-path) and, on every create, run and hook, reads the file again and compares it in full with them, then checks
-it as trusted as :func:`oci_gpu_hook.config.check_trusted` does.  Any difference hands over to Python.  No
+once, and parsed from that same read: a file over 1 MiB bakes no fast path; one that a container start could
+not use is refused before anything is written, :func:`check_live_config`) and, on every create, run and hook,
+reads the file again and compares it in full with them, then checks it as trusted as
+:func:`oci_gpu_hook.config.check_trusted` does.  Any difference hands over to Python.  No
 clock or stat field is compared: reading a file changes its access time (``relatime``), and on a filesystem
 with whole-second timestamps an edit of the same size in the same second leaves every stat field as it was;
 the content cannot miss an edit.  Reading a small file costs the front a few microseconds.
@@ -247,6 +248,7 @@ def baked_settings(defaults: dict[str, str]) -> dict[str, object]:
         names.update(names_of_kind)
     return {"fast": fast, "path": path, "content": content if fast else None,
             "runtime": values.get("runtime", cfg.FIELDS["runtime"].default),
+            "syslog": values.get("syslog", cfg.FIELDS["syslog"].default),
             "needles": sorted({n.lower() for n in names} | {CDI_NEEDLE})}
 
 
@@ -261,7 +263,7 @@ def front_contract() -> dict[str, str | list[str] | int]:
     """The fast-path contract: every name, word and path the front compares or uses that the Python path
     defines, each taken from where Python defines it (``oci_gpu_hook/fastpath/front.c`` names them
     ``OGH_<KEY>``; its header says which Python function each part of the front mirrors)."""
-    from oci_gpu_hook import config
+    from oci_gpu_hook import config, log
     from oci_gpu_hook.appliers.ocispec import LINKS_COMMAND
     from oci_gpu_hook.core.edits import BY_PATH_DIR, LINK_NODES
     from oci_gpu_hook.entry import cli, runtime
@@ -283,6 +285,10 @@ def front_contract() -> dict[str, str | list[str] | int]:
         "PLANNER_ENV": planner.SOCKET_ENV,
         "PLANNER_SOCKET": planner.DEFAULT_SOCKET,
         "PLANNER_TIMEOUT_MS": planner.ANSWER_TIMEOUT_MS,
+        "SYSLOG_SOCKET": log.SYSLOG_SOCKET,  # the journal's line (log.py journal)
+        "SYSLOG_PRI_ERR": log.SYSLOG_FACILITY * 8 + log.SEVERITY["error"],
+        "SYSLOG_PRI_INFO": log.SYSLOG_FACILITY * 8 + log.SEVERITY["info"],
+        "PROGRAM": log.PROGRAM,
     }
 
 
@@ -315,6 +321,7 @@ def front_header(name: str, directory: str, defaults: dict[str, str], trust: boo
         f"static const char OGH_DEFAULT_CONFIG[] = {_c_string(DEFAULT_CONFIG_PATH)};",
         f"static const char OGH_CONFIG_PATH[] = {_c_string(str(baked['path']))};",
         f"static const char OGH_RUNTIME[] = {_c_string(str(baked['runtime']))};",
+        f"#define OGH_SYSLOG {int(bool(baked['syslog']))}",
         f"static const char *const OGH_NEEDLES[] = {_c_list(list(baked['needles']))};",  # type: ignore[call-overload]
         f"static const char *const OGH_FIELD_NAMES[] = {_c_list(_spec_field_names())};",
         f"static const char OGH_VERSION_LINE[] = {_c_string(f'oci-gpu-runtime {__version__}')};",
@@ -377,13 +384,28 @@ def compile_front(name: str, directory: str, defaults: dict[str, str], trust: bo
             return handle.read()
 
 
+def check_live_config(defaults: dict[str, str]) -> None:
+    """Refuse to make live a config that a container start could not use (:mod:`oci_gpu_hook.config`): the
+    config file the launchers will read (the baked ``OCI_GPU_HOOK_CONFIG``, else the default path) and the baked
+    ``--set`` values, loaded as a start loads them (the runtime's own environment is not known here)."""
+    from oci_gpu_hook.config import load_config
+
+    try:
+        load_config(defaults)
+    except HookError as err:
+        raise HookError(f"{err}: refusing to make this config live, nothing is written (fix it; "
+                        "oci-gpu-hook validate checks it)") from None
+
+
 def launcher_files(directory: str, defaults: dict[str, str], *, native: bool | None = None,
                    trust: bool = True) -> list[tuple[str, bytes]]:
-    """Every launcher file for ``directory`` as ``(path, content)``, each mode 0755.
+    """Every launcher file for ``directory`` as ``(path, content)``, each mode 0755, after
+    :func:`check_live_config`.
 
     ``native``: None = a native front when a compiler is found (then it must build), else the Python
     launchers with a note on stderr; True = a native front or an error; False = Python launchers only.
     ``trust``: the launchers check that what they run is root's (off for tests and editable installs)."""
+    check_live_config(defaults)
     cc = find_cc() if native is not False else None
     if native and not cc:
         raise HookError(f"cannot build the native front: no C compiler found (set CC, or install gcc){NATIVE_FIX}")

@@ -7,28 +7,31 @@ Python launcher (the launcher's name and argv, the environment, stdin, the umask
 pid, cgroup and user namespaces, root and working directory as file descriptors) and applies the answer: the
 stdout and stderr bytes, then the exit status or the runtime to exec.
 
-**One outcome either way.**  Each request runs in a process of its own, forked from the planner beforehand (a
-pool of ``--workers``, each serving one request and then replaced), which *becomes* the launcher process the
-front would have started: it enters the front's mount namespace, root and working directory (so every path,
-config file, sysfs, bundle and log file is the one the front sees), takes its environment, umask, argv and
-stdin, the parent pid that ``check_container`` compares, and the stdio encoding CPython would have picked for
-that environment (:func:`python_stdio`; a front whose Python would not write UTF-8 is sent back), and then runs
-the launcher's own entry point, ``entry.cli.main`` or ``entry.runtime.prepare`` -- the same code on the same
-inputs.  It writes config.json itself, as Python does (:func:`oci_gpu_hook.atomic.write_atomic`: a rename, so a
-planner killed mid-request leaves the old file or the new one, never half of one; the front then falls back and
-Python rewrites the same file, idempotently).  A live hook (``prestart``) is served only in the front's pid and
-cgroup namespaces, where the pids and cgroup paths it reads mean the same; the front's user namespace always.
+**One outcome either way.**  Each request runs in a process of its own, forked from the planner beforehand (a pool
+of ``--workers``, each serving one request and then replaced), which *becomes* the launcher process the front would
+have started: it enters the front's mount namespace, root and working directory (so every path, config file, sysfs,
+bundle and log file is the one the front sees), takes its environment, umask, argv and stdin, the parent pid that
+``check_container`` compares, and the stdio encoding CPython would have picked for that environment
+(:func:`python_stdio`; a front whose Python would not write UTF-8 is sent back), and then runs the launcher's own
+entry point, ``entry.cli.main`` or ``entry.runtime.prepare`` -- the same code on the same inputs.  It writes
+config.json itself, as Python does (:func:`oci_gpu_hook.atomic.write_atomic`: a rename, so a planner killed
+mid-request leaves the old file or the new one, never half of one).  **Once or not at all** (the protocol, below):
+nothing outside the worker changes before the front's GO, which comes only inside the front's bound; after it, the
+front never runs the request again.  A live hook (``prestart``) is served only in the front's pid and cgroup
+namespaces, where the pids and cgroup paths it reads mean the same; the front's user namespace always.
 
 **The inventory.**  Every request scans sysfs afresh in the front's mount namespace, exactly as the Python path
 does: on a warm dentry cache an 8-GPU host takes well under a millisecond, about what checking a cached
 inventory against sysfs would cost, and a fresh scan is never staler than itself.  So no uevent stream is kept.
 
-**Trust.**  The socket lives in a directory that is root's alone (mode 0700, created so, on a path only root
-can change); the planner answers only uid 0 peers (``SO_PEERCRED``), and the front talks only to a uid 0 server
-in such a directory.  **Versions.**  The front bakes :func:`version_line` (package version, protocol, a hash of
-the package's files and the interpreter's version); the planner computes its own at start and answers only
-requests that carry the same line, and the front checks the answer's: after an upgrade, until the planner is
-restarted, every request falls back to Python.  **Robustness.**  Workers exit after one request; a bad request
+**Trust.**  The socket lives in a directory that is root's alone (mode 0700, created so, on a path only root can
+change); the planner answers only uid 0 peers (``SO_PEERCRED``), and the front talks only to a uid 0 server in such
+a directory; a worker acts only for a front whose credentials are the planner's (the front's credentials, below).
+**Versions.**  The front bakes :func:`version_line` (package version, protocol, a hash of the package's files and
+the interpreter's version); the planner computes its own at start and answers only requests that carry the same
+line, and the front checks the answer's; the planner watches its package's files (:class:`PackageWatch`) and, once
+one changes on disk, refuses every request and exits, for its unit to start the new build (which the old fronts
+refuse by its hash until ``install`` rebuilds them).  **Robustness.**  Workers exit after one request; a bad request
 ends its worker alone; SIGTERM lets busy workers finish, idle ones go at once; a killed planner's idle workers
 follow it (``PR_SET_PDEATHSIG``); one planner per socket (a lock beside it).
 """
@@ -52,13 +55,16 @@ if TYPE_CHECKING:
 DEFAULT_SOCKET = "/run/oci-gpu-hook/planner.sock"
 SOCKET_ENV = "OCI_GPU_HOOK_PLANNER_SOCKET"  # overrides the socket the front asks ('' : never ask)
 ANSWER_TIMEOUT_MS = 2000  # the front's bound on the whole exchange; then it falls back to Python
-REQUEST_TIMEOUT_S = 10.0  # a worker's bound on reading a request and writing its answer
-PROTOCOL = 1
+REQUEST_TIMEOUT_S = 10.0  # a worker's bound on writing its answer
+PROTOCOL = 2
 DEFAULT_WORKERS = 8
 STOP_GRACE_S = 10.0
 MAX_REQUEST = 96 << 20  # stdin up to the front's 64 MiB, argv and environment
 MAX_ITEMS = 1 << 16
 REQUEST_MAGIC, ANSWER_MAGIC = b"OGHQ", b"OGHA"
+READY, GO, STARTED = b"OGHR", b"OGHG", b"OGHS"  # the worker's "ready", the front's "go", the worker's "acting now"
+SO_PEERPIDFD = 77  # Linux 6.5: a pidfd of the process that connected, which no pid reuse can redirect
+PR_GET_SECUREBITS = 27
 FD_NAMES = ("mnt", "pid", "cgroup", "user", "root", "cwd")  # the order the front sends them in
 ROLES = ("oci-gpu-runtime", "oci-gpu-hook")
 COERCION_TARGETS = ("C.UTF-8", "C.utf8", "UTF-8")  # CPython's _TARGET_LOCALES (PEP 538)
@@ -67,8 +73,8 @@ PR_SET_PDEATHSIG = 1
 
 # What the served entry points may import, loaded before the workers fork (a worker that entered another mount
 # namespace must not look for code there): the package but its operator-only parts, and these.
-PRELOAD_STDLIB = ("tomllib", "fcntl", "ctypes", "traceback", "locale", "codecs", "io", "json", "array", "struct",
-                  "encodings.utf_8", "encodings.latin_1", "encodings.ascii")
+PRELOAD_STDLIB = ("tomllib", "fcntl", "ctypes", "resource", "select", "traceback", "locale", "codecs", "io", "json",
+                  "array", "struct", "encodings.utf_8", "encodings.latin_1", "encodings.ascii")
 NOT_PRELOADED = ("oci_gpu_hook.host", "oci_gpu_hook.models", "oci_gpu_hook.schemas", "oci_gpu_hook.entry.commands",
                  "oci_gpu_hook.appliers.cdi")
 
@@ -104,9 +110,15 @@ def version_line(build: str | None = None) -> str:
 # --- the protocol -------------------------------------------------------------------------------------------
 #
 # request: b"OGHQ", u32 length, then fields, each u32 length + bytes, in this order: version line, launcher name,
-#   argv[0] for Python (the front's path), the runtime baked into the shim's launcher, parent pid, umask
-#   (decimal), u32 n + n argv words, u32 m + m environment entries, "1"/"0" (stdin given), stdin; with the
-#   request's first bytes, SCM_RIGHTS carrying FD_NAMES in order.
+#   argv[0] for Python (the front's path), the runtime baked into the shim's launcher, parent pid, umask and
+#   securebits (decimal), u32 n + n argv words, u32 m + m environment entries, "1"/"0" (stdin given), stdin; with
+#   the request's first bytes, SCM_RIGHTS carrying FD_NAMES in order.
+# then, once or not at all: the worker reads the whole request within ANSWER_TIMEOUT_MS of its accept, checks
+#   everything and enters the front's namespaces (nothing outside itself changed), and says READY, or sends a
+#   refusal (an answer, "refused"); the front says GO only while inside its own bound, else it closes and runs
+#   Python; a worker without GO within its bound does nothing.  After GO the worker says STARTED and then acts:
+#   a connection that dies before STARTED came means nothing was done (the front falls back); after it, the
+#   front cannot know what was, and stops with one line instead of doing it again.
 # answer: b"OGHA", u32 length, then 7 fields: version line, "ok" | "refused", exit status (decimal), the runtime
 #   to exec ("" = none), one NAME=VALUE for its environment ("" = none), stdout, stderr.  Integers big-endian.
 
@@ -119,11 +131,17 @@ class NoRequest(BadRequest):
     """A connection closed before a byte came (a check that the planner listens)."""
 
 
+class GaveUp(BadRequest):
+    """The front closed or ran out of its bound before it said GO: it runs Python, and the worker does nothing."""
+
+
 class Request:
-    __slots__ = ("args", "argv0", "baked_runtime", "env", "fds", "ppid", "role", "stdin", "umask", "version")
+    __slots__ = ("args", "argv0", "baked_runtime", "env", "fds", "ppid", "role", "securebits", "stdin", "umask",
+                 "version")
 
     def __init__(self, version: str, role: str, argv0: bytes, baked_runtime: bytes, ppid: int, umask: int,
-                 args: list[bytes], env: list[bytes], stdin: bytes | None, fds: list[int]) -> None:
+                 args: list[bytes], env: list[bytes], stdin: bytes | None, fds: list[int],
+                 securebits: int = 0) -> None:
         self.version = version
         self.role = role
         self.argv0 = argv0
@@ -134,6 +152,7 @@ class Request:
         self.env = env
         self.stdin = stdin
         self.fds = fds
+        self.securebits = securebits
 
     @property
     def live(self) -> bool:
@@ -142,10 +161,25 @@ class Request:
         return self.role == "oci-gpu-hook" and bool(self.args) and os.fsdecode(self.args[0]) in LIVE_COMMANDS
 
 
-def _recv_exact(conn: socket_module.socket, size: int) -> bytes:
+def _within(conn: socket_module.socket, deadline: float) -> None:
+    """The socket's timeout set to what is left of ``deadline`` (time.monotonic): one bound for a whole exchange,
+    however the peer trickles its bytes; BadRequest once it has passed."""
+    import time
+
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise BadRequest("the request took longer than its bound")
+    conn.settimeout(left)
+
+
+def _recv_exact(conn: socket_module.socket, size: int, deadline: float) -> bytes:
     chunks, got = [], 0
     while got < size:
-        chunk = conn.recv(min(size - got, 1 << 20))
+        _within(conn, deadline)
+        try:
+            chunk = conn.recv(min(size - got, 1 << 20))
+        except TimeoutError:
+            raise BadRequest("the request took longer than its bound") from None
         if not chunk:
             raise BadRequest("the request ends early")
         chunks.append(chunk)
@@ -161,13 +195,18 @@ def _close_all(fds: Sequence[int]) -> None:
             pass
 
 
-def read_request(conn: socket_module.socket) -> Request:
-    """One request from ``conn`` (its descriptors with the first bytes); BadRequest for anything else."""
+def read_request(conn: socket_module.socket, deadline: float) -> Request:
+    """One request from ``conn`` (its descriptors with the first bytes), all of it before ``deadline``
+    (time.monotonic); BadRequest for anything else."""
     import array
     import socket
 
     fds = array.array("i")
-    data, ancillary, _flags, _addr = conn.recvmsg(8, socket.CMSG_SPACE(len(FD_NAMES) * fds.itemsize))
+    _within(conn, deadline)
+    try:
+        data, ancillary, _flags, _addr = conn.recvmsg(8, socket.CMSG_SPACE(len(FD_NAMES) * fds.itemsize))
+    except TimeoutError:
+        raise BadRequest("the request took longer than its bound") from None
     for level, kind, payload in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
@@ -176,7 +215,7 @@ def read_request(conn: socket_module.socket) -> Request:
         if not data and not received:
             raise NoRequest("closed at once")
         if len(data) < 8:
-            data += _recv_exact(conn, 8 - len(data))
+            data += _recv_exact(conn, 8 - len(data), deadline)
         if data[:4] != REQUEST_MAGIC:
             raise BadRequest("not a planner request")
         if len(received) != len(FD_NAMES):
@@ -184,7 +223,7 @@ def read_request(conn: socket_module.socket) -> Request:
         (size,) = struct.unpack(">I", data[4:8])
         if size > MAX_REQUEST:
             raise BadRequest(f"a request of {size} bytes")
-        body = _recv_exact(conn, size)
+        body = _recv_exact(conn, size, deadline)
         at = 0
 
         def field() -> bytes:
@@ -218,6 +257,7 @@ def read_request(conn: socket_module.socket) -> Request:
         baked_runtime = field()
         ppid = number(field())
         umask = number(field())
+        securebits = number(field())
         args = [field() for _ in range(count())]
         env = [field() for _ in range(count())]
         has_stdin = field()
@@ -225,7 +265,7 @@ def read_request(conn: socket_module.socket) -> Request:
         if at != len(body) or has_stdin not in (b"0", b"1"):
             raise BadRequest("a malformed request")
         return Request(version, role, argv0, baked_runtime, ppid, umask & 0o7777, args, env,
-                       stdin if has_stdin == b"1" else None, received)
+                       stdin if has_stdin == b"1" else None, received, securebits)
     except BaseException:
         _close_all(received)
         raise
@@ -251,6 +291,227 @@ def decode_answer(data: bytes) -> list[bytes]:
     if len(fields) != 7:
         raise BadRequest("a malformed answer")
     return fields
+
+
+# --- the front's credentials --------------------------------------------------------------------------------
+#
+# A worker acts with the planner's privileges; the Python launcher the front would have started acts with the
+# front's.  So a request is served only from a front whose credentials are the planner's own: every field of
+# /proc/PID/status that decides what a process may do (STATUS_FIELDS), its LSM label, its securebits (which
+# /proc does not show: the front sends its own, and a front that lies about them holds the capabilities anyway,
+# for they must equal the planner's), and the memory limits (RLIMITS_SAME: a fork of the planner holds more
+# memory than a fresh Python).  The other rlimits the worker takes on (RLIMITS_TAKEN): the file size limit, the
+# descriptor limit and the rest bound the Python launcher exactly as they bind the worker; and so it takes on the
+# supplementary groups (a root shell's "0", a service's none).  Anything else
+# differs: refused, and the front's Python runs with the front's own credentials.  The peer is named by
+# SO_PEERPIDFD (the process that connected, not whatever holds its pid now), its /proc files are read while
+# that pidfd shows the same pid (a reaped front's pid could be another process's), before the request is read.
+
+STATUS_FIELDS = ("Uid", "Gid", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp",
+                 "Seccomp_filters")
+RLIMITS_SAME = ("AS", "DATA", "STACK", "RSS")
+RLIMITS_TAKEN = ("CPU", "FSIZE", "CORE", "NPROC", "NOFILE", "MEMLOCK", "LOCKS", "SIGPENDING", "MSGQUEUE", "NICE",
+                 "RTPRIO", "RTTIME")
+RLIMIT_NUMBERS = {"CPU": 0, "FSIZE": 1, "DATA": 2, "STACK": 3, "CORE": 4, "RSS": 5, "NPROC": 6, "NOFILE": 7,
+                  "MEMLOCK": 8, "AS": 9, "LOCKS": 10, "SIGPENDING": 11, "MSGQUEUE": 12, "NICE": 13, "RTPRIO": 14,
+                  "RTTIME": 15}  # Linux's (the resource module lacks RLIMIT_LOCKS), all RLIM_NLIMITS of them
+
+
+class Credentials:
+    """What decides what a process may do: the STATUS_FIELDS lines, the LSM label and the rlimits."""
+
+    __slots__ = ("groups", "label", "limits", "status")
+
+    def __init__(self, status: dict[str, str], label: bytes | None, limits: dict[str, tuple[int, int]],
+                 groups: list[int] | None = None) -> None:
+        self.status = status
+        self.label = label
+        self.limits = limits
+        self.groups = groups or []
+
+
+def _read(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except OSError:
+        return None  # attr/current where no LSM is loaded (EINVAL); the comparison then sees None on both sides
+
+
+_WANTED = frozenset(f.encode() for f in (*STATUS_FIELDS, "Groups"))
+
+
+def _status_fields(text: bytes) -> dict[str, str]:
+    fields = {}
+    for line in text.split(b"\n"):
+        name, _colon, value = line.partition(b":")
+        if name in _WANTED:
+            fields[name.decode()] = b" ".join(value.split()).decode("ascii", "replace")
+    return fields
+
+
+def credentials_of(pid: int) -> Credentials | None:
+    """``pid``'s credentials (``0``: this process's own), or None where its /proc files cannot be read."""
+    import resource
+
+    where = f"/proc/{pid or 'self'}"
+    status = _read(f"{where}/status")
+    if status is None:
+        return None
+    try:
+        limits = {n: resource.prlimit(pid, RLIMIT_NUMBERS[n]) for n in (*RLIMITS_SAME, *RLIMITS_TAKEN)}
+    except OSError:
+        return None
+    fields = _status_fields(status)
+    groups = [int(g) for g in fields.pop("Groups", "").split() if g.isdigit()]
+    return Credentials(fields, _read(f"{where}/attr/current"), limits, groups)
+
+
+def _pidfd_pid(fdinfo: int) -> int:
+    """The pid in the pidfd's /proc/self/fdinfo (open as ``fdinfo``): -1 once the process is reaped."""
+    text = os.pread(fdinfo, 4096, 0)
+    at = text.find(b"\nPid:")
+    value = text[at + 5:text.find(b"\n", at + 5)].strip() if at >= 0 else b""
+    return int(value) if value.isdigit() else -1
+
+
+def peer_credentials(conn: socket_module.socket) -> Credentials | str:
+    """The credentials of the process that connected to ``conn``, or why they cannot be known."""
+    import socket
+
+    try:
+        pidfd = conn.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD)
+    except OSError as err:
+        return f"the front cannot be named (SO_PEERPIDFD: {err.strerror}; Linux 6.5 or later)"
+    fdinfo = -1
+    try:
+        fdinfo = os.open(f"/proc/self/fdinfo/{pidfd}", os.O_RDONLY | os.O_CLOEXEC)
+        pid = _pidfd_pid(fdinfo)
+        if pid <= 0:
+            return "the front is gone or in a pid namespace this planner cannot see"
+        found = credentials_of(pid)
+        if found is None or _pidfd_pid(fdinfo) != pid:
+            return "the front is gone"
+        return found
+    except OSError as err:
+        return f"the front cannot be read ({err.strerror})"
+    finally:
+        os.close(pidfd)
+        if fdinfo >= 0:
+            os.close(fdinfo)
+
+
+def securebits() -> int:
+    import ctypes
+
+    return int(ctypes.CDLL(None, use_errno=True).prctl(PR_GET_SECUREBITS, 0, 0, 0, 0))
+
+
+def credentials_problem(peer: Credentials, own: Credentials, peer_securebits: int, own_securebits: int) -> str:
+    """Why a worker of ``own`` credentials may not act for a front of ``peer``'s ('' : it may)."""
+    for name in STATUS_FIELDS:
+        if peer.status.get(name) != own.status.get(name):
+            return f"the front's {name} is {peer.status.get(name)!r}, the planner's {own.status.get(name)!r}"
+    if peer.label != own.label:
+        return "the front has another LSM label"
+    if peer_securebits != own_securebits:
+        return f"the front's securebits are {peer_securebits:#x}, the planner's {own_securebits:#x}"
+    for name in RLIMITS_SAME:
+        if peer.limits[name] != own.limits[name]:
+            return f"the front's RLIMIT_{name} is {peer.limits[name]}, the planner's {own.limits[name]}"
+    return ""
+
+
+def take_limits(peer: Credentials, own: Credentials) -> None:
+    """The RLIMITS_TAKEN and the supplementary groups of the front, set on this worker where they differ from the
+    planner's."""
+    import resource
+
+    if peer.groups != own.groups:
+        try:
+            os.setgroups(peer.groups)
+        except OSError as err:
+            raise BadRequest(f"cannot take the front's groups: {err.strerror}") from None
+
+    for name in RLIMITS_TAKEN:
+        if peer.limits[name] != own.limits[name]:
+            try:
+                resource.setrlimit(RLIMIT_NUMBERS[name], peer.limits[name])
+            except (OSError, ValueError) as err:
+                raise BadRequest(f"cannot take the front's RLIMIT_{name}: {err}") from None
+
+
+def exec_problem(own: Credentials) -> str:
+    """Why the planner's own capabilities are not what its exec would give a root process ('' : they are): only
+    then does a front of the same credentials start a Python launcher of them too."""
+    if own.status.get("Uid", "").split()[1:2] != ["0"]:
+        return "it does not run as root"
+    permitted, effective = own.status.get("CapPrm"), own.status.get("CapEff")
+    try:
+        after = int(own.status.get("CapInh", "0"), 16) | int(own.status.get("CapBnd", "0"), 16)
+        same = int(permitted or "x", 16) == after == int(effective or "x", 16)
+    except ValueError:
+        same = False
+    if not same or securebits():
+        return "its capabilities are not those an exec as root gives (permitted = effective = bounding, no securebits)"
+    return ""
+
+
+# --- the package on disk -------------------------------------------------------------------------------------
+
+
+class PackageWatch:
+    """Whether any file of the package changed since the watch began: inotify on every file of it and every
+    directory (but __pycache__, which Python itself writes), shared by the planner and its workers and never read,
+    so that one change makes it readable for good.  A file written, truncated, renamed over or away, deleted, or
+    its mode changed is seen (a rename over a file or its removal changes its link count); a file added beside the
+    others is not, but no upgrade adds a module without changing one that imports it.  Where inotify cannot be
+    had, a stamp of every file (inode, size, times) compared on each request."""
+
+    FILE_MASK = 0x2 | 0x4 | 0x8 | 0x400 | 0x800  # IN_MODIFY, IN_ATTRIB, IN_CLOSE_WRITE, IN_DELETE_SELF, IN_MOVE_SELF
+    DIR_MASK = 0x400 | 0x800
+
+    def __init__(self, root: str | None = None) -> None:
+        import ctypes
+
+        self.root = root or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        self.fd = -1
+        self.stamp: list[tuple[str, tuple[int, ...]]] = []
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        ok = fd >= 0
+        for directory, subdirs, files in os.walk(self.root):
+            subdirs[:] = [d for d in subdirs if d != "__pycache__"]
+            for path, mask in [(directory, self.DIR_MASK), *((os.path.join(directory, f), self.FILE_MASK)
+                                                              for f in files)]:
+                if ok and libc.inotify_add_watch(fd, os.fsencode(path), mask) < 0:
+                    ok = False
+        if ok:
+            self.fd = fd
+        else:
+            if fd >= 0:
+                os.close(fd)
+            self.stamp = self._stamp()
+
+    def _stamp(self) -> list[tuple[str, tuple[int, ...]]]:
+        found = []
+        for directory, subdirs, files in os.walk(self.root):
+            subdirs[:] = sorted(d for d in subdirs if d != "__pycache__")
+            for name in sorted([".", *files]):
+                path = os.path.join(directory, name)
+                try:
+                    st = os.stat(path)
+                    found.append((path, (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)))
+                except OSError:
+                    found.append((path, ()))
+        return found
+
+    def changed(self) -> bool:
+        if self.fd < 0:
+            return self._stamp() != self.stamp
+        import select
+
+        return bool(select.select([self.fd], [], [], 0)[0])
 
 
 # --- becoming the launcher ----------------------------------------------------------------------------------
@@ -341,11 +602,9 @@ def python_stdio() -> tuple[str, str]:
     return ("surrogateescape" if current in COERCION_TARGETS else "strict"), ""
 
 
-def run_entry(request: Request) -> tuple[int, bytes, bytes, bytes, bytes]:
-    """Run the launcher's entry point as the launcher process would: (exit status, runtime to exec, LC_CTYPE
-    entry for it, stdout, stderr)."""
-    import io
-
+def prepare_entry(request: Request) -> tuple[str, str]:
+    """What run_entry needs and may refuse, checked and set before anything outside this process changes: the
+    launcher and its command, the environment, the stdio CPython would pick (python_stdio)."""
     if request.role not in ROLES:
         raise BadRequest(f"no launcher {request.role!r}")
     from oci_gpu_hook.entry.cli import LIVE_COMMANDS, PRECREATE
@@ -357,6 +616,15 @@ def run_entry(request: Request) -> tuple[int, bytes, bytes, bytes, bytes]:
     errors, coerced = python_stdio()
     if coerced:
         os.environ["LC_CTYPE"] = coerced
+    return errors, coerced
+
+
+def run_entry(request: Request, prepared: tuple[str, str]) -> tuple[int, bytes, bytes, bytes, bytes]:
+    """Run the launcher's entry point as the launcher process would: (exit status, runtime to exec, LC_CTYPE
+    entry for it, stdout, stderr)."""
+    import io
+
+    errors, coerced = prepared
     real_ppid = os.getppid
     os.getppid = lambda: request.ppid  # live.check_container: the runtime that ran the hook is the front's parent
     out, err = io.BytesIO(), io.BytesIO()
@@ -396,26 +664,61 @@ def peer_uid(conn: socket_module.socket) -> int:
     return int(uid)
 
 
-def serve_one(conn: socket_module.socket, version: str, log: object = None) -> str:
-    """Read, run and answer one request on ``conn``; what happened, in a word (for the planner's log)."""
-    conn.settimeout(REQUEST_TIMEOUT_S)
+def serve_one(conn: socket_module.socket, version: str, own: Credentials | None = None, own_securebits: int = 0,
+              watch: PackageWatch | None = None) -> str:
+    """Read, check, run and answer one request on ``conn`` (see the protocol above); what happened, in a word (for
+    the planner's log).  ``own``: the planner's credentials, which the front's must match; ``watch``: the
+    package's files, which must not have changed since the planner started."""
+    import time
+
+    deadline = time.monotonic() + ANSWER_TIMEOUT_MS / 1000  # the front's bound, which began before our accept
     if peer_uid(conn) != 0:
         return "refused a peer that is not root"
+    peer = peer_credentials(conn) if own is not None else None  # at accept, before the peer can do more
     try:
-        request = read_request(conn)
+        request = read_request(conn, deadline)
     except NoRequest:
         return "ok: no request"
     except (BadRequest, OSError, UnicodeDecodeError) as err:
         _answer(conn, encode_answer(version, "refused"))
         return f"bad request: {err}"
+    started = False
     try:
         if request.version != version:
             raise BadRequest(f"a front of another version ({request.version[:80]})")
+        if watch is not None and watch.changed():
+            raise BadRequest("stale: the package's files changed since the planner started")
+        if own is not None:
+            if isinstance(peer, str):
+                raise BadRequest(peer)
+            assert peer is not None
+            why = credentials_problem(peer, own, request.securebits, own_securebits)
+            if why:
+                raise BadRequest(f"credentials: {why}")
         enter(request)
-        code, runtime, setenv, out, err = run_entry(request)
+        prepared = prepare_entry(request)
+        if own is not None and peer is not None and not isinstance(peer, str):
+            take_limits(peer, own)
+        try:
+            _within(conn, deadline)
+            conn.sendall(READY)
+            go = _recv_exact(conn, len(GO), deadline)
+        except (BadRequest, OSError) as err:
+            raise GaveUp(str(err)) from None
+        if go != GO:
+            raise GaveUp("no go")
+        conn.settimeout(REQUEST_TIMEOUT_S)
+        try:
+            conn.sendall(STARTED)  # past this, the front does not run the request again
+        except OSError as err:
+            raise GaveUp(str(err)) from None
+        started = True
+        code, runtime, setenv, out, err = run_entry(request, prepared)
+    except GaveUp as gone:
+        return f"the front gave up before go ({gone}): nothing done"
     except (BadRequest, OSError, UnicodeDecodeError, HookError) as bad:
         _answer(conn, encode_answer(version, "refused"))
-        return f"refused: {bad}"
+        return f"{'failed after go' if started else 'refused'}: {bad}"
     finally:
         _close_all(request.fds)
     _answer(conn, encode_answer(version, "ok", code, runtime, setenv, out, err))
@@ -473,8 +776,12 @@ def prepare_directory(socket_path: str) -> str:
 class Planner:
     """The pool: a listening socket and up to ``workers`` forked workers, each serving one request."""
 
-    def __init__(self, socket_path: str, workers: int, version: str, verbose: bool = False) -> None:
+    def __init__(self, socket_path: str, workers: int, version: str, verbose: bool = False,
+                 own: Credentials | None = None, watch: PackageWatch | None = None) -> None:
         self.socket_path = socket_path
+        self.own = own
+        self.own_securebits = securebits() if own is not None else 0
+        self.watch = watch
         self.verbose = verbose
         self.workers = workers
         self.version = version
@@ -561,7 +868,9 @@ class Planner:
         started = time.monotonic()
         self.listener.close()
         with conn:
-            outcome = serve_one(conn, self.version)
+            outcome = serve_one(conn, self.version, self.own, self.own_securebits, self.watch)
+        if outcome.startswith("refused: stale"):
+            os.kill(self.parent, signal.SIGTERM)  # where no inotify wakes it
         if self.verbose:
             outcome += f" ({(time.monotonic() - started) * 1000:.2f} ms from accept to answer)"
         if (self.verbose and outcome != "ok: no request") or not outcome.startswith("ok"):
@@ -610,8 +919,9 @@ class Planner:
             with open(os.path.join(bundle, "config.json"), "w", encoding="utf-8") as handle:
                 handle.write(self.warm_spec)
             env = [b"PATH=/usr/bin:/bin", b"OCI_GPU_HOOK_CONFIG=" + os.fsencode(self.warm_dir) + b"/config.toml"]
-            run_entry(Request(self.version, "oci-gpu-runtime", b"/", b"/bin/true", os.getppid(), 0o022,
-                              [b"create", b"--bundle", os.fsencode(bundle), b"warm-up"], env, None, []))
+            request = Request(self.version, "oci-gpu-runtime", b"/", b"/bin/true", os.getppid(), 0o022,
+                              [b"create", b"--bundle", os.fsencode(bundle), b"warm-up"], env, None, [])
+            run_entry(request, prepare_entry(request))
         except (BadRequest, OSError, HookError):
             pass
         finally:
@@ -659,12 +969,16 @@ class Planner:
         gc.freeze()  # the workers share these pages instead of copying them at their first collection
         try:
             _say(f"serving {self.socket_path} ({self.workers} workers, {self.version})")
+            watched = [self.watch.fd] if self.watch is not None and self.watch.fd >= 0 else []
             while not self.stopping:
+                if self.watch is not None and self.watch.changed():
+                    self.stopping = "the package's files changed on disk; the unit starts the new build"
+                    break
                 self.reap()
                 while len(self.children) < self.workers and not self.stopping:
                     self.spawn()
                 try:
-                    select.select([wake_r], [], [], 5.0)
+                    select.select([wake_r, *watched], [], [], 5.0)
                     os.read(wake_r, 4096)
                 except (BlockingIOError, InterruptedError):
                     pass
@@ -747,12 +1061,17 @@ def command(args: list[str], config: Config) -> int:
         raise HookError(f"--workers {opts.workers!r}: expected a number, 1 to 256 (default {DEFAULT_WORKERS})")
     if os.geteuid() != 0:
         raise HookError("serve runs as root: the fronts it answers are root's, and it enters their namespaces")
+    own = credentials_of(0)
+    why = "its /proc/self files cannot be read" if own is None else exec_problem(own)
+    if why:
+        raise HookError(f"serve cannot answer for the fronts: {why}")
+    watch = PackageWatch()  # before the build is hashed: a change from here on is seen
     build = build_id()
     preload(config)
     version = version_line(build)
-    if build_id() != build:
+    if build_id() != build or watch.changed():
         raise HookError("the package changed while the planner was starting; start it again")
-    planner = Planner(opts.socket, int(opts.workers), version, opts.verbose)
+    planner = Planner(opts.socket, int(opts.workers), version, opts.verbose, own, watch)
     planner.bind()
     planner.prepare_warm_up(config)
     return planner.run()

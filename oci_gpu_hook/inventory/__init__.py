@@ -39,11 +39,14 @@ if TYPE_CHECKING:
     from oci_gpu_hook.config import Config
     from oci_gpu_hook.core.devices import Node
 
-__all__ = ["HALF_THERE", "KINDS", "Device", "Inventory", "backend", "parse_pci_address", "scan", "scan_host",
-           "stable_name"]
+__all__ = ["HALF_THERE", "KINDS", "NOT_A_DEVICE", "Device", "Inventory", "backend", "parse_pci_address", "scan",
+           "scan_host", "stable_name"]
 # A backend's reason that starts with this names a device that is half there (being removed, or being
 # reconfigured): the per-container scan stops on it, as on a broken DRM entry, since skipping it renumbers.
 HALF_THERE = "half there: "
+# A backend's reason that ends with this names something of its vendor that is no device of its kind at all (an
+# NVSwitch): listed as ignored, never counted as a device set aside.
+NOT_A_DEVICE = ": not a GPU"
 
 
 class Device:
@@ -112,14 +115,17 @@ class Device:
 
 
 class KindInventory:
-    """The devices of one kind in index order, and the nodes they all share."""
+    """The devices of one kind in index order, the nodes they all share, and what the backend saw of its kind but
+    set aside (name, why): a GPU the driver excluded, a DRM device without its KFD node."""
 
-    __slots__ = ("devices", "kind", "shared")
+    __slots__ = ("devices", "kind", "set_aside", "shared")
 
-    def __init__(self, kind: str, devices: Iterable[Device], shared: tuple[Node, ...]) -> None:
+    def __init__(self, kind: str, devices: Iterable[Device], shared: tuple[Node, ...],
+                 set_aside: tuple[tuple[str, str], ...] = ()) -> None:
         self.kind = kind
         self.devices = tuple(devices)
         self.shared = shared
+        self.set_aside = set_aside
         for index, device in enumerate(self.devices):
             device.index = index
 
@@ -143,6 +149,10 @@ class Inventory:
     def shared(self, kind: str) -> tuple[Node, ...]:
         found = self.kinds.get(kind)
         return found.shared if found else ()
+
+    def set_aside(self, kind: str) -> tuple[tuple[str, str], ...]:
+        found = self.kinds.get(kind)
+        return found.set_aside if found else ()
 
     @property
     def all_devices(self) -> tuple[Device, ...]:
@@ -193,7 +203,9 @@ def scan(sysfs_root: str = "/sys", kinds: Iterable[str] | None = None, *, strict
         for directory, reason in looked_at.items():
             if seen.get(directory) != "":
                 seen[directory] = reason
-        found[kind] = KindInventory(kind, devices, shared)
+        aside = tuple((os.path.basename(what) if what.startswith("/") else what, why.removeprefix(HALF_THERE))
+                      for what, why in looked_at.items() if why and not why.endswith(NOT_A_DEVICE))
+        found[kind] = KindInventory(kind, devices, shared, aside)
     ignored = []
     for device in drm:
         reason = seen.pop(device.directory, None)

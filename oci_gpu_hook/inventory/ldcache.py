@@ -15,6 +15,10 @@ The old table alone (glibc before 2.4's default) is refused: no supported distri
 flags say the ABI: type ``FLAG_ELF_LIBC6`` (3) and an architecture in the high byte
 (``0x0300`` x86-64, ``0x0a00`` AArch64, ``0x0500`` 64-bit PowerPC); 32-bit x86 libraries have none.
 Tests compare this reader with ``ldconfig -p`` on real caches of both formats.
+
+This module only reads caches.  A container's cache is rebuilt by the host's ``ldconfig`` in
+:mod:`oci_gpu_hook.appliers.mounts`, which says why it runs where no procfs is under the rootfs (an image's
+ld.so.conf naming ``/proc/1/root/...`` would otherwise list the host's libraries).
 """
 
 from __future__ import annotations

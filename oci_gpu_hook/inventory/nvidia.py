@@ -36,7 +36,7 @@ import os
 
 from oci_gpu_hook.core.devices import Node
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.inventory import HALF_THERE, Device
+from oci_gpu_hook.inventory import HALF_THERE, NOT_A_DEVICE, Device
 from oci_gpu_hook.inventory.sysfs import HEX_DIGITS, driver, follow, numa_node, parse_pci_address, read
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
@@ -201,7 +201,7 @@ def discover(root: str, drm: list[DrmDevice], proc_root: str = "/proc",
     switches = os.path.join(root, "bus", "pci", "drivers", "nvidia-nvswitch")
     for name in sorted(os.listdir(switches)) if os.path.isdir(switches) else ():
         if parse_pci_address(name):
-            seen[follow(os.path.join(switches, name))] = "an NVSwitch (nvidia-nvswitch): not a GPU"
+            seen[follow(os.path.join(switches, name))] = "an NVSwitch (nvidia-nvswitch)" + NOT_A_DEVICE
     migs = _mig_devices(proc_root, gpus, majors.get("nvidia-caps"), seen)
     if not gpus:
         return [], (), seen
@@ -264,6 +264,8 @@ def _gpu_index(token: str, gpus: tuple[Device, ...]) -> Device | str:
     if not token.isdigit() or not token.isascii():
         return "is not an nvidia GPU index"
     digits = token.lstrip("0") or "0"
+    if not gpus:
+        return "is out of range: this host has no nvidia GPUs"
     if len(digits) > 9 or int(digits) >= len(gpus):
         return f"is out of range (the host has {len(gpus)} nvidia GPUs)"
     return gpus[int(digits)]
@@ -306,7 +308,7 @@ def match(token: str, devices: tuple[Device, ...]) -> tuple[Device, ...] | str |
         gpu, _, mig = token.partition(":")
         parent = _gpu_index(gpu, gpus)
         if isinstance(parent, str):
-            return f"names GPU '{gpu}', which {parent[3:] if parent.startswith('is ') else parent}"
+            return f"names GPU '{gpu}', which {parent}"
         mine = [d for d in devices if d.mig is not None and d.parent == parent.index]
         if not mig.isdigit() or not mig.isascii():
             return "is not a MIG device (expected GPU:MIG, e.g. 0:0)"

@@ -127,6 +127,25 @@ def test_bad_request_stops_the_task(daemon: Daemon, env: list[str], annotations:
     assert daemon.leftovers() == []  # ctr run --rm removed the container and its snapshot
 
 
+def test_a_typo_in_the_config_stops_only_what_asks_for_a_gpu(daemon: Daemon) -> None:
+    """The rule of oci_gpu_hook/config.py under containerd's runc shim: after an edit that breaks the config, a
+    container that asks for nothing runs untouched; the image that asks (its own env) is refused with the line."""
+    config = daemon.base / "hook.toml"
+    good = config.read_text()
+    config.write_text(good + "mask_other_gpu = true\n")
+    try:
+        done = daemon.run(cl.container_id(), env=["AMD_VISIBLE_DEVICES="])
+        assert done.returncode == 0, done.stderr
+        cl.assert_isolated(done.stdout, [])
+        done = daemon.run(cl.container_id(), image=IMAGE_ENV_ALL)
+        assert done.returncode != 0 and "done" not in done.stdout
+        assert (f"OCI runtime create failed: oci-gpu-hook: error: config file {config}: unknown key "
+                "'mask_other_gpu' (did you mean 'mask_other_gpus'?)") in done.stderr, done.stderr
+    finally:
+        config.write_text(good)
+    assert daemon.leftovers() == []
+
+
 # --- the CRI drop-in --------------------------------------------------------------------------
 
 def _dump(config: Path) -> dict[str, object]:

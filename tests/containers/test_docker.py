@@ -88,6 +88,23 @@ def test_a_bad_request_fails_with_the_shims_line(dockerd: Dockerd) -> None:
     print(done.stderr)
 
 
+def test_a_typo_in_the_config_stops_only_what_asks_for_a_gpu(dockerd: Dockerd) -> None:
+    """oci-gpu is dockerd's default-runtime: every docker run goes through the shim.  After an edit that breaks
+    the config, a container that asks for nothing still runs; one that asks is refused with the config's line."""
+    config = dockerd.base / "hook" / "config.toml"
+    good = config.read_text()
+    config.write_text(good + "mask_other_gpu = true\n")
+    try:
+        done = run(dockerd, runtime=None)  # dockerd's default-runtime
+        assert done.returncode == 0, done.stderr
+        cl.assert_isolated(done.stdout, [])
+        done = run(dockerd, "AMD_VISIBLE_DEVICES=1", runtime=None)
+        assert done.returncode != 0 and "done" not in done.stdout
+        assert "unknown key 'mask_other_gpu' (did you mean 'mask_other_gpus'?)" in done.stderr, done.stderr
+    finally:
+        config.write_text(good)
+
+
 # --- docker run --gpus (Docker 28.3+), default-runtime ----------------------------------------------------
 
 

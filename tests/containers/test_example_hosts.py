@@ -11,7 +11,6 @@ not by the inventory under test."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -49,19 +48,7 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     setup: dict[str, Any] = {"rootfs": cl.make_rootfs(base / "rootfs"), "base": base}
     for name in {case[1] for case in CASES}:
         model = cl.host_model(name)
-        home = base / name
-        home.mkdir()
-        config = home / "config.toml"
-        hook = home / "bin" / "oci-gpu-hook"
-        config.write_text(f'sysfs_root = "{model.sysfs}"\nhook_path = "{hook}"\nlog_file = "{home / "log"}"\n')
-        cl.write_launchers(home / "bin", config)
-        cdi = home / "cdi"
-        cdi.mkdir()
-        done = subprocess.run([str(hook), "cdi", "generate", "--output", str(cdi)], capture_output=True,
-                              text=True, env={"PATH": os.environ["PATH"], "OCI_GPU_HOOK_CONFIG": str(config)})
-        assert done.returncode == 0, done.stderr
-        setup[name] = {"model": model, "config": config, "hook": hook, "runtime": home / "bin" / "oci-gpu-runtime",
-                       "hooks-dir": cl.write_hooks_dir(home / "hooks.d", hook, config), "cdi": cdi}
+        setup[name] = {"model": model, **cl.host_home(base / name, f'sysfs_root = "{model.sysfs}"\n')}
     return setup
 
 

@@ -250,27 +250,20 @@ APPLIERS = ["dry-run-v1", "dry-run-v2", "shim-v1", "shim-v2", "prestart-v1", "pr
             "podman-cdi"]
 
 
+def host_setup(home: Path, name: str) -> dict[str, Any]:
+    """The example host ``name`` under ``home``: its model, config, launchers, hooks dir and generated CDI specs."""
+    nv = model(name)
+    return {"model": nv, **cl.host_home(home, f'sysfs_root = "{nv.base / "sys"}"\nproc_root = "{nv.base / "proc"}"\n'
+                                               f'driver_root = "{nv.base / "driver"}"\n')}
+
+
 @pytest.fixture(scope="module")
 def hosts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     cl.need("runc", "podman", "busybox", "unshare")
     base = tmp_path_factory.mktemp("nvhosts")
     setup: dict[str, Any] = {"base": base}
     for name in {case[1] for case in CASES}:
-        nv = model(name)
-        home = base / name
-        home.mkdir()
-        config = home / "config.toml"
-        hook = home / "bin" / "oci-gpu-hook"
-        config.write_text(f'sysfs_root = "{nv.base / "sys"}"\nproc_root = "{nv.base / "proc"}"\n'
-                          f'driver_root = "{nv.base / "driver"}"\nhook_path = "{hook}"\nlog_file = "{home / "log"}"\n')
-        cl.write_launchers(home / "bin", config)
-        cdi = home / "cdi"
-        cdi.mkdir()
-        done = subprocess.run([str(hook), "cdi", "generate", "--output", str(cdi)], capture_output=True,
-                              text=True, env={"PATH": os.environ["PATH"], "OCI_GPU_HOOK_CONFIG": str(config)})
-        assert done.returncode == 0, done.stderr
-        setup[name] = {"model": nv, "config": config, "hook": hook, "runtime": home / "bin" / "oci-gpu-runtime",
-                       "hooks-dir": cl.write_hooks_dir(home / "hooks.d", hook, config), "cdi": cdi}
+        setup[name] = host_setup(base / name, name)
     return setup
 
 

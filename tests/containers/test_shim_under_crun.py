@@ -408,8 +408,13 @@ def test_real_crun_container_gets_the_gpu(tmp_path: Path, native: bool, form: st
     else:
         spec["process"]["env"].append("AMD_VISIBLE_DEVICES=1")
         (bundle / "config.json").write_text(json.dumps(spec))
+    # The links hook's stand-in reads the state crun writes to it: /bin/true may exit before crun 1.8 has written
+    # it, and crun then fails the container ("writing to pipe: Broken pipe"), a race of the stand-in, not the shim.
+    hook = tmp_path / "links-hook"
+    hook.write_text("#!/bin/sh\nexec cat >/dev/null\n")
+    hook.chmod(0o755)
     config = tmp_path / "config.toml"
-    config.write_text(f'runtime = "crun"\nsysfs_root = "{cl.SEED_SYSFS}"\nhook_path = "/bin/true"\n')
+    config.write_text(f'runtime = "crun"\nsysfs_root = "{cl.SEED_SYSFS}"\nhook_path = "{hook}"\n')
     launchers.write_launchers(str(tmp_path / "bin"), {"OCI_GPU_HOOK_CONFIG": str(config)}, native=native)
     words = [w.format(bundle=bundle, elsewhere=elsewhere) for w in CONTAINER_FORMS[form]]
     shim = [str(tmp_path / "bin" / "oci-gpu-runtime"), "--root", str(tmp_path / "state"), "--cgroup-manager=disabled",

@@ -217,6 +217,23 @@ def write_hooks_dir(directory: Path, hook: Path, config: Path) -> Path:
     return directory
 
 
+def host_home(home: Path, settings: str) -> dict[str, Path]:
+    """A fake host's directory for container tests: config.toml (``settings``, then its hook_path and log_file),
+    lean launchers, a hooks dir and the CDI specs ``cdi generate`` writes for it."""
+    home.mkdir()
+    config = home / "config.toml"
+    hook = home / "bin" / "oci-gpu-hook"
+    config.write_text(f'{settings}hook_path = "{hook}"\nlog_file = "{home / "log"}"\n')
+    write_launchers(home / "bin", config)
+    cdi = home / "cdi"
+    cdi.mkdir()
+    done = subprocess.run([str(hook), "cdi", "generate", "--output", str(cdi)], capture_output=True,
+                          text=True, env={"PATH": os.environ["PATH"], "OCI_GPU_HOOK_CONFIG": str(config)})
+    assert done.returncode == 0, done.stderr
+    return {"config": config, "hook": hook, "runtime": home / "bin" / "oci-gpu-runtime",
+            "hooks-dir": write_hooks_dir(home / "hooks.d", hook, config), "cdi": cdi}
+
+
 SEED_PCI = ("03", "23", "43", "63", "83", "a3", "c3", "e3")
 
 

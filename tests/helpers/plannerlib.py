@@ -81,15 +81,17 @@ def request_bytes(version: str, role: str, argv0: str, args: list[str], env: lis
     def field(data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + data
 
-    body = b"".join(field(f.encode()) for f in (version, role, argv0, baked_runtime, str(os.getppid()), "18"))
+    body = b"".join(field(f.encode()) for f in (version, role, argv0, baked_runtime, str(os.getppid()), "18",
+                                                 str(planner_module.securebits())))
     body += struct.pack(">I", len(args)) + b"".join(field(a.encode()) for a in args)
     body += struct.pack(">I", len(env)) + b"".join(field(e.encode()) for e in env)
     body += field(b"1" if stdin is not None else b"0") + field(stdin or b"")
     return planner_module.REQUEST_MAGIC + struct.pack(">I", len(body)) + body
 
 
-def ask(socket_path: Path, data: bytes, fds: list[int] | None = None, timeout: float = 30) -> bytes:
-    """Send ``data`` (the descriptors with its first bytes) and read until the planner closes."""
+def ask(socket_path: Path, data: bytes, fds: list[int] | None = None, timeout: float = 30, go: bool = True) -> bytes:
+    """Send ``data`` (the descriptors with its first bytes), say GO when the planner is READY (``go``), and read until
+    the planner closes: its answer (after STARTED), its refusal, or nothing."""
     with socket.socket(socket.AF_UNIX) as conn:
         conn.settimeout(timeout)
         conn.connect(str(socket_path))
@@ -100,6 +102,15 @@ def ask(socket_path: Path, data: bytes, fds: list[int] | None = None, timeout: f
             conn.sendall(data)
         chunks = []
         try:
+            first = conn.recv(len(planner_module.READY), socket.MSG_WAITALL)
+            if first == planner_module.READY:
+                if not go:
+                    return first
+                conn.sendall(planner_module.GO)
+                started = conn.recv(len(planner_module.STARTED), socket.MSG_WAITALL)
+                assert started == planner_module.STARTED, started
+            else:
+                chunks.append(first)
             conn.shutdown(socket.SHUT_WR)
             while chunk := conn.recv(1 << 16):
                 chunks.append(chunk)

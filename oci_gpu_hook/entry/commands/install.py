@@ -68,6 +68,10 @@ def run(args: list[str], config: Config) -> int:
         explicit(opts.containerd_version)  # a bad value stops here, before anything is read or written
     if opts.host_root is not None and not os.path.isdir(opts.host_root):
         raise HookError(f"install --host-root {opts.host_root}: not a directory (the node's / as mounted here)")
+    if not opts.uninstall:  # first: a broken config stops the install before anything is written, --prefix too
+        from oci_gpu_hook.host.launchers import check_live_config, launcher_defaults
+
+        check_live_config(launcher_defaults(opts.set, "install"))
     if opts.prefix and not os.path.isdir(opts.prefix):
         if os.path.lexists(opts.prefix):
             raise HookError(f"install --prefix {opts.prefix}: not a directory")
