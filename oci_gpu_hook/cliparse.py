@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from typing import Any
 
 from oci_gpu_hook.errors import HookError
 
@@ -16,7 +18,13 @@ class UsageError(HookError):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(f"{self.prog}: {message} (see oci-gpu-hook {self.prog.split()[-1]} --help)")
+        raise UsageError(f"{self.prog}: {message} (see {self.prog} --help)")  # `oci-gpu-hook cdi generate`
+
+    def _print_message(self, message: str, file: Any = None) -> None:
+        # argparse swallows a write error here, so with PYTHONUNBUFFERED a closed pipe would pass unseen while a
+        # buffered stdout fails at the flush after: let it through, so that `--help | head -0` ends one way
+        if message:
+            (file or sys.stderr).write(message)
 
 
 def parser(name: str, description: str) -> _Parser:

@@ -17,14 +17,18 @@ from typing import Any
 import pytest
 import yaml
 
+from oci_gpu_hook.appliers import cdi
+from oci_gpu_hook.host.install.paths import LAUNCHER_DIR
 from tests.helpers.clilib import REPO, assert_one_error_line, clean_env
 
 SEED = REPO / "examples" / "hosts" / "seed-8x-gfx1100" / "sys"
 OTHER = REPO / "examples" / "hosts" / "shuffled-4x-gfx942" / "sys"
 
 
-def hook(*args: str, cdi_dir: Path | None = None, sysfs: Path = SEED,
-         umask: int | None = None, hook_path: str | None = None) -> subprocess.CompletedProcess[str]:
+def hook(*args: str, cdi_dir: Path | None = None, sysfs: Path = SEED, umask: int | None = None,
+         hook_path: str | None = None, hide_launchers: bool = False) -> subprocess.CompletedProcess[str]:
+    """``oci-gpu-hook ARGS``; ``hide_launchers``: in a private mount namespace where the installed launchers'
+    directory is empty (on a machine that is an installed node)."""
     env = clean_env(OCI_GPU_HOOK_SYSFS_ROOT=str(sysfs))
     if cdi_dir is not None:
         env["OCI_GPU_HOOK_CDI_DIR"] = str(cdi_dir)
@@ -35,8 +39,11 @@ def hook(*args: str, cdi_dir: Path | None = None, sysfs: Path = SEED,
         if umask is not None:
             os.umask(umask)
 
-    return subprocess.run([sys.executable, "-m", "oci_gpu_hook.entry.cli", *args], capture_output=True, text=True,
-                          env=env, cwd=REPO, timeout=60, check=False, preexec_fn=set_umask)
+    argv = [sys.executable, "-m", "oci_gpu_hook.entry.cli", *args]
+    if hide_launchers:
+        argv = ["unshare", "-m", "sh", "-c", f'mount -t tmpfs tmpfs {LAUNCHER_DIR} && exec "$@"', "sh", *argv]
+    return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=60, check=False,
+                          preexec_fn=set_umask)
 
 
 def generated(sysfs: Path = SEED) -> dict[str, Any]:
@@ -88,14 +95,42 @@ def test_output_file_needs_a_spec_extension_and_a_kind(tmp_path: Path) -> None:
 def test_output_dir_without_a_slash_is_created(tmp_path: Path) -> None:
     """`cdi generate --output /var/run/cdi` on a fresh host: a name without an extension is a directory."""
     out = tmp_path / "var" / "run" / "cdi"
-    done = hook("cdi", "generate", "--output", str(out))
+    done = hook("cdi", "generate", "--output", str(out), cdi_dir=out)  # the cdi_dir a consumer was told to read
     assert done.returncode == 0, done.stderr
     assert done.stderr == f"wrote: {out}/amd.com-gpu.json\n"
     assert os.listdir(out) == ["amd.com-gpu.json"]
     assert stat.S_IMODE(out.stat().st_mode) == 0o755
     assert json.loads((out / "amd.com-gpu.json").read_text()) == generated()
-    again = hook("cdi", "generate", "--output", str(out))
+    again = hook("cdi", "generate", "--output", str(out), cdi_dir=out)
     assert again.returncode == 0 and again.stderr == f"unchanged: {out}/amd.com-gpu.json\n"
+
+
+def test_mask_other_gpus_on_the_cdi_path_is_a_warning(tmp_path: Path) -> None:
+    """validate and cdi generate say that CDI cannot mask (install: tests/test_install.py)."""
+    config = tmp_path / "config.toml"
+    config.write_text("mask_other_gpus = true\n")
+    warning = f"warning: {cdi.mask_ignored(True)}"
+    validated = hook("validate", "--config-file", str(config))
+    assert validated.returncode == 0 and warning in validated.stdout.splitlines(), validated.stdout
+    generated = hook("--config", str(config), "cdi", "generate", "--kind", "amd")
+    assert generated.returncode == 0 and warning in generated.stderr.splitlines(), generated.stderr
+    config.write_text("mask_other_gpus = false\n")
+    assert "ignored on the CDI path" not in hook("validate", "--config-file", str(config)).stdout
+    assert "ignored on the CDI path" not in hook("--config", str(config), "cdi", "generate", "--kind", "amd").stderr
+
+
+@pytest.mark.parametrize("where", ["dir", "file"])
+def test_output_where_no_cdi_consumer_reads_says_so(tmp_path: Path, where: str) -> None:
+    """`cdi generate --output /var/rnu/cdi`: written, and a warning naming the directories consumers read."""
+    out = tmp_path / "var" / "rnu" / "cdi"
+    args = ("--output", str(out)) if where == "dir" else ("--kind", "amd", "--output", f"{out}/amd.json")
+    done = hook("cdi", "generate", *args, cdi_dir=tmp_path / "cdi")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines()[1] == (
+        f"warning: {out} is not a directory CDI consumers read (podman, containerd, CRI-O read /etc/cdi, "
+        f"/var/run/cdi, {tmp_path / 'cdi'}, a later one winning; cdi_dir is {tmp_path / 'cdi'}): nothing uses "
+        "these specs unless a runtime's cdi_spec_dirs names it")
+    assert len(done.stderr.splitlines()) == 2 and os.listdir(out)
 
 
 @pytest.mark.parametrize("mode", [0o777, 0o775, 0o757])
@@ -165,10 +200,10 @@ def write_spec(path: Path, spec: dict[str, Any]) -> None:
     path.write_text(yaml.safe_dump(spec) if path.suffix == ".yaml" else json.dumps(spec))
 
 
-def listing(etc: Path, run: Path, cdi_dir: Path | None = None, sysfs: Path = SEED,
-            hook_path: str | None = None) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+def listing(etc: Path, run: Path, cdi_dir: Path | None = None, sysfs: Path = SEED, hook_path: str | None = None,
+            hide_launchers: bool = False) -> tuple[subprocess.CompletedProcess[str], list[str]]:
     done = hook("cdi", "list", "--spec-dirs", f"{etc},{run}", cdi_dir=cdi_dir or run, sysfs=sysfs,
-                hook_path=hook_path)
+                hook_path=hook_path, hide_launchers=hide_launchers)
     problems = [line[len("problem: "):] for line in done.stdout.splitlines() if line.startswith("problem: ")]
     if problems:
         assert done.returncode == 1
@@ -308,18 +343,17 @@ def test_list_checks_every_hook_a_spec_names(dirs: tuple[Path, Path], tmp_path: 
 
 
 def test_list_names_install_as_the_fix_for_the_launcher_path(dirs: tuple[Path, Path]) -> None:
-    from oci_gpu_hook.host.install.paths import LAUNCHER_DIR
-
     etc, run = dirs
     launcher = f"{LAUNCHER_DIR}/oci-gpu-hook"
-    if os.path.exists(launcher):
-        pytest.skip(f"{launcher} is installed on this machine")
+    installed = os.path.exists(launcher)  # an installed node: the launchers hidden in a namespace of its own
+    if installed and os.geteuid() != 0:
+        pytest.skip(f"{launcher} is installed on this machine, and hiding it needs root")
     spec = generated()
     for device in spec["devices"]:
         for entry in device["containerEdits"].get("hooks", []):
             entry["path"] = launcher
     write_spec(run / "amd.com-gpu.json", spec)
-    _, problems = listing(etc, run, hook_path=launcher)
+    _, problems = listing(etc, run, hook_path=launcher, hide_launchers=installed)
     assert problems == [f"{run}/amd.com-gpu.json names the hook {launcher}, which is missing: every container given "
                         f"0, 1, 2, 3, 4, 5 ... fails to start (fix: oci-gpu-hook install (or oci-gpu-hook launchers "
                         f"{LAUNCHER_DIR}))"]

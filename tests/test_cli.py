@@ -49,10 +49,21 @@ def test_list_partitions_and_other_kinds() -> None:
 
 
 def test_list_global_option_after_the_command(tmp_path: Path) -> None:
+    (tmp_path / "class" / "drm").mkdir(parents=True)  # a sysfs tree without GPUs
     result = cli("list", "--sysfs-root", str(tmp_path), env=clean_env(OCI_GPU_HOOK_SYSFS_ROOT="/nonexistent"))
     assert result.returncode == 0, result.stderr
     assert f"(no GPUs under {tmp_path})" in result.stdout
     assert "shared by" not in result.stdout
+
+
+@pytest.mark.parametrize("args", [("list",), ("list", "--json"), ("cdi", "generate")])
+def test_a_host_tree_given_without_its_sys_says_what_to_try(args: tuple[str, ...], tmp_path: Path) -> None:
+    host = EXAMPLE_SYSFS.parent
+    line = assert_one_error_line(cli("--sysfs-root", str(host), *args))
+    assert line == f"oci-gpu-hook: error: sysfs root {host}: no class/drm here; did you mean {EXAMPLE_SYSFS}?\n"
+    line = assert_one_error_line(cli("--sysfs-root", str(tmp_path), *args))  # no class/, no bus/
+    assert line == (f"oci-gpu-hook: error: sysfs root {tmp_path}: no class/ or bus/ here, not a sysfs tree "
+                    "(try --sysfs-root /sys)\n")
 
 
 def test_list_json_matches_the_schema() -> None:

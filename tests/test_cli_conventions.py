@@ -45,22 +45,37 @@ def test_commands_that_read_no_sysfs_do_not_need_it(tmp_path: Path, args: tuple[
 # --- a closed pipe ---------------------------------------------------------------------
 
 
+def closed_stdout_run(argv: list[str], unbuffered: bool, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``argv`` with a stdout whose reader is gone before anything is written (`... | head -0`), in an env that has
+    PYTHONUNBUFFERED or not whatever the test's own env has: buffered, a write fails only at the flush."""
+    env = {k: v for k, v in clean_env().items() if k != "PYTHONUNBUFFERED"}
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = "1"
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        return subprocess.run(argv, stdout=write, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO, timeout=60,
+                              input=stdin, stdin=None if stdin is not None else subprocess.DEVNULL, check=False)
+    finally:
+        os.close(write)
+
+
+@pytest.mark.parametrize("unbuffered", [False, True], ids=["buffered", "unbuffered"])
 @pytest.mark.parametrize("args", [
     ("list",), ("list", "--json"), ("cdi", "generate"), ("cdi", "list", "--spec-dirs", "/nonexistent/cdi"),
     ("dry-run", str(EXAMPLE_BUNDLE)), ("--help",), ("help", "cdi"), ("list", "--help"), ("--version",),
+    ("help", "precreate"),
 ])
-def test_a_closed_pipe_ends_quietly(args: tuple[str, ...]) -> None:
-    read, write = os.pipe()
-    os.close(read)  # the reader is gone before anything is written: `oci-gpu-hook list | head -0`
-    try:
-        done = subprocess.run([sys.executable, "-m", "oci_gpu_hook.entry.cli", *args], stdout=write,
-                              stderr=subprocess.PIPE, text=True, env=clean_env(), cwd=REPO, timeout=60, check=False)
-    finally:
-        os.close(write)
+def test_a_closed_pipe_ends_quietly(args: tuple[str, ...], unbuffered: bool) -> None:
+    done = closed_stdout_run([sys.executable, "-m", "oci_gpu_hook.entry.cli", *args], unbuffered)
     assert "rror" not in done.stderr and "Traceback" not in done.stderr, done.stderr  # dry-run's summary may stay
-    # 141, as a shell reports a command killed by SIGPIPE; argparse's --help swallows the EPIPE itself
-    argparse_help = len(args) > 1 and (args[-1] == "--help" or args[0] == "help")
-    assert done.returncode == (0 if argparse_help else 141)
+    assert done.returncode == 141, done.stderr  # as a shell reports a command killed by SIGPIPE, argparse's help too
+
+
+@pytest.mark.parametrize("unbuffered", [False, True], ids=["buffered", "unbuffered"])
+def test_the_shim_asked_its_version_into_a_closed_pipe_ends_quietly(unbuffered: bool) -> None:
+    done = closed_stdout_run([sys.executable, "-m", "oci_gpu_hook.entry.runtime", "--version"], unbuffered)
+    assert (done.returncode, done.stderr) == (141, "")
 
 
 def test_list_into_head() -> None:
@@ -104,10 +119,16 @@ def test_help_alone_and_for_an_unknown_command() -> None:
     ("cdi", "generate", "--output", "/nonexistent/oci-gpu-hook-tests/spec.txt"),
     ("cdi", "generate", "--output", "/nonexistent/oci-gpu-hook-tests/spec.json"),
     ("cdi", "list", "--spec-dirs", ","), ("inspect",), ("watch", "--bogus"), ("install", "--hook", "sideways"),
-    ("device-plugin", "--resource-strategy", "odd"),
+    ("device-plugin", "--resource-strategy", "odd"), ("cdi", "generate", "--kind", "amdd"),
 ])
 def test_usage_errors_exit_2(args: tuple[str, ...]) -> None:
-    assert_one_error_line(cli(*args, stdin=""), 2)
+    line = assert_one_error_line(cli(*args, stdin=""), 2)
+    if "(see oci-gpu-hook" not in line:
+        return
+    pointer = line.rsplit("(see ", 1)[-1].removesuffix(")\n")
+    assert pointer.endswith(" --help"), line
+    shown = cli(*pointer.split()[1:])  # the command the line points at exists and prints its usage
+    assert shown.returncode == 0 and shown.stdout.startswith("usage: "), (line, shown.stderr)
 
 
 @pytest.mark.parametrize("args", [("dry-run", "/nonexistent/oci-gpu-hook-tests/config.json"),
@@ -132,13 +153,10 @@ def test_version(flag: str) -> None:
     assert done.returncode == 0 and done.stdout == f"oci-gpu-hook {__version__}\n" and done.stderr == ""
 
 
-def test_a_hook_whose_reader_is_gone_still_says_so() -> None:
-    read, write = os.pipe()
-    os.close(read)  # podman stopped reading: the container must not start on a silent 141
-    try:
-        done = subprocess.run([sys.executable, "-m", "oci_gpu_hook.entry.cli", "precreate"], stdout=write,
-                              stderr=subprocess.PIPE, text=True, env=clean_env(), input=spec_text([]), cwd=REPO,
-                              timeout=60, check=False)
-    finally:
-        os.close(write)
-    assert done.returncode == 1 and "BrokenPipeError" in done.stderr and done.stderr.count("\n") == 1
+@pytest.mark.parametrize("unbuffered", [False, True], ids=["buffered", "unbuffered"])
+def test_a_hook_whose_reader_is_gone_still_says_so(unbuffered: bool) -> None:
+    # podman stopped reading: the container must not start on a silent 141, nor on Python's "Exception ignored"
+    done = closed_stdout_run([sys.executable, "-m", "oci_gpu_hook.entry.cli", "precreate"], unbuffered,
+                             stdin=spec_text([]))
+    line = assert_one_error_line(done)
+    assert "precreate: stdout closed" in line and "BrokenPipeError" in line and "podman" in line

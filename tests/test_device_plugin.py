@@ -195,6 +195,29 @@ def test_registers_once_the_kubelet_appears(tmp_path: Path) -> None:
         kubelet.stop()
 
 
+def test_no_kubelet_socket_is_said_once_while_it_lasts(tmp_path: Path) -> None:
+    sysfs = fakesysfs.build(str(tmp_path / "sys"), fakesysfs.seed_host())
+    directory = tmp_path / "device-plugins"
+    directory.mkdir()
+    logs: list[str] = []
+    manager = server.Manager(str(directory), server.Tracker(sysfs, "single", log=logs.append), log=logs.append)
+    kubelet = FakeKubelet(str(directory))
+    waiting = (f"waiting for the kubelet's socket {directory}/kubelet.sock (is the kubelet running, and "
+               "--kubelet-dir its device-plugins directory?)")
+    try:
+        manager.step()
+        manager.step()
+        assert logs.count(waiting) == 1, logs
+        kubelet.start()
+        manager.step()
+        kubelet.stop()
+        manager.step()
+        assert logs.count(waiting) == 2, logs  # gone again: said again
+    finally:
+        manager.close()
+        kubelet.stop()
+
+
 # --- health ----------------------------------------------------------------------------------------
 
 def _remove_gpu(sysfs: Path, pci: str, *, leave_links: bool = False) -> None:

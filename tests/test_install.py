@@ -335,6 +335,41 @@ def test_launchers_run(prefix: Path, capsys: pytest.CaptureFixture[str]) -> None
 # --- dry run, idempotence -------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("mask", [True, False])
+def test_mask_other_gpus_ignored_on_the_cdi_path_is_said(prefix: Path, capsys: pytest.CaptureFixture[str],
+                                                         mask: bool) -> None:
+    config = prefix.parent / "config.toml"
+    config.write_text(f"mask_other_gpus = {str(mask).lower()}\n")
+    code = cli.main(["--config", str(config), "--sysfs-root", str(EXAMPLE_SYSFS), "install", *INSTALL_DEV,
+                     "--prefix", str(prefix), "--dry-run"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    said = [line for line in out.splitlines() if "ignored on the CDI path" in line]
+    assert said == ([f"note: {cdi.mask_ignored(True)}"] if mask else [])
+
+
+def test_a_waiting_install_says_which_run_holds_the_node(prefix: Path) -> None:
+    import fcntl
+
+    lock = os.open(prefix, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(lock, fcntl.LOCK_EX)  # this test stands for the other install
+    try:
+        waiting = subprocess.Popen([sys.executable, "-m", "oci_gpu_hook.entry.cli", "--sysfs-root", str(EXAMPLE_SYSFS),
+                                    "install", *INSTALL_DEV, "--prefix", str(prefix)],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(), cwd=REPO)
+        assert waiting.stdout is not None
+        line = waiting.stdout.readline()
+    finally:
+        os.close(lock)
+    out, err = waiting.communicate(timeout=60)
+    assert waiting.returncode == 0, err
+    with open(f"/proc/{os.getpid()}/cmdline", "rb") as handle:
+        command = handle.read().replace(b"\0", b" ").decode().strip()[:200]
+    head, since = f"waiting: another install or uninstall is running on {prefix} (pid {os.getpid()} since ", line
+    assert since.startswith(head) and since.endswith(f" UTC: {command})\n"), line
+    assert f"manifest: {prefix}/var/lib/oci-gpu-hook/install.json (new)" in out  # then it ran
+
+
 def test_dry_run_writes_nothing(prefix: Path, capsys: pytest.CaptureFixture[str]) -> None:
     containerd_host(prefix)
     before = snapshot(prefix, identity=True)

@@ -204,10 +204,12 @@ def test_other_vendors_and_drivers_are_ignored(tmp_path: Path) -> None:
         FakeGpu(pci="0000:02:00.0", card=1, render=129, vendor="0x8086", device="0x56a0", driver="vfio-pci"),
         FakeGpu(pci="0000:03:00.0", card=2, render=130, vendor="0x1af4", device="0x1050", driver="virtio-pci"),
     ])
-    inv = scan(_root(tmp_path, host))
+    inv = scan(_root(tmp_path, host), proc_root=str(tmp_path / "proc"))  # never the host's /proc/driver/nvidia
     assert inv.all_devices == ()
     assert [name for name, _why in inv.ignored] == ["0000:01:00.0", "0000:02:00.0", "0000:03:00.0"]
-    assert all("no backend claims it" in why for _name, why in inv.ignored)
+    assert inv.ignored[0][1].endswith(f"needs {tmp_path}/proc/driver/nvidia, missing under the proc root "
+                                      f"{tmp_path}/proc (try --proc-root HOST/proc)")
+    assert all("no backend claims it" in why for _name, why in inv.ignored[1:])
 
 
 # --- compute partitions -------------------------------------------------------------

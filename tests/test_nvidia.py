@@ -112,6 +112,16 @@ def test_no_nvidia_driver_means_no_nvidia_devices(tmp_path: Path) -> None:
     assert inv.devices("nvidia") == () and inv.shared("nvidia") == ()
 
 
+def test_nvidia_gpus_read_without_their_proc_root_say_what_to_try() -> None:
+    host = EXAMPLES / "amd-nvidia-2x2"
+    inv = scan(str(host / "sys"), proc_root=str(host / "sys"))  # any tree without driver/nvidia
+    missing = (f"nvidia, 0x10de: the nvidia backend needs {host / 'sys'}/driver/nvidia, missing under the proc "
+               f"root {host / 'sys'} (try --proc-root HOST/proc)")
+    assert inv.ignored == [("0000:21:00.0", missing), ("0000:61:00.0", missing)]
+    amd_only = scan(str(host / "sys"), ["amd"], proc_root=str(host / "sys"))  # no nvidia backend: no such hint
+    assert {why for _, why in amd_only.ignored} == {"nvidia, 0x10de: not of the kinds scanned"}
+
+
 def test_older_driver_frontend_name_and_dynamic_majors(tmp_path: Path) -> None:
     host = HOSTS["nvidia-h100"]()
     host.frontend_name, host.uvm_major = "nvidia-frontend", 499

@@ -34,7 +34,7 @@ import pytest
 from oci_gpu_hook.host.install import items, paths
 from tests.conftest import ROOT
 from tests.helpers import containerlib as cl
-from tests.helpers import dockersave, plainvenv
+from tests.helpers import dockersave, plainvenv, pristinenode
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
@@ -249,6 +249,7 @@ def node_script(base: Path, blocks: list[Block]) -> str:
         "mount -t tmpfs tmpfs /run",
         f"mkdir /run/ogh-readme && mount --bind {base} /run/ogh-readme",
         "mount -t tmpfs tmpfs /tmp",
+        *pristinenode.take_back_lines(OVERLAID),  # a node before install, also where this machine is one
         "W=/run/ogh-readme",
         "mkdir -p /etc/oci-gpu-hook /etc/containers",
         "cp $W/config.toml /etc/oci-gpu-hook/config.toml",
@@ -367,3 +368,56 @@ def test_ci_run_says_to_run_it_as_root() -> None:
     assert done.stderr == (".ci/run: run it as root (it installs Debian packages and starts real containers), "
                            "e.g. from a root shell\n")
     assert done.stdout == ""
+
+
+# --- the tables: the config keys are config.FIELDS, the example hosts are examples/hosts/ -------------------------
+
+
+def table(header: str) -> list[list[str]]:
+    """The rows (cells stripped) of the README table whose header line is ``header``."""
+    lines = README.read_text().splitlines()
+    start = lines.index(header) + 2  # after the |---| line
+    rows = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+    return rows
+
+
+def toml_value(value: Any, kind: str) -> str:
+    """A default as the table writes it: a path or word bare, lists and tables in TOML, modes in octal."""
+    if kind == "mode":
+        return oct(value)
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, str):
+        return value or '""'
+    if isinstance(value, tuple | list):
+        return "[" + ", ".join(f'"{v}"' for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {toml_value(v, '')}" for k, v in value.items()) + "}"
+    return str(value)
+
+
+def test_the_config_table_is_config_fields() -> None:
+    from oci_gpu_hook.config import FIELDS
+
+    seen = []
+    for key_cell, default_cell, env_cell in table("| key | default | env |"):
+        keys = re.findall(r"`([a-z_]+)`", key_cell)
+        written = re.findall(r"`([^`]*)`", default_cell)[:len(keys)]
+        for key, default in zip(keys, written, strict=True):
+            field = FIELDS[key]
+            assert default == toml_value(field.default, field.type), key
+            assert env_cell == (f"`{field.env}`" if field.env else ""), key
+        seen += keys
+    assert seen == list(FIELDS)  # every key, once, in the definition's order
+
+
+def test_the_example_host_table_is_examples_hosts() -> None:
+    hosts = [re.fullmatch(r"`([^`]+)`", row[0]) for row in table("| host | what it is |")]
+    assert all(hosts), hosts
+    named = [h.group(1) for h in hosts if h]
+    assert sorted(named) == sorted(p.name for p in (REPO / "examples" / "hosts").iterdir() if p.is_dir())
+    assert len(set(named)) == len(named)

@@ -38,6 +38,15 @@ from oci_gpu_hook.plan import device_edits, shared_edits
 CDI_VERSION = "0.5.0"
 
 
+def mask_ignored(mask_other_gpus: object) -> str | None:
+    """What ``mask_other_gpus = true`` does not do on the CDI path (said by validate, cdi generate, install)."""
+    if mask_other_gpus is not True:
+        return None
+    return ("mask_other_gpus = true is ignored on the CDI path (CDI has no masked paths): a container given its GPUs "
+            "by a runtime's own CDI (podman --device amd.com/gpu=N, containerd 1.7+) or by the live prestart hook "
+            "sees every GPU's sysfs; only the precreate hook and the shim hide them")
+
+
 def _edits(edits: Edits, config: Config) -> dict[str, Any]:
     out: dict[str, Any] = {"deviceNodes": [n.to_cdi(config.cgroup_access) for n in edits.nodes]}
     if edits.mounts:

@@ -175,14 +175,20 @@ def run_command(name: str, args: list[str], config: Config) -> int:
     return module.run(args, config)  # type: ignore[no-any-return]
 
 
-def _quiet_broken_pipe() -> int:
-    """The reader of stdout went away (``| head``): end as a command killed by SIGPIPE would, silently."""
+def drop_stdout() -> None:
+    """The reader of stdout went away: point fd 1 at /dev/null, so that what a failed write left in the buffer
+    (block-buffered unless PYTHONUNBUFFERED) is not flushed again at exit (``Exception ignored``, status 120)."""
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
     except (OSError, ValueError):
         pass
+
+
+def _quiet_broken_pipe() -> int:
+    """The reader of stdout went away (``| head``): end as a command killed by SIGPIPE would, silently."""
+    drop_stdout()
     return 141
 
 
@@ -331,8 +337,14 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as err:
         from oci_gpu_hook.log import debug_from_env, record, refused, report_failure
 
-        if isinstance(err, BrokenPipeError) and not is_hook(command):  # a hook's reader is podman: say it
-            return _quiet_broken_pipe()
+        if isinstance(err, BrokenPipeError):
+            if not is_hook(command):
+                return _quiet_broken_pipe()
+            drop_stdout()  # a hook's reader is its runtime (podman): say it, once
+            from oci_gpu_hook.errors import HookError
+
+            err = HookError(f"{command}: stdout closed before the hook's output was written (BrokenPipeError): "
+                            "its reader, the runtime (podman), went away; the container does not start")
         if isinstance(err, KeyboardInterrupt):
             return 130
         line = report_failure(err, debug or (config.debug if config else debug_from_env()))

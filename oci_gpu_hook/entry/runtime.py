@@ -204,6 +204,11 @@ def prepare(args: list[str], baked_runtime: str | None = None) -> tuple[int, str
                 sys.stdout.write(f"oci-gpu-runtime {__version__}\n")
                 sys.stdout.flush()
     except Exception as err:
+        if isinstance(err, BrokenPipeError) and config is None and reading.command not in REWRITE_COMMANDS:
+            from oci_gpu_hook.entry.cli import drop_stdout  # `oci-gpu-runtime --version | head -0`: as SIGPIPE would
+
+            drop_stdout()
+            return 141, None
         from oci_gpu_hook.log import debug_from_env, refused, report_failure
 
         line = report_failure(err, config.debug if config else debug_from_env())

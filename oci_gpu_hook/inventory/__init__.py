@@ -211,7 +211,8 @@ def scan(sysfs_root: str = "/sys", kinds: Iterable[str] | None = None, *, strict
         reason = seen.pop(device.directory, None)
         if reason == "":
             continue
-        ignored.append((device.name, device.problem or reason or _unclaimed_reason(device, set(wanted) == set(KINDS))))
+        ignored.append((device.name, device.problem or reason
+                        or _unclaimed_reason(device, set(wanted) == set(KINDS), "nvidia" in wanted, proc)))
     for what, reason in seen.items():  # devices without DRM nodes a backend looked at (NVIDIA)
         if reason:
             ignored.append((os.path.basename(what) if what.startswith("/") else what, reason.removeprefix(HALF_THERE)))
@@ -224,7 +225,7 @@ def scan_host(config: Config, kinds: Iterable[str] | None = None, *, strict: boo
                 proc_root=config.proc_root, driver_root=config.driver_root)
 
 
-def _unclaimed_reason(device: object, every_backend: bool) -> str:
+def _unclaimed_reason(device: object, every_backend: bool, nvidia: bool, proc_root: str) -> str:
     from oci_gpu_hook.inventory.sysfs import DrmDevice, driver, read
 
     assert isinstance(device, DrmDevice)
@@ -233,4 +234,7 @@ def _unclaimed_reason(device: object, every_backend: bool) -> str:
     what = f"{owner}, {vendor}"
     if device.render is None:
         return f"{what}: no render node (a display-only device)"
+    if nvidia and owner == "nvidia" and not os.path.isdir(os.path.join(proc_root, "driver", "nvidia")):
+        return (f"{what}: the nvidia backend needs {proc_root}/driver/nvidia, missing under the proc root "
+                f"{proc_root} (try --proc-root HOST/proc)")
     return f"{what}: no backend claims it" if every_backend else f"{what}: not of the kinds scanned"

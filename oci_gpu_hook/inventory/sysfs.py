@@ -17,6 +17,15 @@ from oci_gpu_hook.errors import HookError
 HEX_DIGITS = frozenset("0123456789abcdef")
 
 
+def wrong_root(root: str) -> str | None:
+    """Why ``root``, where no GPU was found, looks like no sysfs root (what to try instead); None if it may be one."""
+    if not os.path.isdir(os.path.join(root, "class", "drm")) and os.path.isdir(os.path.join(root, "sys", "class")):
+        return f"sysfs root {root}: no class/drm here; did you mean {os.path.join(root, 'sys')}?"
+    if not os.path.isdir(os.path.join(root, "class")) and not os.path.isdir(os.path.join(root, "bus")):
+        return f"sysfs root {root}: no class/ or bus/ here, not a sysfs tree (try --sysfs-root /sys)"
+    return None
+
+
 def read(path: str) -> str | None:
     try:
         with open(path) as handle:

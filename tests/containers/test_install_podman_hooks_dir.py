@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import containerlib as cl
+from tests.helpers import pristinenode
 from tests.helpers.containerlib import INSTALL_DEV
 
 OVERLAID = ("/usr/local", "/usr/share/containers", "/etc/containers")
@@ -72,7 +73,9 @@ def test_podman_without_hooks_dir_runs_the_installed_hook(base: Path, conf: str 
     # podman's debug log names the hooks it reads; with it, conmon makes each run wait 20 s: one case only
     debug = ["--log-level=debug"] if conf is None else []
     podman = [*cl.PODMAN, "--root", str(base / "root"), "--runroot", str(base / "rr"), "--runtime", "runc", *debug]
+    undo = pristinenode.take_back_lines((*OVERLAID, "/var/lib"))  # where this machine is an installed node
     commands = [
+        with_state(base, ["sh", "-ec", "\n".join(["true", *undo])]),
         with_state(base, [*oci_gpu_hook, "install", *INSTALL_DEV, "--only", "podman", "--set",
                           f"OCI_GPU_HOOK_CONFIG={setup['config']}"]),
         [*podman, *cl.PODMAN_RUN, "-e", "AMD_VISIBLE_DEVICES=1", "--rootfs", str(setup["rootfs"]), "/bin/sh",
@@ -90,13 +93,13 @@ def test_podman_without_hooks_dir_runs_the_installed_hook(base: Path, conf: str 
         assert not (base / f"rc.{n}").exists(), (base / f"err.{n}").read_text()
         return (base / f"out.{n}").read_text()
 
-    installed = out(0)
+    installed = out(1)
     assert f"new: {hooks_dir}/oci-gpu-hook-precreate.json (podman precreate hook" in installed
-    cl.assert_isolated(out(1), [1])  # podman ran the hook from where install put it
-    log = (base / "err.1").read_text()
+    cl.assert_isolated(out(2), [1])  # podman ran the hook from where install put it
+    log = (base / "err.2").read_text()
     if debug:
         assert f"reading hooks from {hooks_dir}" in log
         assert f"added hook {hooks_dir}/oci-gpu-hook-precreate.json" in log
-    assert f"removed: {hooks_dir}/oci-gpu-hook-precreate.json" in out(2)
-    cl.assert_isolated(out(3), [])  # uninstalled: no hook, and podman gives the container no GPU
+    assert f"removed: {hooks_dir}/oci-gpu-hook-precreate.json" in out(3)
+    cl.assert_isolated(out(4), [])  # uninstalled: no hook, and podman gives the container no GPU
     assert {path: os.path.lexists(path) for path in host_paths} == host_before  # the host never changed

@@ -22,7 +22,7 @@ import tempfile
 from functools import cache
 from pathlib import Path
 
-from tests.helpers import plainvenv
+from tests.helpers import plainvenv, pristinenode
 
 REPO = plainvenv.REPO
 OVERLAID = ("/etc", "/usr/local", "/usr/share/containers", "/var/lib")
@@ -73,6 +73,7 @@ class PrivateRoot:
             upper.mkdir(parents=True)
             work.mkdir(parents=True)
             lines.append(f"mount -t overlay overlay -o lowerdir={target},upperdir={upper},workdir={work} {target}")
+        lines += pristinenode.take_back_lines(OVERLAID)  # a node before install, also where this machine is one
         lines += ["echo ready", "read -r _ || true"]
         # unshare -m: a private mount namespace (propagation private: nothing mounted in it reaches the host)
         self.proc = subprocess.Popen(["unshare", "-m", "sh", "-c", "\n".join(lines)], stdin=subprocess.PIPE,

@@ -159,7 +159,10 @@ def run(args: list[str], config: Config) -> int:
     inventory = scan_host(config)
     kinds = [opts.kind] if opts.kind else [k for k in config.backends if inventory.devices(k)]
     if not kinds or not any(inventory.devices(k) for k in kinds):
-        raise HookError(f"no GPUs under {inventory.sysfs_root}: a CDI spec needs at least one device")
+        from oci_gpu_hook.inventory.sysfs import wrong_root
+
+        raise HookError(wrong_root(inventory.sysfs_root)
+                        or f"no GPUs under {inventory.sysfs_root}: a CDI spec needs at least one device")
     if not output and len(kinds) > 1 and fmt == "json":
         raise UsageError(f"this host has devices of {len(kinds)} kinds ({', '.join(kinds)}) and a CDI spec holds "
                          "one: add --kind KIND, --output DIR/ (one file per kind), or --format yaml (one YAML "
@@ -176,6 +179,15 @@ def run(args: list[str], config: Config) -> int:
         path = os.path.join(output, cdi.file_name(config, kind, fmt)) if to_dir else output
         changed = cdi.write(path, text)
         print(f"{'wrote' if changed else 'unchanged'}: {path}", file=sys.stderr)
+    masked = cdi.mask_ignored(config.mask_other_gpus)
+    if masked:
+        print(f"warning: {masked}", file=sys.stderr)
+    if output:
+        where, read = output if to_dir else os.path.dirname(os.path.abspath(output)), consumer_dirs(config)
+        if os.path.realpath(where) not in {os.path.realpath(d) for d in read}:
+            print(f"warning: {where} is not a directory CDI consumers read (podman, containerd, CRI-O read "
+                  f"{', '.join(read)}, a later one winning; cdi_dir is {config.cdi_dir}): nothing uses these specs "
+                  "unless a runtime's cdi_spec_dirs names it", file=sys.stderr)
     if not (os.path.isfile(config.hook_path) and os.access(config.hook_path, os.X_OK)):
         print(f"note: hook_path {config.hook_path} is not an executable file here: a container given one of these "
               "devices fails to start until it is (oci-gpu-hook install, or oci-gpu-hook launchers "

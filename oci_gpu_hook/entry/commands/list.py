@@ -20,6 +20,13 @@ def run(args: list[str], config: Config) -> int:
     from oci_gpu_hook.inventory import scan_host, stable_name
 
     inventory = scan_host(config)
+    if not inventory.all_devices:
+        from oci_gpu_hook.errors import HookError
+        from oci_gpu_hook.inventory.sysfs import wrong_root
+
+        problem = wrong_root(inventory.sysfs_root)  # nothing found, and no wonder: say where to look instead
+        if problem:
+            raise HookError(problem)
     if opts.json:
         from oci_gpu_hook.models import InventoryModel
 

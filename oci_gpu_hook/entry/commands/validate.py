@@ -27,11 +27,16 @@ def run(args: list[str], config: Config) -> int:
     from oci_gpu_hook.config import DEFAULT_CONFIG_PATH, load_file
 
     config_path = opts.config_file or os.environ.get("OCI_GPU_HOOK_CONFIG") or DEFAULT_CONFIG_PATH
+    mask = config.mask_other_gpus
     if os.path.exists(config_path) or opts.config_file:
-        load_file(config_path)  # the very loader every container start runs
+        mask = load_file(config_path).get("mask_other_gpus")  # the very loader every container start runs
         print(f"ok: config file {config_path}")
     else:
         print(f"ok: no config file at {config_path} (defaults apply)")
+    from oci_gpu_hook.appliers.cdi import mask_ignored
+
+    if mask_ignored(mask):
+        print(f"warning: {mask_ignored(mask)}")
     for target in opts.specs:
         path = config_file(target)
         spec = load_document(path)

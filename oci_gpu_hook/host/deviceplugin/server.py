@@ -372,6 +372,11 @@ class Manager:
             self.rescan_reason = "rescan"
             self.next_rescan = now + self.rescan_interval
         kubelet = _identity(os.path.join(self.directory, KUBELET_SOCKET))
+        if kubelet is None:  # said once while it lasts: otherwise nothing follows `serving in ...`
+            self._failed("", f"waiting for the kubelet's socket {self.directory}/{KUBELET_SOCKET} (is the kubelet "
+                             "running, and --kubelet-dir its device-plugins directory?)")
+        else:
+            self.failures.pop("", None)
         for resource in sorted(set(self.always) | self.tracker.resources()):
             endpoint = self.endpoints.get(resource)
             if endpoint is None:

@@ -637,8 +637,31 @@ def one_at_a_time(installer: Installer, work: Callable[[], int]) -> int:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            print(f"waiting: another install or uninstall is running on {installer.prefix or '/'}")
+            print(f"waiting: another install or uninstall is running on {installer.prefix or '/'}"
+                  f"{lock_holder(lock)}", flush=True)
             fcntl.flock(lock, fcntl.LOCK_EX)
         return work()
     finally:
         os.close(lock)
+
+
+def lock_holder(fd: int) -> str:
+    """Who holds the flock on ``fd`` (from /proc/locks): `` (pid N since HH:MM:SS UTC: COMMAND)``, or ``""``."""
+    import time
+
+    st = os.fstat(fd)
+    where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        with open("/proc/locks") as handle:
+            pids = [f[4] for f in (line.split() for line in handle) if len(f) > 5 and f[1] == "FLOCK" and f[5] == where]
+        pid = next(p for p in pids if p.isdigit() and int(p) != os.getpid())
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            command = handle.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+        with open(f"/proc/{pid}/stat") as handle:
+            ticks = int(handle.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime, in clock ticks
+        with open("/proc/stat") as handle:
+            boot = next(int(line.split()[1]) for line in handle if line.startswith("btime "))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return ""
+    since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(boot + ticks / os.sysconf("SC_CLK_TCK")))
+    return f" (pid {pid} since {since}: {command[:200]})"

@@ -189,6 +189,9 @@ def cdi_items(config: Config, notes: list[str]) -> list[Item]:
     if config.hook_path != hook_launcher:
         notes.append(f"hook_path is {config.hook_path}, not the launcher installed here ({hook_launcher}): "
                      "the CDI specs and rewritten specs name hook_path")
+    masked = cdi.mask_ignored(config.mask_other_gpus)
+    if masked:
+        notes.append(masked)
     items = []
     for kind in config.backends:
         path = os.path.normpath(config.cdi_spec_path(kind))
