@@ -45,6 +45,7 @@ from tests.helpers.containerdlib import (
     write_config,
 )
 from tests.helpers.containerdlib import daemon as daemon  # the module's fixture
+from tests.helpers.imageenvs import CUDA_BASE
 
 pytestmark = pytest.mark.containers
 
@@ -89,6 +90,21 @@ def test_ctr_run(daemon: Daemon, env: list[str], annotations: dict[str, str], gp
         assert [e["outcome"] for e in entries] == ["ok"], entries
     else:
         assert entries == []
+    assert daemon.leftovers() == []
+
+
+@pytest.mark.parametrize(("env", "gpus"), [(CUDA_BASE, []), ([*CUDA_BASE, "AMD_VISIBLE_DEVICES=1"], [1])],
+                         ids=["cuda-image", "cuda-image-and-amd-1"])
+def test_a_cuda_image_on_an_amd_node(daemon: Daemon, env: list[str], gpus: list[int]) -> None:
+    """A CUDA image's env (NVIDIA_VISIBLE_DEVICES=all) on this node without NVIDIA GPUs: it starts with what else it
+    asks for, and the one log line notes the nvidia ask that granted nothing."""
+    cid = cl.container_id()
+    done = daemon.run(cid, env=env)
+    assert done.returncode == 0, done.stderr
+    cl.assert_isolated(done.stdout, gpus)
+    (entry,) = daemon.log_entries(cid)
+    assert entry["outcome"] == ("ok" if gpus else "ignored"), entry
+    assert "this host has no nvidia GPUs, none granted" in entry["note"], entry
     assert daemon.leftovers() == []
 
 

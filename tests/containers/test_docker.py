@@ -30,6 +30,7 @@ from tests.helpers import containerlib as cl
 from tests.helpers import dockergpus, dockersave
 from tests.helpers.containerlib import INSTALL_DEV
 from tests.helpers.dockerlib import DOCKER, IMAGE, OPERATOR_DAEMON_JSON, RUNTIME, Dockerd, run
+from tests.helpers.imageenvs import CUDA_BASE
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +74,9 @@ def test_install_merged_the_runtime_into_the_operators_daemon_json(dockerd: Dock
 
 
 @pytest.mark.parametrize(("request_env", "gpus"), [(["AMD_VISIBLE_DEVICES=1"], [1]),
-                                                    (["AMD_VISIBLE_DEVICES=0,5"], [0, 5]), ([], [])])
+                                                    (["AMD_VISIBLE_DEVICES=0,5"], [0, 5]), ([], []),
+                                                    (CUDA_BASE, []), ([*CUDA_BASE, "AMD_VISIBLE_DEVICES=1"], [1])],
+                         ids=["1", "0,5", "none", "cuda-image", "cuda-image-and-amd-1"])
 def test_docker_run_gets_exactly_its_gpus(dockerd: Dockerd, request_env: list[str], gpus: list[int]) -> None:
     done = run(dockerd, *request_env)
     assert done.returncode == 0, done.stderr
