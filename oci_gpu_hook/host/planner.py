@@ -871,10 +871,9 @@ class Planner:
             outcome = serve_one(conn, self.version, self.own, self.own_securebits, self.watch)
         if outcome.startswith("refused: stale"):
             os.kill(self.parent, signal.SIGTERM)  # where no inotify wakes it
-        if self.verbose:
-            outcome += f" ({(time.monotonic() - started) * 1000:.2f} ms from accept to answer)"
-        if (self.verbose and outcome != "ok: no request") or not outcome.startswith("ok"):
-            _say(outcome)
+        if (self.verbose and outcome != "ok: no request") or not outcome.startswith("ok"):  # before the time is added
+            _say(outcome + (f" ({(time.monotonic() - started) * 1000:.2f} ms from accept to answer)" if self.verbose
+                            else ""))
         new = [m for m in sys.modules if m not in self.preloaded and m.startswith("oci_gpu_hook")]
         if new:
             _say(f"a request imported {', '.join(sorted(new))}: add it to PRELOAD")

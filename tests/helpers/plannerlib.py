@@ -4,14 +4,18 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import struct
 import subprocess
+import threading
 import time
 from pathlib import Path
 
 from oci_gpu_hook.host import planner as planner_module
+
+ANSWERED = re.compile(rb"planner: ok \d+ \(")  # serve --verbose: a request answered
 
 
 class Planner:
@@ -48,6 +52,23 @@ class Planner:
                     pass
             time.sleep(0.02)
         raise AssertionError(f"the planner did not start: {self.log.read_text()}")
+
+    def wait_answered(self, give_up: threading.Event, timeout: float = 120) -> bool:
+        """Wait until the log says a request was answered (``serve --verbose`` writes one ``ok`` line for each);
+        False where ``give_up`` is set first.  The planner exiting, or answering nothing in ``timeout`` seconds,
+        is an error.  (A test that restarts the planner gives each one a log of its own: a worker of the last one,
+        killed while it writes, never speaks for the new one.)"""
+        deadline = time.monotonic() + timeout
+        assert self.process is not None
+        while not give_up.is_set():
+            if ANSWERED.search(self.log.read_bytes()):
+                return True
+            if self.process.poll() is not None:
+                raise AssertionError(f"the planner exited {self.process.returncode}: {self.log.read_text()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the planner answered nothing in {timeout} s: {self.log.read_text()[-4000:]}")
+            time.sleep(0.01)
+        return False
 
     def stop(self) -> int:
         if self.process is None:
