@@ -1086,3 +1086,21 @@ def test_uninstall_is_the_way_out_of_a_broken_config(prefix: Path, tmp_path: Pat
     assert cdi_warning.startswith("warning: mask_other_gpus = true is ignored on the CDI path"), out
     assert cli.main(["list"]) == 1
     assert "did you mean 'mask_other_gpus'" in capsys.readouterr().err
+
+
+def test_uninstalls_error_line_comes_after_its_left_lines_in_one_pipe(prefix: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """``install --uninstall 2>&1 | tee log``: the error line that says "each 'left:' line above" is the last line,
+    also where stdout is a pipe (block-buffered) and stderr the same pipe."""
+    populate(prefix)
+    ok(capsys, "--prefix", str(prefix))
+    hand_edit(prefix, PRECREATE, lambda t: t.replace('"timeout": 10', '"timeout": 30'))
+    done = subprocess.run([sys.executable, "-m", "oci_gpu_hook.entry.cli", "--sysfs-root", str(EXAMPLE_SYSFS),
+                           "install", *INSTALL_DEV, "--prefix", str(prefix), "--uninstall"], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, cwd=REPO, timeout=120, check=False,
+                          env={k: v for k, v in clean_env().items() if k != "PYTHONUNBUFFERED"})
+    lines = done.stdout.splitlines()
+    assert done.returncode == 1, done.stdout
+    assert [line for line in lines if line.startswith("left: ")], done.stdout
+    assert lines[-1].startswith("oci-gpu-hook: error: install --uninstall: "), done.stdout
+    assert sum(line.startswith("oci-gpu-hook: error: ") for line in lines) == 1, done.stdout
