@@ -855,15 +855,15 @@ def edit_imports_line(text: str) -> str:  # the operator rewrites the imports li
 
 # The file edited, how, and what uninstall must leave (the file and all it names) ...
 LEFT_BY_EDIT = {
-    "containerd-drop-in": (DROP_IN, edit_append, {DROP_IN, RUNTIME}),
-    "containerd-imports-line": (MAIN, edit_imports_line, {MAIN, DROP_IN, RUNTIME}),
+    "containerd-drop-in": (DROP_IN, edit_append, {DROP_IN, RUNTIME, LAUNCHER}),
+    "containerd-imports-line": (MAIN, edit_imports_line, {MAIN, DROP_IN, RUNTIME, LAUNCHER}),
     "podman-hook": (PRECREATE, lambda t: t.replace('"timeout": 10', '"timeout": 30'), {PRECREATE, LAUNCHER}),
     "cdi-spec": (CDI_SPEC, lambda t: t + "\n", {CDI_SPEC, LAUNCHER}),
     "watch-unit": (WATCH_UNIT, edit_append, {WATCH_UNIT, LAUNCHER}),
     "planner-unit": (PLANNER_UNIT, lambda t: t.replace("RestartSec=1s", "RestartSec=3s"), {PLANNER_UNIT, LAUNCHER}),
-    "crio-drop-in": (CRIO_DROP_IN, edit_append, {CRIO_DROP_IN, RUNTIME}),
-    "gpus-name": (GPUS, edit_append, {GPUS, RUNTIME}),
-    "daemon-json-not-json": (DAEMON, lambda t: t + "# not JSON\n", {DAEMON, RUNTIME}),
+    "crio-drop-in": (CRIO_DROP_IN, edit_append, {CRIO_DROP_IN, RUNTIME, LAUNCHER}),
+    "gpus-name": (GPUS, edit_append, {GPUS, RUNTIME, LAUNCHER}),
+    "daemon-json-not-json": (DAEMON, lambda t: t + "# not JSON\n", {DAEMON, RUNTIME, LAUNCHER}),
 }
 # ... and the edits uninstall resolves itself: it takes out only what install put in, or the file names nothing
 # of this install any more (then it is the operator's: kept, its backup deleted).
@@ -920,6 +920,10 @@ def test_uninstall_leaves_an_edited_file_with_all_it_names_and_exits_1(prefix: P
                    "for the next install --uninstall\n")
     lines = [line for line in out.splitlines() if line.startswith("left: ")]
     assert sorted(line.split(" ", 2)[1] for line in lines) == sorted(str(at(prefix, p)) for p in left), out
+
+    def real_of(line: str) -> str:
+        return "/" + os.path.relpath(line.split(" ", 2)[1], prefix)
+
     for line in lines:  # one line each: what is left, why, what to do
         if line.startswith(f"left: {at(prefix, real)} "):
             assert "(changed since install, and it names /" in line
@@ -927,6 +931,9 @@ def test_uninstall_leaves_an_edited_file_with_all_it_names_and_exits_1(prefix: P
                    "--uninstall again"
             saved = f" (what install replaced is saved at {at(prefix, paths.BACKUP_DIR)}/"
             assert line.endswith(todo + ")") if real not in (MAIN, DAEMON) else f"{todo}{saved}" in line, line
+        elif real_of(line) == LAUNCHER and RUNTIME in left:  # the shim's GPU containers run it (hook_path)
+            assert f"(needed by {at(prefix, RUNTIME)} (the by-path links hook of GPU containers), which is left: " \
+                   "removed by the next install --uninstall" in line, line
         else:
             assert "(named by " in line and "removed by the next install --uninstall" in line, line
     # Every other file is as before install; the left ones as installed (the edited one as edited), so nothing
@@ -1024,7 +1031,7 @@ def test_uninstall_only_one_integration_keeps_what_a_later_one_must_leave(prefix
     code, out, _ = run(capsys, "--prefix", str(prefix), "--uninstall")
     assert code == 1
     assert sorted(line.split(" ", 2)[1] for line in out.splitlines() if line.startswith("left: ")) == sorted(
-        [str(at(prefix, DROP_IN)), str(at(prefix, RUNTIME))])
+        [str(at(prefix, DROP_IN)), str(at(prefix, RUNTIME)), str(at(prefix, LAUNCHER))])
     at(prefix, DROP_IN).rename(tmp_path / "mine.toml")
     ok(capsys, "--prefix", str(prefix), "--uninstall")
     assert snapshot(prefix) == before
@@ -1074,6 +1081,26 @@ def test_uninstall_is_the_way_out_of_a_broken_config(prefix: Path, tmp_path: Pat
     fixed.write_text("mask_other_gpus = true\n")
     assert cli.main(["validate", "--config-file", str(fixed)]) == 0
     out, err = capsys.readouterr()
-    assert out == f"ok: config file {fixed}\n" and "validate goes on with the defaults" in err
+    ok_line, cdi_warning = out.splitlines()  # the fixed key, and that the CDI path does not mask (validate says so)
+    assert ok_line == f"ok: config file {fixed}" and "validate goes on with the defaults" in err
+    assert cdi_warning.startswith("warning: mask_other_gpus = true is ignored on the CDI path"), out
     assert cli.main(["list"]) == 1
     assert "did you mean 'mask_other_gpus'" in capsys.readouterr().err
+
+
+def test_uninstalls_error_line_comes_after_its_left_lines_in_one_pipe(prefix: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """``install --uninstall 2>&1 | tee log``: the error line that says "each 'left:' line above" is the last line,
+    also where stdout is a pipe (block-buffered) and stderr the same pipe."""
+    populate(prefix)
+    ok(capsys, "--prefix", str(prefix))
+    hand_edit(prefix, PRECREATE, lambda t: t.replace('"timeout": 10', '"timeout": 30'))
+    done = subprocess.run([sys.executable, "-m", "oci_gpu_hook.entry.cli", "--sysfs-root", str(EXAMPLE_SYSFS),
+                           "install", *INSTALL_DEV, "--prefix", str(prefix), "--uninstall"], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, cwd=REPO, timeout=120, check=False,
+                          env={k: v for k, v in clean_env().items() if k != "PYTHONUNBUFFERED"})
+    lines = done.stdout.splitlines()
+    assert done.returncode == 1, done.stdout
+    assert [line for line in lines if line.startswith("left: ")], done.stdout
+    assert lines[-1].startswith("oci-gpu-hook: error: install --uninstall: "), done.stdout
+    assert sum(line.startswith("oci-gpu-hook: error: ") for line in lines) == 1, done.stdout

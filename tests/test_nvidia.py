@@ -122,6 +122,24 @@ def test_nvidia_gpus_read_without_their_proc_root_say_what_to_try() -> None:
     assert {why for _, why in amd_only.ignored} == {"nvidia, 0x10de: not of the kinds scanned"}
 
 
+def test_nvidia_gpus_without_drm_nodes_read_without_their_proc_root_say_what_to_try_too() -> None:
+    """A host without nvidia-drm (no DRM nodes: the GPUs are only PCI devices bound to nvidia): ``list`` names each
+    with the hint rather than "(no GPUs ...)" alone; the per-container scan (strict) adds nothing."""
+    host = EXAMPLES / "nvidia-4x-h100"
+    wrong, right = str(host / "sys"), str(host / "proc")
+    inv = scan(wrong, proc_root=wrong, strict=False)
+    missing = (f"nvidia, 0x10de: the nvidia backend needs {wrong}/driver/nvidia, missing under the proc root {wrong} "
+               "(try --proc-root HOST/proc)")
+    nvidia = sorted(p.name for p in (host / "sys" / "bus" / "pci" / "devices").iterdir()
+                    if (p / "driver").is_symlink() and os.readlink(p / "driver").endswith("/nvidia"))
+    assert len(nvidia) == 4
+    assert [entry for entry in inv.ignored if entry[1] == missing] == [(name, missing) for name in nvidia]
+    assert not [why for _, why in scan(wrong, proc_root=right, strict=False).ignored if "try --proc-root" in why]
+    assert not [why for _, why in scan(wrong, proc_root=wrong).ignored if "try --proc-root" in why]  # strict
+    assert not [why for _, why in scan(wrong, ["amd"], proc_root=wrong, strict=False).ignored
+                if "try --proc-root" in why]
+
+
 def test_older_driver_frontend_name_and_dynamic_majors(tmp_path: Path) -> None:
     host = HOSTS["nvidia-h100"]()
     host.frontend_name, host.uvm_major = "nvidia-frontend", 499

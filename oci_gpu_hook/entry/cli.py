@@ -347,6 +347,11 @@ def main(argv: list[str] | None = None) -> int:
                             "its reader, the runtime (podman), went away; the container does not start")
         if isinstance(err, KeyboardInterrupt):
             return 130
+        if not is_hook(command):  # what the command printed comes before its error line, also into one pipe
+            try:
+                sys.stdout.flush()
+            except (BrokenPipeError, ValueError):
+                drop_stdout()
         line = report_failure(err, debug or (config.debug if config else debug_from_env()))
         if is_hook(command):  # a refused container: the journal too, where podman's user looks
             refused(config, command, getattr(err, "container_id", None), line)

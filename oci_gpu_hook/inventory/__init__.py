@@ -216,7 +216,26 @@ def scan(sysfs_root: str = "/sys", kinds: Iterable[str] | None = None, *, strict
     for what, reason in seen.items():  # devices without DRM nodes a backend looked at (NVIDIA)
         if reason:
             ignored.append((os.path.basename(what) if what.startswith("/") else what, reason.removeprefix(HALF_THERE)))
+    if not strict and "nvidia" in wanted and not found["nvidia"].devices:
+        ignored += _nvidia_without_proc(root, proc, {name for name, _ in ignored})
     return Inventory(found, ignored, root, proc)
+
+
+def _nvidia_without_proc(root: str, proc_root: str, listed: set[str]) -> list[tuple[str, str]]:
+    """Operator commands: the PCI devices bound to the nvidia driver (with no DRM node, so not listed yet) where
+    the proc root has no ``driver/nvidia``: a host's sysfs read with another proc root (``--proc-root``)."""
+    from oci_gpu_hook.inventory.sysfs import driver, read
+
+    if os.path.isdir(os.path.join(proc_root, "driver", "nvidia")):
+        return []
+    devices = os.path.join(root, "bus", "pci", "devices")
+    try:
+        names = sorted(os.listdir(devices))
+    except OSError:
+        return []
+    return [(name, f"nvidia, {read(os.path.join(devices, name, 'vendor')) or 'no vendor'}: the nvidia backend needs "
+                   f"{proc_root}/driver/nvidia, missing under the proc root {proc_root} (try --proc-root HOST/proc)")
+            for name in names if name not in listed and driver(os.path.join(devices, name)) == "nvidia"]
 
 
 def scan_host(config: Config, kinds: Iterable[str] | None = None, *, strict: bool = False) -> Inventory:

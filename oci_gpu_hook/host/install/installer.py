@@ -42,6 +42,7 @@ from oci_gpu_hook.host.install.journal import Current, Journal, current_at
 from oci_gpu_hook.host.install.manifest import Manifest, load_manifest, mode_of, sha256
 from oci_gpu_hook.host.install.paths import (
     BACKUP_DIR,
+    HOOK_LAUNCHER,
     INTEGRATIONS,
     JOURNAL_PATH,
     LAUNCHER_DIR,
@@ -439,7 +440,7 @@ class Installer:
         """The entries (of ``every``, the manifest's) that taking out ``mine`` must leave exactly as they are, and
         why: each file of ``mine`` changed since install that still names something an uninstall would take out
         (:func:`named_in`; ``--only``: also what a later one would), and, transitively, everything such a file
-        names."""
+        names (and the hook launcher where the runtime launcher stays: its GPU containers run it as hook_path)."""
         removable = [e for e in every if not e.get("existed") and nameable(e["path"])]
         left: dict[str, str] = {}
         todo: list[tuple[str, bytes]] = []
@@ -455,19 +456,25 @@ class Installer:
             by, data = todo.pop()
             for entry in removable:
                 real = entry["path"]
-                if real in left or real == by or not named_in(real, data):
+                needed = by == RUNTIME_LAUNCHER and real == HOOK_LAUNCHER
+                if real in left or real == by or not (needed or named_in(real, data)):
                     continue
                 current = current_at(self.disk(real))
                 if current.kind != "file":
                     continue  # gone already: nothing to keep
-                left[real] = f"named by {self.disk(by)}, which is left"
+                # the shim runs the hook launcher in every GPU container (the by-path links hook: hook_path's
+                # default), although the runtime launcher's text does not name it
+                if needed and not named_in(real, data):
+                    left[real] = f"needed by {self.disk(by)} (the by-path links hook of GPU containers), which is left"
+                else:
+                    left[real] = f"named by {self.disk(by)}, which is left"
                 todo.append((real, current.data))
         return left
 
     def say_left(self, entry: dict[str, Any], why: str) -> str:
         """The line for a file uninstall leaves: what, why, what to do."""
         real = entry["path"]
-        if why.startswith("named by"):
+        if why.startswith(("named by", "needed by")):
             todo = "removed by the next install --uninstall once nothing left names it"
         else:
             todo = ("revert your edit, take out what names this install, or move the file away; then run "
