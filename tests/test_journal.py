@@ -304,7 +304,7 @@ def test_the_front_says_when_a_planner_is_there_but_does_not_serve(front: dict[s
     stale.close()  # a killed planner's socket: nobody listens
     (line,) = _create(front)
     assert line.startswith(b"<30>") and _message(line) == (
-        f"oci-gpu-runtime: the planner at {front['socket']} cannot be reached (Connection refused); "
+        f"oci-gpu-runtime: container c1: the planner at {front['socket']} cannot be reached (Connection refused); "
         "handing over to Python")
     front["socket"].unlink()
     silent = socket.socket(socket.AF_UNIX)
@@ -314,8 +314,8 @@ def test_the_front_says_when_a_planner_is_there_but_does_not_serve(front: dict[s
         (line,) = _create(front)
     finally:
         silent.close()
-    assert _message(line) == (f"oci-gpu-runtime: the planner at {front['socket']} did not answer in time; "
-                              "handing over to Python")
+    assert _message(line) == (f"oci-gpu-runtime: container c1: the planner at {front['socket']} did not answer in "
+                              "time; handing over to Python")
     front["socket"].unlink()
 
 
@@ -342,7 +342,8 @@ def test_the_front_says_when_the_planner_hands_the_request_back(front: dict[str,
     finally:
         thread.join()
         server.close()
-    assert _message(line) == (f"oci-gpu-runtime: the planner at {front['socket']} handed the request back (a "
+    assert _message(line) == (f"oci-gpu-runtime: container c1: the planner at {front['socket']} handed the request "
+                              "back (a "
                               "planner of another version, or a request it does not serve: see its log); "
                               "handing over to Python")
 
@@ -379,8 +380,16 @@ def test_the_front_says_when_its_config_changed_since_it_was_built(front: dict[s
     front["config"].write_text(front["config"].read_text() + "mask_other_gpus = false\n")
     (line,) = _create(front)
     assert line.startswith(b"<30>") and _message(line) == (
-        "oci-gpu-runtime: the config file changed since this launcher was built: every create, run and hook starts "
-        "Python until `oci-gpu-hook launchers` (or install) is run again; handing over to Python")
+        "oci-gpu-runtime: container c1: the config file changed since this launcher was built: every create, run and "
+        "hook starts Python until `oci-gpu-hook launchers` (or install) is run again; handing over to Python")
+    # the hook on the bundle the shim rewrote (its GPU is in the spec: nothing left to do live); a pid no process has
+    gone = 4194303
+    state = json.dumps({"ociVersion": "1.0.2", "id": "web-7", "pid": gone, "bundle": str(front["bundle"])})
+    done = subprocess.run([str(front["hook"]), "prestart"], input=state.encode(), capture_output=True,
+                          env=cl.hook_env(), timeout=120)
+    (line,) = front["listener"].lines()  # type: ignore[attr-defined]  (Python's refusal: the real /dev/log)
+    assert (done.returncode, done.stderr) == (0, b"")
+    assert _message(line).startswith("prestart: container web-7: the config file changed since"), line
 
 
 def test_a_full_journal_never_holds_the_front(front: dict[str, Path]) -> None:

@@ -97,6 +97,16 @@ extern char **environ;
 static char **g_argv;
 static int g_argc;
 static const char *g_slow; /* why every container goes to Python (settings_as_baked), for the journal's line */
+static char g_container[129]; /* the container the input names (the shim's argv, the state's id), for the journal */
+
+/* log.py journal's ``container``: the first 128 bytes of the name the input gives */
+static void note_container(const char *name, size_t n)
+{
+    if (n >= sizeof g_container)
+        n = sizeof g_container - 1;
+    memcpy(g_container, name, n);
+    g_container[n] = '\0';
+}
 
 /* ------------------------------------------------------------------ the journal's line */
 
@@ -121,9 +131,13 @@ static void journal(int pri, const char *fmt, ...)
     for (char *c = text; *c; c++)
         if ((unsigned char)*c < 0x20 || *c == 0x7f)
             *c = '?';
-    n = snprintf(line, sizeof line, "<%d>%s %2d %02d:%02d:%02d %s[%ld]: %s: %s", pri, months[tm.tm_mon],
+    for (char *c = g_container; *c; c++)
+        if ((unsigned char)*c < 0x20 || *c == 0x7f)
+            *c = '?';
+    n = snprintf(line, sizeof line, "<%d>%s %2d %02d:%02d:%02d %s[%ld]: %s: %s%s%s%s", pri, months[tm.tm_mon],
                  tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, OGH_PROGRAM, (long)getpid(),
-                 OGH_ROLE == OGH_ROLE_SHIM || g_argc < 2 ? OGH_ROLE_NAME : g_argv[1], text);
+                 OGH_ROLE == OGH_ROLE_SHIM || g_argc < 2 ? OGH_ROLE_NAME : g_argv[1],
+                 g_container[0] ? "container " : "", g_container, g_container[0] ? ": " : "", text);
     if (n <= 0)
         return;
     strcpy(addr.sun_path, OGH_SYSLOG_SOCKET);
@@ -1483,6 +1497,7 @@ static const char *common_config_path(char *path, size_t size)
     id = g_argv[i];
     if (!id[0] || id[0] == '-')
         return NULL;
+    note_container(id, strlen(id));
     if (!bundle)
         bundle = ".";
     if ((size_t)snprintf(path, size, "%s%sconfig.json", bundle, bundle[strlen(bundle) - 1] == '/' ? "" : "/") >=
@@ -1493,7 +1508,7 @@ static const char *common_config_path(char *path, size_t size)
 
 int main(int argc, char **argv)
 {
-    int as_baked, rewrite = 0;
+    int as_baked, rewrite = 0, common;
     const char *name;
     char path[PATH_MAX];
     g_argc = argc;
@@ -1520,8 +1535,8 @@ int main(int argc, char **argv)
         }
         exec_runtime();
     }
-    if (as_baked && config_still_trusted() && find_runtime(name) && common_config_path(path, sizeof path) &&
-        file_clean(path))
+    common = common_config_path(path, sizeof path) != NULL; /* argv alone (it names the container for the journal) */
+    if (as_baked && config_still_trusted() && find_runtime(name) && common && file_clean(path))
         exec_runtime();
     ask_planner(NULL, 0);
     to_python(NULL, 0, 0);
@@ -1542,6 +1557,7 @@ static int read_state(const char *s, size_t n, long *pid, char *bundle, size_t s
         return 0;
     if (!j.id || j.id_len < 3 || j.id[0] != '"')
         return 0;
+    note_container(j.id + 1, j.id_len - 2);
     if (!j.pid || j.pid_len < 1 || j.pid_len > 9 || j.pid[0] < '1' || j.pid[0] > '9')
         return 0;
     *pid = 0;
@@ -1832,6 +1848,11 @@ int main(int argc, char **argv)
         } else if (state_clean(input, len)) {
             return 0;
         }
+    }
+    if (!g_container[0] && strcmp(argv[1], OGH_PRECREATE) != 0) { /* the state's id names it in the journal */
+        char bundle[PATH_MAX];
+        long pid;
+        read_state(input, len, &pid, bundle, sizeof bundle);
     }
     ask_planner(input, len);
     to_python(input, len, 0);
