@@ -19,6 +19,13 @@ When the front is wanted (``--native``, or a compiler is there) and cannot be bu
 one line says what is missing (the compiler, ``front.c`` in this install, the C headers) and exit 1.
 Only the default without any compiler writes the Python launchers, with a note that says so.
 
+**Prebuilt fronts.**  An install without a compiler (the container image, image/build.sh) still writes the
+native front when the package holds one prebuilt for exactly this front: ``fastpath/prebuilt/<key>``, where the
+key is the SHA-256 of ``front.c`` and of the baked header this install would compile it with (every setting,
+path and the build's version line).  The image build compiles them (:func:`prebuild_fronts`) for the
+DaemonSet's install command; any other install (another ``--set``, a config file, another interpreter path)
+has no matching file and is written as without a prebuilt front.
+
 Both refuse to run package code from a path that a non-root user can write, or that is gone (one
 line on stderr, exit 1), unless written with ``allow_untrusted`` (tests, editable checkouts).
 
@@ -90,6 +97,7 @@ for _path in {checked!r}:
 LAUNCHERS = (("oci-gpu-hook", "entry.cli"), ("oci-gpu-runtime", "entry.runtime"))
 ROLES = {"oci-gpu-hook": 2, "oci-gpu-runtime": 1}  # OGH_ROLE_HOOK, OGH_ROLE_SHIM in front.c
 FRONT_SOURCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fastpath", "front.c")
+PREBUILT_DIR = os.path.join(os.path.dirname(FRONT_SOURCE), "prebuilt")
 CDI_NEEDLE = CDI_ANNOTATION_PREFIX.rstrip("/")  # without its '/': '\/' in JSON spells that slash too
 
 
@@ -361,8 +369,18 @@ def compile_problem(cc: str, stderr: str) -> str:
     return f"compiling {FRONT_SOURCE} with {cc} failed: {first[:300]}"
 
 
-def compile_front(name: str, directory: str, defaults: dict[str, str], trust: bool, cc: str) -> bytes:
-    """The native front of launcher ``name`` for ``directory``, compiled with ``cc``."""
+def front_key(header: str) -> str:
+    """The name of a prebuilt front: the SHA-256 of ``front.c`` and of its baked header."""
+    import hashlib
+
+    with open(FRONT_SOURCE, "rb") as handle:
+        source = handle.read()
+    return hashlib.sha256(source + b"\0" + header.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def compile_front(name: str, directory: str, defaults: dict[str, str], trust: bool, cc: str,
+                  flags: tuple[str, ...] = ()) -> bytes:
+    """The native front of launcher ``name`` for ``directory``, compiled with ``cc`` (and ``flags``)."""
     import subprocess
     import tempfile
 
@@ -371,7 +389,7 @@ def compile_front(name: str, directory: str, defaults: dict[str, str], trust: bo
         with open(header, "w", encoding="utf-8") as handle:
             handle.write(front_header(name, directory, defaults, trust))
         out = os.path.join(tmp, name)
-        cmd = [cc, "-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", f'-DOGH_BAKED="{header}"',
+        cmd = [cc, "-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", f'-DOGH_BAKED="{header}"', *flags,
                "-o", out, FRONT_SOURCE]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -382,6 +400,39 @@ def compile_front(name: str, directory: str, defaults: dict[str, str], trust: bo
             raise HookError(f"cannot build the native front: {compile_problem(cc, proc.stderr)}{NATIVE_FIX}")
         with open(out, "rb") as handle:
             return handle.read()
+
+
+def prebuilt_fronts(directory: str, defaults: dict[str, str], trust: bool) -> dict[str, bytes] | None:
+    """Every launcher's prebuilt front for this install (:data:`PREBUILT_DIR`), or None where one is missing."""
+    fronts = {}
+    for name, _module in LAUNCHERS:
+        path = os.path.join(PREBUILT_DIR, front_key(front_header(name, directory, defaults, trust)))
+        try:
+            with open(path, "rb") as handle:
+                fronts[name] = handle.read()
+        except FileNotFoundError:
+            return None
+    return fronts
+
+
+def prebuild_fronts(items: list[str], flags: list[str]) -> list[str]:
+    """Compile the fronts that ``install --set ITEMS`` of this (non-editable) environment writes into
+    :data:`PREBUILT_DIR` (the image build, with ``flags`` such as ``-static``); the paths written."""
+    from oci_gpu_hook.atomic import write_atomic
+    from oci_gpu_hook.host.install.paths import LAUNCHER_DIR
+
+    cc = find_cc()
+    if cc is None:
+        raise HookError("prebuild_fronts: no C compiler found (set CC, or install gcc)")
+    defaults = launcher_defaults(items, "install")
+    check_live_config(defaults)
+    os.makedirs(PREBUILT_DIR, exist_ok=True)
+    written = []
+    for name, _module in LAUNCHERS:
+        path = os.path.join(PREBUILT_DIR, front_key(front_header(name, LAUNCHER_DIR, defaults, True)))
+        write_atomic(path, compile_front(name, LAUNCHER_DIR, defaults, True, cc, tuple(flags)), 0o755)
+        written.append(path)
+    return written
 
 
 def check_live_config(defaults: dict[str, str]) -> None:
@@ -407,24 +458,28 @@ def launcher_files(directory: str, defaults: dict[str, str], *, native: bool | N
     ``trust``: the launchers check that what they run is root's (off for tests and editable installs)."""
     check_live_config(defaults)
     cc = find_cc() if native is not False else None
-    if native and not cc:
+    prebuilt = None
+    if native is not False and not cc and not front_problem():
+        prebuilt = prebuilt_fronts(directory, defaults, trust)
+    if native and not cc and not prebuilt:
         raise HookError(f"cannot build the native front: no C compiler found (set CC, or install gcc){NATIVE_FIX}")
     if cc:
         problem = front_problem()
         if problem:
             raise HookError(f"cannot build the native front: {problem}{NATIVE_FIX}")
-    elif native is None:
+    elif native is None and not prebuilt:
         sys.stderr.write("oci-gpu-hook: note: no C compiler found (CC, cc, gcc): writing the Python launchers, "
                          "which start Python on every container (install gcc and run again for the native front; "
                          "--no-native silences this)\n")
     files = []
     for name, module in LAUNCHERS:
-        if cc is None:
+        if cc is None and prebuilt is None:
             files.append((os.path.join(directory, name), launcher_text(module, defaults, trust=trust,
                                                                         runtime=_runtime(defaults)).encode()))
             continue
         front = os.path.join(directory, name)
-        files.append((front, compile_front(name, directory, defaults, trust, cc)))
+        files.append((front, prebuilt[name] if prebuilt else compile_front(name, directory, defaults, trust,
+                                                                            str(cc))))
         files.append((front + ".py", launcher_text(module, defaults, trust=trust, runtime=_runtime(defaults),
                                                    argv0=front).encode()))
     return files
