@@ -18,7 +18,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 suite=${OCI_GPU_HOOK_IMAGE_SUITE:-bookworm}
 mirror=${OCI_GPU_HOOK_IMAGE_MIRROR:-http://deb.debian.org/debian}
-python=${PYTHON:-python3}
+python=${PYTHON:-$( [ -x "$repo/.venv/bin/python" ] && echo "$repo/.venv/bin/python" || echo python3)}  # needs pip, setuptools and wheel
 version=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' "$repo/oci_gpu_hook/__init__.py")
 [ -n "$version" ] || { echo "image/build.sh: no __version__ in oci_gpu_hook/__init__.py" >&2; exit 1; }
 output=${1:-$repo/image/out/oci-gpu-hook-$version.oci.tar}
