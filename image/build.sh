@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build the oci-gpu-hook container image from this checkout's HEAD commit, offline but for Debian's archive:
 #   image/build.sh [OUTPUT]      (default: image/out/oci-gpu-hook-VERSION.oci.tar)
+#   image/build.sh --print       what it would build: version, image reference, environment path, --set
 # Writes an OCI image layout tarball naming localhost/oci-gpu-hook:VERSION (VERSION: oci_gpu_hook.__version__),
 # for `ctr images import` and `podman load`.  Needs root, mmdebstrap and network access to the Debian mirror
 # (OCI_GPU_HOOK_IMAGE_MIRROR, default http://deb.debian.org/debian; suite OCI_GPU_HOOK_IMAGE_SUITE, default
@@ -26,6 +27,10 @@ ref=localhost/oci-gpu-hook:$version
 env_dir=/usr/local/libexec/oci-gpu-hook/env-$version
 # the install command's --set arguments in examples/kubernetes/daemonset.yaml (tests/test_image.py holds them equal)
 daemonset_set=(OCI_GPU_HOOK_ALLOW_ENV_REQUESTS=false)
+if [ "${1:-}" = --print ]; then  # what it builds, without building (tests/test_image.py)
+    printf 'version=%s\nref=%s\nenv=%s\nset=%s\n' "$version" "$ref" "$env_dir" "${daemonset_set[*]}"
+    exit 0
+fi
 
 if [ "$(id -u)" != 0 ]; then
     echo "image/build.sh: run it as root (mmdebstrap makes the roots as root)" >&2

@@ -122,7 +122,7 @@ def test_daemon_set(usage: str) -> None:
     assert types["/etc/containerd"] == "Directory"  # never create a containerd config on a node without one
     containers = {c["name"]: c for c in pod["initContainers"] + pod["containers"]}
     for container in containers.values():
-        assert container["image"] == f"registry.example/oci-gpu-hook:{__version__}"
+        assert container["image"] == f"localhost/oci-gpu-hook:{__version__}"  # image/build.sh (tests/test_image.py)
         for mount in container["volumeMounts"]:
             host = volumes[mount["name"]]
             if host == "/sys":  # the inventory reads it through OCI_GPU_HOOK_SYSFS_ROOT
@@ -135,7 +135,7 @@ def test_daemon_set(usage: str) -> None:
             else:  # install writes the real paths (hook.path, BinaryName): same path inside and outside
                 assert mount["mountPath"] == host
     header = (EXAMPLES / "daemonset.yaml").read_text().split("apiVersion")[0]
-    assert f"registry.example/oci-gpu-hook:{__version__}, is a placeholder" in header
+    assert f"The image, localhost/oci-gpu-hook:{__version__}, is the one image/build.sh builds" in header
 
     (installer,) = (c for c in pod["initContainers"] if c["name"] == "install")
     installed = {volumes[m["name"]] for m in installer["volumeMounts"]}

@@ -1,0 +1,129 @@
+"""image/: the container image's recipe (image/build.sh, image/stage-env.sh) and the manifests that name it.
+
+The build itself (two mmdebstrap roots, ~4 minutes) is not part of the suite: docs/image.md has the command, and
+tests/containers/test_image.py runs the DaemonSet's commands from a built image (OCI_GPU_HOOK_IMAGE).  Here: the
+scripts parse, the image reference and the environment's path follow the package version (its one definition,
+``oci_gpu_hook.__version__``), the fronts the build prebuilds are the DaemonSet's, and an install without a
+compiler writes a prebuilt front exactly when its baked header is the one it was built for.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from oci_gpu_hook import __version__
+from oci_gpu_hook.errors import HookError
+from oci_gpu_hook.host import launchers
+from oci_gpu_hook.host.install.paths import LAUNCHER_DIR
+
+REPO = Path(__file__).resolve().parent.parent
+BUILD = REPO / "image" / "build.sh"
+STAGE = REPO / "image" / "stage-env.sh"
+EXAMPLES = REPO / "examples" / "kubernetes"
+IMAGE = "localhost/oci-gpu-hook"
+
+
+def _recipe() -> dict[str, str]:
+    """What image/build.sh --print says it builds (no root, no build)."""
+    done = subprocess.run(["bash", str(BUILD), "--print"], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    return dict(line.split("=", 1) for line in done.stdout.splitlines())
+
+
+def test_scripts_parse() -> None:
+    assert subprocess.run(["bash", "-n", str(BUILD)], capture_output=True, timeout=30).returncode == 0
+    assert subprocess.run(["sh", "-n", str(STAGE)], capture_output=True, timeout=30).returncode == 0
+    if shutil.which("shellcheck"):
+        done = subprocess.run(["shellcheck", "-S", "warning", str(BUILD), str(STAGE)], capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 0, done.stdout
+
+
+def test_recipe_follows_the_package_version() -> None:
+    recipe = _recipe()
+    assert recipe["version"] == __version__
+    assert recipe["ref"] == f"{IMAGE}:{__version__}"
+    assert recipe["env"] == f"{LAUNCHER_DIR}/env-{__version__}"
+    # the wheel's version is the package's (pyproject.toml repeats it for setuptools)
+    assert tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"] == __version__
+
+
+def _images(document: object) -> list[str]:
+    """Every ``image:`` value in a manifest."""
+    if isinstance(document, dict):
+        found = [document["image"]] if isinstance(document.get("image"), str) else []
+        return found + [i for value in document.values() for i in _images(value)]
+    if isinstance(document, list):
+        return [i for value in document for i in _images(value)]
+    return []
+
+
+def test_manifests_name_the_image_of_this_version() -> None:
+    """Every manifest that runs oci-gpu-hook names the image build.sh makes, by the package version's tag."""
+    ref = _recipe()["ref"]
+    named = {}
+    for path in sorted(EXAMPLES.glob("*.yaml")):
+        for image in (i for d in yaml.safe_load_all(path.read_text()) for i in _images(d)):
+            if "oci-gpu-hook" in image:
+                named.setdefault(path.name, set()).add(image)
+    assert "daemonset.yaml" in named
+    for name, images in named.items():
+        assert images == {ref}, f"{name} names {images}, not {ref} (image/build.sh)"
+    text = (EXAMPLES / "daemonset.yaml").read_text()
+    assert "placeholder" not in text and "registry.example" not in text
+    # the copied environment's directory, where install runs from, is the version's
+    envs = set(re.findall(r"/usr/local/libexec/oci-gpu-hook/env-([^/\s.]+(?:\.[0-9]+)*)", text))
+    assert envs == {__version__}, envs
+
+
+def test_prebuilt_fronts_are_the_daemonsets() -> None:
+    """The build prebuilds the fronts of the DaemonSet's install command: its --set arguments, exactly."""
+    pod = yaml.safe_load((EXAMPLES / "daemonset.yaml").read_text())["spec"]["template"]["spec"]
+    (installer,) = (c for c in pod["initContainers"] if c["name"] == "install")
+    command = installer["command"]
+    sets = [command[i + 1] for i, word in enumerate(command) if word == "--set"]
+    assert sets and _recipe()["set"].split() == sets
+    assert command[0] == f"{_recipe()['env']}/bin/python3"
+
+
+def _compiler() -> str:
+    cc = launchers.find_cc()
+    if cc is None:
+        pytest.skip("no C compiler: the prebuilt fronts cannot be made here")
+    return cc
+
+
+def test_install_without_a_compiler_takes_the_prebuilt_front(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    _compiler()
+    monkeypatch.setattr(launchers, "PREBUILT_DIR", str(tmp_path / "prebuilt"))
+    items = ["OCI_GPU_HOOK_ALLOW_ENV_REQUESTS=false"]
+    written = launchers.prebuild_fronts(items, [])
+    assert len(written) == len(launchers.LAUNCHERS) and all(Path(p).read_bytes()[:4] == b"\x7fELF" for p in written)
+    monkeypatch.setattr(launchers, "find_cc", lambda: None)
+    defaults = launchers.launcher_defaults(items, "install")
+    files = dict(launchers.launcher_files(LAUNCHER_DIR, defaults, native=None, trust=True))
+    prebuilt = {Path(p).read_bytes() for p in written}
+    for name, _module in launchers.LAUNCHERS:
+        assert files[f"{LAUNCHER_DIR}/{name}"] in prebuilt  # the front, from the package, not compiled
+        assert files[f"{LAUNCHER_DIR}/{name}.py"].startswith(b"#!")
+    assert "no C compiler" not in capsys.readouterr().err
+    # another install (another --set) has another header: no prebuilt front, the Python launchers with a note
+    other = launchers.launcher_defaults(["OCI_GPU_HOOK_ALLOW_ENV_REQUESTS=true"], "install")
+    files = dict(launchers.launcher_files(LAUNCHER_DIR, other, native=None, trust=True))
+    assert set(files) == {f"{LAUNCHER_DIR}/{name}" for name, _ in launchers.LAUNCHERS}
+    assert all(data.startswith(b"#!") for data in files.values())
+    assert "no C compiler found" in capsys.readouterr().err
+    with pytest.raises(HookError, match="no C compiler found"):
+        launchers.launcher_files(LAUNCHER_DIR, other, native=True, trust=True)
+    # a prebuilt front of another front.c (an upgrade's source) is not taken
+    monkeypatch.setattr(launchers, "front_key", lambda header: "0" * 64)
+    files = dict(launchers.launcher_files(LAUNCHER_DIR, defaults, native=None, trust=True))
+    assert all(data.startswith(b"#!") for data in files.values())
