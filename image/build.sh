@@ -63,7 +63,7 @@ echo "== image root"
 mmdebstrap --quiet --variant=essential \
     --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
     --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/info/*' \
-    --customize-hook="sync-in $work/env /opt/oci-gpu-hook" \
+    --customize-hook='mkdir -p "$1/opt/oci-gpu-hook"' --customize-hook="sync-in $work/env /opt/oci-gpu-hook" \
     --customize-hook="mkdir -p \"\$1$(dirname "$env_dir")\" && ln -s /opt/oci-gpu-hook \"\$1$env_dir\"" \
     --customize-hook='rm -rf "$1"/var/log/* "$1"/var/cache/ldconfig/aux-cache "$1"/var/lib/dpkg/*-old \
         "$1"/etc/machine-id "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/* "$1"/dev/* "$1"/tmp/*' \

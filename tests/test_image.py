@@ -26,6 +26,7 @@ from oci_gpu_hook.host.install.paths import LAUNCHER_DIR
 REPO = Path(__file__).resolve().parent.parent
 BUILD = REPO / "image" / "build.sh"
 STAGE = REPO / "image" / "stage-env.sh"
+CHECK = REPO / "image" / "check.sh"
 EXAMPLES = REPO / "examples" / "kubernetes"
 IMAGE = "localhost/oci-gpu-hook"
 
@@ -38,10 +39,11 @@ def _recipe() -> dict[str, str]:
 
 
 def test_scripts_parse() -> None:
-    assert subprocess.run(["bash", "-n", str(BUILD)], capture_output=True, timeout=30).returncode == 0
+    for script in (BUILD, CHECK):
+        assert subprocess.run(["bash", "-n", str(script)], capture_output=True, timeout=30).returncode == 0
     assert subprocess.run(["sh", "-n", str(STAGE)], capture_output=True, timeout=30).returncode == 0
     if shutil.which("shellcheck"):
-        done = subprocess.run(["shellcheck", "-S", "warning", str(BUILD), str(STAGE)], capture_output=True,
+        done = subprocess.run(["shellcheck", "-S", "warning", str(BUILD), str(CHECK), str(STAGE)], capture_output=True,
                               text=True, timeout=60)
         assert done.returncode == 0, done.stdout
 
