@@ -66,8 +66,11 @@ mmdebstrap --quiet --variant=essential \
     --customize-hook='mkdir -p "$1/opt/oci-gpu-hook"' --customize-hook="sync-in $work/env /opt/oci-gpu-hook" \
     --customize-hook="mkdir -p \"\$1$(dirname "$env_dir")\" && ln -s /opt/oci-gpu-hook \"\$1$env_dir\"" \
     --customize-hook='rm -rf "$1"/var/log/* "$1"/var/cache/ldconfig/aux-cache "$1"/var/lib/dpkg/*-old \
-        "$1"/etc/machine-id "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/* "$1"/dev/* "$1"/tmp/*' \
+        "$1"/etc/machine-id "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*' \
     "$suite" "$work/root" "$mirror"
+# after mmdebstrap, which mounts device nodes and /tmp into the root while its hooks run: a container runtime
+# makes /dev itself, and the layer holds no device node
+find "$work/root/dev" "$work/root/tmp" -mindepth 1 -delete
 
 echo "== OCI layout"
 "$python" - "$repo" "$work/root" "$output" "$ref" <<'PYTHON'
