@@ -40,7 +40,7 @@ command -v mmdebstrap >/dev/null || { echo "image/build.sh: no mmdebstrap (apt-g
 SOURCE_DATE_EPOCH=$(git -C "$repo" log -1 --format=%ct)
 export SOURCE_DATE_EPOCH
 work=$(mktemp -d /tmp/oci-gpu-hook-image.XXXXXX)
-trap 'rm -rf "$work"' EXIT
+trap 'rm -rf --one-file-system "$work"' EXIT
 start=$(date +%s)
 
 echo "== source and wheels (commit $(git -C "$repo" rev-parse --short HEAD), SOURCE_DATE_EPOCH=$SOURCE_DATE_EPOCH)"
@@ -57,7 +57,7 @@ mmdebstrap --quiet --variant=minbase --include=python3,python3-venv,gcc,libc6-de
         sh /tmp/stage-env.sh $env_dir /tmp/wheels $version ${daemonset_set[*]}" \
     --customize-hook="sync-out $env_dir $work/env" \
     "$suite" "$work/builder" "$mirror"
-rm -rf "$work/builder"
+rm -rf --one-file-system "$work/builder"
 
 echo "== image root"
 mmdebstrap --quiet --variant=essential \

@@ -25,9 +25,11 @@ import pytest
 import yaml
 
 from oci_gpu_hook import __version__
+from oci_gpu_hook.host import planner as planner_module
 from oci_gpu_hook.host.containerd import RUNTIME_NAME
 from tests.conftest import need
 from tests.helpers import containerlib as cl
+from tests.helpers import plannerlib
 from tests.helpers.installtrees import CONTAINERD_V2, containerd_binary, put
 
 pytestmark = pytest.mark.containers
@@ -148,7 +150,7 @@ def test_the_launchers_run_on_the_host_from_the_copy_alone(installed: Node) -> N
              "pydantic_core\n"
              "maps = {l.split()[-1] for l in open('/proc/self/maps') if '/' in l}\n"
              "print(json.dumps([sys.executable, sorted(m for m in maps if not m.startswith(sys.argv[1]))]))\n")
-    script = (f"mount -t tmpfs tmpfs /usr/local && mkdir -p {LAUNCHER_DIR} && "
+    script = (f"mount -t tmpfs -o mode=755 tmpfs /usr/local && mkdir -p {LAUNCHER_DIR} && "
               f"mount --bind {launcher_dir} {LAUNCHER_DIR} && "
               f"{LAUNCHER_DIR}/oci-gpu-hook --help >/dev/null && "
               f"env -i {ENV_DIR}/bin/python3 -I -c \"$1\" {ENV_DIR}/")
@@ -176,3 +178,68 @@ def test_install_again_from_the_image_changes_nothing(installed: Node) -> None:
     after = snapshot()
     assert sorted(after) == sorted(before)
     assert [k for k in before if before[k] != after[k]] == []
+
+
+def _version_lines(launcher_dir: Path) -> set[bytes]:
+    """The planner version lines the node's launchers carry."""
+    import re
+
+    return {m for p in launcher_dir.iterdir() if p.is_file()
+            for m in re.findall(rb"oci-gpu-hook [0-9][^ \0]* planner/[0-9]+ [0-9a-f]{24}", p.read_bytes())}
+
+
+def test_upgrade_from_a_newer_image(installed: Node, tmp_path: Path) -> None:
+    """A newer image over this one (OCI_GPU_HOOK_IMAGE_NEXT, the same commit with another version: docs/image.md):
+    its copy-environment and install, the DaemonSet's with the new version, rewrite the launchers to name the new
+    environment, once; the old planner, still running, refuses the new launchers' version line (they start Python
+    until the new planner takes the socket) and no launcher of the old build is left.  Run last: it changes the
+    module's node."""
+    archive = os.environ.get("OCI_GPU_HOOK_IMAGE_NEXT")
+    if not archive:
+        pytest.skip("OCI_GPU_HOOK_IMAGE_NEXT is not set: build a newer version's image (docs/image.md), name it")
+    done = subprocess.run([*installed.podman, "load", "-i", archive], capture_output=True, text=True, timeout=600,
+                          check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (next_image,) = {w for w in done.stdout.split() if w.startswith("localhost/oci-gpu-hook:")} - {installed.image}
+    next_version = next_image.rpartition(":")[2]
+    launcher_dir = installed.root / LAUNCHER_DIR.lstrip("/")
+    (old_line,) = _version_lines(launcher_dir)
+    socket_path = tmp_path / "planner" / "planner.sock"
+    socket_path.parent.mkdir(mode=0o700)
+    serve = (f"mount -t tmpfs -o mode=755 tmpfs /usr/local && mkdir -p {LAUNCHER_DIR} && "
+             f"mount --bind {launcher_dir} {LAUNCHER_DIR} && exec {LAUNCHER_DIR}/oci-gpu-hook serve \"$@\"")
+    old_planner = plannerlib.Planner(launcher_dir / "oci-gpu-hook", socket_path, {"PATH": "/usr/sbin:/usr/bin:/bin"},
+                                     workers=1, argv=["unshare", "-m", "sh", "-c", serve, "sh"]).start()
+    fds = plannerlib.namespace_fds()
+    try:
+        def answer(line: bytes) -> bytes:
+            data = plannerlib.request_bytes(line.decode(), "oci-gpu-hook", "/x", ["precreate"], ["PATH=/bin"], b"{}")
+            try:
+                return plannerlib.ask(socket_path, data, fds)
+            except BrokenPipeError:
+                return b""
+
+        assert planner_module.decode_answer(answer(old_line))[1] == b"ok"
+        text = DAEMONSET.read_text().replace(f"env-{__version__}", f"env-{next_version}").replace(
+            f"oci-gpu-hook:{__version__}", f"oci-gpu-hook:{next_version}")
+        pod = yaml.safe_load(text)["spec"]["template"]["spec"]
+        upgrade = Node(installed.base, installed.root, installed.podman, next_image)
+        for container in pod["initContainers"]:
+            done = upgrade.run(container)
+            assert done.returncode == 0, f"{container['name']}: {done.stdout}{done.stderr}"
+        (new_line,) = _version_lines(launcher_dir)
+        assert new_line != old_line and f"oci-gpu-hook {next_version} ".encode() in new_line
+        hook_py = (launcher_dir / "oci-gpu-hook.py").read_text()
+        assert f"env-{next_version}/" in hook_py and f"env-{__version__}/" not in hook_py
+        assert (installed.root / ENV_DIR.lstrip("/")).is_dir()  # the old environment: its running planner's
+        refused = planner_module.encode_answer(old_line.decode(), "refused")
+        assert answer(new_line) in (b"", refused)  # the old planner does not serve the new launchers
+        # install again from the new image (a pod restart): nothing changes
+        before = {p.name: p.read_bytes() for p in launcher_dir.iterdir() if p.is_file()}
+        for container in pod["initContainers"]:
+            assert upgrade.run(container).returncode == 0
+        assert {p.name: p.read_bytes() for p in launcher_dir.iterdir() if p.is_file()} == before
+    finally:
+        for fd in fds:
+            os.close(fd)
+        old_planner.stop()
