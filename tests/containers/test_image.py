@@ -28,11 +28,13 @@ from oci_gpu_hook import __version__
 from oci_gpu_hook.host import planner as planner_module
 from oci_gpu_hook.host.containerd import RUNTIME_NAME
 from tests.conftest import need
+from tests.helpers import containerdlib as ctrd
 from tests.helpers import containerlib as cl
 from tests.helpers import plannerlib
 from tests.helpers.installtrees import CONTAINERD_V2, containerd_binary, put
 
 pytestmark = pytest.mark.containers
+daemon = ctrd.daemon  # a private containerd 1.6, for the import
 
 REPO = Path(__file__).resolve().parent.parent.parent
 DAEMONSET = REPO / "examples" / "kubernetes" / "daemonset.yaml"
@@ -92,6 +94,17 @@ def installed(node: Node) -> Node:
         done = node.run(container)
         assert done.returncode == 0, f"{container['name']}: {done.stdout}{done.stderr}"
     return node
+
+
+def test_containerd_imports_and_runs_the_image(node: Node, daemon: ctrd.Daemon) -> None:
+    """``ctr images import`` of the archive (containerd 1.6), and a container of it: the CLI from the environment."""
+    archive = os.environ["OCI_GPU_HOOK_IMAGE"]
+    done = daemon.ctr("images", "import", archive, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert node.image in daemon.ctr("images", "ls", "-q").stdout.split()
+    done = daemon.ctr("run", "--rm", "--runc-root", str(daemon.base / "runc"), "--fifo-dir", str(daemon.base / "fifo"),
+                      node.image, f"image-{os.getpid()}", "/opt/oci-gpu-hook/bin/oci-gpu-hook", "--help", timeout=120)
+    assert done.returncode == 0 and "usage: oci-gpu-hook" in done.stdout, done.stdout + done.stderr
 
 
 def test_install_from_the_image_writes_the_node_files(installed: Node) -> None:
