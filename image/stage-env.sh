@@ -23,6 +23,9 @@ cp /usr/bin/$py "$base/bin/$py"
 tar -C /usr/lib -cf - --exclude=__pycache__ --exclude="$py/test" --exclude="$py/idlelib" --exclude="$py/tkinter" \
     --exclude="$py/turtledemo" --exclude="$py/lib2to3" --exclude="$py/ensurepip" --exclude="$py/pydoc_data" \
     --exclude="$py/config-3.11-x86_64-linux-gnu" "$py" | tar -C "$base/lib" -xf -
+# Debian links sitecustomize.py to /etc/python3.11/sitecustomize.py: on a node that would run the node's file (or
+# name a missing one) at every start with site.  Nothing in ENV may name a path outside it.
+find "$base/lib/$py" -type l -lname '/*' -print -delete
 
 # pip runs from a throw-away venv of the builder; the environment gets no pip
 python3 -m venv /tmp/tools
