@@ -43,12 +43,23 @@ ENV_DIR = f"{LAUNCHER_DIR}/env-{__version__}"
 IMAGE_ONLY = "/opt/oci-gpu-hook"
 
 
+def _files(root: Path) -> dict[str, bytes]:
+    """Every file and link under a node tree, by path: its bytes (a link: its target)."""
+    found = {}
+    for directory, _dirs, names in os.walk(root):
+        for name in names:
+            path = Path(directory) / name
+            found[str(path.relative_to(root))] = os.readlink(path).encode() if path.is_symlink() else path.read_bytes()
+    return found
+
+
 @dataclass
 class Node:
     base: Path
     root: Path
     podman: list[str]
     image: str
+    pristine: dict[str, bytes] | None = None  # the node's files before anything ran
 
     def run(self, container: dict[str, object]) -> subprocess.CompletedProcess[str]:
         """One container of the DaemonSet, as the kubelet would start it, on this node tree."""
@@ -84,7 +95,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     containerd_binary(root, "v1.7.24", "build-info", "/usr/bin/containerd")
     put(root, "/etc/containerd/config.toml", CONTAINERD_V2)
     (root / "sys").mkdir()  # where the node's sysfs is mounted, under its / (the DaemonSet mounts both)
-    yield Node(base, root, podman, image)
+    yield Node(base, root, podman, image, _files(root))
     subprocess.run([*podman, "rmi", "-af"], capture_output=True, timeout=300, check=False)
 
 
@@ -258,3 +269,19 @@ def test_upgrade_from_a_newer_image(installed: Node, tmp_path: Path) -> None:
         for fd in fds:
             os.close(fd)
         old_planner.stop()
+
+
+def test_uninstall_from_the_image_returns_the_node(installed: Node) -> None:
+    """The install container with ``install --uninstall`` (no --set, --host-root: it reads the manifest) puts every
+    file install wrote or changed back as it was; what is left is copy-environment's (the environments, which no
+    install wrote) and the directories the DaemonSet's volumes made.  Run after the upgrade where it ran."""
+    pod = yaml.safe_load(DAEMONSET.read_text())["spec"]["template"]["spec"]
+    (installer,) = (c for c in pod["initContainers"] if c["name"] == "install")
+    command = [*installer["command"][:installer["command"].index("install") + 1], "--uninstall"]
+    done = installed.run({**installer, "command": command})
+    assert done.returncode == 0, done.stdout + done.stderr
+    after = {k: v for k, v in _files(installed.root).items()
+             if not k.startswith(f"{LAUNCHER_DIR.lstrip('/')}/env-")}
+    assert installed.pristine is not None
+    assert sorted(after) == sorted(installed.pristine)
+    assert [k for k in after if after[k] != installed.pristine[k]] == []
