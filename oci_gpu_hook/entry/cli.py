@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import sys
 
+from oci_gpu_hook import CREATE_RUNTIME_HOOKS, LIVE_COMMANDS, PRECREATE
+
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
 
 if TYPE_CHECKING:
@@ -93,9 +95,6 @@ def usage() -> str:
     return "".join(lines) + USAGE_TAIL
 
 
-PRECREATE = "precreate"  # the spec on stdin, the spec on stdout
-LIVE_COMMANDS = ("prestart", "createRuntime")  # the state on stdin; the plan applied to the running container
-CREATE_RUNTIME_HOOKS = ("links", "ldcache")  # what to make is in their arguments
 HOT_COMMANDS = frozenset({PRECREATE, *LIVE_COMMANDS, *CREATE_RUNTIME_HOOKS})  # the table's hooks (those with help)
 
 

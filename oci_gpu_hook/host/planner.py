@@ -13,7 +13,8 @@ have started: it enters the front's mount namespace, root and working directory 
 bundle and log file is the one the front sees), takes its environment, umask, argv and stdin, the parent pid that
 ``check_container`` compares, and the stdio encoding CPython would have picked for that environment
 (:func:`python_stdio`; a front whose Python would not write UTF-8 is sent back), and then runs the launcher's own
-entry point, ``entry.cli.main`` or ``entry.runtime.prepare`` -- the same code on the same inputs.  It writes
+entry point, ``entry.cli.main`` or ``entry.runtime.prepare`` (which ``serve``'s command passes in: the planner imports
+nothing of the entry layer) -- the same code on the same inputs.  It writes
 config.json itself, as Python does (:func:`oci_gpu_hook.atomic.write_atomic`: a rename, so a planner killed
 mid-request leaves the old file or the new one, never half of one).  **Once or not at all** (the protocol, below):
 nothing outside the worker changes before the front's GO, which comes only inside the front's bound; after it, the
@@ -48,9 +49,13 @@ TYPE_CHECKING = False  # not typing.TYPE_CHECKING: the launchers import this mod
 
 if TYPE_CHECKING:
     import socket as socket_module
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from oci_gpu_hook.config import Config
+
+    # a launcher's entry point, which the entry layer passes in (``serve``'s command): (role, argv, the runtime baked
+    # into the shim's launcher) -> (exit status, the runtime to exec or None)
+    Launch = Callable[[str, list[str], str], tuple[int, str | None]]
 
 DEFAULT_SOCKET = "/run/oci-gpu-hook/planner.sock"
 SOCKET_ENV = "OCI_GPU_HOOK_PLANNER_SOCKET"  # overrides the socket the front asks ('' : never ask)
@@ -156,7 +161,7 @@ class Request:
 
     @property
     def live(self) -> bool:
-        from oci_gpu_hook.entry.cli import LIVE_COMMANDS
+        from oci_gpu_hook import LIVE_COMMANDS
 
         return self.role == "oci-gpu-hook" and bool(self.args) and os.fsdecode(self.args[0]) in LIVE_COMMANDS
 
@@ -607,7 +612,7 @@ def prepare_entry(request: Request) -> tuple[str, str]:
     launcher and its command, the environment, the stdio CPython would pick (python_stdio)."""
     if request.role not in ROLES:
         raise BadRequest(f"no launcher {request.role!r}")
-    from oci_gpu_hook.entry.cli import LIVE_COMMANDS, PRECREATE
+    from oci_gpu_hook import LIVE_COMMANDS, PRECREATE
 
     if request.role == "oci-gpu-hook" and (len(request.args) != 1 or
                                            os.fsdecode(request.args[0]) not in (PRECREATE, *LIVE_COMMANDS)):
@@ -619,9 +624,9 @@ def prepare_entry(request: Request) -> tuple[str, str]:
     return errors, coerced
 
 
-def run_entry(request: Request, prepared: tuple[str, str]) -> tuple[int, bytes, bytes, bytes, bytes]:
-    """Run the launcher's entry point as the launcher process would: (exit status, runtime to exec, LC_CTYPE
-    entry for it, stdout, stderr)."""
+def run_entry(request: Request, prepared: tuple[str, str], launch: Launch) -> tuple[int, bytes, bytes, bytes, bytes]:
+    """Run the launcher's entry point (``launch``) as the launcher process would: (exit status, runtime to exec,
+    LC_CTYPE entry for it, stdout, stderr)."""
     import io
 
     errors, coerced = prepared
@@ -635,14 +640,7 @@ def run_entry(request: Request, prepared: tuple[str, str]) -> tuple[int, bytes, 
     sys.argv = [os.fsdecode(request.argv0), *args]
     runtime = None
     try:
-        if request.role == "oci-gpu-runtime":
-            from oci_gpu_hook.entry.runtime import prepare
-
-            code, runtime = prepare(args, os.fsdecode(request.baked_runtime))
-        else:
-            from oci_gpu_hook.entry.cli import main
-
-            code = main(args)
+        code, runtime = launch(request.role, args, os.fsdecode(request.baked_runtime))
     except SystemExit as done:  # sys.exit(main()) in the launcher
         if done.code is None or isinstance(done.code, int):
             code = done.code or 0
@@ -665,10 +663,10 @@ def peer_uid(conn: socket_module.socket) -> int:
 
 
 def serve_one(conn: socket_module.socket, version: str, own: Credentials | None = None, own_securebits: int = 0,
-              watch: PackageWatch | None = None) -> str:
+              watch: PackageWatch | None = None, *, launch: Launch) -> str:
     """Read, check, run and answer one request on ``conn`` (see the protocol above); what happened, in a word (for
     the planner's log).  ``own``: the planner's credentials, which the front's must match; ``watch``: the
-    package's files, which must not have changed since the planner started."""
+    package's files, which must not have changed since the planner started; ``launch``: the entry points."""
     import time
 
     deadline = time.monotonic() + ANSWER_TIMEOUT_MS / 1000  # the front's bound, which began before our accept
@@ -713,7 +711,7 @@ def serve_one(conn: socket_module.socket, version: str, own: Credentials | None 
         except OSError as err:
             raise GaveUp(str(err)) from None
         started = True
-        code, runtime, setenv, out, err = run_entry(request, prepared)
+        code, runtime, setenv, out, err = run_entry(request, prepared, launch)
     except GaveUp as gone:
         return f"the front gave up before go ({gone}): nothing done"
     except (BadRequest, OSError, UnicodeDecodeError, HookError) as bad:
@@ -777,8 +775,9 @@ class Planner:
     """The pool: a listening socket and up to ``workers`` forked workers, each serving one request."""
 
     def __init__(self, socket_path: str, workers: int, version: str, verbose: bool = False,
-                 own: Credentials | None = None, watch: PackageWatch | None = None) -> None:
+                 own: Credentials | None = None, watch: PackageWatch | None = None, *, launch: Launch) -> None:
         self.socket_path = socket_path
+        self.launch = launch
         self.own = own
         self.own_securebits = securebits() if own is not None else 0
         self.watch = watch
@@ -868,7 +867,7 @@ class Planner:
         started = time.monotonic()
         self.listener.close()
         with conn:
-            outcome = serve_one(conn, self.version, self.own, self.own_securebits, self.watch)
+            outcome = serve_one(conn, self.version, self.own, self.own_securebits, self.watch, launch=self.launch)
         if outcome.startswith("refused: stale"):
             os.kill(self.parent, signal.SIGTERM)  # where no inotify wakes it
         if (self.verbose and outcome != "ok: no request") or not outcome.startswith("ok"):  # before the time is added
@@ -920,7 +919,7 @@ class Planner:
             env = [b"PATH=/usr/bin:/bin", b"OCI_GPU_HOOK_CONFIG=" + os.fsencode(self.warm_dir) + b"/config.toml"]
             request = Request(self.version, "oci-gpu-runtime", b"/", b"/bin/true", os.getppid(), 0o022,
                               [b"create", b"--bundle", os.fsencode(bundle), b"warm-up"], env, None, [])
-            run_entry(request, prepare_entry(request))
+            run_entry(request, prepare_entry(request), self.launch)
         except (BadRequest, OSError, HookError):
             pass
         finally:
@@ -1043,7 +1042,8 @@ def preload(config: Config | None) -> None:
             pass
 
 
-def command(args: list[str], config: Config) -> int:
+def command(args: list[str], config: Config, launch: Launch) -> int:
+    """``serve``'s command line; ``launch`` runs the launchers' entry points (which only the entry layer imports)."""
     from oci_gpu_hook.cliparse import parser as _parser
 
     parser = _parser("serve", "The resident planner: answer the native front's GPU requests over a Unix socket "
@@ -1070,7 +1070,7 @@ def command(args: list[str], config: Config) -> int:
     version = version_line(build)
     if build_id() != build or watch.changed():
         raise HookError("the package changed while the planner was starting; start it again")
-    planner = Planner(opts.socket, int(opts.workers), version, opts.verbose, own, watch)
+    planner = Planner(opts.socket, int(opts.workers), version, opts.verbose, own, watch, launch=launch)
     planner.bind()
     planner.prepare_warm_up(config)
     return planner.run()
