@@ -164,7 +164,7 @@ def test_the_package_is_read() -> None:
     assert len(graph) > 50
     assert {"oci_gpu_hook.oci_argv", "oci_gpu_hook.errors"} <= graph["oci_gpu_hook.entry.runtime"]
     assert "oci_gpu_hook.host.planner" in graph["oci_gpu_hook.host.launchers"]  # a lazy import, inside a function
-    assert "oci_gpu_hook.config" in graph["oci_gpu_hook.host.planner"]  # under TYPE_CHECKING
+    assert "oci_gpu_hook.config" in graph["oci_gpu_hook.host.planner.server"]  # under TYPE_CHECKING
 
 
 def test_no_import_climbs_a_layer() -> None:
