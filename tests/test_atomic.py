@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -104,6 +105,20 @@ def test_a_symlinked_parent_leads_inside_the_root(tree: dict[str, Path], aim: st
     assert len(found) == 1 and found[0].read_text() == "/usr/lib/x\n", found
     assert stat.S_IMODE(found[0].stat().st_mode) == 0o644
     assert tree["root"] in found[0].resolve().parents  # inside the root, wherever the symlink sent it
+
+
+def test_a_fifo_in_the_file_s_place_is_replaced_without_waiting(tree: dict[str, Path]) -> None:
+    """The unchanged-content check reads what is there: an image's FIFO there is no reason to wait for a writer (the
+    runtime's hook timeout, not one line).  In a child, so that a regression fails instead of hanging the suite."""
+    conf = tree["root"] / mounts.CONF_FILE.lstrip("/")
+    conf.parent.mkdir(parents=True)
+    os.mkfifo(conf)
+    code = ("import os, sys; from oci_gpu_hook.appliers import mounts; "
+            "fd = os.open(sys.argv[1], os.O_PATH | os.O_DIRECTORY); "
+            "mounts._write_in_root(fd, mounts.CONF_FILE, '/usr/lib/x\\n')")
+    subprocess.run([sys.executable, "-c", code, str(tree["root"])], check=True, timeout=60,
+                   cwd=Path(__file__).resolve().parent.parent)
+    assert stat.S_ISREG(os.lstat(conf).st_mode) and conf.read_text() == "/usr/lib/x\n"
 
 
 def test_a_planted_temp_is_never_reused_and_a_killed_writers_is_removed(tree: dict[str, Path]) -> None:

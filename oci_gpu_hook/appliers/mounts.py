@@ -279,7 +279,8 @@ def _write_in_root(root_fd: int, path: str, text: str) -> None:
     dir_fd = dir_in_root(root_fd, directory)
     try:
         try:
-            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+            # O_NONBLOCK: an image's FIFO in the file's place is opened without waiting for a writer (and replaced)
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
             try:
                 if stat.S_ISREG(os.fstat(fd).st_mode) and os.read(fd, 1 << 16) == text.encode():
                     return
