@@ -32,6 +32,9 @@ from oci_gpu_hook.inventory import scan
 from tests.helpers import fakesysfs
 from tests.helpers.fakeapiserver import FakeApiServer, slice_problems
 from tests.helpers.fakedrakubelet import FakeDraKubelet
+from tests.test_device_plugin_nvidia import MIG_GPU, MIG_UUID, fake_nvml, mig_tree
+
+__all__ = ["fake_nvml"]  # the fixture, used by name
 
 REPO = Path(__file__).resolve().parent.parent
 HOSTS = REPO / "examples" / "hosts"
@@ -440,3 +443,23 @@ def test_the_command_serves_the_kubelet_and_the_api_server(tmp_path: Path) -> No
     assert process.returncode == 0, err
     assert "prepared claim ml/gpu (uid-9): gpu-0000-e3-00-0" in err
     assert not left, "the registration socket outlived the plugin"
+
+
+# --- NVIDIA MIG (the fake NVML of tests/test_device_plugin_nvidia.py) ---------------------------------------------
+
+def test_mig_devices_are_devices_with_their_profile_and_gpu(tmp_path: Path, fake_nvml: Path) -> None:
+    from oci_gpu_hook.inventory import nvml
+
+    base = mig_tree(tmp_path / "host")
+    inventory = scan(str(base / "sys"), strict=False, proc_root=str(base / "proc"), driver_root=str(base / "driver"))
+    devices, notes = dra_devices.build(inventory)
+    assert notes == [], notes
+    split = next(g for g in fakesysfs.nvidia_mig_host().nvidia if g.pci == MIG_GPU)
+    migs = {d.name: d for d in devices if d.attributes["type"] == ("string", "mig")}
+    assert sorted(migs) == sorted(dra_devices.device_name(u) for u in MIG_UUID.values())
+    big = migs[dra_devices.device_name(MIG_UUID[(1, 0)])]
+    assert big.attributes["migProfile"] == ("string", "3g.40gb")
+    assert big.attributes["parent"] == ("string", split.uuid)
+    assert big.attributes["uuid"] == ("string", MIG_UUID[(1, 0)])
+    assert not any(d.attributes.get("uuid") == ("string", split.uuid) for d in devices)  # split: not published whole
+    assert nvml.profile(big.device) == "3g.40gb"  # type: ignore[arg-type]

@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from oci_gpu_hook.inventory import Inventory
 
 DEFAULT_DRIVER = "gpu.oci-gpu-hook.io"
-DEFAULT_CDI_DIR = "/var/run/cdi"  # transient, as the claims prepared: a reboot prepares them again
 DNS_SUBDOMAIN = re.compile(r"^(?=.{1,63}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
@@ -53,8 +52,8 @@ def command(args: list[str], config: Config) -> int:
                         help="where the kubelet looks for plugins (default %(default)s)")
     parser.add_argument("--kubelet-plugins-dir", default="/var/lib/kubelet/plugins", metavar="DIR",
                         help="where the DRA socket and the checkpoint go, in <DIR>/<driver> (default %(default)s)")
-    parser.add_argument("--cdi-dir", default=DEFAULT_CDI_DIR, metavar="DIR",
-                        help="where the claims' CDI specs go (default %(default)s)")
+    parser.add_argument("--cdi-dir", default=config.cdi_dir, metavar="DIR",
+                        help="where the claims' CDI specs go (default: cdi_dir, %(default)s)")
     parser.add_argument("--state-dir", default=None, metavar="DIR",
                         help="where the checkpoint goes (default: <kubelet plugins dir>/<driver>)")
     parser.add_argument("--rescan-interval", metavar="SECONDS", default="10",

@@ -44,6 +44,12 @@ DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 SEMVER = re.compile(r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$")
 VENDORS = {"amd": "amd", "intel": "intel", "nvidia": "nvidia"}
 MAX_STRING = 64  # the API's limit on a string or version attribute
+# Every attribute this driver may publish (the module docstring says what each is): claims and DeviceClasses
+# select on these names.
+ATTRIBUTES = ("vendor", "type", "model", "productName", "architecture", "pciAddress", "pciDeviceId", "stableName",
+              "parent", "uuid", "numaNode", "partitionIndex", "computePartition", "memoryPartition", "migProfile",
+              "hiveId", "driver", "driverVersion")
+CAPACITIES = ("memory",)
 
 
 @dataclass(frozen=True)
@@ -192,6 +198,7 @@ def build(inventory: Inventory) -> tuple[list[DraDevice], list[str]]:
                 _amd(inventory, device, attributes, capacity)
             elif kind == "nvidia":
                 _nvidia(inventory, device, attributes)
+            assert set(attributes) <= set(ATTRIBUTES) and set(capacity) <= set(CAPACITIES)
             name = device_name(stable)
             if not DNS_LABEL.match(name):
                 notes.append(f"{kind} device {stable} left out: {name!r} is no DNS label")
