@@ -28,6 +28,7 @@ from oci_gpu_hook.host.dra.claims import Claims, spec_file
 from oci_gpu_hook.host.dra.kube import Client, Credentials
 from oci_gpu_hook.host.dra.server import Driver
 from oci_gpu_hook.host.dra.slices import Publisher, slice_objects
+from oci_gpu_hook.host.watch import QueueEvents
 from oci_gpu_hook.inventory import scan
 from tests.helpers import fakesysfs
 from tests.helpers.fakeapiserver import FakeApiServer, slice_problems
@@ -127,7 +128,8 @@ def _sockets(tmp: Path) -> Path:
     return Path(os.readlink(link))
 
 
-def _driver(tmp: Path, sysfs: Path, api: FakeApiServer, logs: list[str], version: str | None = None) -> Driver:
+def _driver(tmp: Path, sysfs: Path, api: FakeApiServer, logs: list[str], version: str | None = None,
+            **options: object) -> Driver:
     config = Config(sysfs_root=str(sysfs))
     client = Client(Credentials(api.url, str(api.token_file), str(api.cert)))
     publisher = Publisher(client, DRIVER, NODE, logs.append, version)
@@ -144,7 +146,7 @@ def _driver(tmp: Path, sysfs: Path, api: FakeApiServer, logs: list[str], version
 
     return Driver(DRIVER, lambda: scan(str(sysfs), strict=False), publisher, claims,
                   registry_dir=str(_sockets(tmp) / "registry"), plugins_dir=str(_sockets(tmp) / "plugins"),
-                  rescan_interval=0, log=logs.append)
+                  log=logs.append, **{"rescan_interval": 0, **options})  # type: ignore[arg-type]
 
 
 def _rig(tmp: Path, host: fakesysfs.FakeHost, *, versions: tuple[str, ...] = ("v1", "v1beta2", "v1beta1"),
@@ -228,6 +230,33 @@ def test_a_mode_change_republishes_the_gpus_devices(rig: Rig) -> None:
     assert sorted(devices) == ["gpu-0000-05-00-0-p0", "gpu-0000-26-00-0-p0"]
     assert devices["gpu-0000-05-00-0-p0"]["attributes"]["computePartition"] == {"string": "SPX"}
     assert published["spec"]["pool"]["generation"] == 2
+
+
+def test_a_gpu_uevent_brings_the_rescan_forward(tmp_path: Path) -> None:
+    """A rescan interval of an hour: the GPU's drm uevent, not an unrelated one, makes the next step rescan."""
+    sysfs = Path(fakesysfs.build(str(tmp_path / "sys"), fakesysfs.seed_host()))
+    api = FakeApiServer(tmp_path)
+    logs: list[str] = []
+    events = QueueEvents()
+    driver = _driver(tmp_path, sysfs, api, logs, rescan_interval=3600, events=events, uevent_delay=0)
+    try:
+        driver.step()
+        fakesysfs.remove_gpu(str(sysfs), fakesysfs.seed_host(), "0000:23:00.0")
+        events.put({"ACTION": "add", "SUBSYSTEM": "pci", "DEVPATH": "/devices/unrelated"})
+        driver._wait(0.3)
+        driver.step()
+        assert len(api.slices()[0]["spec"]["devices"]) == 8  # not rescanned
+        events.put({"ACTION": "remove", "SUBSYSTEM": "drm", "DEVNAME": "dri/card2"})
+        driver._wait(0.3)
+        driver.step()
+        (published,) = api.slices()
+        assert "gpu-0000-23-00-0" not in [d["name"] for d in published["spec"]["devices"]]
+        assert any(line.startswith("uevent remove drm dri/card2: 7 device(s); gone gpu-0000-23-00-0")
+                   for line in logs), logs
+    finally:
+        driver.sockets.stop()
+        api.close()
+        shutil.rmtree(_sockets(tmp_path), ignore_errors=True)
 
 
 def test_a_slice_deleted_by_someone_else_is_written_again(rig: Rig) -> None:

@@ -26,20 +26,11 @@ DEFAULT_DRIVER = "gpu.oci-gpu-hook.io"
 DNS_SUBDOMAIN = re.compile(r"^(?=.{1,63}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
-def _seconds(text: str, what: str, low: float, high: float) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not low <= value <= high:
-        raise HookError(f"{what} {text!r}: expected seconds, {low:g} to {high:g}")
-    return value
-
-
 def command(args: list[str], config: Config) -> int:
     import signal
 
     from oci_gpu_hook.cliparse import parser as _parser
+    from oci_gpu_hook.host.deviceplugin import _seconds
     from oci_gpu_hook.host.dra.slices import VERSIONS
 
     parser = _parser("dra", "A Kubernetes DRA driver: publish this node's GPUs, partitions and MIG devices as "

@@ -35,6 +35,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 from oci_gpu_hook.appliers import cdi
 from oci_gpu_hook.atomic import remove_file, write_atomic
@@ -120,8 +121,8 @@ class Claims:
         if self.client is None:
             raise ClaimError(f"{what}: no API server to read its allocation from")
         try:
-            claim = self.client.get(f"/apis/resource.k8s.io/{self.api_version()}/namespaces/{namespace}/"
-                                    f"resourceclaims/{name}")
+            claim = self.client.get(f"/apis/resource.k8s.io/{self.api_version()}/namespaces/{quote(namespace, '')}/"
+                                    f"resourceclaims/{quote(name, '')}")
         except ApiError as err:
             raise ClaimError(f"{what}: cannot read it: {err}") from None
         found = claim.get("metadata", {}).get("uid")

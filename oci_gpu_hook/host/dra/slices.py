@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import quote
 
 from oci_gpu_hook.host.dra.devices import DraDevice
 from oci_gpu_hook.host.dra.kube import ApiError, Client
@@ -101,7 +102,7 @@ class Publisher:
         if not self.owner_read:
             self.owner_read = True
             try:
-                node = self.client.get(f"/api/v1/nodes/{self.node}")
+                node = self.client.get(f"/api/v1/nodes/{quote(self.node, '')}")
                 uid = node.get("metadata", {}).get("uid")
                 if uid:
                     self.owner = {"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": uid,
@@ -146,7 +147,3 @@ class Publisher:
         self.log(f"published {len(devices)} device(s) in {len(wanted)} ResourceSlice(s) of pool {self.node}, "
                  f"generation {self.generation} ({GROUP}/{self.version})")
         return True
-
-    def withdraw(self) -> None:
-        """Delete the node's slices of the driver (``--withdraw-on-exit``)."""
-        self.sync([])
