@@ -492,3 +492,27 @@ def test_mig_devices_are_devices_with_their_profile_and_gpu(tmp_path: Path, fake
     assert big.attributes["uuid"] == ("string", MIG_UUID[(1, 0)])
     assert not any(d.attributes.get("uuid") == ("string", split.uuid) for d in devices)  # split: not published whole
     assert nvml.profile(big.device) == "3g.40gb"  # type: ignore[arg-type]
+
+
+def test_a_host_that_cannot_be_read_refuses_the_claim_in_one_line(tmp_path: Path) -> None:
+    api = FakeApiServer(tmp_path)
+    logs: list[str] = []
+    driver = _driver(tmp_path, tmp_path / "no-sys", api, logs)
+
+    def broken(_root: object = None) -> object:
+        raise OSError(5, "Input/output error")
+
+    driver.scan = broken  # type: ignore[assignment]
+    kubelet = FakeDraKubelet(str(_sockets(tmp_path) / "registry"))
+    try:
+        driver.step()
+        kubelet.discover()
+        api.add_claim("default", "c", "uid-c", [{"request": "r", "driver": DRIVER, "pool": NODE, "device": "gpu-x"}])
+        error = kubelet.prepare(("default", "c", "uid-c")).claims["uid-c"].error  # type: ignore[attr-defined]
+        assert error == "claim default/c: cannot read this node's devices: [Errno 5] Input/output error"
+        assert "rescan (start) failed, no devices known yet: [Errno 5] Input/output error" in logs
+    finally:
+        kubelet.close()
+        driver.sockets.stop()
+        api.close()
+        shutil.rmtree(_sockets(tmp_path), ignore_errors=True)

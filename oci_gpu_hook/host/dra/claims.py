@@ -145,7 +145,10 @@ class Claims:
             raise ClaimError(f"claim {namespace}/{name}: UID {uid!r} is no UID")
         results = self._allocation(namespace, name, uid)
         with self.lock:
-            inventory, published = self.current()
+            try:
+                inventory, published = self.current()
+            except HookError as err:
+                raise ClaimError(f"claim {namespace}/{name}: {err}") from None
             chosen: list[tuple[dict[str, Any], DraDevice]] = []
             for result in results:
                 pool, device = str(result.get("pool", "")), str(result.get("device", ""))

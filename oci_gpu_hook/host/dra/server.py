@@ -84,6 +84,13 @@ class RegistrationServicer(reg_grpc.RegistrationServicer):
         return reg.RegistrationStatusResponse()
 
 
+def _line(err: Exception, claim: Any) -> str:
+    if isinstance(err, ClaimError):
+        return str(err)
+    detail = str(err) if isinstance(err, (HookError, OSError)) else f"internal error: {type(err).__name__}: {err}"
+    return f"claim {claim.namespace}/{claim.name}: {' '.join(detail.split())}"
+
+
 def _dra_servicer(pb2: Any, pb2_grpc: Any, claims: Claims, log: Log) -> Any:
     """The DRAPlugin service of one API version (v1 and v1beta1 differ only in their package)."""
 
@@ -94,9 +101,9 @@ def _dra_servicer(pb2: Any, pb2_grpc: Any, claims: Claims, log: Log) -> Any:
                 entry = response.claims[claim.uid]
                 try:
                     prepared = claims.prepare(claim.namespace, claim.name, claim.uid)
-                except ClaimError as err:
-                    log(f"prepare: {err}")
-                    entry.error = str(err)
+                except Exception as err:  # a claim's failure is its entry's one line, never the whole call's
+                    entry.error = _line(err, claim)
+                    log(f"prepare: {entry.error}")
                     continue
                 for item in prepared:
                     entry.devices.add(request_names=[item.request] if item.request else [], pool_name=item.pool,
@@ -109,9 +116,9 @@ def _dra_servicer(pb2: Any, pb2_grpc: Any, claims: Claims, log: Log) -> Any:
                 entry = response.claims[claim.uid]
                 try:
                     claims.unprepare(claim.namespace, claim.name, claim.uid)
-                except ClaimError as err:
-                    log(f"unprepare: {err}")
-                    entry.error = str(err)
+                except Exception as err:
+                    entry.error = _line(err, claim)
+                    log(f"unprepare: {entry.error}")
             return response
 
     return Servicer()
@@ -225,12 +232,13 @@ class Driver:
                 devices, notes = build(inventory)
             except Exception as err:  # sysfs changing under the scan must not end the plugin
                 detail = str(err) if isinstance(err, (HookError, OSError)) else f"{type(err).__name__}: {err}"
-                message = f"rescan ({reason}) failed, keeping the last device list: {detail}"
+                keeping = "keeping the last device list" if self.inventory is not None else "no devices known yet"
+                message = f"rescan ({reason}) failed, {keeping}: {detail}"
                 if message != self.scan_error:
                     self.log(message)
                 self.scan_error = message
                 if self.inventory is None:
-                    raise HookError(message) from None
+                    raise HookError(f"cannot read this node's devices: {detail}") from None
                 return self.inventory, self.devices
             self.scan_error = None
             for note in notes:
