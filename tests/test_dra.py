@@ -27,7 +27,7 @@ from oci_gpu_hook.host.dra import devices as dra_devices
 from oci_gpu_hook.host.dra.claims import Claims, spec_file
 from oci_gpu_hook.host.dra.kube import Client, Credentials
 from oci_gpu_hook.host.dra.server import Driver
-from oci_gpu_hook.host.dra.slices import Publisher, slice_objects
+from oci_gpu_hook.host.dra.slices import Publisher, choose_version, slice_objects
 from oci_gpu_hook.host.watch import QueueEvents
 from oci_gpu_hook.inventory import scan
 from tests.helpers import fakesysfs
@@ -135,10 +135,7 @@ def _driver(tmp: Path, sysfs: Path, api: FakeApiServer, logs: list[str], version
     publisher = Publisher(client, DRIVER, NODE, logs.append, version)
 
     def api_version() -> str:
-        if publisher.version is None:
-            publisher.sync([])  # not reached in these tests: the first step publishes
-        assert publisher.version is not None
-        return publisher.version
+        return publisher.version or choose_version(client)
 
     def claims(plugin: Driver) -> Claims:
         return Claims(config, DRIVER, NODE, str(tmp / "cdi"), str(tmp / "state"), client, plugin.current, logs.append,
@@ -516,3 +513,34 @@ def test_a_host_that_cannot_be_read_refuses_the_claim_in_one_line(tmp_path: Path
         driver.sockets.stop()
         api.close()
         shutil.rmtree(_sockets(tmp_path), ignore_errors=True)
+
+
+def test_a_claim_of_two_vendors_gets_each_kinds_shared_edits_once(tmp_path: Path) -> None:
+    """The mixed example host (two AMD, two NVIDIA GPUs): one claim with one of each; its spec's own edits are
+    /dev/kfd and the NVIDIA control nodes and driver files, each device entry its own nodes only."""
+    host = HOSTS / "amd-nvidia-2x2"
+    config = Config(sysfs_root=str(host / "sys"), proc_root=str(host / "proc"), driver_root=str(host / "driver"))
+    inventory = scan(config.sysfs_root, strict=False, proc_root=config.proc_root, driver_root=config.driver_root)
+    devices, _ = dra_devices.build(inventory)
+    amd = next(d for d in devices if d.kind == "amd")
+    nvidia = next(d for d in devices if d.kind == "nvidia")
+    api = FakeApiServer(tmp_path)
+    try:
+        api.add_claim("default", "both", "uid-2", [{"request": "r", "driver": DRIVER, "pool": NODE, "device": d.name}
+                                                   for d in (amd, nvidia)])
+        client = Client(Credentials(api.url, str(api.token_file), str(api.cert)))
+        (tmp_path / "cdi").mkdir(mode=0o755)
+        claims = Claims(config, DRIVER, NODE, str(tmp_path / "cdi"), str(tmp_path / "state"), client,
+                        lambda: (inventory, devices), lambda _line: None, lambda: "v1")
+        prepared = claims.prepare("default", "both", "uid-2")
+    finally:
+        api.close()
+    assert [p.device for p in prepared] == [amd.name, nvidia.name]
+    spec = json.loads(Path(spec_file(str(tmp_path / "cdi"), DRIVER, "uid-2")).read_text())
+    cdi.validate(spec, "the claim's spec")
+    own = {d["name"]: [n["path"] for n in d["containerEdits"]["deviceNodes"]] for d in spec["devices"]}
+    assert own == {f"uid-2-{d.name}": [n.path for n in d.device.nodes + d.device.display_nodes]  # type: ignore[union-attr]
+                   for d in (amd, nvidia)}
+    shared = [n["path"] for n in spec["containerEdits"]["deviceNodes"]]
+    assert "/dev/kfd" in shared and "/dev/nvidiactl" in shared and len(shared) == len(set(shared))
+    assert spec["containerEdits"]["mounts"]  # the NVIDIA driver's files
