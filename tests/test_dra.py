@@ -292,7 +292,8 @@ def test_the_kubelet_registers_the_plugin_in_the_version_it_speaks(tmp_path: Pat
         registered = rig.kubelet.discover()
         assert (registered.driver, registered.service) == (DRIVER, speaks[0])
         assert registered.endpoint == str(_sockets(tmp_path) / "plugins" / DRIVER / "dra.sock")
-        assert list(registered.info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+        assert list(registered.info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin",
+                                                            "v1alpha1.DRAResourceHealth"]
         assert rig.driver.registration.status is not None and rig.driver.registration.status.plugin_registered
         claim = _allocated(rig, "two", "uid-two", "gpu-0000-23-00-0", "gpu-0000-63-00-0")
         answer = rig.kubelet.prepare(claim).claims["uid-two"]  # type: ignore[attr-defined]
@@ -396,6 +397,24 @@ def test_a_restarted_plugin_knows_what_is_prepared(rig: Rig) -> None:
         kubelet.close()
     finally:
         restarted.sockets.stop()
+
+
+def test_health_follows_the_devices(rig: Rig) -> None:
+    from oci_gpu_hook.host.dra import health_v1alpha1_pb2 as health
+
+    rig.kubelet.discover()
+    stream = rig.kubelet.watch_health()
+    first = next(stream)  # type: ignore[call-overload]
+    assert len(first.devices) == 16 and {d.health for d in first.devices} == {health.HEALTHY}
+    assert {d.device.pool_name for d in first.devices} == {NODE}
+    fakesysfs.remove_gpu(str(rig.sysfs), fakesysfs.mi300x_host("CPX"), "0000:26:00.0")
+    rig.driver.step()
+    second = next(stream)  # type: ignore[call-overload]
+    state = {d.device.device_name: (d.health, d.message) for d in second.devices}
+    assert len(state) == 16
+    assert state["gpu-0000-26-00-0-p5"] == (health.UNHEALTHY, "gone from the host, or its GPU changed partition mode")
+    assert state["gpu-0000-05-00-0-p5"] == (health.HEALTHY, "")
+    stream.cancel()  # type: ignore[attr-defined]
 
 
 def test_a_socket_removed_is_served_again(rig: Rig) -> None:

@@ -1,7 +1,7 @@
 """The DRA driver's generated gRPC code (oci_gpu_hook/host/dra/*_pb2*.py) and its wire names: the kubelet calls
 /pluginregistration.Registration/GetInfo on the registration socket and
 /k8s.io.kubelet.pkg.apis.dra.<version>.DRAPlugin/NodePrepareResources on the DRA socket; field numbers and types are
-the kubelet's (k8s.io/kubelet pkg/apis/dra/v1, v1beta1 and pluginregistration/v1)."""
+the kubelet's (k8s.io/kubelet pkg/apis/dra/v1, v1beta1, dra-health/v1alpha1 and pluginregistration/v1)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "oci_gpu_hook" / "host" / "dra"
 REPO = PACKAGE.parent.parent.parent
 HEADER_LINES = 3
-PROTOS = ("dra_v1", "dra_v1beta1", "registration")
+PROTOS = ("dra_v1", "dra_v1beta1", "registration", "health_v1alpha1")
 STRING, MESSAGE, BOOL = 9, 11, 8
 
 
@@ -69,6 +69,24 @@ def test_registration_wire_names_are_the_kubelets() -> None:
     assert _fields(api, "PluginInfo") == {"type": (1, STRING, False), "name": (2, STRING, False),
                                           "endpoint": (3, STRING, False), "supported_versions": (4, STRING, True)}
     assert _fields(api, "RegistrationStatus") == {"plugin_registered": (1, BOOL, False), "error": (2, STRING, False)}
+
+
+def test_health_wire_names_are_the_kubelets() -> None:
+    from oci_gpu_hook.host.dra import health_v1alpha1_pb2 as api
+
+    service = api.DESCRIPTOR.services_by_name["DRAResourceHealth"]
+    assert service.full_name == "v1alpha1.DRAResourceHealth"
+    (method,) = service.methods
+    assert method.name == "NodeWatchResources" and method.server_streaming
+    assert _fields(api, "DeviceIdentifier") == {"pool_name": (1, STRING, False), "device_name": (2, STRING, False)}
+    enum, int64 = 14, 3
+    assert _fields(api, "DeviceHealth") == {"device": (1, MESSAGE, False), "health": (2, enum, False),
+                                            "last_updated_time": (3, int64, False),
+                                            "health_check_timeout_seconds": (4, int64, False),
+                                            "message": (5, STRING, False)}
+    assert {v.name: v.number for v in api.DESCRIPTOR.enum_types_by_name["HealthStatus"].values} == {
+        "UNKNOWN": 0, "HEALTHY": 1, "UNHEALTHY": 2}
+    assert _fields(api, "NodeWatchResourcesResponse") == {"devices": (1, MESSAGE, True)}
 
 
 def test_grpc_and_the_driver_stay_off_the_per_container_path() -> None:

@@ -6,7 +6,7 @@ calls ``Registration.GetInfo`` there, checks the answer as the kubelet does
 service among those this kubelet speaks: ``v1.DRAPlugin`` for a 1.34 kubelet,
 ``v1beta1.DRAPlugin`` for 1.32/1.33), tells the plugin with
 ``NotifyRegistrationStatus``, and dials the endpoint with the service version
-it chose.  :meth:`prepare` and :meth:`unprepare` then call
+it chose; :meth:`watch_health` opens the health stream.  :meth:`prepare` and :meth:`unprepare` then call
 ``NodePrepareResources``/``NodeUnprepareResources`` with the claims given.
 """
 
@@ -21,6 +21,8 @@ from types import ModuleType
 import grpc
 
 from oci_gpu_hook.host.dra import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
+from oci_gpu_hook.host.dra import health_v1alpha1_pb2 as health
+from oci_gpu_hook.host.dra import health_v1alpha1_pb2_grpc as health_grpc
 from oci_gpu_hook.host.dra import registration_pb2 as reg
 from oci_gpu_hook.host.dra import registration_pb2_grpc as reg_grpc
 
@@ -100,6 +102,14 @@ class FakeDraKubelet:
         assert self.pb2 is not None
         request = self.pb2.NodeUnprepareResourcesRequest(claims=self._claims(list(claims)))
         return self.stub.NodeUnprepareResources(request, timeout=30)  # type: ignore[attr-defined]
+
+    def watch_health(self) -> object:
+        """The NodeWatchResources stream (an iterator of responses), as a kubelet with ResourceHealthStatus on
+        opens it when the plugin offers v1alpha1.DRAResourceHealth."""
+        assert self.plugin is not None and self.channel is not None
+        assert "v1alpha1.DRAResourceHealth" in self.plugin.info.supported_versions
+        return health_grpc.DRAResourceHealthStub(self.channel).NodeWatchResources(
+            health.NodeWatchResourcesRequest(), timeout=30)
 
     def close(self) -> None:
         if self.channel is not None:

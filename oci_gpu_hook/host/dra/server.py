@@ -5,10 +5,12 @@ The kubelet's plugin watcher finds ``<registry dir>/<driver>-reg.sock``
 (type ``DRAPlugin``, the driver name, the DRA socket
 ``<plugins dir>/<driver>/dra.sock``, and the services offered there:
 ``v1.DRAPlugin`` for Kubernetes 1.34+, ``v1beta1.DRAPlugin`` for 1.32 and
-1.33), then ``NotifyRegistrationStatus``.  It then calls
+1.33, and ``v1alpha1.DRAResourceHealth``), then ``NotifyRegistrationStatus``.  It then calls
 ``NodePrepareResources`` / ``NodeUnprepareResources`` of the version it chose
 on the DRA socket (:mod:`.claims` does the work; a claim's failure is its
-entry's ``error``, one line).  When a socket file disappears (a kubelet that
+entry's ``error``, one line).  A kubelet with ResourceHealthStatus on watches
+``NodeWatchResources`` there: every device seen since start, Healthy while
+published, Unhealthy once gone.  When a socket file disappears (a kubelet that
 cleans its directories, an operator), :class:`Driver` serves again on a fresh
 one, as the device plugin does.
 
@@ -26,7 +28,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from typing import Any
 
@@ -34,6 +36,8 @@ import grpc
 
 from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.host.dra import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
+from oci_gpu_hook.host.dra import health_v1alpha1_pb2 as health
+from oci_gpu_hook.host.dra import health_v1alpha1_pb2_grpc as health_grpc
 from oci_gpu_hook.host.dra import registration_pb2 as reg
 from oci_gpu_hook.host.dra import registration_pb2_grpc as reg_grpc
 from oci_gpu_hook.host.dra.claims import ClaimError, Claims
@@ -45,7 +49,9 @@ from oci_gpu_hook.inventory import Inventory
 
 PROGRAM = "oci-gpu-hook dra"
 PLUGIN_TYPE = "DRAPlugin"
-SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")  # what GetInfo offers; the kubelet picks the newest it speaks
+# What GetInfo offers: the kubelet picks the newest DRAPlugin it speaks, and watches health where it can.
+SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth")
+GONE = "gone from the host, or its GPU changed partition mode"
 REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
 PLUGINS_DIR = "/var/lib/kubelet/plugins"
 UNIX_PATH_MAX = 108
@@ -122,6 +128,32 @@ def _dra_servicer(pb2: Any, pb2_grpc: Any, claims: Claims, log: Log) -> Any:
             return response
 
     return Servicer()
+
+
+class HealthServicer(health_grpc.DRAResourceHealthServicer):
+    """NodeWatchResources: every device seen since start, Healthy while published, Unhealthy once gone; a new
+    answer on the stream at every change."""
+
+    def __init__(self, driver: Driver) -> None:
+        self.driver = driver
+
+    def NodeWatchResources(self, request: health.NodeWatchResourcesRequest,
+                           context: grpc.ServicerContext) -> Iterator[health.NodeWatchResourcesResponse]:
+        driver = self.driver
+        seen = -1
+        while context.is_active() and not driver.stopping:
+            with driver.health_changed:
+                if driver.health_generation == seen:
+                    driver.health_changed.wait(0.5)
+                    continue
+                seen = driver.health_generation
+                snapshot = sorted(driver.health.items())
+            answer = health.NodeWatchResourcesResponse()
+            for name, (healthy, since, message) in snapshot:
+                answer.devices.add(device=health.DeviceIdentifier(pool_name=driver.claims.node, device_name=name),
+                                   health=health.HEALTHY if healthy else health.UNHEALTHY, last_updated_time=since,
+                                   message=message)
+            yield answer
 
 
 def _identity(path: str) -> tuple[int, int] | None:
@@ -203,6 +235,9 @@ class Driver:
         self.publish_lock = threading.Lock()  # one sync at a time (the loop's and a prepare's)
         self.inventory: Inventory | None = None
         self.devices: list[DraDevice] = []
+        self.health: dict[str, tuple[bool, int, str]] = {}  # every device seen: (healthy, since, why not)
+        self.health_generation = 0
+        self.health_changed = threading.Condition()
         self.notes: list[str] = []
         self.scan_error: str | None = None
         self.api_error: str | None = None
@@ -223,6 +258,7 @@ class Driver:
             _dra_servicer(dra_v1_pb2, dra_v1_pb2_grpc, self.claims, self.log), server)
         dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(
             _dra_servicer(dra_v1beta1_pb2, dra_v1beta1_pb2_grpc, self.claims, self.log), server)
+        health_grpc.add_DRAResourceHealthServicer_to_server(HealthServicer(self), server)
 
     def rescan(self, reason: str) -> tuple[Inventory, list[DraDevice]]:
         """Read the host again (the last good scan stays when this one fails); the scan and its devices."""
@@ -256,7 +292,25 @@ class Driver:
                 self.log(f"{reason}: {len(devices)} device(s); {'; '.join(parts)}")
                 self.dirty = True
             self.inventory, self.devices = inventory, devices
+            self._track_health(devices)
             return inventory, devices
+
+    def _track_health(self, devices: list[DraDevice]) -> None:
+        now = int(time.time())
+        present = {d.name for d in devices}
+        with self.health_changed:
+            changed = False
+            for name in present:
+                if not self.health.get(name, (False, 0, ""))[0]:
+                    self.health[name] = (True, now, "")
+                    changed = True
+            for name, (healthy, _since, _why) in list(self.health.items()):
+                if healthy and name not in present:
+                    self.health[name] = (False, now, GONE)
+                    changed = True
+            if changed:
+                self.health_generation += 1
+                self.health_changed.notify_all()
 
     def current(self) -> tuple[Inventory, list[DraDevice]]:
         """A fresh scan for a prepare; the slices follow at once when it changed anything."""
