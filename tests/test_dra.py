@@ -24,7 +24,7 @@ import pytest
 from oci_gpu_hook.appliers import cdi
 from oci_gpu_hook.config import Config
 from oci_gpu_hook.host.dra import devices as dra_devices
-from oci_gpu_hook.host.dra.claims import Claims, spec_file
+from oci_gpu_hook.host.dra.claims import ClaimError, Claims, spec_file
 from oci_gpu_hook.host.dra.kube import Client, Credentials
 from oci_gpu_hook.host.dra.server import Driver
 from oci_gpu_hook.host.dra.slices import Publisher, choose_version, slice_objects
@@ -563,3 +563,27 @@ def test_a_claim_of_two_vendors_gets_each_kinds_shared_edits_once(tmp_path: Path
     shared = [n["path"] for n in spec["containerEdits"]["deviceNodes"]]
     assert "/dev/kfd" in shared and "/dev/nvidiactl" in shared and len(shared) == len(set(shared))
     assert spec["containerEdits"]["mounts"]  # the NVIDIA driver's files
+
+
+def test_an_nvidia_claim_without_the_drivers_files_is_refused_in_one_line(tmp_path: Path) -> None:
+    """The plugin's container lacks the driver's user-space (driver_root): the claim's spec cannot be written."""
+    host = HOSTS / "nvidia-4x-h100"
+    config = Config(sysfs_root=str(host / "sys"), proc_root=str(host / "proc"), driver_root=str(tmp_path / "none"))
+    inventory = scan(config.sysfs_root, strict=False, proc_root=config.proc_root, driver_root=config.driver_root)
+    devices, _ = dra_devices.build(inventory)
+    api = FakeApiServer(tmp_path)
+    try:
+        api.add_claim("default", "nv", "uid-n", [{"request": "r", "driver": DRIVER, "pool": NODE,
+                                                  "device": devices[0].name}])
+        client = Client(Credentials(api.url, str(api.token_file), str(api.cert)))
+        (tmp_path / "cdi").mkdir(mode=0o755)
+        claims = Claims(config, DRIVER, NODE, str(tmp_path / "cdi"), str(tmp_path / "state"), client,
+                        lambda: (inventory, devices), lambda _line: None, lambda: "v1")
+        with pytest.raises(ClaimError) as caught:
+            claims.prepare("default", "nv", "uid-n")
+    finally:
+        api.close()
+    message = str(caught.value)
+    assert message.startswith("claim default/nv: ") and "\n" not in message
+    assert str(tmp_path / "none") in message, message
+    assert not Path(spec_file(str(tmp_path / "cdi"), DRIVER, "uid-n")).exists()
