@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import ssl
 import subprocess
 import tempfile
@@ -24,6 +25,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+from tests.conftest import unavailable
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -40,6 +43,8 @@ def make_certificate() -> tuple[Path, Path]:
     """A self-signed certificate for 127.0.0.1 and localhost (an EC key: quick to make), one per test process, in
     its own temp directory; (cert, key)."""
     if "pair" not in _made:
+        if shutil.which("openssl") is None:
+            unavailable("missing openssl (the fake API server's certificate)")
         directory = Path(tempfile.mkdtemp(prefix="fake-api-"))
         cert, key = directory / "server.crt", directory / "server.key"
         subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",

@@ -1,9 +1,10 @@
 """``oci-gpu-hook dra``: a Kubernetes DRA driver for the host's AMD, Intel and NVIDIA GPUs, partitions and MIG
 devices, from one process under one driver name (docs/dra.md argues the name).
 
-It publishes the node's devices as ResourceSlices (:mod:`.slices`, over
-:mod:`.kube`'s plain HTTPS), registers at the kubelet as a DRA plugin and
-prepares each claim as a CDI spec of its own (:mod:`.server`, :mod:`.claims`).
+It publishes the node's devices (:mod:`.devices`) as ResourceSlices
+(:mod:`.slices`, over :mod:`.kube`'s plain HTTPS), registers at the kubelet as
+a DRA plugin, prepares each claim as a CDI spec of its own and reports device
+health (:mod:`.server`, :mod:`.claims`).
 Operator side only: it needs ``grpcio`` and ``protobuf`` (the ``device-plugin``
 extra), which nothing on a container's start path imports.
 """
