@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 
 from oci_gpu_hook.config import Config
 from oci_gpu_hook.errors import HookError
@@ -60,7 +61,8 @@ def command(args: list[str], config: Config) -> int:
     parser.add_argument("--resource-api-version", choices=VERSIONS, default=None,
                         help="resource.k8s.io version (default: the newest the API server offers)")
     parser.add_argument("--list", action="store_true",
-                        help="print the devices as they would be published (JSON, the slice's devices); exit")
+                        help="print the devices as they would be published (JSON, the slice's devices; what is "
+                             "left out on stderr); exit")
     opts = parser.parse_args(args)
     interval = _seconds(opts.rescan_interval, "--rescan-interval", 0.1, 3600)
     driver = opts.driver_name
@@ -78,8 +80,8 @@ def command(args: list[str], config: Config) -> int:
 
         devices, notes = build(scan_host(config, strict=False))
         print(json.dumps([device_object(d, opts.resource_api_version or VERSIONS[0]) for d in devices], indent=1))
-        for note in notes:
-            print(f"# {note}")
+        for note in notes:  # stdout stays one JSON document
+            print(f"oci-gpu-hook dra: {note}", file=sys.stderr)
         return 0
     node = opts.node_name or os.environ.get("NODE_NAME")
     if not node:
