@@ -44,7 +44,7 @@ from oci_gpu_hook.host.dra.claims import ClaimError, Claims
 from oci_gpu_hook.host.dra.devices import DraDevice, build
 from oci_gpu_hook.host.dra.kube import ApiError
 from oci_gpu_hook.host.dra.slices import Publisher
-from oci_gpu_hook.host.watch import RESYNC, EventSource, gpu_uevent
+from oci_gpu_hook.host.watch import EventSource, wait_for_rescan
 from oci_gpu_hook.inventory import Inventory
 
 PROGRAM = "oci-gpu-hook dra"
@@ -375,21 +375,8 @@ class Driver:
         return 0
 
     def _wait(self, seconds: float) -> None:
-        deadline = time.monotonic() + seconds
-        while not self.stopping:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            if self.events is None:
-                time.sleep(min(0.1, left))
-                continue
-            event = self.events.poll(min(0.1, left))
-            if event is not None and (RESYNC in event or gpu_uevent(event)):
-                soon = time.monotonic() + self.uevent_delay
-                if soon < self.next_rescan:
-                    self.next_rescan = soon
-                    name = event.get("DEVNAME") or event.get("DEVPATH") or ""
-                    self.rescan_reason = f"uevent {event.get('ACTION', 'resync')} {event.get('SUBSYSTEM', '')} {name}"
+        self.next_rescan, self.rescan_reason = wait_for_rescan(
+            self.events, seconds, lambda: self.stopping, self.uevent_delay, self.next_rescan, self.rescan_reason)
 
     def stop(self) -> None:
         self.stopping = True
