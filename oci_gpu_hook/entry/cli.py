@@ -71,6 +71,8 @@ COMMANDS: dict[str, tuple[str, bool | str, str, tuple[tuple[str, str], ...]]] = 
     "device-plugin": ("device_plugin", True, "", (
         ("device-plugin [--kubelet-dir DIR] [--resource-strategy single|mixed] [--device-specs]",
          "kubelet device plugin"),)),
+    "dra": ("dra", True, "", (("dra [--driver-name NAME] [--node-name NAME] [--cdi-dir DIR] [--list]",
+                               "Kubernetes DRA driver: ResourceSlices, claims as CDI specs"),)),
     "serve": ("serve", False, "", (("serve [--socket PATH] [--workers N] [--verbose]",
                                     "the resident planner: GPU containers start without a Python start"),)),
     "validate": ("validate", False, "", (("validate [--config-file FILE] [SPEC ...]",
