@@ -3,8 +3,15 @@
 A temp file in the same directory (a random name, opened ``O_EXCL|O_NOFOLLOW``,
 so a stale one from a killed writer or a planted symlink is never reused), the
 exact mode whatever the umask, then ``rename`` over the target: readers see the
-old file or the new one, never a half-written one.  A writer killed between
-the two leaves its temp file behind; the next write of the same target removes
+old file or the new one, never a half-written one.  One writer whichever way
+the target is named: by a path (:func:`write_atomic`, :func:`symlink_atomic`:
+the host's files, a bundle's config.json) or as a name in a directory open as
+a file descriptor (:func:`write_at`, :func:`symlink_at`: files inside a
+container's root, whose directory :mod:`oci_gpu_hook.appliers.mounts` resolved
+there without following a symlink out of it).  By a directory fd every call is
+relative to that fd, nothing is resolved again by path, and the rename
+replaces the name itself, a symlink there included, never what it points to.
+A writer killed between the two leaves its temp file behind; the next write of the same target removes
 it (:func:`remove_stale_temps`), or, where the caller knows the writer is gone
 (install's rollback, under its lock), :func:`remove_temps`.  ``durable`` adds
 the fsyncs (file and directory) for files that must survive a crash (specs in
@@ -28,9 +35,9 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 
-def fsync_dir(directory: str) -> None:
+def fsync_dir(directory: str, dir_fd: int | None = None) -> None:
     try:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError:
         return
     try:
@@ -46,9 +53,11 @@ STALE_AFTER_S = 600  # a temp file this old is stale even when its PID is alive 
 GRACE_S = 2  # younger than this, a temp file may be another PID namespace's write in progress
 
 
-def _temp_name(path: str) -> tuple[str, str]:
-    directory, name = os.path.split(os.path.abspath(path))
-    return directory, os.path.join(directory, f".{name}{TEMP_TAG}{os.getpid()}.{os.urandom(4).hex()}")
+def _temp_name(path: str, in_dir_fd: bool = False) -> tuple[str, str]:
+    """(the directory, the temp entry beside ``path``); for a name in a directory fd: (".", a name in it)."""
+    directory, name = (".", path) if in_dir_fd else os.path.split(os.path.abspath(path))
+    temp = f".{name}{TEMP_TAG}{os.getpid()}.{os.urandom(4).hex()}"
+    return directory, temp if in_dir_fd else os.path.join(directory, temp)
 
 
 def _temp_pid(entry: str, name: str) -> int | None:
@@ -91,14 +100,15 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def remove_stale_temps(path: str) -> list[str]:
-    """Remove the temp files that killed writers of ``path`` left behind: regular files (never a symlink,
-    never followed) named exactly as :func:`_temp_name` names them, whose PID is gone (and which are
-    older than a moment) or which are older than ``STALE_AFTER_S``.  Returns the names removed."""
-    directory, name = os.path.split(os.path.abspath(path))
+def remove_stale_temps(path: str, dir_fd: int | None = None) -> list[str]:
+    """Remove the temp files that killed writers of ``path`` (a name in ``dir_fd`` where given) left behind:
+    regular files (never a symlink, never followed) named exactly as :func:`_temp_name` names them, whose PID
+    is gone (and which are older than a moment) or which are older than ``STALE_AFTER_S``.  Returns the names
+    removed."""
+    directory, name = os.path.split(os.path.abspath(path)) if dir_fd is None else (".", path)
     removed: list[str] = []
     try:
-        dirfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        dirfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError:
         return removed
     try:
@@ -127,9 +137,9 @@ def remove_stale_temps(path: str) -> list[str]:
     return removed
 
 
-def _discard(temp: str) -> None:
+def _discard(temp: str, dir_fd: int | None = None) -> None:
     try:
-        os.unlink(temp)
+        os.unlink(temp, dir_fd=dir_fd)
     except OSError:
         pass
 
@@ -138,19 +148,24 @@ def _no_step() -> None:
     pass
 
 
-def _replace(path: str, make: Callable[[str], None], what: str, durable: bool, step: Callable[[], None]) -> None:
-    """Make a temp entry next to ``path`` with ``make``, then rename it over ``path`` (a step before each)."""
-    directory, temp = _temp_name(path)
+def _replace(path: str, make: Callable[[str], None], what: str, durable: bool, step: Callable[[], None],
+             dir_fd: int | None = None, shown: str = "") -> None:
+    """Make a temp entry next to ``path`` (a name in ``dir_fd`` where given) with ``make``, then rename it over
+    ``path`` (a step before each); ``shown``: how an error names the target (``path``)."""
+    if dir_fd is not None and ("/" in path or path in ("", ".", "..")):
+        raise HookError(f"cannot {what} {shown or path}: {path!r} is not a name in its directory")
+    directory, temp = _temp_name(path, dir_fd is not None)
+    at = {} if dir_fd is None else {"src_dir_fd": dir_fd, "dst_dir_fd": dir_fd}
     step()
     try:
         make(temp)
         step()
-        os.rename(temp, path)
+        os.rename(temp, path, **at)
     except OSError as err:
-        _discard(temp)
-        raise HookError(f"cannot {what} {path}: {err.strerror}") from None
+        _discard(temp, dir_fd)
+        raise HookError(f"cannot {what} {shown or path}: {err.strerror}") from None
     if durable:
-        fsync_dir(directory)
+        fsync_dir(directory, dir_fd)
 
 
 def symlink_atomic(path: str, target: str, *, step: Callable[[], None] = _no_step) -> None:
@@ -158,19 +173,39 @@ def symlink_atomic(path: str, target: str, *, step: Callable[[], None] = _no_ste
     _replace(path, lambda temp: os.symlink(target, temp), "make the symlink", True, step)
 
 
+def symlink_at(dir_fd: int, name: str, target: str, *, shown: str) -> None:
+    """Make the entry ``name`` of the directory ``dir_fd`` a symlink to ``target``, replacing whatever is there in
+    one rename (not durably: a container's root does not outlive its host).  ``shown``: the path in errors."""
+    _replace(name, lambda temp: os.symlink(target, temp, dir_fd=dir_fd), "make the symlink", False, _no_step,
+             dir_fd, shown)
+
+
+def write_at(dir_fd: int, name: str, data: str | bytes, mode: int, *, shown: str) -> None:
+    """Replace the entry ``name`` of the directory ``dir_fd`` (any fd of it, ``O_PATH`` too) with a regular file of
+    ``data`` and exactly ``mode``, not durably: every step relative to ``dir_fd``, the temp file ``O_EXCL`` and
+    ``O_NOFOLLOW``, the rename over ``name`` itself (a symlink there is replaced, never followed).  ``shown``: the
+    path in errors ("cannot write SHOWN: why")."""
+    _write(name, data, mode, None, None, False, _no_step, dir_fd, shown)
+
+
 def write_atomic(path: str, data: str | bytes, mode: int | None = None, owner: tuple[int, int] | None = None,
                  mtime_ns: int | None = None, *, durable: bool = False, step: Callable[[], None] = _no_step) -> None:
     """Replace ``path`` with ``data``; ``mode`` None keeps the current file's mode (0644 for a new file)."""
-    remove_stale_temps(path)
     if mode is None:
         try:
             mode = os.stat(path).st_mode & 0o7777
         except OSError:
             mode = 0o644
-    chosen = mode
+    _write(path, data, mode, owner, mtime_ns, durable, step, None, path)
+
+
+def _write(path: str, data: str | bytes, chosen: int, owner: tuple[int, int] | None, mtime_ns: int | None,
+           durable: bool, step: Callable[[], None], dir_fd: int | None, shown: str) -> None:
+    """The one writer: write_atomic's (by path) and write_at's (by a directory fd)."""
+    remove_stale_temps(path, dir_fd)
 
     def fill(temp: str) -> None:
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data.encode() if isinstance(data, str) else data)
             handle.flush()
@@ -182,7 +217,7 @@ def write_atomic(path: str, data: str | bytes, mode: int | None = None, owner: t
             if durable:
                 os.fsync(handle.fileno())
 
-    _replace(path, fill, "write", durable, step)
+    _replace(path, fill, "write", durable, step, dir_fd, shown)
 
 
 def remove_file(path: str, *, step: Callable[[], None] = _no_step) -> None:

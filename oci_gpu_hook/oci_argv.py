@@ -13,6 +13,9 @@ import os
 from oci_gpu_hook.errors import HookError
 
 REWRITE_COMMANDS = frozenset({"create", "run"})
+VERSION_ARGS = ("--version", "-v")  # alone on the command line: the shim prints its version, then runs the runtime
+# where a runtime named without a '/' is looked for when PATH is unset or empty (the shim's, the native front's)
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # runc 1.1's command line (urfave/cli v1.22 over Go's flag package), read from ``runc --help`` and
 # ``runc run --help``: name -> kind ("bool", "string", "int"); a flag's other names in _ALIASES.

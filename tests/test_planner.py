@@ -134,7 +134,7 @@ def test_the_contract_is_baked_from_python(tmp_path: Path) -> None:
     top = source.split("*/", 1)[0]
     for python in ("config.py load_config", "check_value", "request.py requested", "oci_state.py parse_state",
                    "live.py run_links", "check_container", "rootfs.py make_nodes", "edits.py check_link",
-                   "runtime.py resolve_runtime", "planner.py", "launchers.py front_contract",
+                   "runtime.py resolve_runtime", "planner/protocol.py", "launchers.py front_contract",
                    "oci_spec.py ContainerSpec.root"):
         assert python in top, python
     # no contract word is spelled in the code by hand any more

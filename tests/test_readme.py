@@ -1,21 +1,26 @@
-"""The README is the operator's manual, and every shell block in it is run, or says why it cannot be.
+"""The README and the manual in docs/ are the operator's manual, and every shell block in them is run, or says why
+it cannot be.
 
-Each ``sh`` block (and each text block that starts with a ``$ `` command) has a marker on the line before
-it, an HTML comment (invisible when rendered):
+The pages are ``README.md`` and every ``docs/*.md`` (:func:`pages`), all held to the same rules.  Each ``sh``
+block (and each text block that starts with a ``$ `` command) has a marker on the line before it, an HTML comment
+(invisible when rendered):
 
-- ``<!-- test: node -->``: run exactly as written, in README order with the other node blocks, in one private
-  mount namespace that stands for a GPU node (see :func:`node_script`): ``install`` writes its real paths
-  there and the host never changes;
+- ``<!-- test: node -->``: run exactly as written, with the other node blocks of every page, in one private mount
+  namespace that stands for a GPU node (see :func:`node_script`): ``install`` writes its real paths there and the
+  host never changes.  The order is :func:`pages`' (the README, then the pages in the order its map lists them),
+  each page top to bottom;
 - ``<!-- test: example -->``: run exactly as written from the checkout (as its owner), against the example
   hosts; a ``$ `` text block is run and its output compared (a ``...`` line stands for any lines);
 - ``; output below`` after either: the next block (``text``) is the exact stdout; ``; output: NAME below``
-  also names it, and ``; output: NAME`` expects that output again;
+  also names it, and ``; output: NAME`` expects that output again (on that page or a later one);
 - ``<!-- test: ci -->``: every line is a line of ``.ci/run``, which CI runs;
 - ``<!-- not run: REASON -->``: it cannot run here, and why.
 
-An unmarked shell block, an unknown marker, or a shell block fenced as bash/shell/console fails.  The shipped
-hooks.d files, the runc prestart example, the README's prestart JSON and the systemd unit must name exactly
-what ``install`` writes.
+An unmarked shell block, an unknown marker, or a shell block fenced as bash/shell/console fails; so do a link to a
+page or section that is not there, a docs/ page the README's map does not list, and a reader's question that is not
+answered within two links of the README's top.  The shipped hooks.d files, the runc prestart example, the prestart
+JSON of the manual and the systemd units must name exactly what ``install`` writes; the README's example-host table
+is ``examples/hosts/``, and ``docs/configuration.md`` is what :mod:`oci_gpu_hook.configdoc` generates.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,22 +44,16 @@ from tests.helpers import dockersave, plainvenv, pristinenode
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
+DOCS = REPO / "docs"
+MAP_HEADING = "## The manual: `docs/`"
+# The page and the heading of what the examples assume of podman (its containers.conf, read from the page).
+ASSUMED = ("docs/runtimes.md", "What the examples assume")
 SHELL_FENCES = {"sh"}
 WRONG_SHELL_FENCES = {"bash", "shell", "console", "zsh", "shell-session"}
 ENVIRONMENTS = ("node", "example", "ci")
 ROOT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # The node's GPUs are the seed example host's (its path inside the namespace is filled in).
 NODE_CONFIG = 'sysfs_root = "{src}/examples/hosts/seed-8x-gfx1100/sys"\n'
-# podman on this VM: no systemd, no events journal, no network setup, the ulimits the machine's hard limits allow.
-CONTAINERS_CONF = """[containers]
-default_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]
-netns = "none"
-
-[engine]
-cgroup_manager = "cgroupfs"
-events_logger = "none"
-runtime = "runc"
-"""
 # Overlaid in the node namespace (upper layers in the test's directory): everything install, pip and podman
 # write.  /usr/share rather than /usr/share/containers, which a host may lack.
 OVERLAID = ("/etc", "/usr/local", "/opt", "/usr/share", "/var")
@@ -69,12 +69,36 @@ class Block:
     reason: str | None = None
     output: str | None = None  # the exact stdout expected, when the marker says so
 
+    page: str = "README.md"  # relative to the checkout
+
     def where(self) -> str:
-        return f"README.md:{self.line}"
+        return f"{self.page}:{self.line}"
 
 
-def parse(text: str) -> tuple[list[Block], list[str]]:
-    """Every fenced block with its marker, and the problems with the markers."""
+def map_links(readme: str) -> list[str]:
+    """The docs/ pages the README's map links, in its order (each once)."""
+    lines = readme.splitlines()
+    start = lines.index(MAP_HEADING) if MAP_HEADING in lines else len(lines)
+    section = []
+    for line in lines[start + 1:]:
+        if line.startswith("## "):
+            break
+        section.append(line)
+    found = re.findall(r"\]\((docs/[\w.-]+\.md)(?:#[^)]*)?\)", "\n".join(section))
+    return list(dict.fromkeys(found))
+
+
+def pages() -> list[str]:
+    """Every page held to these rules, in the node blocks' order: the README, then the docs/ pages the map lists
+    (those that exist), in its order, then any other docs/*.md by name."""
+    listed = [name for name in map_links(README.read_text()) if (REPO / name).is_file()]
+    others = sorted(f"docs/{path.name}" for path in DOCS.glob("*.md") if f"docs/{path.name}" not in listed)
+    return ["README.md", *listed, *others]
+
+
+def parse(text: str, page: str = "README.md", outputs: dict[str, str] | None = None) -> tuple[list[Block], list[str]]:
+    """Every fenced block of one page with its marker, and the problems with the markers.  ``outputs`` carries the
+    named outputs shown on earlier pages, and takes this page's."""
     lines = text.splitlines()
     raw: list[Block] = []
     i = 0
@@ -91,11 +115,11 @@ def parse(text: str) -> tuple[list[Block], list[str]]:
             before -= 1
         comment = re.match(r"^<!--\s*(.*?)\s*-->$", lines[before].strip()) if before >= 0 else None
         raw.append(Block(i + 1, opening.group(1), "\n".join(lines[i + 1:end]) + "\n",
-                         comment.group(1) if comment else None))
+                         comment.group(1) if comment else None, page=page))
         i = end + 1
     problems: list[str] = []
     blocks: list[Block] = []
-    outputs: dict[str, str] = {}  # "output: NAME below" shows one; "output: NAME" expects it again
+    outputs = {} if outputs is None else outputs  # "output: NAME below" shows one; "output: NAME" expects it again
     skip = set()
     for n, block in enumerate(raw):
         if n in skip:
@@ -144,19 +168,43 @@ def parse(text: str) -> tuple[list[Block], list[str]]:
     return blocks, problems
 
 
-def readme_blocks() -> list[Block]:
-    return parse(README.read_text())[0]
+def parse_pages() -> tuple[list[Block], list[str]]:
+    """The blocks of every page, in :func:`pages`' order, and every problem with their markers."""
+    blocks: list[Block] = []
+    problems: list[str] = []
+    outputs: dict[str, str] = {}
+    for page in pages():
+        found, wrong = parse((REPO / page).read_text(), page, outputs)
+        blocks += found
+        problems += wrong
+    return blocks, problems
+
+
+def all_blocks() -> list[Block]:
+    return parse_pages()[0]
 
 
 def shell_blocks(env: str) -> list[Block]:
-    return [b for b in readme_blocks() if b.env == env]
+    return [b for b in all_blocks() if b.env == env]
+
+
+def page_texts() -> dict[str, str]:
+    return {page: (REPO / page).read_text() for page in pages()}
+
+
+def containers_conf() -> str:
+    """The containers.conf that the manual says the podman examples assume (the node namespace's)."""
+    page, heading = ASSUMED
+    text = (REPO / page).read_text()
+    section = text[text.index(f"## {heading}\n"):]
+    return re.search(r"^```toml\n(.*?)^```$", section, re.M | re.S).group(1)  # type: ignore[union-attr]
 
 
 # --- the markers ------------------------------------------------------------------------------------------
 
 
 def test_every_shell_block_is_run_or_says_why() -> None:
-    blocks, problems = parse(README.read_text())
+    blocks, problems = parse_pages()
     assert problems == []
     shell = [b for b in blocks if b.env or b.reason]
     assert {b.env for b in shell} >= {"node", "example", "ci", None}
@@ -270,7 +318,7 @@ def test_node_blocks_run_as_written(tmp_path: Path) -> None:
     base.mkdir()
     plainvenv.copy_tree(base / "src")
     (base / "config.toml").write_text(NODE_CONFIG.format(src="/run/ogh-readme/src"))
-    (base / "containers.conf").write_text(CONTAINERS_CONF)
+    (base / "containers.conf").write_text(containers_conf())
     rootfs = cl.make_rootfs(tmp_path / "rootfs")
     dockersave.build(rootfs, base / "busybox.tar", "docker.io/library/busybox:latest")
     for n, block in enumerate(blocks):
@@ -309,11 +357,11 @@ def test_shipped_hooks_d_files_are_what_install_writes(stage: str) -> None:
     assert items.HOOK_TEMPLATE["hook"]["path"] == HOOK
 
 
-def test_the_runc_prestart_example_and_the_readme_name_the_installed_launcher() -> None:
+def test_the_runc_prestart_example_and_the_manual_name_the_installed_launcher() -> None:
     spec = json.loads((REPO / "examples" / "runc-prestart" / "config.json").read_text())
     template = items.hook_template("prestart")["hook"]
     assert spec["hooks"] == {"prestart": [template]}
-    snippet = next(b for b in readme_blocks() if b.lang == "json" and '"prestart"' in b.text)
+    snippet = next(b for b in all_blocks() if b.lang == "json" and '"prestart"' in b.text)
     assert json.loads("{" + snippet.text + "}")["hooks"] == spec["hooks"]
 
 
@@ -326,8 +374,8 @@ def test_the_systemd_unit_is_what_install_writes() -> None:
     assert exec_lines and all(HOOK in line for line in exec_lines)
 
 
-def test_every_launcher_path_in_the_readme_is_one_install_writes() -> None:
-    text = README.read_text()
+def test_every_launcher_path_in_the_pages_is_one_install_writes() -> None:
+    text = "\n".join(page_texts().values())
     named = set(re.findall(r"/usr/local/libexec/oci-gpu-hook/[\w.-]+", text))
     assert named <= {HOOK, f"{paths.LAUNCHER_DIR}/oci-gpu-runtime"}, named
     assert "/usr/local/bin/oci-gpu-hook\"" not in text  # a hook path nothing installs
@@ -339,24 +387,149 @@ def slug(heading: str) -> str:
     return text.replace(" ", "-")
 
 
-def test_every_link_within_the_readme_names_a_section() -> None:
+def anchors(markdown: str) -> set[str]:
+    """The anchors of ``markdown``'s headings (fenced blocks hold no headings)."""
+    outside_fences = re.sub(r"^```.*?^```", "", markdown, flags=re.M | re.S)
+    return {slug(heading) for heading in re.findall(r"^#+ (.*)$", outside_fences, re.M)}
+
+
+def links(markdown: str) -> list[str]:
+    """The targets of ``markdown``'s links outside fenced blocks, as written."""
+    outside_fences = re.sub(r"^```.*?^```", "", markdown, flags=re.M | re.S)
+    return re.findall(r"\]\(([^)\s]+)\)", outside_fences)
+
+
+def resolve(page: str, target: str) -> tuple[str, str | None] | None:
+    """A link of ``page`` as (the file relative to the checkout, the anchor or None); None for one that leaves the
+    checkout (a URL)."""
+    if re.match(r"^[a-z]+:", target):
+        return None
+    path, _, anchor = target.partition("#")
+    name = page if not path else os.path.normpath(os.path.join(os.path.dirname(page), path))
+    return name, anchor or None
+
+
+def dead_links(texts: dict[str, str]) -> list[str]:
+    """Every link of these pages to a file that is not there, or to a section its page does not have."""
+    dead = []
+    for page, text in texts.items():
+        for target in links(text):
+            where = resolve(page, target)
+            if where is None:
+                continue
+            name, anchor = where
+            if name.startswith(".."):
+                dead.append(f"{page}: {target}: outside the checkout")
+            elif not (REPO / name).exists():
+                dead.append(f"{page}: {target}: no such file")
+            elif anchor and name.endswith(".md") and anchor not in anchors((REPO / name).read_text()):
+                dead.append(f"{page}: {target}: no such section")
+    return dead
+
+
+def test_every_link_names_a_file_and_a_section() -> None:
+    """Also the map's links to pages written on other branches (docs/dra.md, docs/image.md): dead until they come."""
+    texts = page_texts()
+    assert sum(len(links(text)) for text in texts.values()) > 50
+    assert dead_links(texts) == []
+
+
+def test_the_link_checker_finds_dead_links() -> None:
+    texts = {"README.md": "[a](docs/absent-page.md), [b](#no-such-heading), [c](docs/runtimes.md#no-such), "
+                          "[d](https://example.org/x), [e](#the-manual-docs)\n\n## The manual: `docs/`\n"}
+    assert dead_links(texts) == ["README.md: docs/absent-page.md: no such file",
+                                 "README.md: #no-such-heading: no such section",
+                                 "README.md: docs/runtimes.md#no-such: no such section"]
+
+
+def test_the_map_lists_every_page() -> None:
+    listed = map_links(README.read_text())
+    assert len(listed) == len(set(listed))
+    on_disk = {f"docs/{path.name}" for path in DOCS.glob("*.md")}
+    assert on_disk - set(listed) == set(), "docs/ pages the README's map does not list"
+    # the pages other work brings: linked even before they are here
+    assert {"docs/dra.md", "docs/image.md", "docs/hardware.md", "docs/configuration.md"} <= set(listed)
+
+
+def test_the_node_order_is_the_maps() -> None:
+    order = pages()
+    assert order[0] == "README.md"
+    assert order.index("docs/runtimes.md") < order.index("docs/how-it-works.md")  # its bundle /tmp/gpu1 is reused
+    assert set(order) == {"README.md", *(f"docs/{path.name}" for path in DOCS.glob("*.md"))}
+
+
+# What a newcomer comes for, and the section of the page that answers it.
+QUESTIONS = {
+    "install on a node": ("README.md", "install-on-a-node"),
+    "one GPU container": ("README.md", "one-gpu-container-per-runtime"),
+    "run the tests": ("README.md", "run-the-tests"),
+    "a refusal's cause": ("docs/troubleshooting.md", "where-a-refusal-shows"),
+    "a setting": ("docs/configuration.md", "hook_path"),
+    "a runtime's own path": ("docs/runtimes.md", "docker"),
+    "the request grammar": ("docs/requests.md", "the-grammar-amd-and-intel"),
+}
+
+
+def within_two_links() -> set[tuple[str, str | None]]:
+    """Every (page, anchor) a reader reaches from the README's top in at most two clicks (any link of a page
+    reached counts, wherever on it)."""
+    reached: set[tuple[str, str | None]] = {("README.md", None)}
+    frontier = {"README.md"}
+    for _click in range(2):
+        step = set()
+        for page in frontier:
+            if not (REPO / page).is_file() or not page.endswith(".md"):
+                continue
+            for target in links((REPO / page).read_text()):
+                where = resolve(page, target)
+                if where is not None:
+                    step.add(where)
+        reached |= step
+        frontier = {name for name, _anchor in step}
+    return reached
+
+
+@pytest.mark.parametrize("question", list(QUESTIONS))
+def test_each_question_is_answered_within_two_links_of_the_top(question: str) -> None:
+    page, anchor = QUESTIONS[question]
+    assert anchor in anchors((REPO / page).read_text()), f"{page} has no section #{anchor}"
+    assert (page, anchor) in within_two_links(), f"{question}: {page}#{anchor} is not two links from the README's top"
+
+
+def test_every_setting_is_two_links_from_the_top() -> None:
+    from oci_gpu_hook.config import FIELDS
+
+    reached = within_two_links()
+    assert [key for key in FIELDS if ("docs/configuration.md", key) not in reached] == []
+
+
+def test_the_test_command_is_near_the_top() -> None:
+    """The one command that runs the tests is in the README's first screen or so, and is what CI runs."""
+    lines = README.read_text().splitlines()
+    at = lines.index(".venv/bin/python -m pytest -q")
+    assert at < 60, at
+    assert "## Run the tests" in lines[:at]
+
+
+def test_the_readme_is_a_front_door() -> None:
     text = README.read_text()
-    anchors = {slug(h) for h in re.findall(r"^#+ (.*)$", text, re.M)}
-    links = set(re.findall(r"\]\(#([^)]+)\)", text))
-    assert links and links <= anchors, links - anchors
+    assert len(text.splitlines()) <= 250
+    intro = text[:text.index("\n## ")]
+    assert all(vendor in intro for vendor in ("AMD", "Intel", "NVIDIA", "MIG", "partition"))
 
 
-def test_no_sudo_in_the_readme() -> None:
+def test_no_sudo_in_the_pages() -> None:
     """The commands are written as root runs them: `sudo` fails where there is none (CI containers)."""
-    assert not re.search(r"\bsudo\b", README.read_text())
+    assert [page for page, text in page_texts().items() if re.search(r"\bsudo\b", text)] == []
 
 
-def test_fakesysfs_usage_is_what_the_readme_says() -> None:
+def test_fakesysfs_usage_is_what_the_pages_say() -> None:
     done = subprocess.run([sys.executable, "-m", "tests.helpers.fakesysfs"], cwd=REPO,
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2
     assert done.stderr.startswith("usage: python -m tests.helpers.fakesysfs DIR [seed-8x-gfx1100|")
-    assert "`python -m tests.helpers.fakesysfs DIR [HOST]`" in README.read_text()
+    assert all("`python -m tests.helpers.fakesysfs DIR [HOST]`" in (REPO / page).read_text()
+               for page in ("README.md", "docs/development.md"))
 
 
 def test_ci_run_says_to_run_it_as_root() -> None:
@@ -370,12 +543,17 @@ def test_ci_run_says_to_run_it_as_root() -> None:
     assert done.stdout == ""
 
 
-# --- the tables: the config keys are config.FIELDS, the example hosts are examples/hosts/ -------------------------
+def test_the_containers_conf_the_examples_assume_is_toml_for_runc() -> None:
+    conf = tomllib.loads(containers_conf())
+    assert conf["engine"]["runtime"] == "runc" and conf["engine"]["cgroup_manager"] == "cgroupfs"
 
 
-def table(header: str) -> list[list[str]]:
-    """The rows (cells stripped) of the README table whose header line is ``header``."""
-    lines = README.read_text().splitlines()
+# --- the tables: docs/configuration.md is generated from config.FIELDS, the example hosts are examples/hosts/ ----
+
+
+def table(header: str, text: str | None = None) -> list[list[str]]:
+    """The rows (cells stripped) of the table whose header line is ``header`` (in the README by default)."""
+    lines = (README.read_text() if text is None else text).splitlines()
     start = lines.index(header) + 2  # after the |---| line
     rows = []
     for line in lines[start:]:
@@ -385,34 +563,41 @@ def table(header: str) -> list[list[str]]:
     return rows
 
 
-def toml_value(value: Any, kind: str) -> str:
-    """A default as the table writes it: a path or word bare, lists and tables in TOML, modes in octal."""
-    if kind == "mode":
-        return oct(value)
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, str):
-        return value or '""'
-    if isinstance(value, tuple | list):
-        return "[" + ", ".join(f'"{v}"' for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k} = {toml_value(v, '')}" for k, v in value.items()) + "}"
-    return str(value)
+def test_the_configuration_page_is_generated_from_fields() -> None:
+    from oci_gpu_hook import configdoc
+
+    assert (DOCS / "configuration.md").read_text() == configdoc.page(), \
+        "regenerate it: .venv/bin/python -m oci_gpu_hook.configdoc > docs/configuration.md"
 
 
-def test_the_config_table_is_config_fields() -> None:
-    from oci_gpu_hook.config import FIELDS
+def test_the_configuration_module_writes_the_page() -> None:
+    done = subprocess.run([sys.executable, "-m", "oci_gpu_hook.configdoc"], cwd=REPO, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 0 and done.stderr == ""
+    assert done.stdout == (DOCS / "configuration.md").read_text()
+
+
+def test_the_configuration_table_is_what_the_loader_takes() -> None:
+    """Each default, read back as the TOML it is written in, is what the loader makes of it: the key's default."""
+    from oci_gpu_hook import configdoc
+    from oci_gpu_hook.config import FIELDS, check_value
 
     seen = []
-    for key_cell, default_cell, env_cell in table("| key | default | env |"):
-        keys = re.findall(r"`([a-z_]+)`", key_cell)
-        written = re.findall(r"`([^`]*)`", default_cell)[:len(keys)]
-        for key, default in zip(keys, written, strict=True):
-            field = FIELDS[key]
-            assert default == toml_value(field.default, field.type), key
-            assert env_cell == (f"`{field.env}`" if field.env else ""), key
-        seen += keys
+    for key_cell, default_cell, env_cell in table("| key | default | env |", (DOCS / "configuration.md").read_text()):
+        key = re.fullmatch(r"\[`([a-z_]+)`\]\(#([a-z_]+)\)", key_cell)
+        assert key and key.group(1) == key.group(2), key_cell
+        name = key.group(1)
+        written = re.fullmatch(r"`(.*)`", default_cell)
+        assert written, default_cell
+        value = tomllib.loads(f"{name} = {written.group(1)}")[name]
+        loaded = check_value(name, value, "docs/configuration.md")
+        default = FIELDS[name].default
+        assert (list(loaded) if isinstance(loaded, tuple) else loaded) == \
+            (list(default) if isinstance(default, tuple) else default), name
+        assert env_cell == (f"`{FIELDS[name].env}`" if FIELDS[name].env else ""), name
+        seen.append(name)
     assert seen == list(FIELDS)  # every key, once, in the definition's order
+    assert set(configdoc.SEE) <= set(FIELDS)
 
 
 def test_the_example_host_table_is_examples_hosts() -> None:

@@ -47,7 +47,7 @@ def mask_ignored(mask_other_gpus: object) -> str | None:
             "sees every GPU's sysfs; only the precreate hook and the shim hide them")
 
 
-def _edits(edits: Edits, config: Config) -> dict[str, Any]:
+def container_edits(edits: Edits, config: Config) -> dict[str, Any]:
     out: dict[str, Any] = {"deviceNodes": [n.to_cdi(config.cgroup_access) for n in edits.nodes]}
     if edits.mounts:
         out["mounts"] = [m.to_cdi() for m in edits.mounts]
@@ -75,14 +75,14 @@ def generate(inventory: Inventory, kind: str, config: Config) -> dict[str, Any]:
     entries = []
     for name, chosen in device_names(devices, kind):
         edits = Edits.merged([device_edits(d, config) for d in chosen])
-        entries.append({"name": name, "containerEdits": _edits(edits, config)})
+        entries.append({"name": name, "containerEdits": container_edits(edits, config)})
     if devices:
         edits = Edits.merged([device_edits(d, config) for d in devices])
-        entries.append({"name": "all", "containerEdits": _edits(edits, config)})
+        entries.append({"name": "all", "containerEdits": container_edits(edits, config)})
     spec: dict[str, Any] = {"cdiVersion": CDI_VERSION, "kind": config.cdi_kind(kind), "devices": entries}
     shared = shared_edits(inventory, kind, config)
     if shared.nodes or shared.mounts:
-        spec["containerEdits"] = _edits(shared, config)
+        spec["containerEdits"] = container_edits(shared, config)
     return spec
 
 

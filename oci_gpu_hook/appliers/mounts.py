@@ -40,6 +40,7 @@ from __future__ import annotations
 import os
 import stat
 
+from oci_gpu_hook.atomic import symlink_at, write_at
 from oci_gpu_hook.core.edits import check_container_path, check_symlink
 from oci_gpu_hook.errors import HookError
 
@@ -265,26 +266,21 @@ def symlink(root_fd: int, path: str, target: str) -> str:
             raise HookError(f"{path} exists in the container and is not a symlink; refusing to replace it") from None
         if current == target:
             return f"{path} present"
-        temp = f".{name}.oci-gpu-hook"
-        try:
-            os.unlink(temp, dir_fd=dir_fd)
-        except FileNotFoundError:
-            pass
-        os.symlink(target, temp, dir_fd=dir_fd)
-        os.rename(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        symlink_at(dir_fd, name, target, shown=f"{path} in the container")
         return f"{path} replaced (was -> {current})"
     finally:
         os.close(dir_fd)
 
 
 def _write_in_root(root_fd: int, path: str, text: str) -> None:
-    """Replace the file ``path`` inside the rootfs with ``text`` (a new file renamed over it; unchanged: kept)."""
+    """Replace the file ``path`` inside the rootfs with ``text`` (the one writer, :func:`oci_gpu_hook.atomic.write_at`,
+    below the directory resolved inside the rootfs; unchanged: kept)."""
     directory, _, name = path.rpartition("/")
     dir_fd = dir_in_root(root_fd, directory)
-    temp = f".{name}.oci-gpu-hook"
     try:
         try:
-            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+            # O_NONBLOCK: an image's FIFO in the file's place is opened without waiting for a writer (and replaced)
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
             try:
                 if stat.S_ISREG(os.fstat(fd).st_mode) and os.read(fd, 1 << 16) == text.encode():
                     return
@@ -292,18 +288,7 @@ def _write_in_root(root_fd: int, path: str, text: str) -> None:
                 os.close(fd)
         except OSError:
             pass
-        try:
-            os.unlink(temp, dir_fd=dir_fd)
-        except FileNotFoundError:
-            pass
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dir_fd)
-        try:
-            os.write(fd, text.encode())
-        finally:
-            os.close(fd)
-        os.rename(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    except OSError as err:
-        raise HookError(f"cannot write {path} in the container: {err.strerror}") from None
+        write_at(dir_fd, name, text, 0o644, shown=f"{path} in the container")
     finally:
         os.close(dir_fd)
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import sys
 
+from oci_gpu_hook import CREATE_RUNTIME_HOOKS, LIVE_COMMANDS, PRECREATE
+
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
 
 if TYPE_CHECKING:
@@ -69,6 +71,8 @@ COMMANDS: dict[str, tuple[str, bool | str, str, tuple[tuple[str, str], ...]]] = 
     "device-plugin": ("device_plugin", True, "", (
         ("device-plugin [--kubelet-dir DIR] [--resource-strategy single|mixed] [--device-specs]",
          "kubelet device plugin"),)),
+    "dra": ("dra", True, "", (("dra [--driver-name NAME] [--node-name NAME] [--cdi-dir DIR] [--list]",
+                               "Kubernetes DRA driver: ResourceSlices, claims as CDI specs"),)),
     "serve": ("serve", False, "", (("serve [--socket PATH] [--workers N] [--verbose]",
                                     "the resident planner: GPU containers start without a Python start"),)),
     "validate": ("validate", False, "", (("validate [--config-file FILE] [SPEC ...]",
@@ -93,9 +97,6 @@ def usage() -> str:
     return "".join(lines) + USAGE_TAIL
 
 
-PRECREATE = "precreate"  # the spec on stdin, the spec on stdout
-LIVE_COMMANDS = ("prestart", "createRuntime")  # the state on stdin; the plan applied to the running container
-CREATE_RUNTIME_HOOKS = ("links", "ldcache")  # what to make is in their arguments
 HOT_COMMANDS = frozenset({PRECREATE, *LIVE_COMMANDS, *CREATE_RUNTIME_HOOKS})  # the table's hooks (those with help)
 
 

@@ -19,16 +19,13 @@ import sys
 import time
 
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.oci_argv import CRUN, REWRITE_COMMANDS, RUNC, Reading
+from oci_gpu_hook.oci_argv import CRUN, DEFAULT_PATH, REWRITE_COMMANDS, RUNC, VERSION_ARGS, Reading
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
 
 if TYPE_CHECKING:
     from oci_gpu_hook.config import Config
 
-VERSION_ARGS = ("--version", "-v")  # alone on the command line: the shim prints its version, then runs the runtime
-# where a runtime is looked for when PATH is unset or empty
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 def dialect(runtime: str) -> str:
     """Whose command-line rules the real runtime ``runtime`` (a path) follows: CRUN for crun by name (``crun``, a

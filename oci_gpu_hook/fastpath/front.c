@@ -30,7 +30,8 @@
  * (the bool words and variables, the config and runtime variables, the rewrite and hook commands, the links
  * command, its directory and node names, the default PATH, the planner's socket, variable and bound); the
  * request names and "cdi.k8s.io" are OGH_NEEDLES (launchers.py baked_settings), the config.json field names
- * OGH_FIELD_NAMES (oci_spec.py _FIELDS), the planner's version line OGH_PLANNER_VERSION (planner.py version_line).
+ * OGH_FIELD_NAMES (oci_spec.py _FIELDS), the planner's version line OGH_PLANNER_VERSION (planner/protocol.py
+ * version_line).
  *
  * The Python each part mirrors:
  *   settings_as_baked   oci_gpu_hook/config.py load_config (env values: check_value of the bool fields),
@@ -51,7 +52,8 @@
  *                       entered through /proc/PID/root with openat2 where Python enters by setns
  *   find_runtime        oci_gpu_hook/entry/runtime.py resolve_runtime
  *   common_config_path  oci_gpu_hook/oci_argv.py parse_argv and config_path, for runc and for crun
- *   ask_planner         oci_gpu_hook/host/planner.py read_request, encode_answer (the protocol), run_entry
+ *   ask_planner         oci_gpu_hook/host/planner/protocol.py read_request, encode_answer (the protocol),
+ *                       planner/worker.py run_entry
  *                       (what the answer holds); exec_path: entry/runtime.py main's execv (after prepare)
  *   untrusted           the TRUST check of oci_gpu_hook/host/launchers.py
  *   journal             oci_gpu_hook/log.py journal (syslog_line), with the config's syslog as baked
@@ -990,7 +992,7 @@ static int write_all(int fd, const char *s, size_t n)
     return 1;
 }
 
-/* The planner (oci_gpu_hook/host/planner.py, `oci-gpu-hook serve`) answers what the Python launcher would
+/* The planner (oci_gpu_hook/host/planner/, `oci-gpu-hook serve`) answers what the Python launcher would
  * have done with this argv, environment, stdin, working directory, root and namespaces, which the front sends
  * (the namespaces, root and cwd as file descriptors); the front then writes its stdout and stderr bytes and
  * exits with its status, or execs the runtime it names.  The planner writes config.json itself, as Python does
@@ -1001,7 +1003,7 @@ static int write_all(int fd, const char *s, size_t n)
  * READY before it changes anything; the front says GO only within OGH_PLANNER_TIMEOUT_MS of its start, else it
  * falls back; after GO it falls back only when the connection ends before the planner's STARTED, and after
  * STARTED it never runs the request again (a planner that dies or fails then: one line, status 1).
- * The protocol: planner.py read_request, serve_one, encode_answer. */
+ * The protocol: planner/protocol.py read_request, encode_answer; planner/worker.py serve_one. */
 
 struct out {
     char *p;

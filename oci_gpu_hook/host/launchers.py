@@ -271,10 +271,9 @@ def front_contract() -> dict[str, str | list[str] | int]:
     """The fast-path contract: every name, word and path the front compares or uses that the Python path
     defines, each taken from where Python defines it (``oci_gpu_hook/fastpath/front.c`` names them
     ``OGH_<KEY>``; its header says which Python function each part of the front mirrors)."""
-    from oci_gpu_hook import config, log
+    from oci_gpu_hook import LIVE_COMMANDS, PRECREATE, config, log, oci_argv
     from oci_gpu_hook.appliers.ocispec import LINKS_COMMAND
     from oci_gpu_hook.core.edits import BY_PATH_DIR, LINK_NODES
-    from oci_gpu_hook.entry import cli, runtime
     from oci_gpu_hook.host import planner
 
     return {
@@ -282,11 +281,11 @@ def front_contract() -> dict[str, str | list[str] | int]:
         "BOOL_ENV": sorted(f.env for f in config.FIELDS.values() if f.type == "bool" and f.env),
         "CONFIG_ENV": config.CONFIG_ENV,
         "RUNTIME_ENV": str(config.FIELDS["runtime"].env),
-        "REWRITE_COMMANDS": sorted(runtime.REWRITE_COMMANDS),
-        "VERSION_ARGS": list(runtime.VERSION_ARGS),
-        "DEFAULT_PATH": runtime.DEFAULT_PATH,
-        "HOOK_COMMANDS": sorted({cli.PRECREATE, *cli.LIVE_COMMANDS}),
-        "PRECREATE": cli.PRECREATE,
+        "REWRITE_COMMANDS": sorted(oci_argv.REWRITE_COMMANDS),
+        "VERSION_ARGS": list(oci_argv.VERSION_ARGS),
+        "DEFAULT_PATH": oci_argv.DEFAULT_PATH,
+        "HOOK_COMMANDS": sorted({PRECREATE, *LIVE_COMMANDS}),
+        "PRECREATE": PRECREATE,
         "LINKS_COMMAND": LINKS_COMMAND,
         "BY_PATH_DIR": BY_PATH_DIR,
         "LINK_NODES": list(LINK_NODES),

@@ -61,7 +61,7 @@ from oci_gpu_hook.host.deviceplugin.devices import (
     whole_gpu_resource,
 )
 from oci_gpu_hook.host.deviceplugin.specs import SpecKeeper
-from oci_gpu_hook.host.watch import RESYNC, EventSource, gpu_uevent
+from oci_gpu_hook.host.watch import EventSource, wait_for_rescan
 from oci_gpu_hook.inventory import Inventory
 
 VERSION = "v1beta1"
@@ -421,24 +421,9 @@ class Manager:
         return 0
 
     def _wait(self, seconds: float) -> None:
-        """Sleep until the next step, 0.1 s at a time; a GPU's uevent brings the next rescan forward."""
-        deadline = time.monotonic() + seconds
-        while not self.stopping:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            if self.events is None:
-                time.sleep(min(0.1, left))
-                continue
-            event = self.events.poll(min(0.1, left))
-            if event is None:
-                continue
-            if RESYNC in event or gpu_uevent(event):
-                soon = time.monotonic() + self.uevent_delay  # a quiet moment: one rescan for a burst
-                if soon < self.next_rescan:
-                    self.next_rescan = soon
-                    name = event.get("DEVNAME") or event.get("DEVPATH") or ""
-                    self.rescan_reason = f"uevent {event.get('ACTION', 'resync')} {event.get('SUBSYSTEM', '')} {name}"
+        """Sleep until the next step; a GPU's uevent brings the next rescan forward."""
+        self.next_rescan, self.rescan_reason = wait_for_rescan(
+            self.events, seconds, lambda: self.stopping, self.uevent_delay, self.next_rescan, self.rescan_reason)
 
     def stop(self) -> None:
         """End :meth:`run` within 0.1 s; safe to call from a signal handler (a flag, no lock)."""

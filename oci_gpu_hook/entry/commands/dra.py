@@ -1,0 +1,11 @@
+"""``oci-gpu-hook dra``: the Kubernetes DRA driver (:mod:`oci_gpu_hook.host.dra`, where its command line is)."""
+
+from __future__ import annotations
+
+from oci_gpu_hook.config import Config
+
+
+def run(args: list[str], config: Config) -> int:
+    from oci_gpu_hook.host.dra import command
+
+    return command(args, config)

@@ -1,0 +1,138 @@
+"""``oci-gpu-hook dra``: a Kubernetes DRA driver for the host's AMD, Intel and NVIDIA GPUs, partitions and MIG
+devices, from one process under one driver name (docs/dra.md argues the name).
+
+It publishes the node's devices (:mod:`.devices`) as ResourceSlices
+(:mod:`.slices`, over :mod:`.kube`'s plain HTTPS), registers at the kubelet as
+a DRA plugin, prepares each claim as a CDI spec of its own and reports device
+health (:mod:`.server`, :mod:`.claims`).
+Operator side only: it needs ``grpcio`` and ``protobuf`` (the ``device-plugin``
+extra), which nothing on a container's start path imports.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+
+from oci_gpu_hook.config import Config
+from oci_gpu_hook.errors import HookError
+
+TYPE_CHECKING = False
+
+if TYPE_CHECKING:
+    from oci_gpu_hook.inventory import Inventory
+
+DEFAULT_DRIVER = "gpu.oci-gpu-hook.io"
+DNS_SUBDOMAIN = re.compile(r"^(?=.{1,63}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def command(args: list[str], config: Config) -> int:
+    import signal
+
+    from oci_gpu_hook.cliparse import parser as _parser
+    from oci_gpu_hook.host.deviceplugin import _seconds
+    from oci_gpu_hook.host.dra.slices import VERSIONS
+
+    parser = _parser("dra", "A Kubernetes DRA driver: publish this node's GPUs, partitions and MIG devices as "
+                            "ResourceSlices, register at the kubelet, prepare each claim as a CDI spec of its own.")
+    parser.add_argument("--driver-name", default=DEFAULT_DRIVER, metavar="NAME",
+                        help="the DRA driver name, a DNS subdomain (default %(default)s)")
+    parser.add_argument("--node-name", default=None, metavar="NAME",
+                        help="this node's name, also its pool's (default: $NODE_NAME, from the pod's spec.nodeName)")
+    parser.add_argument("--kubelet-registry-dir", default="/var/lib/kubelet/plugins_registry", metavar="DIR",
+                        help="where the kubelet looks for plugins (default %(default)s)")
+    parser.add_argument("--kubelet-plugins-dir", default="/var/lib/kubelet/plugins", metavar="DIR",
+                        help="where the DRA socket and the checkpoint go, in <DIR>/<driver> (default %(default)s)")
+    parser.add_argument("--cdi-dir", default=config.cdi_dir, metavar="DIR",
+                        help="where the claims' CDI specs go (default: cdi_dir, %(default)s)")
+    parser.add_argument("--state-dir", default=None, metavar="DIR",
+                        help="where the checkpoint goes (default: <kubelet plugins dir>/<driver>)")
+    parser.add_argument("--rescan-interval", metavar="SECONDS", default="10",
+                        help="how often the devices are read again and the slices checked (default %(default)s)")
+    parser.add_argument("--no-uevents", action="store_true", help="do not listen for GPU uevents")
+    parser.add_argument("--kube-api-server", metavar="URL", default=None,
+                        help="https://HOST:PORT (default: from KUBERNETES_SERVICE_HOST/PORT)")
+    parser.add_argument("--kube-token-file", metavar="FILE", default=None,
+                        help="bearer token (default: the pod's service account token)")
+    parser.add_argument("--kube-ca-file", metavar="FILE", default=None,
+                        help="the API server's CA (default: the pod's service account ca.crt)")
+    parser.add_argument("--resource-api-version", choices=VERSIONS, default=None,
+                        help="resource.k8s.io version (default: the newest the API server offers)")
+    parser.add_argument("--list", action="store_true",
+                        help="print the devices as they would be published (JSON, the slice's devices; what is "
+                             "left out on stderr); exit")
+    opts = parser.parse_args(args)
+    interval = _seconds(opts.rescan_interval, "--rescan-interval", 0.1, 3600)
+    driver = opts.driver_name
+    if not DNS_SUBDOMAIN.match(driver):
+        raise HookError(f"--driver-name {driver!r}: expected a DNS subdomain of at most 63 characters "
+                        f"(e.g. {DEFAULT_DRIVER})")
+    from oci_gpu_hook.inventory import scan_host
+
+    def scan() -> Inventory:
+        return scan_host(config, strict=False)
+
+    if opts.list:
+        from oci_gpu_hook.host.dra.devices import build
+        from oci_gpu_hook.host.dra.slices import device_object
+
+        devices, notes = build(scan_host(config, strict=False))
+        print(json.dumps([device_object(d, opts.resource_api_version or VERSIONS[0]) for d in devices], indent=1))
+        for note in notes:  # stdout stays one JSON document
+            print(f"oci-gpu-hook dra: {note}", file=sys.stderr)
+        return 0
+    node = opts.node_name or os.environ.get("NODE_NAME")
+    if not node:
+        raise HookError("dra: no node name: give --node-name, or set NODE_NAME (the DaemonSet passes spec.nodeName)")
+    try:
+        from oci_gpu_hook.host.dra import server
+    except ImportError as err:
+        raise HookError(f"dra needs grpcio and protobuf ({err}): pip install 'oci-gpu-hook[device-plugin]'") from None
+    from oci_gpu_hook.appliers.cdi import make_dirs
+    from oci_gpu_hook.host.dra.claims import Claims
+    from oci_gpu_hook.host.dra.kube import Client, Credentials
+    from oci_gpu_hook.host.dra.slices import Publisher
+
+    make_dirs(opts.cdi_dir, "--cdi-dir")
+    client = Client(Credentials.in_cluster(opts.kube_api_server, opts.kube_token_file, opts.kube_ca_file))
+    publisher = Publisher(client, driver, node, server.log_line, opts.resource_api_version)
+    state_dir = opts.state_dir or os.path.join(opts.kubelet_plugins_dir, driver)
+
+    def version() -> str:
+        if publisher.version is None:
+            from oci_gpu_hook.host.dra.slices import choose_version
+
+            publisher.version = choose_version(client, opts.resource_api_version)
+        return publisher.version
+
+    def claims(plugin: server.Driver) -> Claims:
+        return Claims(config, driver, node, opts.cdi_dir, state_dir, client, plugin.current, server.log_line,
+                      version)
+
+    events = None
+    if not opts.no_uevents:
+        from oci_gpu_hook.host.watch import KernelUevents
+
+        events = KernelUevents()
+        try:
+            events.start()
+        except HookError as err:
+            server.log_line(f"{err}; rescanning every {interval:g} s only")
+            events.close()
+            events = None
+    plugin = server.Driver(driver, scan, publisher, claims, registry_dir=opts.kubelet_registry_dir,
+                           plugins_dir=opts.kubelet_plugins_dir, rescan_interval=interval, events=events)
+
+    def on_signal(number: int, _frame: object) -> None:
+        plugin.stop()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return plugin.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if events is not None:
+            events.close()
