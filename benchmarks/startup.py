@@ -316,7 +316,9 @@ class Bench:
             "python": f"{sys.executable} ({platform.python_version()})",
             "launcher_python": launcher_python,
             "package": package,
-            "commit": self.git_commit(),
+            # this checkout's, which built the wheel unless --wheel or --venv named another (package_digest tells)
+            "commit": self.git_commit() + (" (this checkout; the wheel measured is the one --wheel/--venv named)"
+                                           if self.opts.wheel or self.opts.venv else ""),
             "package_digest": self.package_digest(os.path.dirname(package)),
             "config_file": f"{CONFIG_PATH} (its default path, in the private root) in every case",
             "launcher_kind": kind,
