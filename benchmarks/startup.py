@@ -384,13 +384,16 @@ class Bench:
 
     @staticmethod
     def package_digest(directory: str) -> str:
-        """sha256 of the package's .py files, to tell apart runs of a tree that others are editing."""
+        """sha256 of every .py and .c file of the package, subpackages included, to tell runs apart."""
         digest = hashlib.sha256()
-        for name in sorted(os.listdir(directory)):
-            if name.endswith(".py"):
-                digest.update(name.encode() + b"\0")
-                with open(os.path.join(directory, name), "rb") as handle:
-                    digest.update(handle.read())
+        found = []
+        for folder, dirs, files in os.walk(directory):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            found += [os.path.join(folder, n) for n in files if n.endswith((".py", ".c"))]
+        for path in sorted(found):
+            digest.update(os.path.relpath(path, directory).encode() + b"\0")
+            with open(path, "rb") as handle:
+                digest.update(handle.read())
         return digest.hexdigest()[:12]
 
     def make_rootfs(self, name: str, busybox: str) -> str:
