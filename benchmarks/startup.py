@@ -287,8 +287,9 @@ class Bench:
         self.py_shim = os.path.join(py_launchers, "oci-gpu-runtime")
         self.py_hook = os.path.join(py_launchers, "oci-gpu-hook")
         self.hook_log = os.path.join(self.tmp, "prestart-sanity.log")
-        package = sh([os.path.join(venv, "bin", "python"), "-c", "import oci_gpu_hook; print(oci_gpu_hook.__file__)"],
-                     env=self.env).strip()
+        # -I: not the current directory first on sys.path (run from the checkout, it would name the checkout)
+        package = sh([os.path.join(venv, "bin", "python"), "-I", "-c",
+                      "import oci_gpu_hook; print(oci_gpu_hook.__file__)"], env=self.env).strip()
         with open(self.py_shim, encoding="utf-8") as handle:
             launcher_python = handle.readline()[2:].strip()
         self.console_shim = shutil.which("oci-gpu-runtime", path=os.path.join(venv, "bin"))
