@@ -81,11 +81,18 @@ LIFECYCLE_PLANNER_TARGET_MS = 12.0  # create + start + delete through the shim, 
 PRESTART_PLANNER_TARGET_MS = {"v1": 8.0, "v2": 12.0}  # runc run + prestart hook, 1 GPU - bare
 AT_ONCE = 64  # group h: this many GPU containers created at once
 AT_ONCE_TARGET = 2.0  # ... all of them in at most this many times one container's serial create
+# Issue 22: against bare runc and NVIDIA's container toolkit in the same run (group i, the prestart hook of group e,
+# group h's all-at-once row)
+AT_ONCE_BARE_RATIO_TARGET = 1.5  # 64 shim creates at once / 64 bare runc creates at once
+PRESTART_BARE_RATIO_TARGET = 1.25  # runc run + prestart hook, 1 GPU, planner running / bare runc run, per mode
+# Group i: NVIDIA's toolkit in CDI mode, given one CDI device of deviceNodes only; as many nodes as the shim adds for
+# AMD_VISIBLE_DEVICES=1 (card, render node, kfd), with type and numbers given (no host node is stat'ed; none exist).
+NVIDIA_NODES = (("/dev/nvidia0", 195, 0), ("/dev/nvidiactl", 195, 255), ("/dev/nvidia-uvm", 510, 0))
 PLANNER_DIR = "/run/oci-gpu-hook"  # a tmpfs of the private root's: the host's planner, if any, is never asked
 NO_PLANNER = {"OCI_GPU_HOOK_PLANNER_SOCKET": ""}  # the front asks no planner: the Python launcher, as without one
 # The environment runc gives the prestart hook (as in tests/containers/test_live_hook.py).
 HOOK_PATH_ENV = "PATH=/usr/sbin:/usr/bin:/sbin:/bin"
-GROUP_LETTERS = "abcdefgh"
+GROUP_LETTERS = "abcdefghi"
 CGROUP_MODES = ("v1", "v2")
 # Untimed probe of group e: what the container sees in /dev/dri, and whether its device cgroup lets it open
 # renderD129 (no driver behind it here: ENXIO when allowed, EPERM when denied).
@@ -280,8 +287,9 @@ class Bench:
         self.py_shim = os.path.join(py_launchers, "oci-gpu-runtime")
         self.py_hook = os.path.join(py_launchers, "oci-gpu-hook")
         self.hook_log = os.path.join(self.tmp, "prestart-sanity.log")
-        package = sh([os.path.join(venv, "bin", "python"), "-c", "import oci_gpu_hook; print(oci_gpu_hook.__file__)"],
-                     env=self.env).strip()
+        # -I: not the current directory first on sys.path (run from the checkout, it would name the checkout)
+        package = sh([os.path.join(venv, "bin", "python"), "-I", "-c",
+                      "import oci_gpu_hook; print(oci_gpu_hook.__file__)"], env=self.env).strip()
         with open(self.py_shim, encoding="utf-8") as handle:
             launcher_python = handle.readline()[2:].strip()
         self.console_shim = shutil.which("oci-gpu-runtime", path=os.path.join(venv, "bin"))
@@ -309,7 +317,9 @@ class Bench:
             "python": f"{sys.executable} ({platform.python_version()})",
             "launcher_python": launcher_python,
             "package": package,
-            "commit": self.git_commit(),
+            # this checkout's, which built the wheel unless --wheel or --venv named another (package_digest tells)
+            "commit": self.git_commit() + (" (this checkout; the wheel measured is the one --wheel/--venv named)"
+                                           if self.opts.wheel or self.opts.venv else ""),
             "package_digest": self.package_digest(os.path.dirname(package)),
             "config_file": f"{CONFIG_PATH} (its default path, in the private root) in every case",
             "launcher_kind": kind,
@@ -375,13 +385,16 @@ class Bench:
 
     @staticmethod
     def package_digest(directory: str) -> str:
-        """sha256 of the package's .py files, to tell apart runs of a tree that others are editing."""
+        """sha256 of every .py and .c file of the package, subpackages included, to tell runs apart."""
         digest = hashlib.sha256()
-        for name in sorted(os.listdir(directory)):
-            if name.endswith(".py"):
-                digest.update(name.encode() + b"\0")
-                with open(os.path.join(directory, name), "rb") as handle:
-                    digest.update(handle.read())
+        found = []
+        for folder, dirs, files in os.walk(directory):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            found += [os.path.join(folder, n) for n in files if n.endswith((".py", ".c"))]
+        for path in sorted(found):
+            digest.update(os.path.relpath(path, directory).encode() + b"\0")
+            with open(path, "rb") as handle:
+                digest.update(handle.read())
         return digest.hexdigest()[:12]
 
     def make_rootfs(self, name: str, busybox: str) -> str:
@@ -650,6 +663,9 @@ class Bench:
         if "h" in self.only:
             self.groups.append(self.at_once_group(rootfs))
 
+        if "i" in self.only:
+            self.groups.append(self.versus_group(rootfs))
+
     @property
     def with_planner(self) -> str:
         return "" if self.opts.no_planner else ", planner running"
@@ -676,6 +692,78 @@ class Bench:
         ]
         return Group("create", "g. runc create, AMD_VISIBLE_DEVICES=1 (the containerd and Docker call)", cases,
                      self.opts.runs, "bare", "g")
+
+    def nvidia_setup(self) -> dict[str, str]:
+        """NVIDIA's runtime in CDI mode: its config file (found through XDG_CONFIG_HOME, set only for its cases)
+        and one CDI spec in a directory of the temporary one; returns the environment its cases add."""
+        config_home = os.path.join(self.tmp, "nvidia-config")
+        spec_dir = os.path.join(self.tmp, "nvidia-cdi")
+        os.makedirs(os.path.join(config_home, "nvidia-container-runtime"))
+        os.makedirs(spec_dir)
+        with open(os.path.join(config_home, "nvidia-container-runtime", "config.toml"), "w", encoding="utf-8") as out:
+            out.write('[nvidia-container-runtime]\nmode = "cdi"\nruntimes = ["runc"]\nlog-level = "info"\n'
+                      'debug = "/dev/null"\n\n[nvidia-container-runtime.modes.cdi]\n'
+                      f'default-kind = "nvidia.com/gpu"\nspec-dirs = ["{spec_dir}"]\n')
+        nodes = [{"path": path, "type": "c", "major": major, "minor": minor} for path, major, minor in NVIDIA_NODES]
+        spec = {"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu",
+                "devices": [{"name": "0", "containerEdits": {"deviceNodes": nodes}}]}
+        with open(os.path.join(spec_dir, "nvidia.json"), "w", encoding="utf-8") as out:
+            json.dump(spec, out, indent=2)
+        return {"XDG_CONFIG_HOME": config_home}
+
+    def sanity_versus(self, runtime: str, bundle: str, env: dict[str, str] | None, want: str) -> None:
+        """Untimed: a create through ``runtime`` must write ``want`` into config.json (else the row means nothing)."""
+        src, dst = self.pristine(bundle)
+        shutil.copyfile(src, dst)
+        cid = self.next_id("sanity")
+        # stdio to a file, not a pipe: the created container holds its runtime's stdio open
+        with open(os.path.join(self.tmp, "stderr"), "w+b") as err:
+            code = subprocess.run([runtime, "create", "--bundle", bundle, cid], stdin=subprocess.DEVNULL,
+                                  stdout=err, stderr=err, env={**self.env, **(env or {})}, timeout=120,
+                                  start_new_session=True).returncode
+            err.seek(0)
+            said = err.read().decode(errors="replace").strip()
+        sh([self.runc, "delete", "--force", cid], env=self.env, check=False)
+        if code != 0:
+            raise BenchError(f"{runtime} create --bundle {bundle} exited {code}: {said}")
+        with open(dst, encoding="utf-8") as handle:
+            if want not in handle.read():
+                raise BenchError(f"{runtime} create did not add {want} to config.json")
+        shutil.copyfile(src, dst)
+
+    def versus_group(self, rootfs: str) -> Group:
+        """i: runc create with one GPU, cgroup v1 and v2 interleaved: bare runc, the installed shim (front +
+        planner), the shim with an empty request variable, and NVIDIA's toolkit in CDI mode (``--nvidia-runtime``)."""
+        gpu = self.make_bundle("bundle-i-gpu", rootfs, ["/bin/true"], ["AMD_VISIBLE_DEVICES=1"])
+        empty = self.make_bundle("bundle-i-empty", rootfs, ["/bin/true"], ["AMD_VISIBLE_DEVICES="])
+        self.sanity_versus(self.lean_shim, gpu, None, EXPECTED_NODE)
+        nvidia = self.opts.nvidia_runtime
+        nv_bundle = nv_env = None
+        if nvidia:
+            nv_env = self.nvidia_setup()
+            nv_bundle = self.make_bundle("bundle-i-nvidia", rootfs, ["/bin/true"], ["NVIDIA_VISIBLE_DEVICES=0"])
+            self.sanity_versus(nvidia, nv_bundle, nv_env, NVIDIA_NODES[0][0])
+            self.meta["nvidia_runtime"] = f"{nvidia} ({first_line([nvidia, '--version'])}), CDI mode"
+        else:
+            self.notes.append("group i: no --nvidia-runtime given: NVIDIA's toolkit column skipped")
+        cases = []
+        for mode in CGROUP_MODES:
+            wrap = "" if mode == "v1" else " in unshare -m + cgroup2"
+            rows = [("bare", f"runc create (bare), AMD_VISIBLE_DEVICES=1{wrap}", self.runc, gpu, None),
+                    ("shim", f"installed shim create, AMD_VISIBLE_DEVICES=1{self.with_planner}", self.lean_shim, gpu,
+                     None),
+                    ("shim-empty", "installed shim create, AMD_VISIBLE_DEVICES= (empty: no request)", self.lean_shim,
+                     empty, None)]
+            if nvidia and nv_bundle:
+                rows.append(("nvidia", "NVIDIA toolkit v1.17.4 create, CDI, NVIDIA_VISIBLE_DEVICES=0 (3 deviceNodes)",
+                             nvidia, nv_bundle, nv_env))
+            for key, label, runtime, bundle, env in rows:
+                cases.append(Case(f"{mode}-{key}", f"{mode}: {label}",
+                                  self.in_mode(mode, [runtime, "create", "--bundle", bundle, "{id}"]),
+                                  self.pristine(bundle), env=env, base=f"{mode}-bare",
+                                  after=self.in_mode(mode, [self.runc, "delete", "--force", "{id}"])))
+        return Group("versus", "i. create with 1 GPU beside NVIDIA's toolkit, cgroup v1 and v2 (modes interleaved)",
+                     cases, self.opts.runs, "v1-bare", "i")
 
     def at_once_group(self, rootfs: str) -> Group:
         """h: AT_ONCE containers, GPU i % 8 each, created one after another and all at once through the installed
@@ -944,8 +1032,9 @@ class Bench:
                     "package",
                     "commit", "package_digest", "config_file", "launcher_kind", "planner", "cgroups", "sysfs_root",
                     "lean_shim",
-                    "console_shim", "lean_hook", "groups"):
-            out.append(f"- {key}: {self.meta[key]}")
+                    "console_shim", "lean_hook", "nvidia_runtime", "groups"):
+            if key in self.meta:
+                out.append(f"- {key}: {self.meta[key]}")
         podman_runs = f" ({self.opts.podman_runs} for podman)" if self.podman else ""
         order = "in a fixed order" if self.opts.fixed_order else f"each round shuffled (seed {self.opts.seed})"
         out.append(f"- runs: {self.opts.runs} per case{podman_runs}, after "
@@ -1050,6 +1139,31 @@ class Bench:
                    f"ms ({one:.1f} ms each); bare runc: {rows['bare-at-once']['median']:.0f} ms at once, "
                    f"{rows['bare']['median']:.0f} ms one after another; without the planner, at once: "
                    f"{rows['at-once-noplanner']['median']:.0f} ms")
+        if "versus" in summary:
+            rows = summary["versus"]
+            for mode in CGROUP_MODES:
+                shim = rows[f"{mode}-shim"]
+                bare = rows[f"{mode}-bare"]["median"]
+                nvidia = rows.get(f"{mode}-nvidia")
+                if nvidia is not None:
+                    target(f"shim create added, 1 GPU, cgroup {mode}{planner}, at most NVIDIA's (paired Δ medians)",
+                           shim["paired"], nvidia["paired"], " ms",
+                           f"NVIDIA's toolkit {nvidia['paired']:+.1f} ms, ours {shim['paired']:+.1f} ms on bare "
+                           f"{bare:.1f} ms")
+                empty = rows[f"{mode}-shim-empty"]
+                target(f"shim create added, AMD_VISIBLE_DEVICES= (empty), cgroup {mode} (paired Δ median)",
+                       empty["paired"], NOGPU_ADDED_TARGET_MS, " ms", added(empty, bare))
+        if "prestart" in summary:
+            for mode in CGROUP_MODES:
+                row = summary["prestart"][f"{mode}-hook"]
+                target(f"prestart hook ratio, 1 GPU, cgroup {mode}{planner}, vs bare runc run", row["ratio"],
+                       PRESTART_BARE_RATIO_TARGET, "x",
+                       f"added {row['added']:+.1f} ms on bare {summary['prestart'][f'{mode}-bare']['median']:.1f} ms")
+        if "at-once" in summary:
+            rows = summary["at-once"]
+            target(f"{AT_ONCE} GPU containers at once{planner} / bare runc's {AT_ONCE} at once",
+                   rows["at-once"]["median"] / rows["bare-at-once"]["median"], AT_ONCE_BARE_RATIO_TARGET, "x",
+                   f"{rows['at-once']['median']:.0f} ms vs {rows['bare-at-once']['median']:.0f} ms")
         if not targets:
             out.append("- none: no group with a target was run")
         self.summary = summary
@@ -1209,6 +1323,9 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"timed runs of group h ({AT_ONCE} containers each; default 5)")
     parser.add_argument("--only", type=group_letters, metavar="GROUPS",
                         help="run only these groups, e.g. 'e' or 'a,b' (letters a-h; default: all)")
+    parser.add_argument("--nvidia-runtime", metavar="PATH",
+                        help="NVIDIA's nvidia-container-runtime (built from its source) for group i's CDI column "
+                             "(default: that column is skipped)")
     parser.add_argument("--sysfs-root", default=DEFAULT_SYSFS, help="fake sysfs (default: the example 8-GPU host)")
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     parser.add_argument("--seed", type=int, default=0, help="seed of each round's case order (default 0)")

@@ -293,3 +293,56 @@ def test_checked_in_example_trees_are_fresh_builds(tmp_path: Path, name: str) ->
     assert sorted(checked_in) == sorted(fresh)
     for rel, value in fresh.items():
         assert checked_in[rel] == value, rel
+
+
+SYSFS_READ_CASES = {
+    "plain": b"0x1002\n",
+    "crlf": b"226:1\r\n",
+    "lone-cr": b"a\rb\r",
+    "inner-crlf": b"key 1\r\nother 2\r\n",
+    "utf8": "n\u00e9e\n".encode(),
+    "bom": b"\xef\xbb\xbfx\n",
+    "invalid-utf8": b"\xff\xfe\n",
+    "latin1": b"caf\xe9\n",
+    "empty": b"",
+    "blank": b"  \n\t\n",
+    "large": b"x" * 70000 + b"\n",
+    "nul": b"1\x002\n",
+}
+
+SYSFS_READ_PROBE = r"""
+import json, os, sys
+from oci_gpu_hook.inventory.sysfs import read
+def text_read(path):
+    try:
+        with open(path) as handle:
+            return handle.read().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+folder = sys.argv[1]
+paths = [os.path.join(folder, n) for n in sorted(os.listdir(folder))] + [folder, os.path.join(folder, "missing")]
+print(json.dumps([[p, read(p), text_read(p)] for p in paths]))
+"""
+
+
+@pytest.mark.parametrize("env", [{}, {"LC_ALL": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"},
+                                 {"PYTHONUTF8": "1"}], ids=["default", "ascii-locale", "utf8-mode"])
+def test_sysfs_read_is_a_text_files_read(tmp_path, env):
+    """sysfs.read reads with os.read (cheaper): it must give what open(path).read().strip() gives, for every file
+    and under every locale the launcher may run in (newlines translated, the locale's encoding, strict)."""
+    import json
+    import subprocess
+    import sys
+
+    for name, data in SYSFS_READ_CASES.items():
+        (tmp_path / name).write_bytes(data)
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("LC_", "PYTHON")) and k != "LANG"}
+    out = subprocess.run([sys.executable, "-c", SYSFS_READ_PROBE, str(tmp_path)], capture_output=True, text=True,
+                         env={**base, **env, "PYTHONPATH": str(REPO)}, check=True, timeout=60).stdout
+    rows = json.loads(out)
+    assert len(rows) == len(SYSFS_READ_CASES) + 2
+    for path, fast, reference in rows:
+        assert fast == reference, path
+    decoded = {os.path.basename(p): fast for p, fast, _ in rows}
+    assert decoded["crlf"] == "226:1" and decoded["inner-crlf"] == "key 1\nother 2"
+    assert decoded["invalid-utf8"] is None and decoded["missing"] is None

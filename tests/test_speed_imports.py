@@ -23,7 +23,8 @@ PLAN = {"_json", "oci_gpu_hook.fastjson", "oci_gpu_hook.oci_spec", "oci_gpu_hook
         "oci_gpu_hook.request", "oci_gpu_hook.core", "oci_gpu_hook.core.edits", "oci_gpu_hook.appliers"}
 GRANT = {"oci_gpu_hook.core.devices", "oci_gpu_hook.core.rules", "oci_gpu_hook.inventory",
          "oci_gpu_hook.inventory.sysfs", "oci_gpu_hook.inventory.amd", "oci_gpu_hook.appliers.ocispec",
-         "importlib", "warnings"}
+         "importlib", "warnings",
+         "_locale"}  # built in, 0.3 ms measured under load: sysfs.read decodes as open() would (saves ~4 ms)
 ALLOWED = {
     "precreate": COMMON | PLAN | GRANT | {"oci_gpu_hook.entry.cli"},
     "prestart": COMMON | PLAN | {"oci_gpu_hook.entry.cli", "oci_gpu_hook.appliers.live", "oci_gpu_hook.oci_state"},
