@@ -386,17 +386,26 @@ def _fake_planner(socket_path: Path, steps: str) -> threading.Thread:
     return thread
 
 
+@pytest.fixture(scope="module")
+def unserved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """An install whose socket no planner of its own serves (each test binds its fake one there); its log
+    records are told apart by container id."""
+    need()
+    return make_install(tmp_path_factory.mktemp("bounds-fake"))
+
+
 @pytest.mark.parametrize("steps", ["", "ready", "ready started"], ids=["before-ready", "after-go", "after-started"])
-def test_a_worker_killed_at_each_step(tmp_path: Path, steps: str) -> None:
+def test_a_worker_killed_at_each_step(unserved: dict[str, Path], tmp_path: Path, steps: str) -> None:
     """The front against a planner that dies after reading the request, after GO, after STARTED: the first two
     fall back to Python (nothing was done), the last stops with one line and does not run the request again."""
-    install = make_install(tmp_path / "install")
+    install, cid = unserved, f"k-{steps.replace(' ', '-') or 'none'}"
     text = spec_text(["AMD_VISIBLE_DEVICES=4"])
     bundle = bundle_with(tmp_path, "b", text)
     python_runs(install)
+    assert logged(install, cid) == 0
     thread = _fake_planner(install["socket"], steps)
     try:
-        done = create(install, "native", bundle, "k1")
+        done = create(install, "native", bundle, cid)
     finally:
         thread.join(timeout=60)
         install["socket"].unlink(missing_ok=True)
@@ -406,4 +415,4 @@ def test_a_worker_killed_at_each_step(tmp_path: Path, steps: str) -> None:
         assert python_runs(install) == 0 and (bundle / "config.json").read_text() == text
     else:
         assert (done.returncode, done.stderr) == (0, b"")
-        assert python_runs(install) == 1 and logged(install, "k1") == 1
+        assert python_runs(install) == 1 and logged(install, cid) == 1

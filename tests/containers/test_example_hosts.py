@@ -46,9 +46,10 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     cl.need("runc", "podman", "busybox", "unshare")
     base = tmp_path_factory.mktemp("hosts")
     setup: dict[str, Any] = {"rootfs": cl.make_rootfs(base / "rootfs"), "base": base}
-    for name in {case[1] for case in CASES}:
-        model = cl.host_model(name)
-        setup[name] = {"model": model, **cl.host_home(base / name, f'sysfs_root = "{model.sysfs}"\n')}
+    models = {name: cl.host_model(name) for name in sorted({case[1] for case in CASES})}
+    homes = cl.at_once(lambda name: cl.host_home(base / name, f'sysfs_root = "{models[name].sysfs}"\n'), models)
+    for name, model in models.items():
+        setup[name] = {"model": model, **homes[name]}
     return setup
 
 

@@ -262,8 +262,7 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     cl.need("runc", "podman", "busybox", "unshare")
     base = tmp_path_factory.mktemp("nvhosts")
     setup: dict[str, Any] = {"base": base}
-    for name in {case[1] for case in CASES}:
-        setup[name] = host_setup(base / name, name)
+    setup.update(cl.at_once(lambda name: host_setup(base / name, name), sorted({case[1] for case in CASES})))
     return setup
 
 

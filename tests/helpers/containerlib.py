@@ -15,10 +15,11 @@ import shutil
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tests.conftest import need as need  # the one rule (root and tools; a failure under CI=true), for cl.need
 
@@ -232,6 +233,17 @@ def host_home(home: Path, settings: str) -> dict[str, Path]:
     assert done.returncode == 0, done.stderr
     return {"config": config, "hook": hook, "runtime": home / "bin" / "oci-gpu-runtime",
             "hooks-dir": write_hooks_dir(home / "hooks.d", hook, config), "cdi": cdi}
+
+
+T = TypeVar("T")
+
+
+def at_once(make: Callable[[str], T], names: Iterable[str]) -> dict[str, T]:
+    """``{name: make(name)}``, two at a time: a fixture's homes each build two native fronts (a C compiler's
+    work each), which one after the other leave the second core of a 2-core CI machine idle."""
+    names = list(names)
+    with ThreadPoolExecutor(2) as pool:
+        return dict(zip(names, pool.map(make, names), strict=True))
 
 
 SEED_PCI = ("03", "23", "43", "63", "83", "a3", "c3", "e3")
