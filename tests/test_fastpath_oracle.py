@@ -6,7 +6,10 @@ argv when started with none at all (argc 0).
 The corpus: every text that ``oci_spec.loads`` refuses or accepts in tests/helpers/hostiletexts.py, the inputs of
 the precreate entry there and in tests/test_fastpath.py, texts aimed at each check the front makes before it lets a
 container pass (types of process, process.env, annotations; keys in other cases, with escapes, non-ASCII; numbers
-at the edge of what Python reads; nesting), hostile state JSON for prestart, and hypothesis' hostile text.
+at the edge of what Python reads; nesting), request variables that ask for nothing (empty, none, void: the front
+decides those itself) beside every near miss it must hand over, hostile state JSON for prestart, and hypothesis'
+hostile text.  Who decided is checked too, for the empty variables, under other settings and a config that renames
+the request variables.
 """
 
 from __future__ import annotations
