@@ -6,7 +6,10 @@ argv when started with none at all (argc 0).
 The corpus: every text that ``oci_spec.loads`` refuses or accepts in tests/helpers/hostiletexts.py, the inputs of
 the precreate entry there and in tests/test_fastpath.py, texts aimed at each check the front makes before it lets a
 container pass (types of process, process.env, annotations; keys in other cases, with escapes, non-ASCII; numbers
-at the edge of what Python reads; nesting), hostile state JSON for prestart, and hypothesis' hostile text.
+at the edge of what Python reads; nesting), request variables that ask for nothing (empty, none, void: the front
+decides those itself) beside every near miss it must hand over, hostile state JSON for prestart, and hypothesis'
+hostile text.  Who decided is checked too, for the empty variables, under other settings and a config that renames
+the request variables.
 """
 
 from __future__ import annotations
@@ -75,12 +78,61 @@ STATES = [
 ]
 
 
+
+def _env_spec(*env: str, **top: object) -> str:
+    return json.dumps({"ociVersion": "1.0.2", "process": {"env": ["PATH=/bin", *env]}, **top})
+
+
+# A request variable that asks for nothing (request.py NO_GPU: empty, none, void, spaces around, any case): the front
+# decides these itself (test_empty_requests_pass_without_python)...
+EMPTY_NATIVE = [
+    _env_spec("AMD_VISIBLE_DEVICES="), _env_spec("AMD_VISIBLE_DEVICES=none"), _env_spec("AMD_VISIBLE_DEVICES=NONE"),
+    _env_spec("AMD_VISIBLE_DEVICES=NoNe"), _env_spec("AMD_VISIBLE_DEVICES=void"), _env_spec("AMD_VISIBLE_DEVICES=VOID"),
+    _env_spec("AMD_VISIBLE_DEVICES= "), _env_spec("AMD_VISIBLE_DEVICES=  none  "), _env_spec("INTEL_VISIBLE_DEVICES="),
+    _env_spec("NVIDIA_VISIBLE_DEVICES=void"), _env_spec("AMD_VISIBLE_DEVICES=", "AMD_VISIBLE_DEVICES=none"),
+    _env_spec("AMD_VISIBLE_DEVICES=", "INTEL_VISIBLE_DEVICES=none", "NVIDIA_VISIBLE_DEVICES=VOID"),
+    _env_spec("AMD_VISIBLE_DEVICES=", annotations={"io.kubernetes.x": "y"}),
+]
+# ... and hands these over, as it cannot be certain (the oracle holds either way): a later or earlier real request, a
+# name without '=', the name in another case or elsewhere (annotations, a hook's env, another key), another
+# vendor's request beside it, escapes and Unicode spaces (Python's strip takes them), a value with a space inside,
+# an empty entry (refused), a CDI annotation that decides, more empty entries than the front sets aside.
+EMPTY_HANDED_OVER = [
+    _env_spec("AMD_VISIBLE_DEVICES=", "AMD_VISIBLE_DEVICES=0"),
+    _env_spec("AMD_VISIBLE_DEVICES=0", "AMD_VISIBLE_DEVICES="),
+    _env_spec("AMD_VISIBLE_DEVICES=none", "AMD_VISIBLE_DEVICES=all"), _env_spec("AMD_VISIBLE_DEVICES"),
+    _env_spec("AMD_VISIBLE_DEVICES=0", "AMD_VISIBLE_DEVICES"), _env_spec("AMD_VISIBLE_DEVICES", "AMD_VISIBLE_DEVICES="),
+    _env_spec("amd_visible_devices="), _env_spec("Amd_Visible_Devices=none"), _env_spec("AMD_VISIBLE_DEVICES=,"),
+    _env_spec("AMD_VISIBLE_DEVICES=no ne"), _env_spec("AMD_VISIBLE_DEVICES=nonee"), _env_spec("AMD_VISIBLE_DEVICES=="),
+    _env_spec("AMD_VISIBLE_DEVICES=\t"), _env_spec("AMD_VISIBLE_DEVICES=none\n"),
+    _env_spec("AMD_VISIBLE_DEVICES=\u00a0"),
+    json.dumps({"process": {"env": ["AMD_VISIBLE_DEVICES=\u00a0none\u3000"]}}, ensure_ascii=False),
+    r'{"process": {"env": ["AMD_VISIBLE_DEVICES=\u0020"]}}', r'{"process": {"env": ["AMD_VISIBLE_DEVICES=n\u006fne"]}}',
+    r'{"process": {"env": ["AMD_VISIBLE_DEVICES=\/"]}}', r'{"process": {"env": ["AMD_VISIBLE_DEVICES\u003d"]}}',
+    _env_spec("XAMD_VISIBLE_DEVICES="), _env_spec("AMD_VISIBLE_DEVICES_=1"),
+    _env_spec("AMD_VISIBLE_DEVICES=", "INTEL_VISIBLE_DEVICES=0"),
+    _env_spec("AMD_VISIBLE_DEVICES=", "NVIDIA_VISIBLE_DEVICES=all"),
+    _env_spec("AMD_VISIBLE_DEVICES=", "NVIDIA_VISIBLE_DEVICES=0"), _env_spec("X=AMD_VISIBLE_DEVICES="),
+    _env_spec("AMD_VISIBLE_DEVICES=", annotations={"AMD_VISIBLE_DEVICES": ""}),
+    _env_spec("AMD_VISIBLE_DEVICES=", annotations={"cdi.k8s.io/gpu": "amd.com/gpu=0"}),
+    _env_spec("AMD_VISIBLE_DEVICES=", annotations={"cdi.k8s.io/gpu": "amd.com/gpu"}),
+    _env_spec("AMD_VISIBLE_DEVICES=", hooks={"prestart": [{"path": "/x", "env": ["AMD_VISIBLE_DEVICES=0"]}]}),
+    _env_spec(hooks={"prestart": [{"path": "/x", "env": ["AMD_VISIBLE_DEVICES="]}]}),
+    json.dumps({"process": {"env": ["AMD_VISIBLE_DEVICES="]}, "x": {"env": ["AMD_VISIBLE_DEVICES=0"]}}),
+    json.dumps({"process": {"env": ["AMD_VISIBLE_DEVICES="], "ENV": ["AMD_VISIBLE_DEVICES=0"]}}),
+    json.dumps({"process": {"env": ["AMD_VISIBLE_DEVICES="]}, "Process": {"env": ["AMD_VISIBLE_DEVICES=0"]}}),
+    '{"process": {"env": ["AMD_VISIBLE_DEVICES="], "env": ["AMD_VISIBLE_DEVICES=0"]}}',
+    _env_spec(*["AMD_VISIBLE_DEVICES="] * 17), _env_spec(*["AMD_VISIBLE_DEVICES="] * 40, "AMD_VISIBLE_DEVICES=0"),
+]
+
+
 def _texts() -> list[bytes]:
     texts = [t.encode("utf-8", "surrogateescape") for t, _m in REFUSED_SPECS]
     texts += [t.encode() for t in AIMED]
     texts += list(PRECREATE_INPUTS)
     texts += [t.encode() for name, t in GRANTED.items() if name != "huge"]
     texts += [t.encode("utf-8", "surrogateescape") for t in OTHER.values()]
+    texts += [t.encode() for t in EMPTY_NATIVE + EMPTY_HANDED_OVER]
     return list(dict.fromkeys(texts))
 
 
@@ -88,39 +140,70 @@ CORPUS = _texts()
 FAKE_RUNTIME = '#!/bin/sh\necho "fake-runtime $#: $*"\nexit 3\n'
 
 
-@pytest.fixture(scope="module")
-def install(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    base = tmp_path_factory.mktemp("oracle")
+def _make_install(base: Path, settings: str = "") -> dict[str, Path]:
+    """Native and Python launchers of one config (``settings`` added to it); the native front's Python launchers
+    note in ``python-ran`` that they ran."""
     fake = base / "fake-runtime"
     fake.write_text(FAKE_RUNTIME)
     fake.chmod(0o755)
     config = base / "config.toml"
-    config.write_text(f'sysfs_root = "{cl.SEED_SYSFS}"\nhook_path = "/bin/true"\nruntime = "{fake}"\n')
+    config.write_text(f'sysfs_root = "{cl.SEED_SYSFS}"\nhook_path = "/bin/true"\nruntime = "{fake}"\n{settings}')
     defaults = {"OCI_GPU_HOOK_CONFIG": str(config)}
     launchers.write_launchers(str(base / "native"), defaults, native=True)
     launchers.write_launchers(str(base / "python"), defaults, native=False)
+    for name in ("oci-gpu-hook.py", "oci-gpu-runtime.py"):
+        script = base / "native" / name
+        first, rest = script.read_text().split("\n", 1)
+        script.write_text(f"{first}\nopen({str(base / 'python-ran')!r}, 'a').write('ran\\n')\n{rest}")
     bundle = base / "bundle"
     bundle.mkdir()
     (bundle / "config.json").write_text('{"ociVersion": "1.0.2", "process": {"env": ["PATH=/bin"]}}')
-    return {"base": base, "native": base / "native", "python": base / "python", "bundle": bundle, "fake": fake}
+    return {"base": base, "native": base / "native", "python": base / "python", "bundle": bundle, "fake": fake,
+            "ran": base / "python-ran"}
 
 
-def _run(argv: list[str], data: bytes, cwd: Path) -> tuple[int, bytes, bytes]:
-    done = subprocess.run(argv, input=data, capture_output=True, env=cl.hook_env(), cwd=cwd, timeout=120)
+@pytest.fixture(scope="module")
+def install(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return _make_install(tmp_path_factory.mktemp("oracle"))
+
+
+def _run(argv: list[str], data: bytes, cwd: Path, env: dict[str, str] | None = None) -> tuple[int, bytes, bytes]:
+    done = subprocess.run(argv, input=data, capture_output=True, env={**cl.hook_env(), **(env or {})}, cwd=cwd,
+                          timeout=120)
     return done.returncode, done.stdout, done.stderr
 
 
 def _both(install: dict[str, Path], name: str, args: list[str], data: bytes = b"",
-          prepare: object = None) -> list[tuple[int, bytes, bytes, bytes | None]]:
+          prepare: object = None, env: dict[str, str] | None = None) -> list[tuple[int, bytes, bytes, bytes | None]]:
     """(status, stdout, stderr, the bundle's config.json after) for the native front and the Python launcher."""
     results = []
     for kind in ("native", "python"):
         if callable(prepare):
             prepare()
-        status, out, err = _run([str(install[kind] / name), *args], data, install["base"])
+        status, out, err = _run([str(install[kind] / name), *args], data, install["base"], env)
         config = install["bundle"] / "config.json"
         results.append((status, out, err, config.read_bytes() if config.exists() else None))
     return results
+
+
+ENTRIES = ("precreate", "prestart", "create")
+
+
+def _entry(install: dict[str, Path], entry: str, text: bytes, env: dict[str, str] | None = None
+           ) -> tuple[list[tuple[int, bytes, bytes, bytes | None]], bool]:
+    """The outcomes of both launchers for the config ``text`` through ``entry``, and whether the native front handed
+    over to Python."""
+    config = install["bundle"] / "config.json"
+    install["ran"].unlink(missing_ok=True)
+    if entry == "precreate":
+        outcomes = _both(install, "oci-gpu-hook", ["precreate"], text, env=env)
+    elif entry == "prestart":
+        state = json.dumps({"ociVersion": "1.0.2", "id": "c1", "pid": 1, "bundle": str(install["bundle"])}).encode()
+        outcomes = _both(install, "oci-gpu-hook", ["prestart"], state, lambda: config.write_bytes(text), env)
+    else:
+        args = ["--root", "/run/oracle", "create", "--bundle", str(install["bundle"]), "--pid-file", "/p", "c1"]
+        outcomes = _both(install, "oci-gpu-runtime", args, b"", lambda: config.write_bytes(text), env)
+    return outcomes, install["ran"].exists()
 
 
 @pytest.mark.parametrize("text", CORPUS, ids=range(len(CORPUS)))
@@ -182,6 +265,75 @@ def test_the_front_passes_clean_configs_without_python(install: dict[str, Path],
                                   str(install["bundle"]), "c1"], b"", install["base"])
         assert (status, out.decode()) == (3, f"fake-runtime 4: create --bundle {install['bundle']} c1\n")
     assert not marker.exists()
+
+
+# ------------------------------------------------------------------ a request variable that asks for nothing
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_empty_requests_pass_without_python(install: dict[str, Path], entry: str) -> None:
+    """The front decides a request variable that asks for nothing itself (the outcome Python's, untouched), and
+    hands over every text of EMPTY_HANDED_OVER (the oracle above holds for both)."""
+    for text in EMPTY_NATIVE:
+        (native, python), ran = _entry(install, entry, text.encode())
+        assert native == python and not ran, text
+        assert native[0] == (3 if entry == "create" else 0) and native[1] == (text.encode() if entry == "precreate"
+                                                                             else native[1]), text
+    for text in EMPTY_HANDED_OVER:
+        (native, python), ran = _entry(install, entry, text.encode())
+        assert native == python and ran, text
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.parametrize("env, native", [({"OCI_GPU_HOOK_ALLOW_ENV_REQUESTS": "maybe"}, False),
+                                         ({"OCI_GPU_HOOK_ALLOW_ENV_REQUESTS": "off"}, True),
+                                         ({"OCI_GPU_HOOK_DEBUG": "1"}, True),
+                                         ({"OCI_GPU_HOOK_CONFIG": "/nonexistent/config.toml"}, False)])
+def test_empty_request_under_other_settings(install: dict[str, Path], entry: str, env: dict[str, str],
+                                            native: bool) -> None:
+    """A setting the front cannot vouch for (a bad bool, another config file) hands the empty variable over, and
+    Python decides (a warning line: the config cannot be used, the container asks for nothing)."""
+    (front, python), ran = _entry(install, entry, _env_spec("AMD_VISIBLE_DEVICES=").encode(), env)
+    assert front == python and ran is not native
+
+
+RENAMED_SETTINGS = 'backends = ["amd", "intel"]\n[request_env]\namd = ["GPU_REQUEST", "OTHER_GPU"]\n'
+# (text, the front decides it itself) under RENAMED_SETTINGS: the AMD request is GPU_REQUEST or OTHER_GPU; the default
+# name is then no request at all; NVIDIA's backend is off (its variable is someone else's)
+RENAMED_TEXTS = [
+    (_env_spec("GPU_REQUEST="), True), (_env_spec("GPU_REQUEST=None", "OTHER_GPU=void"), True),
+    (_env_spec("AMD_VISIBLE_DEVICES="), True), (_env_spec("NVIDIA_VISIBLE_DEVICES=none"), True),
+    (_env_spec("GPU_REQUEST=0"), False), (_env_spec("GPU_REQUEST=", "OTHER_GPU=0"), False),
+    (_env_spec("GPU_REQUEST=0", "OTHER_GPU=0"), False), (_env_spec("GPU_REQUEST=", "GPU_REQUEST=0"), False),
+    (_env_spec("AMD_VISIBLE_DEVICES=0"), False), (_env_spec("GPU_REQUEST=", "NVIDIA_VISIBLE_DEVICES=0"), False),
+    (_env_spec("gpu_request="), False), (_env_spec("GPU_REQUEST"), False), (_env_spec("GPU_REQUEST=,"), False),
+]
+
+
+@pytest.fixture(scope="module")
+def renamed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return _make_install(tmp_path_factory.mktemp("renamed"), RENAMED_SETTINGS)
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.parametrize("text, native", RENAMED_TEXTS, ids=range(len(RENAMED_TEXTS)))
+def test_empty_request_under_a_config_that_renames_requests(renamed: dict[str, Path], entry: str, text: str,
+                                                            native: bool) -> None:
+    (front, python), ran = _entry(renamed, entry, text.encode())
+    assert front == python and ran is not native, (front, python)
+
+
+def test_the_request_names_and_words_are_baked_from_python(tmp_path: Path) -> None:
+    """The front's request names are the config's (default and renamed), its words request.py's NO_GPU."""
+    from oci_gpu_hook.request import NO_GPU
+
+    config = tmp_path / "config.toml"
+    config.write_text(RENAMED_SETTINGS)
+    header = launchers.front_header("oci-gpu-hook", str(tmp_path), {"OCI_GPU_HOOK_CONFIG": str(config)}, trust=False)
+    names = launchers._c_list(["AMD_VISIBLE_DEVICES", "GPU_REQUEST", "INTEL_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES",
+                               "OTHER_GPU"])
+    assert f"OGH_REQUEST_NAMES[] = {names};" in header
+    assert f"OGH_NO_REQUEST_WORDS[] = {launchers._c_list(sorted(NO_GPU))};" in header
 
 
 # ------------------------------------------------------------------ config.json that is not a regular file

@@ -138,7 +138,8 @@ def test_the_contract_is_baked_from_python(tmp_path: Path) -> None:
                    "oci_spec.py ContainerSpec.root"):
         assert python in top, python
     # no contract word is spelled in the code by hand any more
-    for word in ('"OCI_GPU_HOOK_DEBUG"', '"cdi.k8s.io"', '"yes"', '"precreate"', '"createRuntime"', '"links"'):
+    for word in ('"OCI_GPU_HOOK_DEBUG"', '"cdi.k8s.io"', '"yes"', '"precreate"', '"createRuntime"', '"links"',
+                 '"none"', '"void"', '"AMD_VISIBLE_DEVICES"'):
         assert word not in source.split("*/", 1)[1], word
 
 

@@ -20,7 +20,12 @@
  * key, even in another ASCII case; no key holds an escape or a non-ASCII byte, or spells a config.json field in
  * another case; no number is too large for Python's reading; nesting stays shallow; process, process.env and
  * annotations have the types Python reads; there is no backslash-u escape; and none of the request variable
- * names of any backend nor "cdi.k8s.io" occurs, compared without regard to case.  Anything else, any error, a
+ * names of any backend nor "cdi.k8s.io" occurs, compared without regard to case, outside the process.env entries
+ * that certainly ask for nothing: NAME=VALUE with NAME exactly a request name and VALUE, without its spaces and
+ * in any ASCII case, a word of request.py NO_GPU ("AMD_VISIBLE_DEVICES=", "...=none"; no escape, ASCII only: then
+ * Python's strip and lower do no more).  Such an entry leaves that name without a request (environ_of: the last
+ * entry wins, and any other entry naming it is not set aside and hands over; past MAX_MASKED such entries the
+ * rest are not set aside either).  Anything else, any error, a
  * config file that is not byte for byte the one the launcher was baked from, an OCI_GPU_HOOK_* variable the
  * fast path cannot vouch for: hand over.  Before Python runs, the interpreter and every directory it will
  * load code from must be owned by root and writable by nobody else.
@@ -29,9 +34,10 @@
  * oci_gpu_hook/host/launchers.py front_contract takes each from where Python defines it and bakes it as OGH_<KEY>
  * (the bool words and variables, the config and runtime variables, the rewrite and hook commands, the links
  * command, its directory and node names, the default PATH, the planner's socket, variable and bound); the
- * request names and "cdi.k8s.io" are OGH_NEEDLES (launchers.py baked_settings), the config.json field names
- * OGH_FIELD_NAMES (oci_spec.py _FIELDS), the planner's version line OGH_PLANNER_VERSION (planner/protocol.py
- * version_line).
+ * request names and "cdi.k8s.io" are OGH_NEEDLES and the request names as spelled OGH_REQUEST_NAMES (launchers.py
+ * baked_settings), the words that ask for nothing OGH_NO_REQUEST_WORDS (front_contract, from request.py NO_GPU),
+ * the config.json field names OGH_FIELD_NAMES (oci_spec.py _FIELDS), the planner's version line
+ * OGH_PLANNER_VERSION (planner/protocol.py version_line).
  *
  * The Python each part mirrors:
  *   settings_as_baked   oci_gpu_hook/config.py load_config (env values: check_value of the bool fields),
@@ -40,7 +46,7 @@
  *   config_trusted      oci_gpu_hook/trust.py problem (config.py check_trusted)
  *   json_object_ok      oci_gpu_hook/fastjson.py loads, oci_gpu_hook/oci_spec.py loads (_pairs, _check_case),
  *                       oci_spec.py ContainerSpec (process_env, annotations)
- *   clean               oci_gpu_hook/request.py requested (oci_spec.py env_value, annotation_names)
+ *   clean, no_request   oci_gpu_hook/request.py requested (NO_GPU; oci_spec.py environ_of, annotation_names)
  *   read_state          oci_gpu_hook/oci_state.py parse_state
  *   state_clean         read_state, then live.py run's read of BUNDLE/config.json
  *   precreate           oci_gpu_hook/entry/cli.py cmd_precreate
@@ -436,6 +442,12 @@ static int utf8_ok(const unsigned char *s, size_t n)
     return 1;
 }
 
+/* a span of the text: a key, a process.env entry */
+struct span {
+    const char *s;
+    size_t n;
+};
+
 /* A strict JSON reader (RFC 8259, as Python's json with strict=True and no NaN/Infinity) that only
  * validates, refuses what the Python path would refuse or might read otherwise (see the top), and notes the
  * top-level members the hook needs from the state. */
@@ -449,6 +461,8 @@ struct json {
     size_t id_len, bundle_len, pid_len;
     const char *root_path;         /* a spec's root.path when root is an object and path a string (quotes and all) */
     size_t root_path_len;
+    struct span *masked;           /* a spec's process.env entries that ask for nothing (no_request), for clean */
+    size_t nmasked;
 };
 
 /* what a value must be, where the Python path reads it (oci_spec.process_env, ContainerSpec.annotations) */
@@ -457,6 +471,37 @@ enum want { ANY, TOP, PROCESS, ENV, OBJECT, STRING, ROOT };
 #define MAX_DEPTH 100      /* Python reads ~1,000 levels; configs have ~6 */
 #define MAX_KEYS 1024      /* keys of one object compared pairwise */
 #define MAX_NUMBER 1000    /* characters of one number (Python: integers of up to 4,000 digits) */
+#define MAX_MASKED 16      /* process.env entries that ask for nothing, set aside from the scan (more: hand over) */
+
+/* 1 when the process.env entry ``e`` (a string's raw contents) is NAME=VALUE with NAME exactly one of
+ * OGH_REQUEST_NAMES and VALUE one of OGH_NO_REQUEST_WORDS once the spaces around it are gone, in any ASCII case:
+ * request.py _requested's ``v.strip().lower() not in NO_GPU`` is false for it.  Only where that is certain: no
+ * escape (its text is its bytes) and ASCII only (Python's strip also takes Unicode spaces, its lower Unicode
+ * letters); a raw JSON string holds no control character, so a space is the only ASCII whitespace it can hold. */
+static int no_request(const char *e, size_t n)
+{
+    const char *eq = memchr(e, '=', n), *v, *end = e + n;
+    int named = 0;
+    if (!eq)
+        return 0;
+    for (size_t k = 0; k < n; k++)
+        if (e[k] == '\\' || (unsigned char)e[k] >= 0x80)
+            return 0;
+    for (int i = 0; OGH_REQUEST_NAMES[i]; i++)
+        if (strlen(OGH_REQUEST_NAMES[i]) == (size_t)(eq - e) && memcmp(OGH_REQUEST_NAMES[i], e, (size_t)(eq - e)) == 0)
+            named = 1;
+    if (!named)
+        return 0;
+    for (v = eq + 1; v < end && *v == ' '; v++)
+        ;
+    while (end > v && end[-1] == ' ')
+        end--;
+    for (int i = 0; OGH_NO_REQUEST_WORDS[i]; i++)
+        if (strlen(OGH_NO_REQUEST_WORDS[i]) == (size_t)(end - v) &&
+            strncasecmp(OGH_NO_REQUEST_WORDS[i], v, (size_t)(end - v)) == 0)
+            return 1;
+    return 0;
+}
 
 static void ws(struct json *j)
 {
@@ -589,11 +634,6 @@ static int key_ok(const struct json *j, const char *key, size_t len)
     return !other_case;
 }
 
-struct span {
-    const char *s;
-    size_t n;
-};
-
 /* what the member ``key`` of an object of kind ``kind`` must be */
 static enum want member_want(const struct json *j, enum want kind, const char *key, size_t len)
 {
@@ -664,6 +704,11 @@ static int jcontainer(struct json *j, char open, enum want kind)
         vstart = j->i;
         if (!jvalue(j, want))
             goto done;
+        if (kind == ENV && j->masked && j->nmasked < MAX_MASKED &&
+            no_request(j->s + vstart + 1, j->i - vstart - 2)) {
+            j->masked[j->nmasked].s = j->s + vstart + 1;
+            j->masked[j->nmasked++].n = j->i - vstart - 2;
+        }
         if (kind == ROOT && key_len == 4 && memcmp(key, "path", 4) == 0 && j->s[vstart] == '"') {
             j->root_path = j->s + vstart;
             j->root_path_len = j->i - vstart;
@@ -755,8 +800,9 @@ static int json_object_ok(struct json *j)
     return j->i == j->n;
 }
 
-/* 1 only when no byte sequence in ``s`` could make a request: see the comment at the top */
-static int clean(const char *s, size_t n)
+/* 1 only when no byte sequence in ``s`` could make a request: see the comment at the top.  The ``nmasked``
+ * process.env entries ``masked`` ask for nothing: they are blanked (NUL bytes, in no needle) before the scan. */
+static int clean(const char *s, size_t n, const struct span *masked, size_t nmasked)
 {
     char *lower;
     int i, ok = 1;
@@ -773,6 +819,8 @@ static int clean(const char *s, size_t n)
         return 0;
     for (size_t k = 0; k < n; k++)
         lower[k] = (char)tolower((unsigned char)s[k]);
+    for (size_t m = 0; m < nmasked; m++)
+        memset(lower + (masked[m].s - s), 0, masked[m].n);
     for (i = 0; OGH_NEEDLES[i]; i++) {
         if (memmem(lower, n, OGH_NEEDLES[i], strlen(OGH_NEEDLES[i]))) {
             ok = 0;
@@ -785,8 +833,9 @@ static int clean(const char *s, size_t n)
 
 static int spec_clean(const char *s, size_t n)
 {
-    struct json j = {.s = s, .n = n, .spec = 1};
-    return json_object_ok(&j) && clean(s, n);
+    struct span masked[MAX_MASKED];
+    struct json j = {.s = s, .n = n, .spec = 1, .masked = masked};
+    return json_object_ok(&j) && clean(s, n, masked, j.nmasked);
 }
 
 /* the config.json at ``path`` exists, is read and is clean (a missing one: Python says so) */

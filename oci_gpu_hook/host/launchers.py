@@ -257,7 +257,7 @@ def baked_settings(defaults: dict[str, str]) -> dict[str, object]:
     return {"fast": fast, "path": path, "content": content if fast else None,
             "runtime": values.get("runtime", cfg.FIELDS["runtime"].default),
             "syslog": values.get("syslog", cfg.FIELDS["syslog"].default),
-            "needles": sorted({n.lower() for n in names} | {CDI_NEEDLE})}
+            "needles": sorted({n.lower() for n in names} | {CDI_NEEDLE}), "request_names": sorted(names)}
 
 
 def _spec_field_names() -> list[str]:
@@ -275,10 +275,12 @@ def front_contract() -> dict[str, str | list[str] | int]:
     from oci_gpu_hook.appliers.ocispec import LINKS_COMMAND
     from oci_gpu_hook.core.edits import BY_PATH_DIR, LINK_NODES
     from oci_gpu_hook.host import planner
+    from oci_gpu_hook.request import NO_GPU
 
     return {
         "BOOL_WORDS": sorted(config._TRUE | config._FALSE),  # config.check_value of a bool from the environment
         "BOOL_ENV": sorted(f.env for f in config.FIELDS.values() if f.type == "bool" and f.env),
+        "NO_REQUEST_WORDS": sorted(NO_GPU),  # request.py _requested: a value that asks for nothing
         "CONFIG_ENV": config.CONFIG_ENV,
         "RUNTIME_ENV": str(config.FIELDS["runtime"].env),
         "REWRITE_COMMANDS": sorted(oci_argv.REWRITE_COMMANDS),
@@ -330,6 +332,8 @@ def front_header(name: str, directory: str, defaults: dict[str, str], trust: boo
         f"static const char OGH_RUNTIME[] = {_c_string(str(baked['runtime']))};",
         f"#define OGH_SYSLOG {int(bool(baked['syslog']))}",
         f"static const char *const OGH_NEEDLES[] = {_c_list(list(baked['needles']))};",  # type: ignore[call-overload]
+        f"static const char *const OGH_REQUEST_NAMES[] = "
+        f"{_c_list(list(baked['request_names']))};",  # type: ignore[call-overload]
         f"static const char *const OGH_FIELD_NAMES[] = {_c_list(_spec_field_names())};",
         f"static const char OGH_VERSION_LINE[] = {_c_string(f'oci-gpu-runtime {__version__}')};",
         f"#define OGH_CONFIG_EXISTS {int(content is not None)}",

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
+import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -89,6 +93,54 @@ def test_shim_without_request_touches_nothing(setup: dict[str, Path]) -> None:
     cl.assert_isolated(done.stdout, [])
     assert hashlib.sha256((bundle / "config.json").read_bytes()).hexdigest() == digest
     assert (bundle / "config.json").stat().st_mtime_ns == mtime
+
+
+def _traced_shim_run(setup: dict[str, Path], bundle: Path, where: Path, v2: bool
+                     ) -> tuple[subprocess.CompletedProcess[str], list[str], list[str]]:
+    """``shim run`` of ``bundle`` under strace -f, the planner's socket a bound one in ``where`` that no one serves:
+    the run, every program exec'd and every connect to that socket."""
+    socket_path, trace = where / "planner.sock", where / "trace"
+    trace.unlink(missing_ok=True)
+    unserved = socket.socket(socket.AF_UNIX)
+    unserved.bind(str(socket_path))  # a connect is refused at once (no listen): a front that asks goes on to Python
+    try:
+        argv = ["strace", "-f", "-qq", "-o", str(trace), "-e", "trace=execve,connect", str(setup["runtime"]), "run",
+                "--bundle", str(bundle), bundle.name]
+        done = cl.run(cl.cgroup2_wrap(argv) if v2 else argv,
+                      env={**cl.hook_env(), "OCI_GPU_HOOK_PLANNER_SOCKET": str(socket_path)})
+    finally:
+        unserved.close()
+        socket_path.unlink()
+    lines = trace.read_text().splitlines()
+    execs = [m.group(1) for line in lines if (m := re.search(r'execve\("([^"]*)"', line))]
+    return done, execs, [line for line in lines if "connect(" in line and str(socket_path) in line]
+
+
+def _pythons(execs: list[str]) -> list[str]:
+    """The programs of ``execs`` that are Python: an interpreter or a launcher script."""
+    return [e for e in execs if os.path.basename(e).startswith("python") or e.endswith(".py")]
+
+
+@pytest.mark.parametrize("v2", [False, True], ids=["cgroup-v1", "cgroup-v2"])
+def test_shim_passes_an_empty_request_natively(setup: dict[str, Path], v2: bool, tmp_path: Path) -> None:
+    """A request variable that asks for nothing (``AMD_VISIBLE_DEVICES=``) is the native front's to decide: the
+    container starts untouched, and strace of the whole run shows neither Python nor the planner asked.  The same
+    run with a request shows both (the trace sees a hand-over)."""
+    cl.need("strace")
+    bundle = _bundle(setup, ["AMD_VISIBLE_DEVICES="])
+    before = (bundle / "config.json").read_bytes()
+    mtime = (bundle / "config.json").stat().st_mtime_ns
+    done, execs, asked = _traced_shim_run(setup, bundle, tmp_path, v2)
+    assert done.returncode == 0, done.stderr
+    cl.assert_isolated(done.stdout, [], cgroup_v2=v2)
+    assert (bundle / "config.json").read_bytes() == before and (bundle / "config.json").stat().st_mtime_ns == mtime
+    assert execs[0] == str(setup["runtime"]) and any(e.endswith("/runc") for e in execs), execs
+    assert not _pythons(execs) and not asked, (execs, asked)
+    requesting = _bundle(setup, ["AMD_VISIBLE_DEVICES=1"])
+    done, execs, asked = _traced_shim_run(setup, requesting, tmp_path, v2)
+    assert done.returncode == 0, done.stderr
+    cl.assert_isolated(done.stdout, [1], cgroup_v2=v2)
+    assert _pythons(execs) and asked, (execs, asked)
 
 
 def test_shim_refuses_bad_request(setup: dict[str, Path]) -> None:
