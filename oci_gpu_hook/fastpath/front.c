@@ -211,7 +211,7 @@ static int trusted_path(const char *path)
 static void refuse(const char *what, const char *path)
 {
     say_error("refusing to run: %s %s is missing or writable by a non-root user "
-              "(install into a root-owned prefix, see README)", what, path);
+              "(install into a root-owned prefix, see docs/security.md)", what, path);
     _exit(1);
 }
 

@@ -89,7 +89,7 @@ for _path in {checked!r}:
                 if os.access(_exe, os.X_OK) and not os.path.isdir(_exe):
                     os.execv(_exe, [_exe, *sys.argv[1:]])
         sys.stderr.write(f"oci-gpu-hook: error: refusing to run: {{_path}} is missing or writable by a "
-                         "non-root user (install into a root-owned prefix, see README)\\n")
+                         "non-root user (install into a root-owned prefix, see docs/security.md)\\n")
         sys.exit(1)
 """
 
