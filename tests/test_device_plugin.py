@@ -232,10 +232,9 @@ def _remove_gpu(sysfs: Path, pci: str, *, leave_links: bool = False) -> None:
 
 def test_removed_gpu_turns_unhealthy_within_the_rescan_interval(node: Node) -> None:
     node.kubelet.devices("amd.com/gpu", lambda d: len(d) == 8)
-    started = time.monotonic()
     _remove_gpu(node.sysfs, "0000:43:00.0")
+    # rescan every 0.3 s here (10 s by default): the wait's bound, not a timed assert, says it came by a rescan
     devices = node.kubelet.devices("amd.com/gpu", lambda d: d["0000:43:00.0"].health == "Unhealthy", timeout=5)
-    assert time.monotonic() - started < 2  # rescan every 0.3 s here (10 s by default)
     assert {i for i, h in _health(devices).items() if h == "Unhealthy"} == {"0000:43:00.0"}
     with pytest.raises(grpc.RpcError) as caught:
         node.kubelet.allocate("amd.com/gpu", ["0000:43:00.0"])
@@ -292,10 +291,9 @@ def test_uevent_brings_the_rescan_forward(tmp_path: Path) -> None:
         events.put({"ACTION": "add", "SUBSYSTEM": "pci", "DEVPATH": "/devices/unrelated"})  # not a GPU's: ignored
         time.sleep(0.5)
         assert kubelet.devices("amd.com/gpu")["0000:23:00.0"].health == "Healthy"
-        started = time.monotonic()
         events.put({"ACTION": "remove", "SUBSYSTEM": "drm", "DEVNAME": "dri/card2"})
+        # within 5 s of a 60 s rescan interval: only the uevent can have brought it (no timed assert)
         kubelet.devices("amd.com/gpu", lambda d: d["0000:23:00.0"].health == "Unhealthy", timeout=5)
-        assert time.monotonic() - started < 2
         assert any(line.startswith("uevent remove drm dri/card2: amd.com/gpu 0000:23:00.0") for line in logs), logs
     finally:
         manager.stop()
