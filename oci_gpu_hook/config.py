@@ -79,8 +79,11 @@ FIELDS: dict[str, Field] = {
     "cdi_dir": Field("/var/run/cdi", "path", "OCI_GPU_HOOK_CDI_DIR",
                      "Where the CDI spec of each kind is written (<vendor>-<class>.json)."),
     "hook_path": Field("/usr/local/libexec/oci-gpu-hook/oci-gpu-hook", "path", "OCI_GPU_HOOK_HOOK_PATH",
-                       "The oci-gpu-hook launcher that the spec-rewrite paths and CDI specs name as the "
-                       "createRuntime hook making /dev/dri/by-path links."),
+                       "The oci-gpu-hook launcher that CDI specs name as the createRuntime hook making "
+                       "/dev/dri/by-path links, and rewritten specs as the one making NVIDIA's ld cache."),
+    "by_path_dir": Field("/run/oci-gpu-hook/by-path", "path", "OCI_GPU_HOOK_BY_PATH_DIR",
+                         "Where the spec-rewrite paths prepare the /dev/dri/by-path directory they bind-mount "
+                         "read-only into a container (one per set of links; only root may write it)."),
     "mask_other_gpus": Field(False, "bool", None,
                              "Spec-rewrite paths: add the sysfs directories of every GPU the container did not "
                              "get to linux.maskedPaths."),
@@ -163,6 +166,7 @@ class Config:
     allow_env_requests: bool
     cdi_dir: str
     hook_path: str
+    by_path_dir: str
     mask_other_gpus: bool
     device_file_mode: int
     device_uid: int

@@ -25,6 +25,7 @@ SEE = {
     "allow_env_requests": "[what an image cannot do](requests.md#what-an-image-cannot-do)",
     "cdi_dir": "[CDI](commands.md#cdi-cdi-generate-cdi-list)",
     "hook_path": "[the by-path links hook](how-it-works.md#the-by-path-links-hook-hook_path)",
+    "by_path_dir": "[the by-path links mount](how-it-works.md#the-by-path-links-a-read-only-mount-by_path_dir)",
     "mask_other_gpus": "[hiding the other GPUs' sysfs](security.md#hiding-the-other-gpus-sysfs-mask_other_gpus)",
     "log_file": "[the log file](troubleshooting.md#the-log-file)",
     "syslog": "[where a refusal shows](troubleshooting.md#where-a-refusal-shows)",

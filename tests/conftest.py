@@ -9,11 +9,41 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from typing import NoReturn
 
 import pytest
 
 ROOT = os.geteuid() == 0
+
+# Tests never change the host: the spec-rewrite paths prepare /dev/dri/by-path directories under by_path_dir
+# (default /run/oci-gpu-hook/by-path); every run of the package that inherits this environment uses a
+# session's own directory instead (a test's own config may name another one of its own).
+# A test that still wrote to the default directory fails the session (and what it made there is removed).
+BY_PATH_DIR = tempfile.mkdtemp(prefix="ogh-by-path-")
+os.environ["OCI_GPU_HOOK_BY_PATH_DIR"] = os.path.join(BY_PATH_DIR, "by-path")
+HOST_BY_PATH_DIR = "/run/oci-gpu-hook/by-path"
+
+
+def _host_by_path() -> set[str]:
+    try:
+        return set(os.listdir(HOST_BY_PATH_DIR))
+    except OSError:
+        return set()
+
+
+HOST_BY_PATH_BEFORE = _host_by_path()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    shutil.rmtree(BY_PATH_DIR, ignore_errors=True)
+    leaked = sorted(_host_by_path() - HOST_BY_PATH_BEFORE)
+    for name in leaked:
+        shutil.rmtree(os.path.join(HOST_BY_PATH_DIR, name), ignore_errors=True)
+    if leaked:
+        print(f"\nFAILED: the tests changed the host: they made {leaked} in {HOST_BY_PATH_DIR} (removed); "
+              "give them a by_path_dir of their own")
+        session.exitstatus = 1
 
 
 def in_ci() -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +106,12 @@ def test_dry_run_bundle() -> None:
     assert rules[0] == {"allow": False, "access": "rwm"}
     assert [(r["major"], r["minor"]) for r in rules[1:]] == [(226, 2), (226, 129), (234, 0)]
     assert result.stderr == "# amd 1 (0000:23:00.0): /dev/dri/card2 /dev/dri/renderD129 /dev/kfd\n"
-    assert new["hooks"]["createRuntime"][0]["args"][:2] == ["oci-gpu-hook", "links"]
+    assert "hooks" not in new  # the by-path links are a read-only mount of a directory dry-run prepared
+    by_path = new["mounts"][-1]
+    assert by_path["destination"] == "/dev/dri/by-path" and by_path["options"] == ["bind", "ro", "nosuid", "noexec",
+                                                                                   "nodev"]
+    assert sorted((p.name, os.readlink(p)) for p in Path(by_path["source"]).iterdir()) == [
+        ("pci-0000:23:00.0-card", "../card2"), ("pci-0000:23:00.0-render", "../renderD129")]
     assert (EXAMPLE_BUNDLE / "config.json").read_bytes() == before
 
 
@@ -162,7 +168,8 @@ def test_precreate_rewrites_stdin() -> None:
     assert linux_device_paths(new) == GPU1_PATHS
     original = json.loads((EXAMPLE_BUNDLE / "config.json").read_text())
     assert new["process"] == original["process"]
-    assert new["mounts"] == original["mounts"]
+    assert new["mounts"][:-1] == original["mounts"]  # the by-path links: one mount, after the spec's own
+    assert new["mounts"][-1]["destination"] == "/dev/dri/by-path" and "hooks" not in new
 
 
 @pytest.mark.parametrize("env", [["PATH=/bin"], ["AMD_VISIBLE_DEVICES=none"], ["AMD_VISIBLE_DEVICES="]])
@@ -472,12 +479,20 @@ def test_validate_refuses_what_a_container_start_would_refuse(tmp_path: Path, en
     assert started.returncode == 1 and line.split(": ", 3)[-1] in started.stderr
 
 
-def test_validate_refuses_a_links_hook_that_is_not_there(tmp_path: Path) -> None:
-    gone = tmp_path / "bin" / "oci-gpu-hook"
-    line = assert_one_error_line(cli("validate", str(EXAMPLE_BUNDLE),
-                                     env=clean_env(OCI_GPU_HOOK_HOOK_PATH=str(gone))))
-    assert f"hook_path {gone} (from " in line and "OCI_GPU_HOOK_HOOK_PATH" in line
-    assert f"oci-gpu-hook launchers {gone.parent}" in line
+def test_validate_writes_no_by_path_directory_and_refuses_a_symlinked_one(tmp_path: Path) -> None:
+    """validate rewrites in memory: the by-path directory is checked where it is there, never made; a symlink on
+    the way to by_path_dir is refused as the shim refuses it, never followed."""
+    fresh = tmp_path / "fresh" / "by-path"
+    done = cli("validate", str(EXAMPLE_BUNDLE), env=clean_env(OCI_GPU_HOOK_BY_PATH_DIR=str(fresh)))
+    assert done.returncode == 0, done.stderr
+    assert not (tmp_path / "fresh").exists()
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
+    for command in ("validate", "dry-run"):
+        line = assert_one_error_line(cli(command, str(EXAMPLE_BUNDLE),
+                                         env=clean_env(OCI_GPU_HOOK_BY_PATH_DIR=str(tmp_path / "link" / "by-path"))))
+        assert f"{tmp_path / 'link'} is a symlink or not a directory" in line, line
+    assert list((tmp_path / "elsewhere").iterdir()) == []
 
 
 def test_validate_bad_spec(tmp_path: Path) -> None:

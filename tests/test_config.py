@@ -23,6 +23,7 @@ EXPECTED_DEFAULTS = {
     "allow_env_requests": True,
     "cdi_dir": "/var/run/cdi",
     "hook_path": "/usr/local/libexec/oci-gpu-hook/oci-gpu-hook",
+    "by_path_dir": "/run/oci-gpu-hook/by-path",
     "mask_other_gpus": False,
     "device_file_mode": 0o666,
     "device_uid": 0,
@@ -36,8 +37,10 @@ EXPECTED_DEFAULTS = {
 
 @pytest.fixture(autouse=True)
 def no_system_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Never let the host's /etc/oci-gpu-hook/config.toml leak into a test."""
+    """Never let the host's /etc/oci-gpu-hook/config.toml leak into a test, nor the session's by_path_dir (these
+    tests only load settings)."""
     monkeypatch.setattr(config_module, "DEFAULT_CONFIG_PATH", str(tmp_path / "absent" / "config.toml"))
+    monkeypatch.delenv("OCI_GPU_HOOK_BY_PATH_DIR", raising=False)
 
 
 def write(tmp_path: Path, text: str) -> str:
@@ -71,6 +74,7 @@ backends = ["amd"]
 allow_env_requests = false
 cdi_dir = "/etc/cdi"
 hook_path = "/opt/ogh/oci-gpu-hook"
+by_path_dir = "/run/ogh/by-path"
 mask_other_gpus = true
 device_file_mode = 0o660
 device_uid = 0
@@ -99,6 +103,7 @@ def test_file_values(tmp_path: Path) -> None:
         "allow_env_requests": False,
         "cdi_dir": "/etc/cdi",
         "hook_path": "/opt/ogh/oci-gpu-hook",
+        "by_path_dir": "/run/ogh/by-path",
         "mask_other_gpus": True,
         "device_file_mode": 0o660,
         "device_uid": 0,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from oci_gpu_hook import inventory as inventory_module
+from oci_gpu_hook.appliers import bypath
 from oci_gpu_hook.appliers.ocispec import apply as apply_edits
 from oci_gpu_hook.appliers.ocispec import rewrite_text
 from oci_gpu_hook.config import Config
@@ -35,10 +37,12 @@ GPU1_NODES = [
     {"path": "/dev/kfd", "type": "c", "major": 234, "minor": 0, "fileMode": 438, "uid": 0, "gid": 0},
 ]
 HOOK_PATH = "/bin/sh"  # any executable: the rewrite checks that the runtime could run it
-GPU1_LINKS_HOOK = {"path": HOOK_PATH, "args": ["oci-gpu-hook", "links",
-                                               "/dev/dri/by-path/pci-0000:23:00.0-card=../card2",
-                                               "/dev/dri/by-path/pci-0000:23:00.0-render=../renderD129"],
-                   "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"], "timeout": 10}
+GPU1_LINKS = (("/dev/dri/by-path/pci-0000:23:00.0-card", "../card2"),
+              ("/dev/dri/by-path/pci-0000:23:00.0-render", "../renderD129"))
+BY_PATH_DIR = os.environ["OCI_GPU_HOOK_BY_PATH_DIR"]  # the session's own (tests/conftest.py)
+GPU1_MOUNT = {"destination": "/dev/dri/by-path", "type": "bind",
+              "source": f"{BY_PATH_DIR}/{bypath.digest(bypath.entries(GPU1_LINKS))}",
+              "options": ["bind", "ro", "nosuid", "noexec", "nodev"]}
 GPU1_RULES = [
     {"allow": True, "type": "c", "major": 226, "minor": 2, "access": "rwm"},
     {"allow": True, "type": "c", "major": 226, "minor": 129, "access": "rwm"},
@@ -52,7 +56,7 @@ def seed() -> Inventory:
 
 
 def config(**values: Any) -> Config:
-    return Config(**{"sysfs_root": str(EXAMPLE_SYSFS), "hook_path": HOOK_PATH, **values})
+    return Config(**{"sysfs_root": str(EXAMPLE_SYSFS), "hook_path": HOOK_PATH, "by_path_dir": BY_PATH_DIR, **values})
 
 
 def req(*indices: int) -> Request:
@@ -149,7 +153,7 @@ def test_example_bundle_rewrite_adds_exactly_the_plan() -> None:
     expected = copy.deepcopy(original)
     expected["linux"]["devices"] = GPU1_NODES
     expected["linux"]["resources"]["devices"] = original["linux"]["resources"]["devices"] + GPU1_RULES
-    expected["hooks"] = {"createRuntime": [GPU1_LINKS_HOOK]}  # the by-path links, which the spec cannot express
+    expected["mounts"] = [*original["mounts"], GPU1_MOUNT]  # the by-path links: last, above the /dev tmpfs
     assert new == expected
     # key order of everything that was there is kept
     assert list(new)[: len(original)] == list(original)
@@ -224,11 +228,14 @@ def test_fields_it_does_not_own_are_preserved() -> None:
     added_rules = new["linux"]["resources"]["devices"][2:]
     assert added_devices == GPU1_NODES
     assert added_rules == GPU1_RULES
-    assert new["hooks"] == {**spec["hooks"], "createRuntime": [GPU1_LINKS_HOOK]}
+    assert new["hooks"] == spec["hooks"]  # the by-path links are a mount: no hook
+    assert new["mounts"] == [*spec.get("mounts", []), GPU1_MOUNT]
     stripped = copy.deepcopy(new)
     del stripped["linux"]["devices"][1:]
     del stripped["linux"]["resources"]["devices"][2:]
-    del stripped["hooks"]["createRuntime"]
+    stripped["mounts"].pop()
+    if not stripped["mounts"] and "mounts" not in spec:
+        del stripped["mounts"]
     assert stripped == spec
 
 
@@ -462,7 +469,7 @@ def _native_cdi(*indices: int) -> dict[str, Any]:
                                         "amd.com/gpu=0000:43:00.0,amd.com/gpu=2"])
 def test_annotation_agreeing_with_native_cdi_devices_is_one_grant(annotation: str) -> None:
     """The shim sees what containerd's CDI injected plus the plugin's annotation for the same GPU: nothing is
-    added twice; only what CDI cannot carry that the plan has (none here but the links hook) is added."""
+    added twice; only what CDI cannot carry that the plan has (none here but the by-path mount) is added."""
     spec = spec_with([], _native_cdi(2))
     spec["annotations"] = {"cdi.k8s.io/oci-gpu-hook_gpu": annotation}
     before = copy.deepcopy(spec)
@@ -470,7 +477,8 @@ def test_annotation_agreeing_with_native_cdi_devices_is_one_grant(annotation: st
     assert [d.index for d in plan.devices] == [2]
     assert new is not None
     assert new["linux"] == before["linux"]  # each node once, each rule once
-    assert list(new["hooks"]) == ["createRuntime"]  # the by-path links: the one thing the plan still adds
+    assert new["mounts"][-1] == bypath.mount(bypath.prepare(plan.edits.links, BY_PATH_DIR))  # the one addition
+    assert "hooks" not in new
     again, _ = rewrite(new)
     assert again is None
 
@@ -500,7 +508,8 @@ def test_per_container_path_imports_only_the_requested_backends(tmp_path: Path) 
         done = subprocess.run([sys.executable, "-I", "-S", "-c", code], input=json.dumps(spec_with(env)),
                               capture_output=True, text=True, cwd=REPO,
                               env={"OCI_GPU_HOOK_CONFIG": "/dev/null",
-                                   "OCI_GPU_HOOK_SYSFS_ROOT": str(host), "OCI_GPU_HOOK_HOOK_PATH": HOOK_PATH})
+                                   "OCI_GPU_HOOK_SYSFS_ROOT": str(host), "OCI_GPU_HOOK_HOOK_PATH": HOOK_PATH,
+                                   "OCI_GPU_HOOK_BY_PATH_DIR": BY_PATH_DIR})
         assert done.returncode == 0, done.stderr
         loaded = eval(done.stderr.strip().splitlines()[-1])
         backends = {m.rsplit(".", 1)[1] for m in loaded} - {"inventory", "sysfs"}

@@ -4,8 +4,10 @@ Nodes go to ``linux.devices`` and one allow rule per node to
 ``linux.resources.devices``; runc or crun then create the nodes and program
 the device cgroup themselves (v1 or v2), and the rules survive ``runc update``
 and systemd reloads.  The ``/dev/dri/by-path`` links, which the OCI spec cannot
-express, are made by a ``createRuntime`` hook (``oci-gpu-hook links``, the
-configured ``hook_path``, see :func:`links_hook_path`) that gets them as arguments; masked paths go to
+express, are one read-only bind mount of a host directory prepared with exactly them
+(:mod:`oci_gpu_hook.appliers.bypath`), appended after the spec's own mounts (so above its ``/dev`` tmpfs);
+CDI specs make them with a ``createRuntime`` hook instead (``oci-gpu-hook links``, :func:`links_hook`, the
+configured ``hook_path``, see :func:`links_hook_path`); masked paths go to
 ``linux.maskedPaths``.  A driver's files (NVIDIA) are read-only bind ``mounts``
 (``ro, nosuid, nodev``) that the runtime makes; their soname links and the
 container's ld cache, which the spec cannot express either, are a second
@@ -50,9 +52,10 @@ def ldcache_hook(edits: Edits, hook_path: str) -> dict[str, Any]:
             "env": list(HOOK_ENV), "timeout": 30}
 
 
-def hooks(edits: Edits, hook_path: str) -> list[dict[str, Any]]:
-    """Every ``createRuntime`` hook ``edits`` need (in the spec and in CDI specs alike)."""
-    out = [links_hook(edits.links, hook_path)] if edits.links else []
+def hooks(edits: Edits, hook_path: str, links: bool = True) -> list[dict[str, Any]]:
+    """Every ``createRuntime`` hook ``edits`` need: in CDI specs the links hook too, in a rewritten spec
+    (``links=False``) only the driver's (the links are a bind mount there)."""
+    out = [links_hook(edits.links, hook_path)] if edits.links and links else []
     if edits.symlinks or edits.ldcache:
         out.append(ldcache_hook(edits, hook_path))
     return out
@@ -90,7 +93,7 @@ def _stand_in_problem(candidate: str) -> str | None:
 
 
 def links_hook_path(config: Config, argv0: str | None = None) -> str:
-    """The executable that the ``createRuntime`` links hook names.
+    """The executable that the ``createRuntime`` hooks (links in CDI specs, the driver's ld cache) name.
 
     ``hook_path`` when the runtime can run it.  When ``hook_path`` is the default and missing (a plain
     ``pip install`` without ``oci-gpu-hook launchers`` or ``install``), this installation's own
@@ -121,13 +124,14 @@ def links_hook_path(config: Config, argv0: str | None = None) -> str:
                     "or set hook_path")
 
 
-def apply(spec: ContainerSpec, plan: Plan, config: Config, hook_path: str | None = None) -> bool:
+def apply(spec: ContainerSpec, plan: Plan, config: Config, hook_path: str | None = None, prepare: bool = True) -> bool:
     """Write ``plan`` into ``spec`` (its :attr:`~ContainerSpec.raw` document) in place; return whether anything
-    changed.  The links hook names ``hook_path``, by default :func:`links_hook_path` (which refuses a hook the
-    runtime could not run)."""
+    changed.  The driver's hook names ``hook_path``, by default :func:`links_hook_path` (which refuses a hook
+    the runtime could not run); the by-path links are a directory prepared under ``by_path_dir`` (with ``prepare``
+    false, as ``validate`` rewrites in memory, only checked where it is already there)."""
     if not plan:
         return False
-    if (plan.edits.links or plan.edits.symlinks or plan.edits.ldcache) and hook_path is None:
+    if (plan.edits.symlinks or plan.edits.ldcache) and hook_path is None:
         hook_path = links_hook_path(config)
     raw = spec.raw
     rules = spec.device_rules(create=True)
@@ -155,6 +159,7 @@ def apply(spec: ContainerSpec, plan: Plan, config: Config, hook_path: str | None
     devices.extend(new_devices)
     rules.extend(rule.to_oci() for rule in missing)
     changed |= _add_mounts(raw, plan.edits)
+    changed |= _add_by_path(raw, plan.edits, config, prepare)
     changed |= _add_hooks(raw, plan.edits, hook_path or config.hook_path)
     changed |= _add_masked(linux, plan.edits.masked)
     changed |= _add_env(raw, plan.edits.env)
@@ -162,7 +167,7 @@ def apply(spec: ContainerSpec, plan: Plan, config: Config, hook_path: str | None
 
 
 def _add_hooks(spec: dict[str, Any], edits: Edits, hook_path: str) -> bool:
-    wanted = hooks(edits, hook_path)
+    wanted = hooks(edits, hook_path, links=False)
     if not wanted:
         return False
     spec_hooks = field(spec, "hooks", dict, "hooks", create=True)
@@ -196,6 +201,26 @@ def _add_mounts(spec: dict[str, Any], edits: Edits) -> bool:
                             f"driver's {mount.source}; refusing to replace it")
     mounts.extend(new)
     return bool(new)
+
+
+def _add_by_path(spec: dict[str, Any], edits: Edits, config: Config, prepare: bool) -> bool:
+    """The by-path links: one read-only bind mount of their prepared directory, after every mount of the spec.
+    One already there from the same directory is kept (a spec rewritten twice); any other mount at
+    ``/dev/dri/by-path`` is refused."""
+    if not edits.links:
+        return False
+    from oci_gpu_hook.appliers import bypath
+
+    source = bypath.prepare(edits.links, config.by_path_dir, prepare)
+    mounts = field(spec, "mounts", list, "mounts", create=True)
+    for entry in mounts:
+        if isinstance(entry, dict) and entry.get("destination") == bypath.DESTINATION:
+            if entry.get("source") == source:
+                return False
+            raise HookError(f"config.json already mounts {entry.get('source')!r} at {bypath.DESTINATION}, not "
+                            f"the directory of the granted GPUs' links {source}; refusing to replace it")
+    mounts.append(bypath.mount(source))
+    return True
 
 
 def _add_masked(linux: dict[str, Any], masked: tuple[str, ...]) -> bool:

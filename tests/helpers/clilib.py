@@ -18,7 +18,8 @@ def clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OCI_GPU_HOOK_")}
     env["OCI_GPU_HOOK_CONFIG"] = os.devnull  # an empty config file: never the host's /etc one
     env["OCI_GPU_HOOK_SYSFS_ROOT"] = str(EXAMPLE_SYSFS)
-    env["OCI_GPU_HOOK_HOOK_PATH"] = "/bin/sh"  # an executable for the by-path links hook
+    env["OCI_GPU_HOOK_HOOK_PATH"] = "/bin/sh"  # an executable for the hooks it names
+    env["OCI_GPU_HOOK_BY_PATH_DIR"] = os.environ["OCI_GPU_HOOK_BY_PATH_DIR"]  # the session's (tests/conftest.py)
     env["OCI_GPU_HOOK_CDI_DIR"] = "/nonexistent/oci-gpu-hook-tests/cdi"  # a test that writes specs names its own
     env.update(extra)
     return env

@@ -198,7 +198,8 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     started = time.monotonic()
     base = tmp_path_factory.mktemp("ctrd")
     hook_log = base / "hook.log"
-    common = f'sysfs_root = "{cl.SEED_SYSFS}"\nlog_file = "{hook_log}"\nhook_path = "{base / "bin" / "oci-gpu-hook"}"\n'
+    common = (f'sysfs_root = "{cl.SEED_SYSFS}"\nlog_file = "{hook_log}"\n'
+              f'hook_path = "{base / "bin" / "oci-gpu-hook"}"\nby_path_dir = "{base / "by-path"}"\n')
     runtime = launchers(base / "bin", base / "hook.toml", common)
     runtime_no_env = launchers(base / "bin-no-env", base / "hook-no-env.toml", common + "allow_env_requests = false\n")
     socket = base / "c.sock"

@@ -62,7 +62,8 @@ def hook_setup(base: Path) -> dict[str, Path]:
     """A config (the seed host, a log file) and lean launchers that read it, under ``base``."""
     config, log = base / "config.toml", base / "hook.log"
     hook_path = base / "bin" / "oci-gpu-hook"
-    config.write_text(f'sysfs_root = "{SEED_SYSFS}"\nlog_file = "{log}"\nhook_path = "{hook_path}"\n')
+    config.write_text(f'sysfs_root = "{SEED_SYSFS}"\nlog_file = "{log}"\nhook_path = "{hook_path}"\n'
+                      f'by_path_dir = "{base / "by-path"}"\n')
     hook, runtime = write_launchers(base / "bin", config)
     return {"base": base, "config": config, "log": log, "hook": hook, "runtime": runtime,
             "rootfs": make_rootfs(base / "rootfs")}
@@ -196,9 +197,11 @@ def assert_isolated(output: str, gpus: list[int], *, cgroup_v2: bool | None = No
 def hook_env() -> dict[str, str]:
     """A clean environment for the tools under test: no OCI_GPU_HOOK_* from the caller.
 
-    The launchers carry the test's config file (``write_launchers``).
+    The launchers carry the test's config file (``write_launchers``); the by-path directories go to the
+    session's own ``by_path_dir`` (tests/conftest.py), never the host's.
     """
-    return {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")}
+    return {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
+            "OCI_GPU_HOOK_BY_PATH_DIR": os.environ["OCI_GPU_HOOK_BY_PATH_DIR"]}
 
 
 def write_launchers(directory: Path, config: Path) -> tuple[Path, Path]:
@@ -224,7 +227,8 @@ def host_home(home: Path, settings: str) -> dict[str, Path]:
     home.mkdir()
     config = home / "config.toml"
     hook = home / "bin" / "oci-gpu-hook"
-    config.write_text(f'{settings}hook_path = "{hook}"\nlog_file = "{home / "log"}"\n')
+    config.write_text(f'{settings}hook_path = "{hook}"\nlog_file = "{home / "log"}"\n'
+                      f'by_path_dir = "{home / "by-path"}"\n')
     write_launchers(home / "bin", config)
     cdi = home / "cdi"
     cdi.mkdir()

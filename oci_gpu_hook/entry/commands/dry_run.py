@@ -1,4 +1,5 @@
-"""``oci-gpu-hook dry-run``: the config.json the spec-rewrite paths would produce; changes nothing."""
+"""``oci-gpu-hook dry-run``: the config.json the spec-rewrite paths would produce; changes nothing but the
+by-path directory that config.json mounts (:mod:`oci_gpu_hook.appliers.bypath`)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ if TYPE_CHECKING:
 
 
 def run(args: list[str], config: Config) -> int:
-    parser = _parser("dry-run", "Print the config.json that the spec-rewrite paths would produce. Changes nothing.")
+    parser = _parser("dry-run", "Print the config.json that the spec-rewrite paths would produce. Changes nothing but "
+                     "the by-path directory it mounts (made under by_path_dir, as the shim would).")
     parser.add_argument("--devices", metavar="SPEC", help="request these GPUs instead of the container's env")
     parser.add_argument("--diff", action="store_true", help="print a unified diff instead of the whole config")
     parser.add_argument("target", metavar="BUNDLE_DIR|CONFIG_FILE")
@@ -29,7 +31,7 @@ def run(args: list[str], config: Config) -> int:
     schemas.validate(original, "oci-config.schema.json", path)
     spec = ContainerSpec(json.loads(json.dumps(original)))
     plan = plan_for_spec(spec, config, opts.devices)
-    ocispec.apply(spec, plan, config)  # the links hook as the shim would name it, or the shim's refusal
+    ocispec.apply(spec, plan, config)  # the by-path directory and hooks as the shim would, or its refusal
     rewritten = spec.raw
     schemas.validate(rewritten, "oci-config.schema.json", f"{path} (rewritten)")
     print(f"# {plan.summary()}", file=sys.stderr)

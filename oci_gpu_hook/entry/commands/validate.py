@@ -54,7 +54,7 @@ def _check_request(spec: object, path: str, config: Config) -> str:
     try:
         copy = ContainerSpec(json.loads(json.dumps(spec)))
         plan = plan_for_spec(copy, config)
-        ocispec.apply(copy, plan, config)
+        ocispec.apply(copy, plan, config, prepare=False)  # writes nothing: not even the by-path directory
     except HookError as err:
         raise HookError(f"{path}: {err}") from None
     return plan.summary()
