@@ -33,6 +33,7 @@ def _host_by_path() -> set[str]:
 
 
 HOST_BY_PATH_BEFORE = _host_by_path()
+HOST_BY_PATH_WAS_THERE = os.path.lexists(HOST_BY_PATH_DIR)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -40,6 +41,12 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     leaked = sorted(_host_by_path() - HOST_BY_PATH_BEFORE)
     for name in leaked:
         shutil.rmtree(os.path.join(HOST_BY_PATH_DIR, name), ignore_errors=True)
+    if not HOST_BY_PATH_WAS_THERE and os.path.isdir(HOST_BY_PATH_DIR) and not os.path.islink(HOST_BY_PATH_DIR):
+        leaked = leaked or ["the directory itself"]
+        try:
+            os.rmdir(HOST_BY_PATH_DIR)
+        except OSError:
+            pass
     if leaked:
         print(f"\nFAILED: the tests changed the host: they made {leaked} in {HOST_BY_PATH_DIR} (removed); "
               "give them a by_path_dir of their own")

@@ -55,7 +55,7 @@ def test_a_hook_path_set_by_the_operator_is_never_replaced(tmp_path: Path) -> No
         ocispec.links_hook_path(Config(hook_path=str(wanted), source="/etc/x.toml"), argv0=str(stand_in))
     assert str(caught.value) == (
         f"hook_path {wanted} (from /etc/x.toml) is not an executable file: the createRuntime hook that makes "
-        f"/dev/dri/by-path links would fail; write the launchers there (oci-gpu-hook launchers {wanted.parent}) "
+        f"the driver's ld cache would fail; write the launchers there (oci-gpu-hook launchers {wanted.parent}) "
         "or fix hook_path")
 
 
@@ -96,15 +96,29 @@ def test_a_stand_in_that_cannot_be_trusted_is_refused_in_one_line(tmp_path: Path
         ocispec.links_hook_path(Config(), argv0=str(bin_dir / "oci-gpu-runtime"))
     assert str(caught.value) == (
         f"hook_path {no_default} is not an executable file, nor can this installation's oci-gpu-hook stand in "
-        f"({expected[what]}): the createRuntime hook that makes /dev/dri/by-path links would fail; run "
+        f"({expected[what]}): the createRuntime hook that makes the driver's ld cache would fail; run "
         f"`oci-gpu-hook launchers {os.path.dirname(no_default)}` (or `oci-gpu-hook install`), or set hook_path")
 
 
 def test_dry_run_from_python_m_names_no_hook_that_is_not_there(tmp_path: Path) -> None:
-    """``python -m`` has no oci-gpu-hook next to it: dry-run refuses as the shim would, in one line."""
+    """``python -m`` has no oci-gpu-hook next to it: dry-run of a container that needs the hook (NVIDIA's driver
+    files: the ld cache) refuses as the shim would, in one line; one that needs none (AMD: its by-path links are a
+    mount) is rewritten."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("OCI_GPU_HOOK_")}
-    env.update(OCI_GPU_HOOK_CONFIG=os.devnull, OCI_GPU_HOOK_SYSFS_ROOT=str(cl.SEED_SYSFS))
-    argv = [sys.executable, "-m", "oci_gpu_hook.entry.cli", "dry-run", str(cl.REPO / "examples" / "bundle")]
+    env.update(OCI_GPU_HOOK_CONFIG=os.devnull, OCI_GPU_HOOK_SYSFS_ROOT=str(cl.SEED_SYSFS),
+               OCI_GPU_HOOK_BY_PATH_DIR=os.environ["OCI_GPU_HOOK_BY_PATH_DIR"])
+    amd = [sys.executable, "-m", "oci_gpu_hook.entry.cli", "dry-run", str(cl.REPO / "examples" / "bundle")]
+    done = subprocess.run(hidden_default(amd) if os.geteuid() == 0 else amd, capture_output=True, text=True,
+                          env=env, timeout=60, check=False, cwd=cl.REPO)
+    assert done.returncode == 0 and "hooks" not in json.loads(done.stdout), done.stderr
+    host = cl.REPO / "examples" / "hosts" / "nvidia-4x-h100"
+    env.update(OCI_GPU_HOOK_SYSFS_ROOT=str(host / "sys"), OCI_GPU_HOOK_PROC_ROOT=str(host / "proc"),
+               OCI_GPU_HOOK_DRIVER_ROOT=str(host / "driver"))
+    (tmp_path / "config.json").write_text(json.dumps({
+        "ociVersion": "1.0.2", "root": {"path": "rootfs"},
+        "process": {"args": ["/bin/true"], "cwd": "/", "env": ["NVIDIA_VISIBLE_DEVICES=0",
+                                                               "NVIDIA_DRIVER_CAPABILITIES=utility"]}}))
+    argv = [sys.executable, "-m", "oci_gpu_hook.entry.cli", "dry-run", str(tmp_path)]
     if os.access(DEFAULT, os.X_OK):  # an installed node: the default hook_path hidden in a namespace of its own
         if os.geteuid() != 0:
             pytest.skip(f"{DEFAULT} is installed on this machine, and hiding it needs root")

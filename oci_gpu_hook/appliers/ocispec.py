@@ -108,7 +108,7 @@ def links_hook_path(config: Config, argv0: str | None = None) -> str:
     default = FIELDS["hook_path"].default
     if path != default:
         raise HookError(f"hook_path {path} (from {config.source}) is not an executable file: the createRuntime "
-                        "hook that makes /dev/dri/by-path links would fail; write the launchers there "
+                        "hook that makes the driver's ld cache would fail; write the launchers there "
                         f"(oci-gpu-hook launchers {os.path.dirname(path) or '.'}) or fix hook_path")
     import sys
 
@@ -119,7 +119,7 @@ def links_hook_path(config: Config, argv0: str | None = None) -> str:
     if why is None:
         return candidate
     raise HookError(f"hook_path {path} is not an executable file, nor can this installation's oci-gpu-hook "
-                    f"stand in ({why}): the createRuntime hook that makes /dev/dri/by-path links would fail; run "
+                    f"stand in ({why}): the createRuntime hook that makes the driver's ld cache would fail; run "
                     f"`oci-gpu-hook launchers {os.path.dirname(default)}` (or `oci-gpu-hook install`), "
                     "or set hook_path")
 
