@@ -190,7 +190,8 @@ class Planner:
 
     def prepare_warm_up(self, config: Config | None) -> None:
         """A private directory (beside the socket, root's alone) with a config of its own (the daemon's sysfs, no log,
-        /bin/true for runtime and hook) and the spec of a request for the first device found there."""
+        /bin/true for runtime and hook, its by-path directories in here) and the spec of a request for the first device
+        found there."""
         directory = os.path.join(os.path.dirname(self.socket_path), "warm")
         try:
             os.mkdir(directory, 0o700)
@@ -209,7 +210,8 @@ class Planner:
         from oci_gpu_hook import fastjson
 
         with open(os.path.join(directory, "config.toml"), "w", encoding="utf-8") as handle:
-            handle.write(f'sysfs_root = "{sysfs}"\nruntime = "/bin/true"\nhook_path = "/bin/true"\nlog_file = ""\n')
+            handle.write(f'sysfs_root = "{sysfs}"\nruntime = "/bin/true"\nhook_path = "/bin/true"\nlog_file = ""\n'
+                         f'by_path_dir = "{directory}/by-path"\n')  # the warm-up's by-path directory stays in here
         self.warm_spec = fastjson.dumps({"ociVersion": "1.0.2", "process": {"env": ["PATH=/bin", *request]},
                                          "root": {"path": "rootfs"}})
         self.warm_dir = directory
