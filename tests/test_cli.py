@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -488,6 +490,15 @@ def test_validate_writes_no_by_path_directory_and_refuses_a_symlinked_one(tmp_pa
     assert not (tmp_path / "fresh").exists()
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
+    if os.geteuid() == 0:  # dry-run as another user: its output runc could not run; it writes nothing either
+        (tmp_path / "fresh").mkdir(mode=0o777)
+        done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m",
+                               "oci_gpu_hook.entry.cli", "dry-run", str(EXAMPLE_BUNDLE)], capture_output=True,
+                              text=True, env=clean_env(OCI_GPU_HOOK_BY_PATH_DIR=str(fresh)), cwd=REPO, timeout=60,
+                              check=False)
+        assert done.returncode == 0 and json.loads(done.stdout)["mounts"][-1]["source"].startswith(str(fresh)), \
+            done.stderr
+        assert list((tmp_path / "fresh").iterdir()) == []
     for command in ("validate", "dry-run"):
         line = assert_one_error_line(cli(command, str(EXAMPLE_BUNDLE),
                                          env=clean_env(OCI_GPU_HOOK_BY_PATH_DIR=str(tmp_path / "link" / "by-path"))))

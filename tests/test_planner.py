@@ -480,8 +480,8 @@ def runc_install(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.mark.containers
 @pytest.mark.parametrize("v2", [False, True], ids=["cgroup-v1", "cgroup-v2"])
 def test_a_gpu_container_starts_without_python(runc_install: dict[str, Path], rootfs: Path, v2: bool) -> None:
-    """The shim's run (config.json through the planner, the by-path links by the native links hook): exactly GPU 5,
-    its links, and Python never started."""
+    """The shim's run (config.json through the planner, the by-path links a read-only mount it prepared, no hook):
+    exactly GPU 5, its links, and Python never started."""
     running = start_planner(runc_install)
     try:
         bundle = cl.make_bundle(runc_install["base"] / cl.container_id(), rootfs, ["AMD_VISIBLE_DEVICES=5"])
@@ -492,6 +492,9 @@ def test_a_gpu_container_starts_without_python(runc_install: dict[str, Path], ro
         probe = cl.assert_isolated(result.stdout, [5], cgroup_v2=v2)
         assert probe.links == cl.expected_links([5])
         assert python_runs(runc_install) == 0
+        spec = json.loads((bundle / "config.json").read_text())
+        assert "hooks" not in spec and spec["mounts"][-1]["destination"] == "/dev/dri/by-path"
+        assert "ro" in spec["mounts"][-1]["options"]
     finally:
         running.stop()
 

@@ -45,6 +45,7 @@ from tests.helpers import dockersave, plainvenv, pristinenode
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
 DOCS = REPO / "docs"
+BY_PATH = "OCI_GPU_HOOK_BY_PATH_DIR"  # the session's by_path_dir (tests/conftest.py) reaches the examples
 MAP_HEADING = "## The manual: `docs/`"
 # The page and the heading of what the examples assume of podman (its containers.conf, read from the page).
 ASSUMED = ("docs/runtimes.md", "What the examples assume")
@@ -263,7 +264,7 @@ def test_example_block_runs_as_written(block: Block, tmp_path: Path) -> None:
         pytest.fail("no .venv in the checkout: make it as the README says (python3 -m venv .venv ...)")
     as_owner, uid = as_checkout_owner()
     os.chown(tmp_path, uid, -1)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OCI_GPU_HOOK_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OCI_GPU_HOOK_") or k == BY_PATH}
     env["TMPDIR"] = str(tmp_path)  # mktemp's directory: the test's own
     if block.text.startswith("$ "):
         command, *expected = block.text.splitlines()
@@ -323,7 +324,7 @@ def test_node_blocks_run_as_written(tmp_path: Path) -> None:
     dockersave.build(rootfs, base / "busybox.tar", "docker.io/library/busybox:latest")
     for n, block in enumerate(blocks):
         (base / f"block.{n}.sh").write_text(block.text)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OCI_GPU_HOOK_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OCI_GPU_HOOK_") or k == BY_PATH}
     env.update(PATH=ROOT_PATH, HOME=os.path.expanduser("~"))
     host_paths = ["/opt/oci-gpu-hook", "/usr/local/bin/oci-gpu-hook", "/usr/local/libexec/oci-gpu-hook",
                   "/var/lib/oci-gpu-hook", "/var/run/cdi", "/etc/oci-gpu-hook", "/tmp/gpu1", "/tmp/stage"]

@@ -86,7 +86,7 @@ def _problem(path: str, st: os.stat_result, owners: tuple[int, ...]) -> str | No
 
 def _open_root(root: str, owners: tuple[int, ...], make: bool = True) -> int | None:
     """A descriptor of ``root``, walked from ``/`` without following a symlink; missing components made 0755
-    (or, with ``make`` false, None at the first one missing)."""
+    (or, with ``make`` false, None at the first one missing or unreadable)."""
     if not root.startswith("/") or any(p in (".", "..") for p in root.split("/")):
         raise HookError(f"by_path_dir {root!r} is not an absolute, normalized path")
     fd = os.open("/", _OPEN_DIR)
@@ -96,10 +96,12 @@ def _open_root(root: str, owners: tuple[int, ...], make: bool = True) -> int | N
             where += "/" + part
             try:
                 child = os.open(part, _OPEN_DIR, dir_fd=fd)
-            except FileNotFoundError:
-                if not make:
+            except (FileNotFoundError, PermissionError) as err:
+                if not make:  # nothing there to check, or nothing this user may see: the root that runs it will
                     os.close(fd)
                     return None
+                if isinstance(err, PermissionError):
+                    raise
                 made = True
                 try:
                     os.mkdir(part, 0o700, dir_fd=fd)

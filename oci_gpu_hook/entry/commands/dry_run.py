@@ -1,9 +1,10 @@
 """``oci-gpu-hook dry-run``: the config.json the spec-rewrite paths would produce; changes nothing but the
-by-path directory that config.json mounts (:mod:`oci_gpu_hook.appliers.bypath`)."""
+by-path directory that config.json mounts (:mod:`oci_gpu_hook.appliers.bypath`), and that only as root."""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from oci_gpu_hook.cliparse import parser as _parser
@@ -17,7 +18,8 @@ if TYPE_CHECKING:
 
 def run(args: list[str], config: Config) -> int:
     parser = _parser("dry-run", "Print the config.json that the spec-rewrite paths would produce. Changes nothing but "
-                     "the by-path directory it mounts (made under by_path_dir, as the shim would).")
+                     "the by-path directory it mounts (made under by_path_dir as the shim would, when run as "
+                     "root).")
     parser.add_argument("--devices", metavar="SPEC", help="request these GPUs instead of the container's env")
     parser.add_argument("--diff", action="store_true", help="print a unified diff instead of the whole config")
     parser.add_argument("target", metavar="BUNDLE_DIR|CONFIG_FILE")
@@ -31,7 +33,9 @@ def run(args: list[str], config: Config) -> int:
     schemas.validate(original, "oci-config.schema.json", path)
     spec = ContainerSpec(json.loads(json.dumps(original)))
     plan = plan_for_spec(spec, config, opts.devices)
-    ocispec.apply(spec, plan, config)  # the by-path directory and hooks as the shim would, or its refusal
+    # the by-path directory and hooks as the shim would, or its refusal; a user other than root (whose output runc
+    # could not run) gets the directory checked where it is there, never made (as validate)
+    ocispec.apply(spec, plan, config, prepare=os.geteuid() == 0)
     rewritten = spec.raw
     schemas.validate(rewritten, "oci-config.schema.json", f"{path} (rewritten)")
     print(f"# {plan.summary()}", file=sys.stderr)
