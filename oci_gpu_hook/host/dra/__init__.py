@@ -29,11 +29,9 @@ DNS_SUBDOMAIN = re.compile(r"^(?=.{1,63}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-
 
 
 def command(args: list[str], config: Config) -> int:
-    import signal
-
     from oci_gpu_hook.cliparse import parser as _parser
-    from oci_gpu_hook.host.deviceplugin import _seconds
     from oci_gpu_hook.host.dra.slices import VERSIONS
+    from oci_gpu_hook.host.resident import seconds, serve, uevents
 
     parser = _parser("dra", "A Kubernetes DRA driver: publish this node's GPUs, partitions and MIG devices as "
                             "ResourceSlices, register at the kubelet, prepare each claim as a CDI spec of its own.")
@@ -64,7 +62,7 @@ def command(args: list[str], config: Config) -> int:
                         help="print the devices as they would be published (JSON, the slice's devices; what is "
                              "left out on stderr); exit")
     opts = parser.parse_args(args)
-    interval = _seconds(opts.rescan_interval, "--rescan-interval", 0.1, 3600)
+    interval = seconds(opts.rescan_interval, "--rescan-interval", 0.1, 3600)
     driver = opts.driver_name
     if not DNS_SUBDOMAIN.match(driver):
         raise HookError(f"--driver-name {driver!r}: expected a DNS subdomain of at most 63 characters "
@@ -111,28 +109,8 @@ def command(args: list[str], config: Config) -> int:
         return Claims(config, driver, node, opts.cdi_dir, state_dir, client, plugin.current, server.log_line,
                       version)
 
-    events = None
-    if not opts.no_uevents:
-        from oci_gpu_hook.host.watch import KernelUevents
-
-        events = KernelUevents()
-        try:
-            events.start()
-        except HookError as err:
-            server.log_line(f"{err}; rescanning every {interval:g} s only")
-            events.close()
-            events = None
+    events = uevents(not opts.no_uevents, interval, server.log_line)
     plugin = server.Driver(driver, scan, publisher, claims, registry_dir=opts.kubelet_registry_dir,
                            plugins_dir=opts.kubelet_plugins_dir, rescan_interval=interval, events=events)
 
-    def on_signal(number: int, _frame: object) -> None:
-        plugin.stop()
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        return plugin.run()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        if events is not None:
-            events.close()
+    return serve(plugin, events)
