@@ -58,9 +58,14 @@ def command(args: list[str], config: Config) -> int:
                         help="the API server's CA (default: the pod's service account ca.crt)")
     parser.add_argument("--resource-api-version", choices=VERSIONS, default=None,
                         help="resource.k8s.io version (default: the newest the API server offers)")
+    parser.add_argument("--shared-counters", choices=("auto", "off"), default="auto",
+                        help="auto: a split GPU is published whole and as its parts, with shared counters, where the "
+                             "API server keeps them (Kubernetes 1.33+, DRAPartitionableDevices on), else as its parts "
+                             "only; off: always as its parts only (for a scheduler without the gate) (default "
+                             "%(default)s)")
     parser.add_argument("--list", action="store_true",
-                        help="print the devices as they would be published (JSON, the slice's devices; what is "
-                             "left out on stderr); exit")
+                        help="print the devices as they would be published (JSON, the slices' devices, with their "
+                             "counters unless --shared-counters off; what is left out on stderr); exit")
     opts = parser.parse_args(args)
     interval = seconds(opts.rescan_interval, "--rescan-interval", 0.1, 3600)
     driver = opts.driver_name
@@ -73,10 +78,12 @@ def command(args: list[str], config: Config) -> int:
         return scan_host(config, strict=False)
 
     if opts.list:
-        from oci_gpu_hook.host.dra.devices import build
+        from oci_gpu_hook.host.dra.devices import build, without_counters
         from oci_gpu_hook.host.dra.slices import device_object
 
         devices, notes = build(scan_host(config, strict=False))
+        if opts.shared_counters == "off":
+            devices = without_counters(devices)
         print(json.dumps([device_object(d, opts.resource_api_version or VERSIONS[0]) for d in devices], indent=1))
         for note in notes:  # stdout stays one JSON document
             print(f"oci-gpu-hook dra: {note}", file=sys.stderr)
@@ -95,7 +102,8 @@ def command(args: list[str], config: Config) -> int:
 
     make_dirs(opts.cdi_dir, "--cdi-dir")
     client = Client(Credentials.in_cluster(opts.kube_api_server, opts.kube_token_file, opts.kube_ca_file))
-    publisher = Publisher(client, driver, node, server.log_line, opts.resource_api_version)
+    publisher = Publisher(client, driver, node, server.log_line, opts.resource_api_version,
+                          counters=opts.shared_counters == "auto")
     state_dir = opts.state_dir or os.path.join(opts.kubelet_plugins_dir, driver)
 
     def version() -> str:

@@ -262,6 +262,8 @@ class Driver(Resident):
             try:
                 inventory = self.scan()
                 devices, notes = build(inventory)
+                if self.publisher is not None:  # a split GPU whole too only where the slices can say counters
+                    devices = self.publisher.offered(devices)
             except Exception as err:  # sysfs changing under the scan must not end the plugin
                 detail = str(err) if isinstance(err, (HookError, OSError)) else f"{type(err).__name__}: {err}"
                 keeping = "keeping the last device list" if self.inventory is not None else "no devices known yet"
@@ -332,6 +334,8 @@ class Driver(Resident):
                     self.log(message)
                 self.api_error = message
                 return
+            with self.lock:  # the sync may have learnt that the server keeps no counters
+                self.devices = self.publisher.offered(self.devices)
             if self.api_error is not None:
                 self.log("publishing ResourceSlices works again")
             self.api_error = None
