@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from oci_gpu_hook.config import Config
 from oci_gpu_hook.host.dra import devices as dra_devices
-from oci_gpu_hook.host.dra.claims import spec_file
+from oci_gpu_hook.host.dra.claims import Claims, spec_file
 from oci_gpu_hook.host.dra.devices import DraDevice, counter_sets, without_counters
 from oci_gpu_hook.host.dra.slices import SAME, SPLIT, layout, slice_objects
 from oci_gpu_hook.inventory import nvml, scan, stable_name
@@ -201,6 +202,13 @@ def test_nvidia_gpus_say_memory_compute_capability_and_mig_memory(tmp_path: Path
     assert big.consumes == ((split.name, (("partitions", "1"),)),) and split.consumes == (
         (split.name, (("partitions", "4"),)),)
     assert {stable_name(p) for p in split.parts} == set(MIG_UUID.values())
+    config = Config(sysfs_root=str(base / "sys"), proc_root=str(base / "proc"), driver_root=str(base / "driver"))
+    claims = Claims(config, DRIVER, NODE, str(tmp_path / "cdi"), str(tmp_path / "state"), None,
+                    lambda: (inventory, devices), lambda _line: None, lambda: "v1")
+    (entry,) = claims.spec("uid-1", inventory, [split])["devices"]
+    nodes = sorted(n["path"] for n in entry["containerEdits"]["deviceNodes"])
+    want = sorted({n.path for p in split.parts for n in p.nodes})  # the GPU's node and every MIG device's caps
+    assert nodes == want and len([p for p in nodes if "nvidia-cap" in p]) == 7
 
 
 def test_without_nvml_the_nvidia_gpus_are_published_without_memory_in_one_note() -> None:

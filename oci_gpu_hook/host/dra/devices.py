@@ -74,7 +74,8 @@ class DraDevice:
     stable: str  # the stable CDI name
     attributes: dict[str, Attribute] = field(default_factory=dict)
     capacity: dict[str, str] = field(default_factory=dict)  # name -> quantity
-    device: Device | None = field(default=None, compare=False, repr=False)  # the inventory's, from the same scan
+    device: Device | None = field(default=None, compare=False, repr=False)  # the inventory's (a split GPU's whole:
+    # None, it is its parts), from the same scan
     consumes: tuple[Consumption, ...] = ()  # the counters it takes (a split GPU's whole and parts)
     parts: tuple[Device, ...] = field(default=(), compare=False, repr=False)  # what a container gets: its devices
 
