@@ -262,7 +262,7 @@ class Driver(Resident):
             try:
                 inventory = self.scan()
                 devices, notes = build(inventory)
-                if self.publisher is not None:  # a split GPU whole too only where the slices can say counters
+                if self.publisher is not None:  # a split GPU's whole too, only where the slices keep counters
                     devices = self.publisher.offered(devices)
             except Exception as err:  # sysfs changing under the scan must not end the plugin
                 detail = str(err) if isinstance(err, (HookError, OSError)) else f"{type(err).__name__}: {err}"
