@@ -419,6 +419,34 @@ def test_health_follows_the_devices(rig: Rig) -> None:
     stream.cancel()  # type: ignore[attr-defined]
 
 
+def test_health_is_sent_again_without_a_change(tmp_path: Path) -> None:
+    """A real 1.36 kubelet counts a device whose last report is older than 30 s as Unknown (and shows that in the
+    status of a pod started later): the stream repeats the devices' health while nothing changes."""
+    from oci_gpu_hook.host.dra import health_v1alpha1_pb2 as health
+
+    sysfs = Path(fakesysfs.build(str(tmp_path / "sys"), fakesysfs.seed_host()))
+    (tmp_path / "cdi").mkdir()
+    api = FakeApiServer(tmp_path)
+    driver = _driver(tmp_path, sysfs, api, [], health_resend=0.05)
+    kubelet = FakeDraKubelet(str(_sockets(tmp_path) / "registry"))
+    try:
+        driver.step()
+        kubelet.discover()
+        stream = kubelet.watch_health()
+        first, again = next(stream), next(stream)  # type: ignore[call-overload]
+        generation = driver.health_generation
+        for answer in (first, again):
+            assert {d.device.device_name: d.health for d in answer.devices} == {
+                f"gpu-0000-{bus}-00-0": health.HEALTHY for bus in ("03", "23", "43", "63", "83", "a3", "c3", "e3")}
+        assert driver.health_generation == generation  # nothing changed between the two
+        stream.cancel()  # type: ignore[attr-defined]
+    finally:
+        kubelet.close()
+        driver.sockets.stop()
+        api.close()
+        shutil.rmtree(_sockets(tmp_path), ignore_errors=True)
+
+
 def test_a_socket_removed_is_served_again(rig: Rig) -> None:
     rig.kubelet.discover()
     os.unlink(rig.driver.registration_path)

@@ -10,9 +10,12 @@ The kubelet's plugin watcher finds ``<registry dir>/<driver>-reg.sock``
 on the DRA socket (:mod:`.claims` does the work; a claim's failure is its
 entry's ``error``, one line).  A kubelet with ResourceHealthStatus on watches
 ``NodeWatchResources`` there: every device seen since start, Healthy while
-published, Unhealthy once gone.  When a socket file disappears (a kubelet that
-cleans its directories, an operator), :class:`Driver` serves again on a fresh
-one, as the device plugin does.
+published, Unhealthy once gone, sent at every change and again every
+``HEALTH_RESEND_S`` (a 1.36 kubelet counts a device whose last report is older
+than 30 s as Unknown, and shows that in the status of a pod started later).
+When a socket file disappears (a kubelet that cleans its directories, an
+operator), :class:`Driver` serves again on a fresh one, as the device plugin
+does.
 
 The devices (:func:`.devices.build` over a lenient scan) are read again every
 ``--rescan-interval`` seconds, soon after each GPU uevent
@@ -52,6 +55,7 @@ PLUGIN_TYPE = "DRAPlugin"
 # What GetInfo offers: the kubelet picks the newest DRAPlugin it speaks, and watches health where it can.
 SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth")
 GONE = "gone from the host, or its GPU changed partition mode"
+HEALTH_RESEND_S = 10.0  # well inside the kubelet's 30 s, after which an unreported device's health is Unknown
 REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
 PLUGINS_DIR = "/var/lib/kubelet/plugins"
 UNIX_PATH_MAX = 108
@@ -128,22 +132,27 @@ def _dra_servicer(pb2: Any, pb2_grpc: Any, claims: Claims, log: Log) -> Any:
 
 class HealthServicer(health_grpc.DRAResourceHealthServicer):
     """NodeWatchResources: every device seen since start, Healthy while published, Unhealthy once gone; a new
-    answer on the stream at every change."""
+    answer on the stream at every change, and the same again every ``resend`` seconds (the kubelet forgets a
+    report after 30 s)."""
 
-    def __init__(self, driver: Driver) -> None:
+    def __init__(self, driver: Driver, resend: float = HEALTH_RESEND_S) -> None:
         self.driver = driver
+        self.resend = resend
 
     def NodeWatchResources(self, request: health.NodeWatchResourcesRequest,
                            context: grpc.ServicerContext) -> Iterator[health.NodeWatchResourcesResponse]:
         driver = self.driver
         seen = -1
+        sent = 0.0
         while context.is_active() and not driver.stopping:
             with driver.health_changed:
-                if driver.health_generation == seen:
-                    driver.health_changed.wait(0.5)
+                due = sent + self.resend - time.monotonic()
+                if driver.health_generation == seen and due > 0:
+                    driver.health_changed.wait(min(0.5, due))
                     continue
                 seen = driver.health_generation
                 snapshot = sorted(driver.health.items())
+            sent = time.monotonic()
             answer = health.NodeWatchResourcesResponse()
             for name, (healthy, since, message) in snapshot:
                 answer.devices.add(device=health.DeviceIdentifier(pool_name=driver.claims.node, device_name=name),
@@ -218,7 +227,7 @@ class Driver(Resident):
     def __init__(self, driver: str, scan: Scan, publisher: Publisher | None, claims_factory: Callable[[Driver], Claims],
                  *, registry_dir: str = REGISTRY_DIR, plugins_dir: str = PLUGINS_DIR, rescan_interval: float = 10.0,
                  poll_interval: float = 1.0, events: EventSource | None = None, uevent_delay: float = 0.5,
-                 log: Log = log_line) -> None:
+                 log: Log = log_line, health_resend: float = HEALTH_RESEND_S) -> None:
         self.driver = driver
         self.scan = scan
         self.publisher = publisher
@@ -227,6 +236,7 @@ class Driver(Resident):
         self.poll_interval = poll_interval
         self.events = events
         self.uevent_delay = uevent_delay
+        self.health_resend = health_resend
         self.lock = threading.Lock()  # a scan and the device list made from it, together
         self.publish_lock = threading.Lock()  # one sync at a time (the loop's and a prepare's)
         self.inventory: Inventory | None = None
@@ -254,7 +264,7 @@ class Driver(Resident):
             _dra_servicer(dra_v1_pb2, dra_v1_pb2_grpc, self.claims, self.log), server)
         dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(
             _dra_servicer(dra_v1beta1_pb2, dra_v1beta1_pb2_grpc, self.claims, self.log), server)
-        health_grpc.add_DRAResourceHealthServicer_to_server(HealthServicer(self), server)
+        health_grpc.add_DRAResourceHealthServicer_to_server(HealthServicer(self, self.health_resend), server)
 
     def rescan(self, reason: str) -> tuple[Inventory, list[DraDevice]]:
         """Read the host again (the last good scan stays when this one fails); the scan and its devices."""
