@@ -81,7 +81,7 @@ def test_manifests_name_the_image_of_this_version() -> None:
     text = (EXAMPLES / "daemonset.yaml").read_text()
     assert "placeholder" not in text and "registry.example" not in text
     # the copied environment's directory, where install runs from, is the version's
-    envs = set(re.findall(r"/usr/local/libexec/oci-gpu-hook/env-([^/\s.]+(?:\.[0-9]+)*)", text))
+    envs = set(re.findall(r"/usr/local/libexec/oci-gpu-hook/env-([0-9][^/\s.]*(?:\.[0-9]+)*)", text))
     assert envs == {__version__}, envs
 
 
