@@ -1,14 +1,18 @@
 """The DaemonSet's containers run from the built image (image/build.sh) against a private node root.
 
 Needs the image's archive: ``OCI_GPU_HOOK_IMAGE=image/out/oci-gpu-hook-VERSION.oci.tar`` (docs/image.md); without
-it every test here skips with that line (the build takes minutes, longer than the suite's budget for it).  podman
-loads the archive into storage of its own (a temporary directory; the host's image store never changes), then runs
-the DaemonSet's copy-environment and install containers exactly as written, each volume's hostPath a directory of
-a node tree in a temporary directory (the node's / is the tree, /sys the seed host's fake sysfs).  Checked on the
-tree afterwards: what install wrote (the containerd drop-in, the CDI spec, the launchers: the prebuilt native
-fronts); that nothing on the node names a path that exists only inside the image (/opt/oci-gpu-hook, or the
-image's own libraries); and that the launchers run on the host, outside any container, from the copied environment
-alone: every file the interpreter maps is the copy's (no library of the host, none of the image).
+it every test here skips with that line (the build takes minutes, longer than the suite's budget for it); the
+upgrade's test also needs ``OCI_GPU_HOOK_IMAGE_NEXT``, a newer version's archive.  podman loads the archives into
+storage of its own (a temporary directory; the host's image store never changes), then runs the DaemonSet's
+containers exactly as examples/kubernetes/daemonset.yaml and dra-daemonset.yaml write them (command, env,
+security context, hostPID, hostNetwork, volume mounts: all read from the manifests), each volume's hostPath a
+directory of a node tree in a temporary directory (the node's / is the tree, /sys the seed host's fake sysfs), with
+a fake kubelet and a fake API server for the cluster.  The tests run in order on one node: install, item 3's trust
+(what the node runs is root's, none of it the image's), the pod's device plugin and planner, GPU containers through
+the node's runtime launcher (the isolation probe), a pod restart under them (the node tree compared by content,
+mode and owner), the DRA driver, the upgrade to the newer image (old planner, old environment's removal) and
+uninstall.  GPU containers and the launchers run on the host in private mount namespaces (the node's launchers'
+directory at its real path); nothing of the host changes.
 """
 
 from __future__ import annotations
@@ -652,7 +656,8 @@ def test_upgrade_from_a_newer_image(running: Running) -> None:
     """Item 4: the DaemonSet of a newer image (OCI_GPU_HOOK_IMAGE_NEXT: this commit built as another version,
     docs/image.md) over this one, with GPU containers running.  First the new pod's init containers while the old
     pod still runs (a surge): the launchers are rewritten to name the new environment, the old planner refuses their
-    version line, the old environment stays (its planner holds it).  Then the old pod goes and the new one's
+    version line (a GPU container started meanwhile gets its GPU through Python), the old environment stays (its
+    planner holds it).  Then the old pod goes and the new one's
     containers start: the new planner answers, the old line gets no answer, a new GPU container gets exactly its
     GPU.  Then the new pod restarts: the old environment, which nothing names or holds now, is removed, and no
     launcher, spec or config is written again.  The running GPU containers keep their devices throughout."""
@@ -685,6 +690,9 @@ def test_upgrade_from_a_newer_image(running: Running) -> None:
     assert old_env.is_dir() and f"kept env-{__version__}" in outputs["remove-old-environments"], outputs
     refused = planner_module.encode_answer(old_line.decode(), "refused")
     assert running.ask_planner(new_line) in (b"", refused)  # the old planner does not serve the new launchers
+    _cid, done = running.gpu_container([SEED_IDS[1]], detach=False)  # so the new front starts Python: a new GPU
+    assert done.returncode == 0, done.stderr                          # container gets its GPU meanwhile
+    cl.assert_isolated(done.stdout, [1])
     running.keep_their_devices()
     written = _written(node.root)
 
