@@ -657,10 +657,10 @@ def test_upgrade_from_a_newer_image(running: Running) -> None:
     docs/image.md) over this one, with GPU containers running.  First the new pod's init containers while the old
     pod still runs (a surge): the launchers are rewritten to name the new environment, the old planner refuses their
     version line (a GPU container started meanwhile gets its GPU through Python), the old environment stays (its
-    planner holds it).  Then the old pod goes and the new one's
-    containers start: the new planner answers, the old line gets no answer, a new GPU container gets exactly its
-    GPU.  Then the new pod restarts: the old environment, which nothing names or holds now, is removed, and no
-    launcher, spec or config is written again.  The running GPU containers keep their devices throughout."""
+    planner holds it).  Then the old pod goes and the new one's containers start: the new planner answers, the old
+    line gets no answer, a new GPU container gets exactly its GPU.  Then the new pod restarts: the old environment,
+    which nothing names or holds now, is removed, and no launcher, spec or config is written again.  The running
+    GPU containers keep their devices throughout."""
     archive = os.environ.get("OCI_GPU_HOOK_IMAGE_NEXT")
     if not archive:
         pytest.skip("OCI_GPU_HOOK_IMAGE_NEXT is not set: build a newer version's image (docs/image.md), name it")
