@@ -142,8 +142,9 @@ def _container(name: str) -> dict[str, object]:
 def test_remove_old_environments_takes_only_what_nothing_uses(tmp_path: Path) -> None:
     """The DaemonSet's remove-old-environments command, run as written (the manifest's, in a private mount namespace
     whose launchers' directory is a tree made here): of the environments of other versions it removes the one no
-    launcher names and no planner holds, keeps the one a launcher names, the one whose .in-use a planner holds (a
-    shared flock, as the manifest's planner command takes it), its own, a half copy (.tmp) and a link; it clears
+    launcher names, no process maps and no planner holds, keeps the one a launcher names, the one a running process
+    maps a file of, the one whose .in-use a planner holds (a shared flock, as the manifest's planner command takes
+    it), its own, a half copy (.tmp) and a link; it clears
     what an interrupted run left (.removing-*).  The planner's command takes the shared lock of its own version."""
     planner = _container("planner")["command"]
     assert planner[:2] == ["/bin/sh", "-c"]
@@ -155,16 +156,22 @@ def test_remove_old_environments_takes_only_what_nothing_uses(tmp_path: Path) ->
         (tree / env / "bin").mkdir(parents=True)
         (tree / env / "bin" / "python3").write_text("")
     (tree / "env-0.0.6").symlink_to(tree / "env-0.0.3")
+    (tree / "env-0.0.7" / "bin").mkdir(parents=True)
+    shutil.copy("/bin/sleep", tree / "env-0.0.7" / "bin" / "sleep")
     (tree / "oci-gpu-hook").write_bytes(b"\x7fELF\0" + f"{LAUNCHER_DIR}/env-0.0.1/bin/python3\0".encode())
     (tree / "oci-gpu-hook.py").write_text(f"#!{LAUNCHER_DIR}/env-{__version__}/bin/python3\n")
     script = (f"mount -t tmpfs -o mode=755 tmpfs /usr/local && mkdir -p {LAUNCHER_DIR} && "
               f"mount --bind {tree} {LAUNCHER_DIR} && "
+              # a process runs from 0.0.7 (a Python launcher still running, say: it maps a file of it)
+              f"{{ {LAUNCHER_DIR}/env-0.0.7/bin/sleep 600 & }} && sleeper=$! && "
               # this shell is a planner of 0.0.2: it holds that environment (the manifest's way: fd 9, shared)
-              f"exec 9>>{LAUNCHER_DIR}/env-0.0.2/.in-use && flock -s 9 && sh -c \"$1\" 9>&-")
+              f"exec 9>>{LAUNCHER_DIR}/env-0.0.2/.in-use && flock -s 9 && sh -c \"$1\" 9>&-; rc=$?; "
+              "kill $sleeper; exit $rc")
     done = subprocess.run(["unshare", "-m", "sh", "-c", script, "sh", command[2]], capture_output=True, text=True,
                           timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert sorted(os.listdir(tree)) == sorted([f"env-{__version__}", "env-0.0.1", "env-0.0.2", "env-0.0.4.tmp",
-                                               "env-0.0.6", "oci-gpu-hook", "oci-gpu-hook.py"]), out
+                                               "env-0.0.6", "env-0.0.7", "oci-gpu-hook", "oci-gpu-hook.py"]), out
     assert "removed env-0.0.3" in out and "kept env-0.0.2: a planner runs from it" in out, out
+    assert "kept env-0.0.7: a process runs from it" in out, out

@@ -125,6 +125,8 @@ class Node:
             argv.append("--privileged")
         if "ALL" in (security.get("capabilities") or {}).get("drop", []):
             argv += ["--cap-drop", "ALL"]
+        for capability in (security.get("capabilities") or {}).get("add", []):
+            argv += ["--cap-add", capability]
         if security.get("allowPrivilegeEscalation") is False:
             argv += ["--security-opt", "no-new-privileges"]
         for mount in container.get("volumeMounts", []):
@@ -687,7 +689,8 @@ def test_upgrade_from_a_newer_image(running: Running) -> None:
     assert new_line != old_line and f"oci-gpu-hook {next_version} ".encode() in new_line
     hook_py = (launcher_dir / "oci-gpu-hook.py").read_text()
     assert f"env-{next_version}/" in hook_py and f"env-{__version__}/" not in hook_py
-    assert old_env.is_dir() and f"kept env-{__version__}" in outputs["remove-old-environments"], outputs
+    kept = f"kept env-{__version__}: a process runs from it"  # the old planner: its maps, seen with hostPID
+    assert old_env.is_dir() and kept in outputs["remove-old-environments"], outputs
     refused = planner_module.encode_answer(old_line.decode(), "refused")
     assert running.ask_planner(new_line) in (b"", refused)  # the old planner does not serve the new launchers
     _cid, done = running.gpu_container([SEED_IDS[1]], detach=False)  # so the new front starts Python: a new GPU
