@@ -25,7 +25,6 @@ An API server that cannot be reached is said once and retried at every rescan.
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -44,7 +43,8 @@ from oci_gpu_hook.host.dra.claims import ClaimError, Claims
 from oci_gpu_hook.host.dra.devices import DraDevice, build
 from oci_gpu_hook.host.dra.kube import ApiError
 from oci_gpu_hook.host.dra.slices import Publisher
-from oci_gpu_hook.host.watch import EventSource, wait_for_rescan
+from oci_gpu_hook.host.resident import Resident, log_writer
+from oci_gpu_hook.host.watch import EventSource
 from oci_gpu_hook.inventory import Inventory
 
 PROGRAM = "oci-gpu-hook dra"
@@ -60,11 +60,7 @@ Log = Callable[[str], None]
 Scan = Callable[[], Inventory]
 
 
-def log_line(message: str) -> None:
-    now = time.time()
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
-    sys.stderr.write(f"{stamp} {PROGRAM}: {' '.join(message.split())}\n")
-    sys.stderr.flush()
+log_line = log_writer(PROGRAM)
 
 
 class RegistrationServicer(reg_grpc.RegistrationServicer):
@@ -216,7 +212,7 @@ class Sockets:
         self.identities = ()
 
 
-class Driver:
+class Driver(Resident):
     """Scan, publish, serve; :meth:`run` until :meth:`stop`."""
 
     def __init__(self, driver: str, scan: Scan, publisher: Publisher | None, claims_factory: Callable[[Driver], Claims],
@@ -266,6 +262,8 @@ class Driver:
             try:
                 inventory = self.scan()
                 devices, notes = build(inventory)
+                if self.publisher is not None:  # a split GPU's whole too, only where the slices keep counters
+                    devices = self.publisher.offered(devices)
             except Exception as err:  # sysfs changing under the scan must not end the plugin
                 detail = str(err) if isinstance(err, (HookError, OSError)) else f"{type(err).__name__}: {err}"
                 keeping = "keeping the last device list" if self.inventory is not None else "no devices known yet"
@@ -336,19 +334,19 @@ class Driver:
                     self.log(message)
                 self.api_error = message
                 return
+            with self.lock:  # the sync may have learnt that the server keeps no counters
+                self.devices = self.publisher.offered(self.devices)
             if self.api_error is not None:
                 self.log("publishing ResourceSlices works again")
             self.api_error = None
 
     def step(self) -> None:
-        now = time.monotonic()
-        if now >= self.next_rescan:
+        reason = self.rescan_due()
+        if reason is not None:
             try:
-                self.rescan(self.rescan_reason)
+                self.rescan(reason)
             except HookError:
                 pass  # said by rescan; nothing to publish yet
-            self.rescan_reason = "rescan"
-            self.next_rescan = now + self.rescan_interval
             self.publish()  # also a check: a slice changed or deleted by someone else is written again
         if not self.sockets.alive():
             if self.sockets.server is not None:
@@ -363,20 +361,9 @@ class Driver:
                 return
             self.socket_error = None
 
-    def run(self) -> int:
-        self.log(f"driver {self.driver}: registration {self.registration_path}, DRA {self.dra_path}, rescan every "
-                 f"{self.rescan_interval:g} s")
-        try:
-            while not self.stopping:
-                self.step()
-                self._wait(self.poll_interval)
-        finally:
-            self.sockets.stop()
-        return 0
+    def started(self) -> str:
+        return (f"driver {self.driver}: registration {self.registration_path}, DRA {self.dra_path}, rescan every "
+                f"{self.rescan_interval:g} s")
 
-    def _wait(self, seconds: float) -> None:
-        self.next_rescan, self.rescan_reason = wait_for_rescan(
-            self.events, seconds, lambda: self.stopping, self.uevent_delay, self.next_rescan, self.rescan_reason)
-
-    def stop(self) -> None:
-        self.stopping = True
+    def close(self) -> None:
+        self.sockets.stop()
