@@ -2,6 +2,9 @@
 # Build the oci-gpu-hook container image from this checkout's HEAD commit, offline but for Debian's archive:
 #   image/build.sh [OUTPUT]      (default: image/out/oci-gpu-hook-VERSION.oci.tar)
 #   image/build.sh --print       what it would build: version, image reference, environment path, --set
+#   OCI_GPU_HOOK_IMAGE_VERSION=V image/build.sh ...   the image of HEAD as version V: the built source's
+#                                __version__ and pyproject's version are V (the checkout is not changed), for
+#                                an upgrade's test (docs/image.md, Upgrade)
 # Writes an OCI image layout tarball naming localhost/oci-gpu-hook:VERSION (VERSION: oci_gpu_hook.__version__),
 # for `ctr images import` and `podman load`.  Needs root, mmdebstrap and network access to the Debian mirror
 # (OCI_GPU_HOOK_IMAGE_MIRROR, default http://deb.debian.org/debian; suite OCI_GPU_HOOK_IMAGE_SUITE, default
@@ -22,6 +25,12 @@ mirror=${OCI_GPU_HOOK_IMAGE_MIRROR:-http://deb.debian.org/debian}
 python=${PYTHON:-$( [ -x "$repo/.venv/bin/python" ] && echo "$repo/.venv/bin/python" || echo python3)}  # needs pip, setuptools and wheel
 version=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' "$repo/oci_gpu_hook/__init__.py")
 [ -n "$version" ] || { echo "image/build.sh: no __version__ in oci_gpu_hook/__init__.py" >&2; exit 1; }
+source_version=$version
+version=${OCI_GPU_HOOK_IMAGE_VERSION:-$version}
+case $version in
+    *[!0-9a-z.+]* | "" | .* ) echo "image/build.sh: OCI_GPU_HOOK_IMAGE_VERSION=$version is not a version (digits, letters, dots)" >&2
+                      exit 1 ;;
+esac
 output=${1:-$repo/image/out/oci-gpu-hook-$version.oci.tar}
 ref=localhost/oci-gpu-hook:$version
 env_dir=/usr/local/libexec/oci-gpu-hook/env-$version
@@ -46,6 +55,12 @@ start=$(date +%s)
 echo "== source and wheels (commit $(git -C "$repo" rev-parse --short HEAD), SOURCE_DATE_EPOCH=$SOURCE_DATE_EPOCH)"
 mkdir -p "$work/src" "$work/wheels"
 git -C "$repo" archive --format=tar HEAD | tar -x -C "$work/src"
+if [ "$version" != "$source_version" ]; then  # OCI_GPU_HOOK_IMAGE_VERSION: the two places that hold it
+    sed -i "s/^__version__ = \"$source_version\"$/__version__ = \"$version\"/" "$work/src/oci_gpu_hook/__init__.py"
+    sed -i "s/^version = \"$source_version\"$/version = \"$version\"/" "$work/src/pyproject.toml"
+    grep -qx "__version__ = \"$version\"" "$work/src/oci_gpu_hook/__init__.py"
+    grep -qx "version = \"$version\"" "$work/src/pyproject.toml"
+fi
 "$python" -m pip wheel -q --disable-pip-version-check --no-build-isolation -w "$work/wheels" \
     "$work/src[device-plugin]" 2>&1 | grep -v "^WARNING: Location" || true
 ls "$work/wheels"/oci_gpu_hook-"$version"-*.whl >/dev/null

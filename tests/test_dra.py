@@ -53,9 +53,10 @@ def _inventory(host: str) -> object:
 # --- devices ------------------------------------------------------------------------------------------------
 
 def test_cpx_partitions_are_devices_with_their_gpu_as_parent() -> None:
-    devices, notes = dra_devices.build(_inventory("mi300x-2x-cpx"))  # type: ignore[arg-type]
+    built, notes = dra_devices.build(_inventory("mi300x-2x-cpx"))  # type: ignore[arg-type]
     assert notes == []
-    assert len(devices) == 16
+    devices = dra_devices.without_counters(built)  # the parts (tests/test_dra_counters.py: the wholes too)
+    assert len(devices) == 16 and len(built) == 18
     by_name = {d.name: d for d in devices}
     p3 = by_name["gpu-0000-26-00-0-p3"]
     assert {k: v[1] for k, v in p3.attributes.items()} == {
@@ -147,10 +148,11 @@ def _driver(tmp: Path, sysfs: Path, api: FakeApiServer, logs: list[str], version
 
 
 def _rig(tmp: Path, host: fakesysfs.FakeHost, *, versions: tuple[str, ...] = ("v1", "v1beta2", "v1beta1"),
-         speaks: tuple[str, ...] = ("v1.DRAPlugin", "v1beta1.DRAPlugin")) -> Iterator[Rig]:
+         speaks: tuple[str, ...] = ("v1.DRAPlugin", "v1beta1.DRAPlugin"), **server: object) -> Iterator[Rig]:
+    """``server``: the fake API server's options (its Kubernetes version, whether it keeps counters)."""
     sysfs = Path(fakesysfs.build(str(tmp / "sys"), host))
     (tmp / "cdi").mkdir(mode=0o755)
-    api = FakeApiServer(tmp, versions)
+    api = FakeApiServer(tmp, versions, **server)  # type: ignore[arg-type]
     api.state.nodes[NODE] = {"kind": "Node", "metadata": {"name": NODE, "uid": "node-uid-1"}}
     logs: list[str] = []
     driver = _driver(tmp, sysfs, api, logs)
@@ -417,6 +419,34 @@ def test_health_follows_the_devices(rig: Rig) -> None:
     stream.cancel()  # type: ignore[attr-defined]
 
 
+def test_health_is_sent_again_without_a_change(tmp_path: Path) -> None:
+    """A real 1.36 kubelet counts a device whose last report is older than 30 s as Unknown (and shows that in the
+    status of a pod started later): the stream repeats the devices' health while nothing changes."""
+    from oci_gpu_hook.host.dra import health_v1alpha1_pb2 as health
+
+    sysfs = Path(fakesysfs.build(str(tmp_path / "sys"), fakesysfs.seed_host()))
+    (tmp_path / "cdi").mkdir()
+    api = FakeApiServer(tmp_path)
+    driver = _driver(tmp_path, sysfs, api, [], health_resend=0.05)
+    kubelet = FakeDraKubelet(str(_sockets(tmp_path) / "registry"))
+    try:
+        driver.step()
+        kubelet.discover()
+        stream = kubelet.watch_health()
+        first, again = next(stream), next(stream)  # type: ignore[call-overload]
+        generation = driver.health_generation
+        for answer in (first, again):
+            assert {d.device.device_name: d.health for d in answer.devices} == {
+                f"gpu-0000-{bus}-00-0": health.HEALTHY for bus in ("03", "23", "43", "63", "83", "a3", "c3", "e3")}
+        assert driver.health_generation == generation  # nothing changed between the two
+        stream.cancel()  # type: ignore[attr-defined]
+    finally:
+        kubelet.close()
+        driver.sockets.stop()
+        api.close()
+        shutil.rmtree(_sockets(tmp_path), ignore_errors=True)
+
+
 def test_a_socket_removed_is_served_again(rig: Rig) -> None:
     rig.kubelet.discover()
     os.unlink(rig.driver.registration_path)
@@ -447,7 +477,12 @@ def test_list_prints_the_devices_as_published() -> None:
     done = _cli("dra", "--list", "--sysfs-root", str(HOSTS / "mi300x-2x-cpx" / "sys"))
     assert done.returncode == 0, done.stderr
     listed = json.loads(done.stdout)
-    assert len(listed) == 16 and listed[0]["name"] == "gpu-0000-05-00-0-p0"
+    assert len(listed) == 18 and [d["name"] for d in listed[:2]] == ["gpu-0000-05-00-0", "gpu-0000-05-00-0-p0"]
+    assert listed[0]["consumesCounters"] == [{"counterSet": "gpu-0000-05-00-0",
+                                              "counters": {"partitions": {"value": "8"}}}]
+    done = _cli("dra", "--list", "--shared-counters", "off", "--sysfs-root", str(HOSTS / "mi300x-2x-cpx" / "sys"))
+    listed = json.loads(done.stdout)
+    assert len(listed) == 16 and listed[0]["name"] == "gpu-0000-05-00-0-p0" and "consumesCounters" not in listed[0]
     assert "  dra [--driver-name NAME]" in _cli("--help").stdout
     done = _cli("dra", "--driver-name", "Not_A_Name", "--node-name", "n")
     assert done.returncode == 1 and done.stderr.count("\n") == 1 and "expected a DNS subdomain" in done.stderr
@@ -506,7 +541,10 @@ def test_mig_devices_are_devices_with_their_profile_and_gpu(tmp_path: Path, fake
     assert big.attributes["migProfile"] == ("string", "3g.40gb")
     assert big.attributes["parent"] == ("string", split.uuid)
     assert big.attributes["uuid"] == ("string", MIG_UUID[(1, 0)])
-    assert not any(d.attributes.get("uuid") == ("string", split.uuid) for d in devices)  # split: not published whole
+    (whole,) = [d for d in devices if d.attributes.get("uuid") == ("string", split.uuid)]  # split: whole and parts
+    assert whole.attributes["partitionCount"] == ("int", 4) and {d.stable for d in migs.values()} == {
+        dra_devices.stable_name(p) for p in whole.parts}
+    assert not any(d.attributes.get("partitionCount") for d in dra_devices.without_counters(devices))
     assert nvml.profile(big.device) == "3g.40gb"  # type: ignore[arg-type]
 
 

@@ -9,6 +9,7 @@ compiler writes a prebuilt front exactly when its baked header is the one it was
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -81,7 +82,7 @@ def test_manifests_name_the_image_of_this_version() -> None:
     text = (EXAMPLES / "daemonset.yaml").read_text()
     assert "placeholder" not in text and "registry.example" not in text
     # the copied environment's directory, where install runs from, is the version's
-    envs = set(re.findall(r"/usr/local/libexec/oci-gpu-hook/env-([^/\s.]+(?:\.[0-9]+)*)", text))
+    envs = set(re.findall(r"/usr/local/libexec/oci-gpu-hook/env-([0-9][^/\s.]*(?:\.[0-9]+)*)", text))
     assert envs == {__version__}, envs
 
 
@@ -129,3 +130,48 @@ def test_install_without_a_compiler_takes_the_prebuilt_front(tmp_path: Path, mon
     monkeypatch.setattr(launchers, "front_key", lambda header: "0" * 64)
     files = dict(launchers.launcher_files(LAUNCHER_DIR, defaults, native=None, trust=True))
     assert all(data.startswith(b"#!") for data in files.values())
+
+
+def _container(name: str) -> dict[str, object]:
+    pod = yaml.safe_load((EXAMPLES / "daemonset.yaml").read_text())["spec"]["template"]["spec"]
+    (found,) = (c for c in [*pod["initContainers"], *pod["containers"]] if c["name"] == name)
+    return found  # type: ignore[no-any-return]
+
+
+@pytest.mark.root("flock", "unshare")
+def test_remove_old_environments_takes_only_what_nothing_uses(tmp_path: Path) -> None:
+    """The DaemonSet's remove-old-environments command, run as written (the manifest's, in a private mount namespace
+    whose launchers' directory is a tree made here): of the environments of other versions it removes the one no
+    launcher names, no process maps and no planner holds, keeps the one a launcher names, the one a running process
+    maps a file of, the one whose .in-use a planner holds (a shared flock, as the manifest's planner command takes
+    it), its own, a half copy (.tmp) and a link; it clears
+    what an interrupted run left (.removing-*).  The planner's command takes the shared lock of its own version."""
+    planner = _container("planner")["command"]
+    assert planner[:2] == ["/bin/sh", "-c"]
+    assert f"{LAUNCHER_DIR}/env-{__version__}/.in-use && flock -s 9 &&" in planner[2]
+    command = _container("remove-old-environments")["command"]
+    assert command[:2] == ["/bin/sh", "-c"]
+    tree = tmp_path / "libexec"
+    for env in (f"env-{__version__}", "env-0.0.1", "env-0.0.2", "env-0.0.3", "env-0.0.4.tmp", ".removing-env-0.0.5"):
+        (tree / env / "bin").mkdir(parents=True)
+        (tree / env / "bin" / "python3").write_text("")
+    (tree / "env-0.0.6").symlink_to(tree / "env-0.0.3")
+    (tree / "env-0.0.7" / "bin").mkdir(parents=True)
+    shutil.copy("/bin/sleep", tree / "env-0.0.7" / "bin" / "sleep")
+    (tree / "oci-gpu-hook").write_bytes(b"\x7fELF\0" + f"{LAUNCHER_DIR}/env-0.0.1/bin/python3\0".encode())
+    (tree / "oci-gpu-hook.py").write_text(f"#!{LAUNCHER_DIR}/env-{__version__}/bin/python3\n")
+    script = (f"mount -t tmpfs -o mode=755 tmpfs /usr/local && mkdir -p {LAUNCHER_DIR} && "
+              f"mount --bind {tree} {LAUNCHER_DIR} && "
+              # a process runs from 0.0.7 (a Python launcher still running, say: it maps a file of it)
+              f"{{ {LAUNCHER_DIR}/env-0.0.7/bin/sleep 600 & }} && sleeper=$! && "
+              # this shell is a planner of 0.0.2: it holds that environment (the manifest's way: fd 9, shared)
+              f"exec 9>>{LAUNCHER_DIR}/env-0.0.2/.in-use && flock -s 9 && sh -c \"$1\" 9>&-; rc=$?; "
+              "kill $sleeper; exit $rc")
+    done = subprocess.run(["unshare", "-m", "sh", "-c", script, "sh", command[2]], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert sorted(os.listdir(tree)) == sorted([f"env-{__version__}", "env-0.0.1", "env-0.0.2", "env-0.0.4.tmp",
+                                               "env-0.0.6", "env-0.0.7", "oci-gpu-hook", "oci-gpu-hook.py"]), out
+    assert "removed env-0.0.3" in out and "kept env-0.0.2: a planner runs from it" in out, out
+    assert "kept env-0.0.7: a process runs from it" in out, out

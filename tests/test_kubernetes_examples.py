@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tomllib
@@ -102,13 +103,20 @@ def _hook_command(command: list[str]) -> tuple[str, list[str]]:
     raise AssertionError(f"not an oci-gpu-hook command: {command}")
 
 
+def _exec_tail(command: list[str]) -> list[str]:
+    """The command a ``/bin/sh -c '... && exec COMMAND'`` container ends in (the planner's, after its lock)."""
+    if command[:2] == ["/bin/sh", "-c"]:
+        return shlex.split(command[2].rpartition("exec ")[2])
+    return command
+
+
 def test_daemon_set(usage: str) -> None:
     daemon_set = _load("daemonset.yaml")
     assert (daemon_set["apiVersion"], daemon_set["kind"]) == ("apps/v1", "DaemonSet")
     assert daemon_set["metadata"]["annotations"]["oci-gpu-hook/runtime-handler"] == _load("runtimeclass.yaml")[
         "handler"]
     pod = daemon_set["spec"]["template"]["spec"]
-    assert "hostPID" not in pod
+    assert pod["hostPID"] is True  # the planner serves only a front it can see by its pid (docs/image.md)
     assert daemon_set["spec"]["selector"]["matchLabels"].items() <= daemon_set["spec"]["template"]["metadata"][
         "labels"].items()
     # The DaemonSet installs on exactly the nodes where pods of the RuntimeClass may run.
@@ -143,8 +151,9 @@ def test_daemon_set(usage: str) -> None:
     # socket's the planner's
     assert installed == set(volumes.values()) - {DEVICE_PLUGIN_DIR, PLANNER_DIR}
     assert not any(m.get("readOnly") for m in installer["volumeMounts"] if volumes[m["name"]] not in ("/sys", "/"))
-    init_commands = [_hook_command(c["command"]) for c in pod["initContainers"] if c["name"] != "copy-environment"]
-    main_commands = [_hook_command(c["command"]) for c in pod["containers"]]
+    shell = ("copy-environment", "remove-old-environments")  # sh from the image (tests/test_image.py)
+    init_commands = [_hook_command(c["command"]) for c in pod["initContainers"] if c["name"] not in shell]
+    main_commands = [_hook_command(_exec_tail(c["command"])) for c in pod["containers"]]
     assert init_commands == [("install", ["--only", "containerd,cdi", "--set", "OCI_GPU_HOOK_ALLOW_ENV_REQUESTS=false",
                                           "--host-root", "/host"])]  # no --prefix
     # the plugin keeps the CDI spec current itself: no watch beside it (two writers of one file); the planner
@@ -162,7 +171,7 @@ def test_daemon_set(usage: str) -> None:
                 field = next(f for f, spec in FIELDS.items() if spec.env == variable)
                 assert field == "allow_env_requests" and setting == "false"
     for container in containers.values():
-        if container["name"] not in ("copy-environment", "device-plugin"):
+        if container["name"] not in (*shell, "device-plugin"):
             assert container["securityContext"]["privileged"] is True
     # The device plugin reads sysfs, writes its sockets where the kubelet looks and the CDI spec where
     # containerd reads it (--cdi-dir's default, cdi_dir): no privileges needed.
@@ -179,7 +188,7 @@ def test_daemon_set(usage: str) -> None:
     # The planner: the launcher install wrote (the node's code, the build the launchers check), its socket where
     # the launchers look, privileged (each request enters the asking launcher's mount namespace).
     server = containers["planner"]
-    assert server["command"] == [f"{LAUNCHER_DIR}/oci-gpu-hook", "serve"]
+    assert _exec_tail(server["command"]) == [f"{LAUNCHER_DIR}/oci-gpu-hook", "serve"]
     assert {volumes[m["name"]] for m in server["volumeMounts"]} == {LAUNCHER_DIR, PLANNER_DIR}
     assert os.path.dirname(planner.DEFAULT_SOCKET) == PLANNER_DIR and types[PLANNER_DIR] == "DirectoryOrCreate"
     assert server["securityContext"] == {"privileged": True}

@@ -274,30 +274,6 @@ def gpu_uevent(event: Mapping[str, Any], subsystems: Collection[str] = DEFAULT_S
     return subsystem != "pci" or gpu_pci(event)
 
 
-def wait_for_rescan(events: EventSource | None, seconds: float, stopping: Callable[[], bool], delay: float,
-                    next_rescan: float, reason: str) -> tuple[float, str]:
-    """A resident process's sleep between its steps (the device plugin's, the DRA driver's): ``seconds``, 0.1 s at a
-    time while not ``stopping()``; each GPU uevent (or resync) brings the next rescan (``next_rescan``, monotonic)
-    forward to ``delay`` after it, a quiet moment, so a burst makes one rescan.  The next rescan and its reason."""
-    deadline = time.monotonic() + seconds
-    while not stopping():
-        left = deadline - time.monotonic()
-        if left <= 0:
-            break
-        if events is None:
-            time.sleep(min(0.1, left))
-            continue
-        event = events.poll(min(0.1, left))
-        if event is None or not (RESYNC in event or gpu_uevent(event)):
-            continue
-        soon = time.monotonic() + delay
-        if soon < next_rescan:
-            next_rescan = soon
-            name = event.get("DEVNAME") or event.get("DEVPATH") or ""
-            reason = f"uevent {event.get('ACTION', 'resync')} {event.get('SUBSYSTEM', '')} {name}"
-    return next_rescan, reason
-
-
 def event_summary(event: Mapping[str, Any]) -> str:
     """``ACTION SUBSYSTEM DEVPATH`` (``change mem /devices/virtual/mem/null``)."""
     if RESYNC in event:

@@ -12,7 +12,10 @@ and one destroyed and created again keeps its instance ids but gets a new UUID. 
 profile (``1g.10gb``, ``1c.2g.20gb``, ``1g.10gb+me``), as NVIDIA's device plugin names it: the GPU instance's
 slice count ``G`` and the compute instance's ``C`` from ``nvmlDeviceGetAttributes_v2``, its memory rounded as
 go-nvlib's ``getMigMemorySizeGB`` does against the GPU's total (``nvmlDeviceGetMemoryInfo``), and the suffix of
-its GPU instance profile id (``nvmlGpuInstanceGetInfo``: the ``REV1``/``ALL_ME``/``GFX``/``NO_ME`` profiles).
+its GPU instance profile id (``nvmlGpuInstanceGetInfo``: the ``REV1``/``ALL_ME``/``GFX``/``NO_ME`` profiles),
+and its memory (the profile's ``memorySizeMB``).  The DRA driver also asks, once per GPU (:func:`gpu_facts`), each
+whole GPU's memory (``nvmlDeviceGetMemoryInfo``) and CUDA compute capability
+(``nvmlDeviceGetCudaComputeCapability``): neither /proc nor sysfs says them.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from oci_gpu_hook.errors import HookError
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
     from oci_gpu_hook.inventory import Device
@@ -34,6 +38,8 @@ NOT_FOUND = 6  # NVML_ERROR_NOT_FOUND: no MIG device at this index
 _problems: dict[str, str] = {}  # driver root -> why NVML cannot say MIG UUIDs there (once per process)
 _read: dict[tuple[str, str], dict[tuple[int, int], str]] = {}  # (driver root, GPU) -> its MIG UUIDs, once read
 _profiles: dict[tuple[str, str], dict[tuple[int, int], str]] = {}  # (driver root, GPU) -> MIG profiles (refresh)
+_mig_memory: dict[tuple[str, int, int], int] = {}  # (GPU, GPU instance, compute instance) -> MiB (refresh)
+_gpus: dict[tuple[str, str, str | None], tuple[int, str]] = {}  # (root, GPU, UUID) -> (bytes, capability)
 # nvmlGpuInstanceProfile ids whose profile name has a suffix (nvml.h: NVML_GPU_INSTANCE_PROFILE_*)
 PROFILE_SUFFIX = {7: "+me", 8: "+me", 15: "+me.all", 16: "+me.all", 10: "+gfx", 11: "+gfx", 12: "+gfx",
                   13: "-me", 14: "-me"}
@@ -85,30 +91,51 @@ def read_migs(driver_root: str, addresses: list[str], timeout: float = 20.0, pro
     oci_gpu_hook.inventory.nvml``): a process with threads (the device plugin's gRPC server) must not run Python in
     a forked child, whose copies of the other threads' locks and state may be anything."""
     path = library_path(driver_root)
-    text, code, hung = (_exec_child if fresh else _fork_child)(path, addresses, profiles, timeout)
+    text = _child_lines(path, addresses, "profiles" if profiles else "uuids", timeout, fresh)
+    out = {}
+    for line in text.splitlines():
+        address, gi, ci, uuid, profile, memory = line.split(" ", 5)
+        out[(address, int(gi), int(ci))] = (uuid, "" if profile == "-" else profile)
+        if memory.isdigit():
+            _mig_memory[(address, int(gi), int(ci))] = int(memory)
+    return out
+
+
+def _child_lines(path: str, addresses: list[str], mode: str, timeout: float, fresh: bool) -> str:
+    """What the NVML child answers in ``mode`` (uuids, profiles, gpus); HookError when it fails."""
+    text, code, hung = (_exec_child if fresh else _fork_child)(path, addresses, mode, timeout)
     if text.startswith("error "):
         raise HookError(text[6:].strip())
     if hung:
         raise HookError(f"NVML ({path}) did not answer within {timeout:g} s")
     if code != 0:
         raise HookError(f"NVML ({path}) crashed ({f'signal {-code}' if code < 0 else f'exit status {code}'})")
+    return text
+
+
+def read_gpus(driver_root: str, addresses: list[str], timeout: float = 20.0) -> dict[str, tuple[int, str]]:
+    """PCI address -> (memory in bytes, CUDA compute capability ``9.0``) of the GPUs at ``addresses`` (0 and ''
+    where NVML does not say), from a fresh interpreter (the callers are resident processes with threads)."""
     out = {}
-    for line in text.splitlines():
-        address, gi, ci, uuid, profile = line.split(" ", 4)
-        out[(address, int(gi), int(ci))] = (uuid, "" if profile == "-" else profile)
+    for line in _child_lines(library_path(driver_root), addresses, "gpus", timeout, True).splitlines():
+        address, memory, capability = line.split(" ", 2)
+        out[address] = (int(memory), "" if capability == "-" else capability)
     return out
 
 
-def _answer(path: str, addresses: list[str], profiles: bool) -> tuple[str, int]:
+def _answer(path: str, addresses: list[str], mode: str) -> tuple[str, int]:
     """What the NVML child says: its lines and exit status."""
     try:
-        found = _nvml_mig_uuids(path, addresses, profiles)
+        if mode == "gpus":
+            gpus = _nvml_gpus(path, addresses)
+            return "".join(f"{a} {m} {c or '-'}\n" for a, (m, c) in gpus.items()), 0
+        found = _nvml_mig_uuids(path, addresses, mode == "profiles")
     except HookError as err:
         return f"error {err}\n", 1
-    return "".join(f"{a} {gi} {ci} {u} {p or '-'}\n" for (a, gi, ci), (u, p) in found.items()), 0
+    return "".join(f"{a} {gi} {ci} {u} {p or '-'} {m if m else '-'}\n" for (a, gi, ci), (u, p, m) in found.items()), 0
 
 
-def _fork_child(path: str, addresses: list[str], profiles: bool, timeout: float) -> tuple[str, int, bool]:
+def _fork_child(path: str, addresses: list[str], mode: str, timeout: float) -> tuple[str, int, bool]:
     import select
 
     read_end, write_end = os.pipe()
@@ -118,7 +145,7 @@ def _fork_child(path: str, addresses: list[str], profiles: bool, timeout: float)
         try:
             os.close(read_end)
             _quiet_crash()
-            text, code = _answer(path, addresses, profiles)
+            text, code = _answer(path, addresses, mode)
             os.write(write_end, text.encode())
         finally:
             os._exit(code)
@@ -140,13 +167,12 @@ def _fork_child(path: str, addresses: list[str], profiles: bool, timeout: float)
     return b"".join(chunks).decode(errors="replace"), os.waitstatus_to_exitcode(status), hung
 
 
-def _exec_child(path: str, addresses: list[str], profiles: bool, timeout: float) -> tuple[str, int, bool]:
+def _exec_child(path: str, addresses: list[str], mode: str, timeout: float) -> tuple[str, int, bool]:
     import subprocess
 
     package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package, os.environ.get("PYTHONPATH")) if p)}
-    argv = [sys.executable, "-m", "oci_gpu_hook.inventory.nvml", path, "profiles" if profiles else "uuids",
-            *addresses]
+    argv = [sys.executable, "-m", "oci_gpu_hook.inventory.nvml", path, mode, *addresses]
     try:
         done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                               timeout=timeout, env=env, check=False)
@@ -183,8 +209,8 @@ def profile_name(compute_slices: int, gpu_slices: int, memory_gb: int, gi_profil
     return f"{compute}{gpu_slices}g.{memory_gb}gb{suffix}"
 
 
-def _profile(lib: Any, gpu: Any, mig: Any, gi_id: int) -> str:
-    """A MIG device's profile name ('' when NVML does not say all of it)."""
+def _profile(lib: Any, gpu: Any, mig: Any, gi_id: int) -> tuple[str, int]:
+    """A MIG device's profile name ('' when NVML does not say all of it) and its memory in MiB (0: not said)."""
     import ctypes
 
     class Attributes(ctypes.Structure):  # nvmlDeviceAttributes_t
@@ -210,15 +236,17 @@ def _profile(lib: Any, gpu: Any, mig: Any, gi_id: int) -> str:
         if function is None and name.endswith("_v2"):  # drivers before the _v2 entry point
             function = getattr(lib, name[:-3], None)
         if function is None or int(function(*args)) != 0:
-            return ""
+            return "", int(attributes.memorySizeMB)
     if not attributes.gpuInstanceSliceCount or not attributes.computeInstanceSliceCount:
-        return ""
+        return "", int(attributes.memorySizeMB)
     return profile_name(attributes.computeInstanceSliceCount, attributes.gpuInstanceSliceCount,
-                        mig_memory_gb(memory.total, attributes.memorySizeMB), info.profileId)
+                        mig_memory_gb(memory.total, attributes.memorySizeMB), info.profileId), int(
+        attributes.memorySizeMB)
 
 
-def _nvml_mig_uuids(path: str, addresses: list[str], profiles: bool = False) -> dict[tuple[str, int, int],
-                                                                                   tuple[str, str]]:
+def _each_gpu(path: str, addresses: list[str], visit: Callable[[Any, str, Any], None], skip_missing: bool) -> None:
+    """Load NVML from ``path``, call ``visit(lib, address, handle)`` for each GPU of ``addresses`` (those NVML does
+    not find are skipped with ``skip_missing``), shut NVML down."""
     import ctypes
 
     try:
@@ -226,27 +254,99 @@ def _nvml_mig_uuids(path: str, addresses: list[str], profiles: bool = False) -> 
     except OSError as err:
         raise HookError(f"cannot load {path}: {err}") from None
     _call(lib, "nvmlInit_v2")
-    out = {}
     try:
         for address in addresses:
             handle = ctypes.c_void_p()
-            _call(lib, "nvmlDeviceGetHandleByPciBusId_v2", address.encode(), ctypes.byref(handle))
-            count = ctypes.c_uint()
-            _call(lib, "nvmlDeviceGetMaxMigDeviceCount", handle, ctypes.byref(count))
-            for index in range(count.value):
-                mig = ctypes.c_void_p()
-                if _call(lib, "nvmlDeviceGetMigDeviceHandleByIndex", handle, index, ctypes.byref(mig)) == NOT_FOUND:
-                    continue
-                gi, ci = ctypes.c_uint(), ctypes.c_uint()
-                _call(lib, "nvmlDeviceGetGpuInstanceId", mig, ctypes.byref(gi))
-                _call(lib, "nvmlDeviceGetComputeInstanceId", mig, ctypes.byref(ci))
-                text = ctypes.create_string_buffer(96)
-                _call(lib, "nvmlDeviceGetUUID", mig, text, ctypes.c_uint(len(text)))
-                uuid = text.value.decode(errors="replace")
-                out[(address, gi.value, ci.value)] = (uuid, _profile(lib, handle, mig, gi.value) if profiles else "")
+            found = _call(lib, "nvmlDeviceGetHandleByPciBusId_v2", address.encode(), ctypes.byref(handle))
+            if found != NOT_FOUND or not skip_missing:
+                visit(lib, address, handle)
     finally:
         lib.nvmlShutdown()
+
+
+def _nvml_mig_uuids(path: str, addresses: list[str], profiles: bool = False) -> dict[tuple[str, int, int],
+                                                                                   tuple[str, str, int]]:
+    import ctypes
+
+    out = {}
+
+    def visit(lib: Any, address: str, handle: Any) -> None:
+        count = ctypes.c_uint()
+        _call(lib, "nvmlDeviceGetMaxMigDeviceCount", handle, ctypes.byref(count))
+        for index in range(count.value):
+            mig = ctypes.c_void_p()
+            if _call(lib, "nvmlDeviceGetMigDeviceHandleByIndex", handle, index, ctypes.byref(mig)) == NOT_FOUND:
+                continue
+            gi, ci = ctypes.c_uint(), ctypes.c_uint()
+            _call(lib, "nvmlDeviceGetGpuInstanceId", mig, ctypes.byref(gi))
+            _call(lib, "nvmlDeviceGetComputeInstanceId", mig, ctypes.byref(ci))
+            text = ctypes.create_string_buffer(96)
+            _call(lib, "nvmlDeviceGetUUID", mig, text, ctypes.c_uint(len(text)))
+            uuid = text.value.decode(errors="replace")
+            out[(address, gi.value, ci.value)] = (uuid, *(_profile(lib, handle, mig, gi.value) if profiles
+                                                          else ("", 0)))
+
+    _each_gpu(path, addresses, visit, skip_missing=False)
     return out
+
+
+def _nvml_gpus(path: str, addresses: list[str]) -> dict[str, tuple[int, str]]:
+    """Each GPU's total memory (``nvmlDeviceGetMemoryInfo``) and CUDA compute capability
+    (``nvmlDeviceGetCudaComputeCapability``), 0 and '' where NVML does not say them."""
+    import ctypes
+
+    class Memory(ctypes.Structure):  # nvmlMemory_t
+        _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+    out = {}
+
+    def visit(lib: Any, address: str, handle: Any) -> None:
+        memory, major, minor = Memory(), ctypes.c_int(), ctypes.c_int()
+        got = getattr(lib, "nvmlDeviceGetMemoryInfo", None)
+        total = int(memory.total) if got is not None and int(got(handle, ctypes.byref(memory))) == 0 else 0
+        got = getattr(lib, "nvmlDeviceGetCudaComputeCapability", None)
+        said = got is not None and int(got(handle, ctypes.byref(major), ctypes.byref(minor))) == 0
+        out[address] = (total, f"{major.value}.{minor.value}" if said and major.value > 0 else "")
+
+    _each_gpu(path, addresses, visit, skip_missing=True)
+    return out
+
+
+def gpu_facts(devices: tuple[Device, ...] | list[Device]) -> str:
+    """Read the memory and compute capability of the whole GPUs of ``devices`` that NVML was not asked about
+    yet (a GPU's never change while it stays: by PCI address and UUID); '' or why NVML cannot say them."""
+    gpus = [d for d in devices if d.mig is None]
+    if not gpus:
+        return ""
+    root = os.path.abspath(gpus[0].driver_root or "/")
+    unread = list(dict.fromkeys(d.pci_address for d in gpus if (root, d.pci_address, d.uuid) not in _gpus))
+    if not unread:
+        return ""
+    try:
+        found = read_gpus(root, unread)
+    except HookError as err:
+        return str(err)
+    for device in gpus:
+        if device.pci_address in unread:
+            _gpus[(root, device.pci_address, device.uuid)] = found.get(device.pci_address, (0, ""))
+    return ""
+
+
+def gpu_memory(device: Device) -> int:
+    """A GPU's memory in bytes, a MIG device's in bytes (its profile's, as the last :func:`refresh` read it);
+    0 when not read."""
+    if device.mig is not None:
+        return _mig_memory.get((device.pci_address, *device.mig), 0) * 2**20
+    return _gpus.get((os.path.abspath(device.driver_root or "/"), device.pci_address, device.uuid), (0, ""))[0]
+
+
+def compute_capability(device: Device) -> str:
+    """A GPU's (or a MIG device's GPU's) CUDA compute capability, ``9.0`` ('' when not read)."""
+    root = os.path.abspath(device.driver_root or "/")
+    found = [v for (r, a, _u), v in _gpus.items() if r == root and a == device.pci_address and v[1]]
+    if device.mig is None:
+        return _gpus.get((root, device.pci_address, device.uuid), (0, ""))[1]
+    return found[-1][1] if found else ""
 
 
 def fill_mig_uuids(devices: tuple[Device, ...]) -> str:
@@ -310,9 +410,9 @@ def profile(device: Device) -> str | None:
 
 
 def main(argv: list[str]) -> int:  # pragma: no cover - run as the NVML child of read_migs(fresh=True)
-    """``python -m oci_gpu_hook.inventory.nvml LIBRARY uuids|profiles PCI...``: the child's lines on stdout."""
+    """``python -m oci_gpu_hook.inventory.nvml LIBRARY uuids|profiles|gpus PCI...``: the child's lines on stdout."""
     _quiet_crash()
-    text, code = _answer(argv[0], argv[2:], argv[1] == "profiles")
+    text, code = _answer(argv[0], argv[2:], argv[1])
     sys.stdout.write(text)
     sys.stdout.flush()
     return code

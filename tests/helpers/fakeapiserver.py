@@ -9,6 +9,16 @@ delete), and refuses, with 422 as the real server does, a ResourceSlice
 whose shape the API's validation would refuse (:func:`slice_problems`: the
 fields and limits of ``resource.k8s.io`` v1, v1beta2 and v1beta1; unknown
 fields too, as a strict decoder would).  A wrong token is 401.
+
+With ``kubernetes`` (``(1, 35)``) it answers ``/version`` (else 404, as a
+server that does not say), and checks shared counters as that minor version
+does (KEP-4815): from 1.33 ``spec.sharedCounters`` and ``consumesCounters`` on
+devices (``basic.consumesCounters`` in v1beta1); in 1.33 and 1.34 a device
+consumes only sets of its own slice, from 1.35 a slice has counter sets or
+devices, never both; at most 8 sets a slice, 32 counters a set, 2
+consumptions a device, 64 devices a slice when any consumes counters.
+``partitionable=False`` is a server with the feature gate off: it drops both
+fields on write, as a real one drops a disabled feature's fields.
 """
 
 from __future__ import annotations
@@ -67,7 +77,31 @@ def _qualified(name: str) -> bool:
         C_IDENTIFIER.match(ident))
 
 
-def _device_problems(device: Any, version: str, where: str, problems: list[str]) -> None:
+def _counter_problems(counters: Any, where: str, problems: list[str]) -> None:
+    if not isinstance(counters, dict) or not counters or len(counters) > 32:
+        problems.append(f"{where}: 1 to 32 counters")
+        return
+    for key, value in counters.items():
+        if not isinstance(key, str) or len(key) > 63 or not DNS_LABEL.match(key):
+            problems.append(f"{where}[{key!r}]: no DNS label")
+        if not isinstance(value, dict) or set(value) != {"value"} or not isinstance(value["value"], str) or \
+                not QUANTITY.match(value["value"]):
+            problems.append(f"{where}[{key!r}]: expected {{value: QUANTITY}}, got {value!r}")
+
+
+def _counted_problems(item: Any, key: str, at: str, problems: list[str]) -> None:
+    """A counter set (``key`` name) or a device's consumption of one (``key`` counterSet)."""
+    if not isinstance(item, dict):
+        problems.append(f"{at}: not an object")
+        return
+    _keys(item, {key, "counters"}, at, problems)
+    if not isinstance(item.get(key), str) or not DNS_LABEL.match(item[key]):
+        problems.append(f"{at}.{key}: no DNS label")
+    _counter_problems(item.get("counters"), f"{at}.counters", problems)
+
+
+def _device_problems(device: Any, version: str, where: str, problems: list[str],
+                     kubernetes: tuple[int, int] | None = None) -> None:
     if not isinstance(device, dict):
         problems.append(f"{where}: not an object")
         return
@@ -83,7 +117,15 @@ def _device_problems(device: Any, version: str, where: str, problems: list[str])
         where = f"{where}.basic"
     else:
         body = device
-    _keys(body, ({"name"} if body is device else set()) | {"attributes", "capacity"}, where, problems)
+    counted = kubernetes is not None and kubernetes >= (1, 33)
+    _keys(body, ({"name"} if body is device else set()) | {"attributes", "capacity"} | (
+        {"consumesCounters"} if counted else set()), where, problems)
+    consumes = body.get("consumesCounters") or []
+    if not isinstance(consumes, list) or len(consumes) > 2:
+        problems.append(f"{where}.consumesCounters: at most 2")
+        consumes = []
+    for index, item in enumerate(consumes):
+        _counted_problems(item, "counterSet", f"{where}.consumesCounters[{index}]", problems)
     attributes = body.get("attributes") or {}
     capacity = body.get("capacity") or {}
     if len(attributes) + len(capacity) > 32:
@@ -117,8 +159,9 @@ def _device_problems(device: Any, version: str, where: str, problems: list[str])
             problems.append(f"{where}.capacity[{key!r}]: expected {{value: QUANTITY}}, got {value!r}")
 
 
-def slice_problems(obj: Any, version: str) -> list[str]:
-    """What the API's validation would refuse in this ResourceSlice (the fields this driver may use)."""
+def slice_problems(obj: Any, version: str, kubernetes: tuple[int, int] | None = None) -> list[str]:
+    """What the API's validation would refuse in this ResourceSlice (the fields this driver may use), on a server
+    of that (major, minor) version with partitionable devices on (None: one without them)."""
     problems: list[str] = []
     if not isinstance(obj, dict):
         return ["not an object"]
@@ -137,7 +180,18 @@ def slice_problems(obj: Any, version: str) -> list[str]:
     spec = obj.get("spec")
     if not isinstance(spec, dict):
         return [*problems, "spec: required"]
-    _keys(spec, {"driver", "pool", "nodeName", "nodeSelector", "allNodes", "devices"}, "spec", problems)
+    counted = kubernetes is not None and kubernetes >= (1, 33)
+    _keys(spec, {"driver", "pool", "nodeName", "nodeSelector", "allNodes", "devices"} | (
+        {"sharedCounters"} if counted else set()), "spec", problems)
+    sets = spec.get("sharedCounters") or []
+    if not isinstance(sets, list) or len(sets) > 8:
+        problems.append("spec.sharedCounters: at most 8")
+        sets = []
+    for index, item in enumerate(sets):
+        _counted_problems(item, "name", f"spec.sharedCounters[{index}]", problems)
+    set_names = [item.get("name") for item in sets if isinstance(item, dict)]
+    if len(set_names) != len(set(set_names)):
+        problems.append("spec.sharedCounters: a name twice")
     driver = spec.get("driver", "")
     if not isinstance(driver, str) or len(driver) > 63 or not DNS_SUBDOMAIN.match(driver):
         problems.append(f"spec.driver {driver!r} is no DNS subdomain of at most 63 characters")
@@ -161,8 +215,29 @@ def slice_problems(obj: Any, version: str) -> list[str]:
     if len(names) != len(set(names)):
         problems.append("spec.devices: a name twice")
     for index, device in enumerate(devices):
-        _device_problems(device, version, f"spec.devices[{index}]", problems)
+        _device_problems(device, version, f"spec.devices[{index}]", problems, kubernetes)
+    consumed = [c for d in devices if isinstance(d, dict) for c in (d.get("basic", d).get("consumesCounters") or [])
+                if isinstance(c, dict)]
+    if consumed and len(devices) > 64:
+        problems.append("spec.devices: more than 64 where devices consume counters")
+    if kubernetes is not None and kubernetes >= (1, 35):
+        if sets and devices:
+            problems.append("spec: only one of sharedCounters or devices is allowed")
+    elif counted:
+        for item in consumed:
+            if item.get("counterSet") not in set_names:
+                problems.append(f"counterSet {item.get('counterSet')!r} is not in this slice's sharedCounters")
     return problems
+
+
+def drop_counters(obj: dict[str, Any]) -> dict[str, Any]:
+    """The slice as a server with DRAPartitionableDevices off stores it: without the feature's fields."""
+    spec = obj.get("spec") or {}
+    spec.pop("sharedCounters", None)
+    for device in spec.get("devices") or []:
+        if isinstance(device, dict):
+            device.get("basic", device).pop("consumesCounters", None)
+    return obj
 
 
 @dataclass
@@ -178,6 +253,8 @@ class Request:
 class State:
     versions: tuple[str, ...]
     token: str
+    kubernetes: tuple[int, int] | None = None  # what /version says (None: 404)
+    partitionable: bool = True  # the DRAPartitionableDevices gate (off: its fields dropped on write)
     slices: dict[str, dict[str, Any]] = field(default_factory=dict)
     claims: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -225,6 +302,11 @@ class _Handler(BaseHTTPRequestHandler):
     def _route(self, path: str, query: dict[str, str], body: Any) -> None:
         state = self.state
         parts = path.strip("/").split("/")
+        if path == "/version" and self.command == "GET":
+            if state.kubernetes is None:
+                return self._status(404, "the page could not be found")
+            major, minor = state.kubernetes
+            return self._answer(200, {"major": str(major), "minor": f"{minor}+", "gitVersion": f"v{major}.{minor}.0"})
         if path == "/apis/resource.k8s.io":
             return self._answer(200, {"kind": "APIGroup", "name": "resource.k8s.io", "versions": [
                 {"groupVersion": f"resource.k8s.io/{v}", "version": v} for v in state.versions]})
@@ -255,7 +337,9 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._status(404, f"resourceslices {name!r} not found")
             return self._answer(200, {"kind": "Status", "status": "Success"})
         if self.command in ("POST", "PUT"):
-            problems = slice_problems(body, version)
+            if not state.partitionable:  # the gate off: its fields go before validation, as in a real server
+                body = drop_counters(body)
+            problems = slice_problems(body, version, state.kubernetes)
             if problems:
                 return self._status(422, f"ResourceSlice is invalid: {'; '.join(problems)}")
             new_name = body["metadata"]["name"]
@@ -281,11 +365,12 @@ class _Handler(BaseHTTPRequestHandler):
 
 class FakeApiServer:
     def __init__(self, directory: Path, versions: tuple[str, ...] = ("v1", "v1beta2", "v1beta1"),
-                 token: str = "test-token") -> None:
+                 token: str = "test-token", kubernetes: tuple[int, int] | None = None,
+                 partitionable: bool = True) -> None:
         self.cert, self.key = make_certificate()
         self.token_file = directory / "token"
         self.token_file.write_text(token + "\n")
-        self.state = State(versions, token)
+        self.state = State(versions, token, kubernetes, partitionable)
         handler = type("Handler", (_Handler,), {"state": self.state})
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)

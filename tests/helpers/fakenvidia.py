@@ -261,7 +261,8 @@ def build_driver(root: str, host: FakeHost) -> str:
 FAKE_NVML = r"""
 /* A fake libnvidia-ml for tests.  Its MIG devices come from the file OGH_FAKE_NVML names, read at nvmlInit_v2, one
    per line: "pci gi ci uuid [gpu-slices compute-slices memory-MiB gpu-instance-profile-id]" (without the last four,
-   nvmlDeviceGetAttributes_v2 answers NOT_SUPPORTED).  Every GPU has GPU_MEMORY bytes of memory. */
+   nvmlDeviceGetAttributes_v2 answers NOT_SUPPORTED); a line of a PCI address alone is a GPU without MIG devices.
+   Every GPU has GPU_MEMORY bytes of memory and compute capability 9.0. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -279,10 +280,11 @@ int nvmlInit_v2(void) {
         char pci[32]; struct mig m; int g, n;
         memset(&m, 0, sizeof m);
         n = sscanf(line, "%31s %u %u %95s %u %u %llu %u", pci, &m.gi, &m.ci, m.uuid, &m.g, &m.c, &m.mb, &m.profile);
-        if (n < 4) continue;
-        m.attrs = n == 8;
+        if (n < 1) continue;
         for (g = 0; g < ngpus && strcmp(gpus[g], pci); g++) {}
-        if (g == ngpus) strcpy(gpus[ngpus++], pci);
+        if (g == ngpus && ngpus < 8) strcpy(gpus[ngpus++], pci);
+        if (n < 4 || g == 8) continue; /* a line of a PCI address alone: a GPU without MIG devices */
+        m.attrs = n == 8;
         m.gpu = g; migs[nmigs++] = m;
     }
     fclose(f); return 0;
@@ -310,6 +312,7 @@ int nvmlDeviceGetAttributes_v2(void *m, struct attributes *a) {
 int nvmlDeviceGetMemoryInfo(void *h, struct memory *mem) {
     (void)h; mem->total = GPU_MEMORY; mem->free = GPU_MEMORY; mem->used = 0; return 0;
 }
+int nvmlDeviceGetCudaComputeCapability(void *h, int *major, int *minor) { (void)h; *major = 9; *minor = 0; return 0; }
 int nvmlDeviceGetGpuInstanceById(void *h, unsigned id, void **gi) {
     for (int j = 0; j < nmigs; j++) if (gpus[migs[j].gpu] == h && migs[j].gi == id) { *gi = &migs[j]; return 0; }
     return 6;

@@ -13,18 +13,6 @@ if TYPE_CHECKING:
     from oci_gpu_hook.config import Config
 
 
-def _seconds(text: str, what: str, low: float, high: float) -> float:
-    from oci_gpu_hook.errors import HookError
-
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not low <= value <= high:
-        raise HookError(f"{what} {text!r}: expected seconds, {low:g} to {high:g}")
-    return value
-
-
 def _managed_dir(directory: str) -> None:
     """A CDI directory the plugin is to write: created when missing; one that cannot be, or that is not
     trusted, is the one error line at start (as for ``watch``)."""
@@ -43,11 +31,10 @@ def _managed_dir(directory: str) -> None:
 
 
 def command(args: list[str], config: Config) -> int:
-    import signal
-
     from oci_gpu_hook.cliparse import parser as _parser
     from oci_gpu_hook.errors import HookError
     from oci_gpu_hook.host.deviceplugin.devices import STRATEGIES
+    from oci_gpu_hook.host.resident import seconds, serve, uevents
 
     parser = _parser("device-plugin", "Advertise the host's AMD GPUs and compute partitions and NVIDIA GPUs and "
                                       "MIG devices to the kubelet (device plugin API v1beta1); Allocate answers "
@@ -78,7 +65,7 @@ def command(args: list[str], config: Config) -> int:
                              "runtime's specs current)")
     parser.add_argument("--list", action="store_true", help="print the devices as they would be advertised; exit")
     opts = parser.parse_args(args)
-    interval = _seconds(opts.rescan_interval, "--rescan-interval", 0.1, 3600)
+    interval = seconds(opts.rescan_interval, "--rescan-interval", 0.1, 3600)
     if opts.no_cdi_specs and opts.cdi_dir:
         from oci_gpu_hook.cliparse import UsageError
 
@@ -113,28 +100,8 @@ def command(args: list[str], config: Config) -> int:
         specs = SpecKeeper(config, directories, server.log_line)
     tracker = server.Tracker(config.sysfs_root, opts.resource_strategy, specs=specs, proc_root=config.proc_root,
                              driver_root=config.driver_root, kinds=kinds)
-    events = None
-    if not opts.no_uevents:
-        from oci_gpu_hook.host.watch import KernelUevents
-
-        events = KernelUevents()
-        try:
-            events.start()
-        except HookError as err:  # e.g. no netlink here: the periodic rescan still notices everything
-            server.log_line(f"{err}; rescanning every {interval:g} s only")
-            events.close()
-            events = None
+    events = uevents(not opts.no_uevents, interval, server.log_line)
     manager = server.Manager(opts.kubelet_dir, tracker, device_specs=opts.device_specs, rescan_interval=interval,
                              events=events)
 
-    def on_signal(number: int, _frame: object) -> None:
-        manager.stop()
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        return manager.run()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        if events is not None:
-            events.close()
+    return serve(manager, events)

@@ -38,9 +38,7 @@ spec a runtime will read maps it to the device numbers the plugin sees now.
 from __future__ import annotations
 
 import os
-import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import replace
@@ -61,7 +59,8 @@ from oci_gpu_hook.host.deviceplugin.devices import (
     whole_gpu_resource,
 )
 from oci_gpu_hook.host.deviceplugin.specs import SpecKeeper
-from oci_gpu_hook.host.watch import EventSource, wait_for_rescan
+from oci_gpu_hook.host.resident import Resident, log_writer
+from oci_gpu_hook.host.watch import EventSource
 from oci_gpu_hook.inventory import Inventory
 
 VERSION = "v1beta1"
@@ -77,11 +76,7 @@ Log = Callable[[str], None]
 Scan = Callable[[str], Inventory]
 
 
-def log_line(message: str) -> None:
-    now = time.time()
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
-    sys.stderr.write(f"{stamp} {PROGRAM}: {' '.join(message.split())}\n")
-    sys.stderr.flush()
+log_line = log_writer(PROGRAM)
 
 
 def short_name(resource: str) -> str:
@@ -340,7 +335,7 @@ def register(directory: str, endpoint: str, resource: str, timeout: float = 5.0)
         ), timeout=timeout)
 
 
-class Manager:
+class Manager(Resident):
     """Serve and register an endpoint per resource name; re-serve and re-register after a kubelet restart."""
 
     def __init__(self, directory: str, tracker: Tracker, *, device_specs: bool = False, rescan_interval: float = 10.0,
@@ -366,11 +361,9 @@ class Manager:
         return lambda: Servicer(resource, self.tracker, device_specs=self.device_specs, log=self.log)
 
     def step(self) -> None:
-        now = time.monotonic()
-        if now >= self.next_rescan:
-            self.tracker.rescan(self.rescan_reason)
-            self.rescan_reason = "rescan"
-            self.next_rescan = now + self.rescan_interval
+        reason = self.rescan_due()
+        if reason is not None:
+            self.tracker.rescan(reason)
         kubelet = _identity(os.path.join(self.directory, KUBELET_SOCKET))
         if kubelet is None:  # said once while it lasts: otherwise nothing follows `serving in ...`
             self._failed("", f"waiting for the kubelet's socket {self.directory}/{KUBELET_SOCKET} (is the kubelet "
@@ -409,25 +402,9 @@ class Manager:
             self.log(message)
         self.failures[resource] = message
 
-    def run(self) -> int:
-        self.log(f"serving in {self.directory} (sysfs {self.tracker.sysfs_root}, strategy {self.tracker.strategy}, "
-                 f"rescan every {self.rescan_interval:g} s)")
-        try:
-            while not self.stopping:
-                self.step()
-                self._wait(self.poll_interval)
-        finally:
-            self.close()
-        return 0
-
-    def _wait(self, seconds: float) -> None:
-        """Sleep until the next step; a GPU's uevent brings the next rescan forward."""
-        self.next_rescan, self.rescan_reason = wait_for_rescan(
-            self.events, seconds, lambda: self.stopping, self.uevent_delay, self.next_rescan, self.rescan_reason)
-
-    def stop(self) -> None:
-        """End :meth:`run` within 0.1 s; safe to call from a signal handler (a flag, no lock)."""
-        self.stopping = True
+    def started(self) -> str:
+        return (f"serving in {self.directory} (sysfs {self.tracker.sysfs_root}, strategy {self.tracker.strategy}, "
+                f"rescan every {self.rescan_interval:g} s)")
 
     def close(self) -> None:
         for endpoint in self.endpoints.values():

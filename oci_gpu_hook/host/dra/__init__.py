@@ -29,11 +29,9 @@ DNS_SUBDOMAIN = re.compile(r"^(?=.{1,63}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-
 
 
 def command(args: list[str], config: Config) -> int:
-    import signal
-
     from oci_gpu_hook.cliparse import parser as _parser
-    from oci_gpu_hook.host.deviceplugin import _seconds
     from oci_gpu_hook.host.dra.slices import VERSIONS
+    from oci_gpu_hook.host.resident import seconds, serve, uevents
 
     parser = _parser("dra", "A Kubernetes DRA driver: publish this node's GPUs, partitions and MIG devices as "
                             "ResourceSlices, register at the kubelet, prepare each claim as a CDI spec of its own.")
@@ -60,11 +58,16 @@ def command(args: list[str], config: Config) -> int:
                         help="the API server's CA (default: the pod's service account ca.crt)")
     parser.add_argument("--resource-api-version", choices=VERSIONS, default=None,
                         help="resource.k8s.io version (default: the newest the API server offers)")
+    parser.add_argument("--shared-counters", choices=("auto", "off"), default="auto",
+                        help="auto: a split GPU is published whole and as its parts, with shared counters, where the "
+                             "API server keeps them (Kubernetes 1.33+, DRAPartitionableDevices on), else as its parts "
+                             "only; off: always as its parts only (for a scheduler without the gate) (default "
+                             "%(default)s)")
     parser.add_argument("--list", action="store_true",
-                        help="print the devices as they would be published (JSON, the slice's devices; what is "
-                             "left out on stderr); exit")
+                        help="print the devices as they would be published (JSON, the slices' devices, with their "
+                             "counters unless --shared-counters off; what is left out on stderr); exit")
     opts = parser.parse_args(args)
-    interval = _seconds(opts.rescan_interval, "--rescan-interval", 0.1, 3600)
+    interval = seconds(opts.rescan_interval, "--rescan-interval", 0.1, 3600)
     driver = opts.driver_name
     if not DNS_SUBDOMAIN.match(driver):
         raise HookError(f"--driver-name {driver!r}: expected a DNS subdomain of at most 63 characters "
@@ -75,10 +78,12 @@ def command(args: list[str], config: Config) -> int:
         return scan_host(config, strict=False)
 
     if opts.list:
-        from oci_gpu_hook.host.dra.devices import build
+        from oci_gpu_hook.host.dra.devices import build, without_counters
         from oci_gpu_hook.host.dra.slices import device_object
 
         devices, notes = build(scan_host(config, strict=False))
+        if opts.shared_counters == "off":
+            devices = without_counters(devices)
         print(json.dumps([device_object(d, opts.resource_api_version or VERSIONS[0]) for d in devices], indent=1))
         for note in notes:  # stdout stays one JSON document
             print(f"oci-gpu-hook dra: {note}", file=sys.stderr)
@@ -97,7 +102,8 @@ def command(args: list[str], config: Config) -> int:
 
     make_dirs(opts.cdi_dir, "--cdi-dir")
     client = Client(Credentials.in_cluster(opts.kube_api_server, opts.kube_token_file, opts.kube_ca_file))
-    publisher = Publisher(client, driver, node, server.log_line, opts.resource_api_version)
+    publisher = Publisher(client, driver, node, server.log_line, opts.resource_api_version,
+                          counters=opts.shared_counters == "auto")
     state_dir = opts.state_dir or os.path.join(opts.kubelet_plugins_dir, driver)
 
     def version() -> str:
@@ -111,28 +117,8 @@ def command(args: list[str], config: Config) -> int:
         return Claims(config, driver, node, opts.cdi_dir, state_dir, client, plugin.current, server.log_line,
                       version)
 
-    events = None
-    if not opts.no_uevents:
-        from oci_gpu_hook.host.watch import KernelUevents
-
-        events = KernelUevents()
-        try:
-            events.start()
-        except HookError as err:
-            server.log_line(f"{err}; rescanning every {interval:g} s only")
-            events.close()
-            events = None
+    events = uevents(not opts.no_uevents, interval, server.log_line)
     plugin = server.Driver(driver, scan, publisher, claims, registry_dir=opts.kubelet_registry_dir,
                            plugins_dir=opts.kubelet_plugins_dir, rescan_interval=interval, events=events)
 
-    def on_signal(number: int, _frame: object) -> None:
-        plugin.stop()
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        return plugin.run()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        if events is not None:
-            events.close()
+    return serve(plugin, events)

@@ -6,12 +6,16 @@ request, driver, pool and device the scheduler chose).  Prepare reads it, takes
 the results of this driver, and refuses the claim with one line when one is
 not for this node's pool, or names a device this node does not publish now
 (gone, or its GPU changed partition mode since the scheduler chose), or a
-device another prepared claim holds (unless the result asks for admin access).
+device another prepared claim holds, or one that shares hardware with a device
+another claim holds (a split GPU's whole and its part: the counters keep the
+scheduler from choosing both; this keeps a stale allocation from getting them),
+unless the result asks for admin access.
 
 Prepared, the claim has its own CDI spec, ``k8s.<driver>-claim_<uid>.json`` in
 the claim CDI directory, of kind ``k8s.<driver>/claim``: one CDI device per
 allocated device, ``<uid>-<device>``, with exactly that device's edits (the
-plan's :func:`~oci_gpu_hook.plan.device_edits`, as in the node's own specs),
+plan's :func:`~oci_gpu_hook.plan.device_edits`, as in the node's own specs; a
+split GPU's whole: those of all its parts),
 and the shared edits of the kinds among them (``/dev/kfd``, the NVIDIA control
 nodes and driver files) as the spec's own.  The kubelet passes the returned
 names to the runtime (the CRI's CDI devices), which applies them; no other
@@ -162,7 +166,7 @@ class Claims:
                                                          else "")
                     raise ClaimError(f"claim {namespace}/{name}: device {device} is not on node {self.node} now (gone, "
                                      f"or its GPU changed partition mode); here now: {listed or 'no devices'}")
-                holder = self._holder(device, uid)
+                holder = self._holder(here, uid, published)
                 if holder and not result.get("adminAccess"):
                     raise ClaimError(f"claim {namespace}/{name}: device {device} is prepared for claim {holder}")
                 chosen.append((result, here))
@@ -180,18 +184,26 @@ class Claims:
                      f"{', '.join(p.device for p in out) or 'no devices of this driver'}")
             return out
 
-    def _holder(self, device: str, uid: str) -> str | None:
+    def _holder(self, device: DraDevice, uid: str, published: list[DraDevice]) -> str | None:
+        """The other prepared claim that holds ``device``, or a device sharing its hardware (a split GPU's whole
+        and its part), if any."""
         for other, record in self.prepared.items():
-            if other != uid and any(d.get("device") == device for d in record.get("devices", [])):
-                return f"{record.get('namespace')}/{record.get('name')} ({other})"
+            if other == uid:
+                continue
+            for held in record.get("devices", []):
+                name = str(held.get("device", ""))
+                found = find(published, name)
+                if name == device.name or (found is not None and found.shares_hardware(device)):
+                    return f"{record.get('namespace')}/{record.get('name')} ({other})" + (
+                        "" if name == device.name else f" as {name}")
         return None
 
     def spec(self, uid: str, inventory: Inventory, devices: list[DraDevice]) -> dict[str, Any]:
         """The claim's CDI spec: its devices' own edits, the shared edits of their kinds spec-wide."""
         entries = []
         for device in devices:
-            assert device.device is not None
-            edits = device_edits(device.device, self.config)
+            assert device.parts
+            edits = Edits.merged([device_edits(part, self.config) for part in device.parts])
             entries.append({"name": f"{uid}-{device.name}", "containerEdits": cdi.container_edits(edits, self.config)})
         spec: dict[str, Any] = {"cdiVersion": cdi.CDI_VERSION, "kind": cdi_kind(self.driver), "devices": entries}
         kinds = list(dict.fromkeys(d.kind for d in devices))

@@ -1,12 +1,19 @@
 """What the DRA driver publishes: one :class:`DraDevice` per allocatable device of the inventory, with the
-attributes a claim selects on.
+attributes a claim selects on, and the counters that keep a whole GPU and its parts from being allocated at once.
 
 :func:`build` is the only place that turns the inventory into DRA devices.  A
 device is what a container can be given on its own: a whole GPU, an AMD compute
 partition (an XCP, in the GPU's current mode), an NVIDIA MIG device.  A GPU
-split into partitions or MIG devices is published as its parts only (so no
+split into partitions or MIG devices is published as its parts, each with its
+GPU as the ``parent`` attribute, and as itself (``type`` gpu, ``partitionCount``
+its parts): the whole GPU in its current mode, which a container gets as all its
+parts together.  The whole and each part consume the GPU's counter set (named
+after the GPU's device; one counter, ``partitions``, of the parts' count: a part
+takes 1, the whole takes all), so the scheduler never allocates the whole and a
+part together.  Where the API cannot keep counters, :func:`without_counters`
+is what is published: the parts only, as before partitionable devices (so no
 device and its parts are ever both allocatable; a mode change republishes the
-GPU's devices), each with its GPU as the ``parent`` attribute.
+GPU's devices).
 
 Device names are DNS labels derived from the device's stable name
 (:func:`oci_gpu_hook.inventory.stable_name`), never from an index: the stable
@@ -17,24 +24,30 @@ names the same hardware while other devices come and go, or the device is gone
 and a prepare that asks for it is refused.
 
 Attributes (unqualified, so in the driver's own domain: CEL reads them as
-``device.attributes["<driver>"].<name>``): ``vendor`` (amd, intel, nvidia),
+``device.attributes["<driver>"].<name>``), one name for one meaning across
+vendors (docs/dra.md has the table): ``vendor`` (amd, intel, nvidia),
 ``type`` (gpu, partition, mig), ``model`` (AMD: the gfx target; NVIDIA: the
-driver's model name; Intel: the driver), ``productName`` (AMD: the board's
-``product_name`` where sysfs has it), ``architecture`` (AMD: the gfx target),
+driver's model name; Intel: the driver), ``productName`` (the board's name: AMD
+``product_name`` where sysfs has it, NVIDIA the driver's model name),
+``architecture`` (the ISA code is compiled for: AMD the gfx target ``gfx942``,
+NVIDIA ``sm_90``), ``computeCapability`` (NVIDIA, a version: ``9.0.0``),
 ``pciAddress`` (the GPU's, for a part too), ``pciDeviceId``, ``stableName``
 (the device's stable CDI name), ``parent`` (a part's GPU: its stable name),
-``uuid`` (NVIDIA), ``numaNode``, ``partitionIndex``, ``computePartition`` and
-``memoryPartition`` (AMD: ``CPX``, ``NPS1``), ``migProfile`` (NVIDIA:
-``1g.10gb``), ``hiveId`` (AMD XGMI, hex), ``driver``, ``driverVersion`` (a version
-when it is one). Capacity ``memory`` (AMD: the VRAM of the device's memory
-partition: the GPU's VRAM divided by its NPS count).
+``uuid`` (NVIDIA), ``numaNode``, ``partitionIndex``, ``partitionCount`` (a split
+GPU's parts), ``computePartition`` and ``memoryPartition`` (AMD: ``CPX``,
+``NPS1``), ``migProfile`` (NVIDIA: ``1g.10gb``), ``hiveId`` (AMD XGMI, hex),
+``driver``, ``driverVersion`` (a version when it is one).  Capacity ``memory``:
+AMD the VRAM of the device's memory partition (the GPU's VRAM divided by its NPS
+count; a whole GPU all of it), NVIDIA the GPU's memory or the MIG profile's
+(NVML: :func:`oci_gpu_hook.inventory.nvml.gpu_facts`), Intel the VRAM where
+sysfs says it (xe ``tile*/physical_vram_size_bytes``, i915 ``lmem_total_bytes``).
 """
 
 from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from oci_gpu_hook.inventory import Device, Inventory, stable_name
 from oci_gpu_hook.inventory.sysfs import read
@@ -46,10 +59,12 @@ VENDORS = {"amd": "amd", "intel": "intel", "nvidia": "nvidia"}
 MAX_STRING = 64  # the API's limit on a string or version attribute
 # Every attribute this driver may publish (the module docstring says what each is): claims and DeviceClasses
 # select on these names.
-ATTRIBUTES = ("vendor", "type", "model", "productName", "architecture", "pciAddress", "pciDeviceId", "stableName",
-              "parent", "uuid", "numaNode", "partitionIndex", "computePartition", "memoryPartition", "migProfile",
-              "hiveId", "driver", "driverVersion")
+ATTRIBUTES = ("vendor", "type", "model", "productName", "architecture", "computeCapability", "pciAddress",
+              "pciDeviceId", "stableName", "parent", "uuid", "numaNode", "partitionIndex", "partitionCount",
+              "computePartition", "memoryPartition", "migProfile", "hiveId", "driver", "driverVersion")
 CAPACITIES = ("memory",)
+PARTS_COUNTER = "partitions"  # the one counter of a split GPU's counter set: its parts' count
+Consumption = tuple[str, tuple[tuple[str, str], ...]]  # (counter set, ((counter, quantity), ...))
 
 
 @dataclass(frozen=True)
@@ -59,11 +74,26 @@ class DraDevice:
     stable: str  # the stable CDI name
     attributes: dict[str, Attribute] = field(default_factory=dict)
     capacity: dict[str, str] = field(default_factory=dict)  # name -> quantity
-    device: Device | None = field(default=None, compare=False, repr=False)  # the inventory's, from the same scan
+    device: Device | None = field(default=None, compare=False, repr=False)  # the inventory's (a split GPU's whole:
+    # None, it is its parts), from the same scan
+    consumes: tuple[Consumption, ...] = ()  # the counters it takes (a split GPU's whole and parts)
+    parts: tuple[Device, ...] = field(default=(), compare=False, repr=False)  # what a container gets: its devices
 
     def fingerprint(self) -> tuple[object, ...]:
         """What a republish compares: the published fields (a changed one bumps the pool generation)."""
-        return self.name, sorted(self.attributes.items()), sorted(self.capacity.items())
+        return self.name, sorted(self.attributes.items()), sorted(self.capacity.items()), self.consumes
+
+    def shares_hardware(self, other: DraDevice) -> bool:
+        """True when this device and ``other`` give a container some of the same hardware (a whole GPU and its
+        part, or the same device)."""
+        mine = {stable_name(d) for d in self.parts}
+        return self.name == other.name or any(stable_name(d) in mine for d in other.parts)
+
+
+@dataclass(frozen=True)
+class CounterSet:
+    name: str  # a DNS label, unique in the pool
+    counters: tuple[tuple[str, str], ...]  # (counter, quantity)
 
 
 def device_name(stable: str) -> str:
@@ -122,7 +152,7 @@ def _nps(mode: str | None) -> int:
 
 
 def _amd(inventory: Inventory, device: Device, attributes: dict[str, Attribute | None],
-         capacity: dict[str, str]) -> None:
+         capacity: dict[str, str], whole: bool = False) -> None:
     gpu = _gpu_dir(inventory, device)
     attributes["architecture"] = _string(device.model if device.model.startswith("gfx") else None)
     attributes["productName"] = _string(read(os.path.join(gpu, "product_name")))
@@ -131,16 +161,44 @@ def _amd(inventory: Inventory, device: Device, attributes: dict[str, Attribute |
     attributes["hiveId"] = ("string", f"0x{device.hive_id:x}") if device.hive_id else None  # may pass int64
     vram = read(os.path.join(gpu, "mem_info_vram_total"))
     if vram and vram.isdigit() and int(vram) > 0:
-        share = int(vram) // _nps(device.memory_mode) if device.partition is not None else int(vram)
+        share = int(vram) // _nps(device.memory_mode) if device.partition is not None and not whole else int(vram)
         capacity["memory"] = quantity(share)
 
 
-def _nvidia(inventory: Inventory, device: Device, attributes: dict[str, Attribute | None]) -> None:
+def _nvidia(inventory: Inventory, device: Device, attributes: dict[str, Attribute | None],
+            capacity: dict[str, str]) -> None:
     from oci_gpu_hook.inventory import nvml
 
     attributes["uuid"] = _string(device.uuid)
+    attributes["productName"] = _string(device.model)
     if device.mig is not None:
         attributes["migProfile"] = _string(nvml.profile(device))
+    capability = nvml.compute_capability(device)
+    if re.fullmatch(r"\d+\.\d+", capability):
+        major, minor = capability.split(".")
+        attributes["computeCapability"] = ("version", f"{int(major)}.{int(minor)}.0")
+        attributes["architecture"] = ("string", f"sm_{int(major)}{int(minor)}")
+    memory = nvml.gpu_memory(device)
+    if memory > 0:
+        capacity["memory"] = quantity(memory)
+
+
+def _intel(device: Device, capacity: dict[str, str]) -> None:
+    """VRAM where the driver says it: xe per tile (``tile<N>/physical_vram_size_bytes`` of the PCI device), i915
+    (its DKMS backports) as the card's ``lmem_total_bytes``; an integrated GPU has none."""
+    tiles = []
+    try:
+        tiles = sorted(n for n in os.listdir(device.sysfs_dir) if re.fullmatch(r"tile\d+", n))
+    except OSError:
+        pass
+    sizes = [read(os.path.join(device.sysfs_dir, t, "physical_vram_size_bytes")) or "" for t in tiles]
+    total = sum(int(v, 0) for v in sizes if re.fullmatch(r"(0x[0-9a-fA-F]+|\d+)", v))
+    card = device.card
+    if not total and card is not None:
+        lmem = read(os.path.join(device.sysfs_dir, "drm", os.path.basename(card.path), "lmem_total_bytes")) or ""
+        total = int(lmem) if lmem.isdigit() else 0
+    if total > 0:
+        capacity["memory"] = quantity(total)
 
 
 def _parent(inventory: Inventory, device: Device) -> str | None:
@@ -157,8 +215,65 @@ def _parts(device: Device) -> str:
     return "partition" if device.partition is not None else "gpu"
 
 
+def _described(inventory: Inventory, device: Device, driver_version: str | None, whole: tuple[Device, ...] = ()
+               ) -> tuple[dict[str, Attribute], dict[str, str]]:
+    """A device's attributes and capacity; with ``whole``, those of the GPU that ``device`` (its first part, or
+    the GPU itself) belongs to, split into the parts ``whole``."""
+    kind = device.kind
+    stable = device.pci_address if whole and kind == "amd" else stable_name(device)
+    part = device.partition is not None and not whole
+    attributes: dict[str, Attribute | None] = {
+        "vendor": ("string", VENDORS.get(kind, kind)),
+        "type": ("string", "gpu" if whole else _parts(device)),
+        "model": _string(device.model),
+        "pciAddress": ("string", device.pci_address),
+        "pciDeviceId": _string(device.device_id),
+        "stableName": ("string", stable),
+        "parent": None if whole else _string(_parent(inventory, device)),
+        "numaNode": ("int", device.numa_node) if device.numa_node is not None and device.numa_node >= 0 else None,
+        "partitionIndex": ("int", device.partition) if part else None,
+        "partitionCount": ("int", len(whole)) if whole else None,
+        "driver": _string(device.driver),
+        "driverVersion": _version(driver_version or _module_version(inventory.sysfs_root, device.driver)),
+    }
+    capacity: dict[str, str] = {}
+    if kind == "amd":
+        _amd(inventory, device, attributes, capacity, whole=bool(whole))
+    elif kind == "nvidia":
+        _nvidia(inventory, device, attributes, capacity)
+    elif kind == "intel":
+        _intel(device, capacity)
+    assert set(attributes) <= set(ATTRIBUTES) and set(capacity) <= set(CAPACITIES)
+    return {k: v for k, v in attributes.items() if v is not None}, capacity
+
+
+def _groups(inventory: Inventory, kind: str, devices: tuple[Device, ...]) -> list[tuple[Device, tuple[Device, ...]]]:
+    """The devices in the inventory's order as (device, its parts): a device on its own is (it, (it,)); a split
+    GPU is (its GPU, or its first part where the inventory has no GPU device, and all its parts), before them."""
+    out: list[tuple[Device, tuple[Device, ...]]] = []
+    done: set[str] = set()
+    for device in devices:
+        if device.mig is None and device.partition is None:
+            out.append((device, (device,)))
+            continue
+        if kind == "nvidia":
+            key = f"gpu {device.parent}"
+            parts = tuple(d for d in devices if d.mig is not None and d.parent == device.parent)
+            head = next((d for d in inventory.devices(kind) if d.mig is None and d.index == device.parent), None)
+        else:
+            key = device.pci_address
+            parts = tuple(d for d in devices if d.partition is not None and d.pci_address == device.pci_address)
+            head = parts[0]
+        if key not in done and head is not None and len(parts) > 1:
+            done.add(key)
+            out.append((head, parts))
+        out.append((device, (device,)))
+    return out
+
+
 def build(inventory: Inventory) -> tuple[list[DraDevice], list[str]]:
-    """Every allocatable device of the inventory (in the inventory's order), and a line per device left out."""
+    """Every allocatable device of the inventory (in the inventory's order; a split GPU's whole before its parts),
+    and a line per device left out."""
     out: list[DraDevice] = []
     notes: list[str] = []
     for kind, found in inventory.kinds.items():
@@ -171,47 +286,57 @@ def build(inventory: Inventory) -> tuple[list[DraDevice], list[str]]:
             if problem:
                 notes.append(f"{len(migs)} MIG device(s) left out: only NVML names them, and {problem}")
                 migs = []
-            split = {d.parent for d in devices if d.mig is not None}  # a split GPU is published as its MIG devices
+            problem = nvml.gpu_facts([d for d in devices if d.mig is None])
+            if problem:
+                notes.append(f"nvidia GPUs' memory and compute capability left out: only NVML says them, and "
+                             f"{problem}")
+            split = {d.parent for d in devices if d in migs}  # a split GPU is published as its MIG devices
             devices = tuple(d for d in devices if (d.mig is None and d.index not in split) or d in migs)
         driver_version = (_nvidia_driver_version(inventory.proc_root) if kind == "nvidia" else None)
-        for device in devices:
+        for device, parts in _groups(inventory, kind, devices):
             if device.mig is not None and not device.uuid:
                 notes.append(f"nvidia MIG device {device.label} left out: NVML names no UUID for it")
                 continue
-            stable = stable_name(device)
-            attributes: dict[str, Attribute | None] = {
-                "vendor": ("string", VENDORS.get(kind, kind)),
-                "type": ("string", _parts(device)),
-                "model": _string(device.model),
-                "pciAddress": ("string", device.pci_address),
-                "pciDeviceId": _string(device.device_id),
-                "stableName": ("string", stable),
-                "parent": _string(_parent(inventory, device)),
-                "numaNode": ("int", device.numa_node) if device.numa_node is not None and device.numa_node >= 0
-                else None,
-                "partitionIndex": ("int", device.partition) if device.partition is not None else None,
-                "driver": _string(device.driver),
-                "driverVersion": _version(driver_version or _module_version(inventory.sysfs_root, device.driver)),
-            }
-            capacity: dict[str, str] = {}
-            if kind == "amd":
-                _amd(inventory, device, attributes, capacity)
-            elif kind == "nvidia":
-                _nvidia(inventory, device, attributes)
-            assert set(attributes) <= set(ATTRIBUTES) and set(capacity) <= set(CAPACITIES)
+            whole = parts if parts != (device,) else ()
+            attributes, capacity = _described(inventory, device, driver_version, whole)
+            stable = str(attributes["stableName"][1])
             name = device_name(stable)
             if not DNS_LABEL.match(name):
                 notes.append(f"{kind} device {stable} left out: {name!r} is no DNS label")
                 continue
-            out.append(DraDevice(name=name, kind=kind, stable=stable,
-                                 attributes={k: v for k, v in attributes.items() if v is not None},
-                                 capacity=capacity, device=device))
+            out.append(DraDevice(name=name, kind=kind, stable=stable, attributes=attributes, capacity=capacity,
+                                 device=None if whole else device, parts=parts))
     names = [d.name for d in out]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:  # never publish two devices under one name: the name is what a claim is prepared by
         notes.append(f"devices named {', '.join(twice)} more than once left out")
         out = [d for d in out if d.name not in twice]
-    return out, notes
+    return _counted(out), notes
+
+
+def _counted(devices: list[DraDevice]) -> list[DraDevice]:
+    """The devices with their counters: a split GPU's whole takes all of its set, each part one."""
+    wholes = {d.name: d for d in devices if d.attributes.get("partitionCount")}
+    out = []
+    for device in devices:
+        if device.name in wholes:
+            taken = len(device.parts)
+            out.append(replace(device, consumes=((device.name, ((PARTS_COUNTER, str(taken)),)),)))
+            continue
+        parent = next((w for w in wholes.values() if w.shares_hardware(device)), None)
+        out.append(replace(device, consumes=((parent.name, ((PARTS_COUNTER, "1"),)),)) if parent else device)
+    return out
+
+
+def counter_sets(devices: list[DraDevice]) -> list[CounterSet]:
+    """The counter sets ``devices`` consume: one per split GPU, as much as its whole takes."""
+    return [CounterSet(d.consumes[0][0], d.consumes[0][1]) for d in devices
+            if d.consumes and d.attributes.get("partitionCount")]
+
+
+def without_counters(devices: list[DraDevice]) -> list[DraDevice]:
+    """What is published where the API keeps no counters: a split GPU as its parts only, nothing consuming."""
+    return [replace(d, consumes=()) for d in devices if not d.attributes.get("partitionCount")]
 
 
 def find(devices: list[DraDevice], name: str) -> DraDevice | None:

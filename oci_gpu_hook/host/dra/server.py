@@ -10,9 +10,12 @@ The kubelet's plugin watcher finds ``<registry dir>/<driver>-reg.sock``
 on the DRA socket (:mod:`.claims` does the work; a claim's failure is its
 entry's ``error``, one line).  A kubelet with ResourceHealthStatus on watches
 ``NodeWatchResources`` there: every device seen since start, Healthy while
-published, Unhealthy once gone.  When a socket file disappears (a kubelet that
-cleans its directories, an operator), :class:`Driver` serves again on a fresh
-one, as the device plugin does.
+published, Unhealthy once gone, sent at every change and again every
+``HEALTH_RESEND_S`` (a 1.36 kubelet counts a device whose last report is older
+than 30 s as Unknown, and shows that in the status of a pod started later).
+When a socket file disappears (a kubelet that cleans its directories, an
+operator), :class:`Driver` serves again on a fresh one, as the device plugin
+does.
 
 The devices (:func:`.devices.build` over a lenient scan) are read again every
 ``--rescan-interval`` seconds, soon after each GPU uevent
@@ -25,7 +28,6 @@ An API server that cannot be reached is said once and retried at every rescan.
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -44,7 +46,8 @@ from oci_gpu_hook.host.dra.claims import ClaimError, Claims
 from oci_gpu_hook.host.dra.devices import DraDevice, build
 from oci_gpu_hook.host.dra.kube import ApiError
 from oci_gpu_hook.host.dra.slices import Publisher
-from oci_gpu_hook.host.watch import EventSource, wait_for_rescan
+from oci_gpu_hook.host.resident import Resident, log_writer
+from oci_gpu_hook.host.watch import EventSource
 from oci_gpu_hook.inventory import Inventory
 
 PROGRAM = "oci-gpu-hook dra"
@@ -52,6 +55,7 @@ PLUGIN_TYPE = "DRAPlugin"
 # What GetInfo offers: the kubelet picks the newest DRAPlugin it speaks, and watches health where it can.
 SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth")
 GONE = "gone from the host, or its GPU changed partition mode"
+HEALTH_RESEND_S = 10.0  # well inside the kubelet's 30 s, after which an unreported device's health is Unknown
 REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
 PLUGINS_DIR = "/var/lib/kubelet/plugins"
 UNIX_PATH_MAX = 108
@@ -60,11 +64,7 @@ Log = Callable[[str], None]
 Scan = Callable[[], Inventory]
 
 
-def log_line(message: str) -> None:
-    now = time.time()
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
-    sys.stderr.write(f"{stamp} {PROGRAM}: {' '.join(message.split())}\n")
-    sys.stderr.flush()
+log_line = log_writer(PROGRAM)
 
 
 class RegistrationServicer(reg_grpc.RegistrationServicer):
@@ -132,22 +132,27 @@ def _dra_servicer(pb2: Any, pb2_grpc: Any, claims: Claims, log: Log) -> Any:
 
 class HealthServicer(health_grpc.DRAResourceHealthServicer):
     """NodeWatchResources: every device seen since start, Healthy while published, Unhealthy once gone; a new
-    answer on the stream at every change."""
+    answer on the stream at every change, and the same again every ``resend`` seconds (the kubelet forgets a
+    report after 30 s)."""
 
-    def __init__(self, driver: Driver) -> None:
+    def __init__(self, driver: Driver, resend: float = HEALTH_RESEND_S) -> None:
         self.driver = driver
+        self.resend = resend
 
     def NodeWatchResources(self, request: health.NodeWatchResourcesRequest,
                            context: grpc.ServicerContext) -> Iterator[health.NodeWatchResourcesResponse]:
         driver = self.driver
         seen = -1
+        sent = 0.0
         while context.is_active() and not driver.stopping:
             with driver.health_changed:
-                if driver.health_generation == seen:
-                    driver.health_changed.wait(0.5)
+                due = sent + self.resend - time.monotonic()
+                if driver.health_generation == seen and due > 0:
+                    driver.health_changed.wait(min(0.5, due))
                     continue
                 seen = driver.health_generation
                 snapshot = sorted(driver.health.items())
+            sent = time.monotonic()
             answer = health.NodeWatchResourcesResponse()
             for name, (healthy, since, message) in snapshot:
                 answer.devices.add(device=health.DeviceIdentifier(pool_name=driver.claims.node, device_name=name),
@@ -216,13 +221,13 @@ class Sockets:
         self.identities = ()
 
 
-class Driver:
+class Driver(Resident):
     """Scan, publish, serve; :meth:`run` until :meth:`stop`."""
 
     def __init__(self, driver: str, scan: Scan, publisher: Publisher | None, claims_factory: Callable[[Driver], Claims],
                  *, registry_dir: str = REGISTRY_DIR, plugins_dir: str = PLUGINS_DIR, rescan_interval: float = 10.0,
                  poll_interval: float = 1.0, events: EventSource | None = None, uevent_delay: float = 0.5,
-                 log: Log = log_line) -> None:
+                 log: Log = log_line, health_resend: float = HEALTH_RESEND_S) -> None:
         self.driver = driver
         self.scan = scan
         self.publisher = publisher
@@ -231,6 +236,7 @@ class Driver:
         self.poll_interval = poll_interval
         self.events = events
         self.uevent_delay = uevent_delay
+        self.health_resend = health_resend
         self.lock = threading.Lock()  # a scan and the device list made from it, together
         self.publish_lock = threading.Lock()  # one sync at a time (the loop's and a prepare's)
         self.inventory: Inventory | None = None
@@ -258,7 +264,7 @@ class Driver:
             _dra_servicer(dra_v1_pb2, dra_v1_pb2_grpc, self.claims, self.log), server)
         dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(
             _dra_servicer(dra_v1beta1_pb2, dra_v1beta1_pb2_grpc, self.claims, self.log), server)
-        health_grpc.add_DRAResourceHealthServicer_to_server(HealthServicer(self), server)
+        health_grpc.add_DRAResourceHealthServicer_to_server(HealthServicer(self, self.health_resend), server)
 
     def rescan(self, reason: str) -> tuple[Inventory, list[DraDevice]]:
         """Read the host again (the last good scan stays when this one fails); the scan and its devices."""
@@ -266,6 +272,8 @@ class Driver:
             try:
                 inventory = self.scan()
                 devices, notes = build(inventory)
+                if self.publisher is not None:  # a split GPU's whole too, only where the slices keep counters
+                    devices = self.publisher.offered(devices)
             except Exception as err:  # sysfs changing under the scan must not end the plugin
                 detail = str(err) if isinstance(err, (HookError, OSError)) else f"{type(err).__name__}: {err}"
                 keeping = "keeping the last device list" if self.inventory is not None else "no devices known yet"
@@ -336,19 +344,19 @@ class Driver:
                     self.log(message)
                 self.api_error = message
                 return
+            with self.lock:  # the sync may have learnt that the server keeps no counters
+                self.devices = self.publisher.offered(self.devices)
             if self.api_error is not None:
                 self.log("publishing ResourceSlices works again")
             self.api_error = None
 
     def step(self) -> None:
-        now = time.monotonic()
-        if now >= self.next_rescan:
+        reason = self.rescan_due()
+        if reason is not None:
             try:
-                self.rescan(self.rescan_reason)
+                self.rescan(reason)
             except HookError:
                 pass  # said by rescan; nothing to publish yet
-            self.rescan_reason = "rescan"
-            self.next_rescan = now + self.rescan_interval
             self.publish()  # also a check: a slice changed or deleted by someone else is written again
         if not self.sockets.alive():
             if self.sockets.server is not None:
@@ -363,20 +371,9 @@ class Driver:
                 return
             self.socket_error = None
 
-    def run(self) -> int:
-        self.log(f"driver {self.driver}: registration {self.registration_path}, DRA {self.dra_path}, rescan every "
-                 f"{self.rescan_interval:g} s")
-        try:
-            while not self.stopping:
-                self.step()
-                self._wait(self.poll_interval)
-        finally:
-            self.sockets.stop()
-        return 0
+    def started(self) -> str:
+        return (f"driver {self.driver}: registration {self.registration_path}, DRA {self.dra_path}, rescan every "
+                f"{self.rescan_interval:g} s")
 
-    def _wait(self, seconds: float) -> None:
-        self.next_rescan, self.rescan_reason = wait_for_rescan(
-            self.events, seconds, lambda: self.stopping, self.uevent_delay, self.next_rescan, self.rescan_reason)
-
-    def stop(self) -> None:
-        self.stopping = True
+    def close(self) -> None:
+        self.sockets.stop()

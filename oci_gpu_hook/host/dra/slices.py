@@ -6,6 +6,20 @@ at most 128 devices a slice (the API's limit), so one slice on any real node
 newest the server offers of ``v1`` (Kubernetes 1.34+), ``v1beta2`` (1.33) and
 ``v1beta1`` (1.32; its devices wrap attributes and capacity in ``basic``).
 
+Shared counters (KEP-4815, partitionable devices: the ``DRAPartitionableDevices``
+feature gate, alpha in 1.33 to 1.35, beta and on by default from 1.36): a split
+GPU is published as its whole and its parts, all consuming the GPU's counter set
+(:mod:`.devices`), in the layout the server's minor version wants
+(:func:`layout`): from 1.35 the counter sets in slices of their own
+(``sharedCounters`` and ``devices`` exclude each other; at most 8 sets a slice),
+in 1.33 and 1.34 in the slice of the devices that consume them (a GPU's devices
+kept in one slice); devices that consume counters at most 64 a slice.  Where the
+server is older than 1.33, does not say its version, or drops the fields it
+was given (the gate is off: an API server drops a disabled feature's fields on
+write, so the answer to the first write says it), or ``--shared-counters off``,
+the slices are those of :func:`~.devices.without_counters`: a split GPU as its
+parts only, which needs no counters to stay correct.
+
 :meth:`Publisher.sync` lists the node's slices of the driver and, unless they
 are exactly what this process wrote last (names and resourceVersions) for the
 same devices, writes them all again with the pool's generation one above the
@@ -22,12 +36,15 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
-from oci_gpu_hook.host.dra.devices import DraDevice
+from oci_gpu_hook.host.dra.devices import CounterSet, DraDevice, counter_sets, without_counters
 from oci_gpu_hook.host.dra.kube import ApiError, Client
 
 GROUP = "resource.k8s.io"
 VERSIONS = ("v1", "v1beta2", "v1beta1")  # newest first
 MAX_DEVICES = 128
+MAX_COUNTED_DEVICES = 64  # devices that consume counters, a slice
+MAX_COUNTER_SETS = 8  # a slice
+SPLIT, SAME = "split", "same"  # the counter sets' layouts: slices of their own (1.35+), the devices' slice (1.33, 1.34)
 
 Log = Callable[[str], None]
 
@@ -48,14 +65,70 @@ def choose_version(client: Client, wanted: str | None = None) -> str:
                    f"driver speaks {', '.join(VERSIONS)}: Kubernetes 1.32 or later, DynamicResourceAllocation on)")
 
 
+def _counters(counters: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+    return {name: {"value": value} for name, value in counters}
+
+
 def device_object(device: DraDevice, version: str) -> dict[str, Any]:
     attributes = {name: {kind: value} for name, (kind, value) in sorted(device.attributes.items())}
     body: dict[str, Any] = {"attributes": attributes}
     if device.capacity:
         body["capacity"] = {name: {"value": value} for name, value in sorted(device.capacity.items())}
+    if device.consumes:
+        body["consumesCounters"] = [{"counterSet": name, "counters": _counters(counters)}
+                                    for name, counters in device.consumes]
     if version == "v1beta1":
         return {"name": device.name, "basic": body}
     return {"name": device.name, **body}
+
+
+def counter_set_object(counter_set: CounterSet) -> dict[str, Any]:
+    return {"name": counter_set.name, "counters": _counters(counter_set.counters)}
+
+
+def layout(kubernetes: tuple[int, int] | None) -> str | None:
+    """Where the counter sets go for a server of that (major, minor) version; None: it keeps no counters."""
+    if kubernetes is None or kubernetes < (1, 33):
+        return None
+    return SPLIT if kubernetes >= (1, 35) else SAME
+
+
+def server_version(client: Client) -> tuple[int, int] | None:
+    """The API server's (major, minor) from ``/version`` (``"minor": "35+"`` is 35); None when it does not say."""
+    try:
+        answer = client.get("/version")
+    except ApiError as err:
+        if err.status in (403, 404):  # not said (an away server is raised: asked again at the next sync)
+            return None
+        raise
+    major, minor = (re.match(r"\d+", str(answer.get(key, ""))) for key in ("major", "minor"))
+    return (int(major.group()), int(minor.group())) if major and minor else None
+
+
+def _chunks(devices: list[DraDevice], how: str | None) -> list[tuple[list[DraDevice], list[CounterSet]]]:
+    """The slices' contents: (devices, counter sets) each."""
+    if how is None:
+        devices = without_counters(devices)
+        return [(devices[i:i + MAX_DEVICES], []) for i in range(0, len(devices), MAX_DEVICES)]
+    sets = counter_sets(devices)
+    if how == SPLIT:
+        size = MAX_COUNTED_DEVICES if any(d.consumes for d in devices) else MAX_DEVICES
+        return [(devices[i:i + size], []) for i in range(0, len(devices), size)] + [
+            ([], sets[i:i + MAX_COUNTER_SETS]) for i in range(0, len(sets), MAX_COUNTER_SETS)]
+    groups: dict[str, list[DraDevice]] = {}  # SAME: a counter set's devices stay together, with the set
+    for device in devices:
+        groups.setdefault(device.consumes[0][0] if device.consumes else f"/{device.name}", []).append(device)
+    by_name = {c.name: c for c in sets}
+    out: list[tuple[list[DraDevice], list[CounterSet]]] = []
+    for key, group in groups.items():
+        counted = by_name.get(key)
+        if not out or len(out[-1][0]) + len(group) > MAX_COUNTED_DEVICES or (
+                counted is not None and len(out[-1][1]) >= MAX_COUNTER_SETS):
+            out.append(([], []))
+        out[-1][0].extend(group)
+        if counted is not None:
+            out[-1][1].append(counted)
+    return out
 
 
 def slice_name(node: str, driver: str, index: int) -> str:
@@ -65,25 +138,40 @@ def slice_name(node: str, driver: str, index: int) -> str:
 
 
 def slice_objects(devices: list[DraDevice], driver: str, node: str, generation: int, version: str,
-                  owner: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    chunks = [devices[i:i + MAX_DEVICES] for i in range(0, len(devices), MAX_DEVICES)]
+                  owner: dict[str, Any] | None = None, counters: str | None = None) -> list[dict[str, Any]]:
+    """The pool's slices for ``devices``; ``counters``: the counter sets' layout (:func:`layout`), None for none."""
+    chunks = _chunks(devices, counters)
     out = []
-    for index, chunk in enumerate(chunks):
+    for index, (chunk, sets) in enumerate(chunks):
         metadata: dict[str, Any] = {"name": slice_name(node, driver, index)}
         if owner is not None:
             metadata["ownerReferences"] = [owner]
-        out.append({
-            "apiVersion": f"{GROUP}/{version}", "kind": "ResourceSlice", "metadata": metadata,
-            "spec": {"driver": driver, "nodeName": node,
-                     "pool": {"name": node, "generation": generation, "resourceSliceCount": len(chunks)},
-                     "devices": [device_object(d, version) for d in chunk]},
-        })
+        spec: dict[str, Any] = {"driver": driver, "nodeName": node,
+                                "pool": {"name": node, "generation": generation, "resourceSliceCount": len(chunks)}}
+        if sets:
+            spec["sharedCounters"] = [counter_set_object(c) for c in sets]
+        if chunk or not sets:
+            spec["devices"] = [device_object(d, version) for d in chunk]
+        out.append({"apiVersion": f"{GROUP}/{version}", "kind": "ResourceSlice", "metadata": metadata, "spec": spec})
     return out
 
 
+def kept_counters(sent: dict[str, Any], answer: dict[str, Any]) -> bool:
+    """Whether the server kept the counters of a slice it was sent (one with the gate off drops them)."""
+    def has(body: dict[str, Any]) -> bool:
+        spec = body.get("spec") or {}
+        return bool(spec.get("sharedCounters")) or any(
+            (d.get("basic", d) if isinstance(d, dict) else {}).get("consumesCounters") for d in spec.get("devices", []))
+
+    return has(answer) or not has(sent)
+
+
 class Publisher:
-    def __init__(self, client: Client, driver: str, node: str, log: Log, version: str | None = None) -> None:
+    def __init__(self, client: Client, driver: str, node: str, log: Log, version: str | None = None,
+                 counters: bool = True) -> None:
         self.client = client
+        self.counters: str | None = None  # the counter sets' layout, once known (None: none)
+        self.counters_known = not counters  # --shared-counters off: none, without asking
         self.driver = driver
         self.node = node
         self.log = log
@@ -111,11 +199,35 @@ class Publisher:
                 self.log(f"slices are not owned by node {self.node} (they stay if the node object goes): {err}")
         return self.owner
 
+    def _learn(self) -> None:
+        """The API version, and where the counter sets go (once each)."""
+        if self.version is None:
+            self.version = choose_version(self.client, self.wanted_version)
+        if not self.counters_known:
+            kubernetes = server_version(self.client)
+            self.counters_known = True
+            self.counters = layout(kubernetes)
+            said = f"Kubernetes {kubernetes[0]}.{kubernetes[1]}" if kubernetes else "an API server of no known version"
+            where = "in slices of their own" if self.counters == SPLIT else "in their devices' slice"
+            self.log(f"{said}: split GPUs are published whole and as their parts, with shared counters {where}"
+                     if self.counters else f"{said}: split GPUs are published as their parts only (shared counters "
+                     "need 1.33 or later)")
+
+    def offered(self, devices: list[DraDevice]) -> list[DraDevice]:
+        """What of :func:`~.devices.build`'s devices this node publishes, so what a claim may name: all where the
+        API keeps counters, else :func:`~.devices.without_counters` (also while that is not known yet)."""
+        if not self.counters_known:
+            try:
+                self._learn()
+            except ApiError:
+                pass  # the server away: parts only until it says (sync says why)
+        return devices if self.counters_known and self.counters else without_counters(devices)
+
     def sync(self, devices: list[DraDevice]) -> bool:
         """Make the node's slices those of ``devices``; True when anything was written or deleted.  ApiError
         when the server cannot be reached or refuses (the caller retries)."""
-        if self.version is None:
-            self.version = choose_version(self.client, self.wanted_version)
+        self._learn()
+        devices = self.offered(devices)
         selector = f"spec.nodeName={self.node},spec.driver={self.driver}"
         listed = self.client.get(self._path(), {"fieldSelector": selector})
         existing = {item["metadata"]["name"]: item for item in listed.get("items", [])
@@ -127,8 +239,10 @@ class Publisher:
             return False
         seen = [int(item.get("spec", {}).get("pool", {}).get("generation") or 0) for item in existing.values()]
         self.generation = max([self.generation, *seen]) + 1
-        wanted = slice_objects(devices, self.driver, self.node, self.generation, self.version, self._owner())
+        wanted = slice_objects(devices, self.driver, self.node, self.generation, self.version, self._owner(),
+                               self.counters)
         written: dict[str, str] = {}
+        dropped = False
         for body in wanted:
             name = body["metadata"]["name"]
             if name in existing:
@@ -137,6 +251,13 @@ class Publisher:
             else:
                 answer = self.client.create(self._path(), body)
             written[name] = str(answer.get("metadata", {}).get("resourceVersion", ""))
+            dropped = dropped or not kept_counters(body, answer)
+        if dropped:  # the gate is off: whole and parts would both be allocatable; publish the parts only, now
+            self.counters = None
+            self.written = None
+            self.log("the API server dropped the shared counters (DRAPartitionableDevices is off): split GPUs are "
+                     "published as their parts only")
+            return self.sync(devices)
         for name in sorted(set(existing) - set(written)):
             try:
                 self.client.delete(self._path(name))

@@ -21,9 +21,10 @@ nothing outside the worker changes before the front's GO, which comes only insid
 front never runs the request again.  A live hook (``prestart``) is served only in the front's pid and cgroup
 namespaces, where the pids and cgroup paths it reads mean the same; the front's user namespace always.
 
-**The inventory.**  Every request scans sysfs afresh in the front's mount namespace, exactly as the Python path
-does: on a warm dentry cache an 8-GPU host takes well under a millisecond, about what checking a cached
-inventory against sysfs would cost, and a fresh scan is never staler than itself.  So no uevent stream is kept.
+**The inventory.**  A worker scans sysfs in the front's mount namespace as the Python path does, but serves the
+daemon's last scan of that kind instead where replaying every filesystem call that scan made gives every answer
+the same (:mod:`.inventory`): the scan would then give the same inventory, so the answer is byte for byte a fresh
+scan's, at the cost of the calls alone.
 
 **Trust.**  The socket lives in a directory that is root's alone (mode 0700, created so, on a path only root can
 change); the planner answers only uid 0 peers (``SO_PEERCRED``), and the front talks only to a uid 0 server in such
@@ -38,9 +39,10 @@ follow it (``PR_SET_PDEATHSIG``); one planner per socket (a lock beside it).
 
 **The modules**, one concern each (each imports only those before it): :mod:`.build` (the package on disk: the
 build's hash, the watch on its files), :mod:`.protocol` (the wire format: the request and the answer, READY, GO and
-STARTED, the bounds, the version line), :mod:`.worker` (what serves one request: the front's credentials, becoming
-the launcher, running its entry point, the answer), :mod:`.server` (the daemon: the socket, the pool of workers,
-the preload, ``serve``'s command line).  This file keeps the names the rest of the package and the tests use.
+STARTED, the bounds, the version line), :mod:`.inventory` (the scan cache and its exact replay), :mod:`.worker`
+(what serves one request: the front's credentials, becoming the launcher, running its entry point, the answer),
+:mod:`.server` (the daemon: the socket, the pool of workers, the scan cache's priming, the preload, ``serve``'s
+command line).  This file keeps the names the rest of the package and the tests use.
 """
 
 from oci_gpu_hook.host.planner.build import PackageWatch, build_id

@@ -9,6 +9,7 @@ import sys
 
 from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.host.planner.build import PackageWatch, build_id
+from oci_gpu_hook.host.planner.inventory import ScanCache
 from oci_gpu_hook.host.planner.protocol import DEFAULT_SOCKET, SOCKET_ENV, BadRequest, Request, version_line
 from oci_gpu_hook.host.planner.worker import (
     Credentials,
@@ -104,6 +105,24 @@ class Planner:
         self.warm_spec = ""
         self.parent = os.getpid()
         self.preloaded: set[str] = set()
+        self.cache: ScanCache | None = None
+        self.cache_in: socket_module.socket | None = None  # the daemon's end: entries workers scanned afresh
+        self.cache_out: socket_module.socket | None = None  # the workers' end
+
+    def keep_inventory(self, config: Config | None) -> None:
+        """The scan cache (:mod:`.inventory`): primed with a strict scan of each backend the config serves, of all
+        of them and of every kind (what a request scans), and the socket workers send their fresh scans on."""
+        import socket
+
+        from oci_gpu_hook import inventory
+
+        self.cache = ScanCache(inventory.scan)
+        self.cache_in, self.cache_out = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        self.cache_in.setblocking(False)
+        if config is not None:
+            backends = list(config.backends)
+            self.cache.prime(config.sysfs_root, [*([k] for k in backends), backends, None], config.proc_root,
+                             config.driver_root)
 
     def bind(self) -> None:
         import fcntl
@@ -169,7 +188,17 @@ class Planner:
             pass
         if os.getppid() != self.parent:
             return 0
+        if self.cache is not None:
+            from oci_gpu_hook import inventory
+
+            inventory.scan = self.cache.scan  # this fork's scans: from the cache where a replay allows
+            assert self.cache_in is not None
+            self.cache_in.close()
+            self.cache.used = set(self.cache.entries)  # the warm-up gets copies
         self.warm_up()
+        if self.cache is not None:
+            self.cache.used = set()
+            self.cache.hits = self.cache.misses = 0
         conn, _addr = self.listener.accept()
         busy = True
         import time
@@ -178,11 +207,14 @@ class Planner:
         self.listener.close()
         with conn:
             outcome = serve_one(conn, self.version, self.own, self.own_securebits, self.watch, launch=self.launch)
+        if self.cache is not None and self.cache_out is not None:
+            self.cache.send_fresh(self.cache_out)  # after the answer: the next forks inherit it
         if outcome.startswith("refused: stale"):
             os.kill(self.parent, signal.SIGTERM)  # where no inotify wakes it
         if (self.verbose and outcome != "ok: no request") or not outcome.startswith("ok"):  # before the time is added
-            _say(outcome + (f" ({(time.monotonic() - started) * 1000:.2f} ms from accept to answer)" if self.verbose
-                            else ""))
+            took = (time.monotonic() - started) * 1000
+            scans = f"; inventory {self.cache.hits} cached, {self.cache.misses} scanned" if self.cache else ""
+            _say(outcome + (f" ({took:.2f} ms from accept to answer{scans})" if self.verbose else ""))
         new = [m for m in sys.modules if m not in self.preloaded and m.startswith("oci_gpu_hook")]
         if new:
             _say(f"a request imported {', '.join(sorted(new))}: add it to PRELOAD")
@@ -280,6 +312,8 @@ class Planner:
         try:
             _say(f"serving {self.socket_path} ({self.workers} workers, {self.version})")
             watched = [self.watch.fd] if self.watch is not None and self.watch.fd >= 0 else []
+            if self.cache_in is not None:
+                watched.append(self.cache_in.fileno())
             while not self.stopping:
                 if self.watch is not None and self.watch.changed():
                     self.stopping = "the package's files changed on disk; the unit starts the new build"
@@ -289,6 +323,8 @@ class Planner:
                     self.spawn()
                 try:
                     select.select([wake_r, *watched], [], [], 5.0)
+                    if self.cache is not None and self.cache_in is not None:
+                        self.cache.take(self.cache_in)
                     os.read(wake_r, 4096)
                 except (BlockingIOError, InterruptedError):
                     pass
@@ -383,6 +419,7 @@ def command(args: list[str], config: Config, launch: Launch) -> int:
     if build_id() != build or watch.changed():
         raise HookError("the package changed while the planner was starting; start it again")
     planner = Planner(opts.socket, int(opts.workers), version, opts.verbose, own, watch, launch=launch)
+    planner.keep_inventory(config)  # before the socket is there: a front that finds it finds workers soon
     planner.bind()
     planner.prepare_warm_up(config)
     return planner.run()
