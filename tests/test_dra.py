@@ -203,6 +203,30 @@ def test_the_nodes_devices_are_published_as_one_slice_of_its_pool(tmp_path: Path
         assert list_call.query == {"fieldSelector": f"spec.nodeName={NODE},spec.driver={DRIVER}"}
 
 
+def test_slices_written_before_the_node_registers_get_its_owner_once_it_is_there(tmp_path: Path) -> None:
+    # Seen on a real 1.36 control plane: the driver started before its kubelet registered the Node, and the slices
+    # stayed unowned for good (the Node was read once).
+    for rig in _rig(tmp_path, fakesysfs.mi300x_host("CPX")):
+        del rig.api.state.nodes[NODE]
+        rig.driver.publisher.owner = None
+        rig.driver.publisher.written = None
+        rig.driver.step()
+        assert [s["metadata"].get("ownerReferences") for s in rig.api.slices()] == [None]
+        rig.driver.step()
+        assert [line for line in rig.logs if "not owned by node" in line] == [
+            f"slices are not owned by node {NODE} until it can be read (they stay if the node object goes): "
+            f"GET /api/v1/nodes/{NODE}: 404 nodes {NODE!r} not found"]
+        writes = len(rig.api.writes())
+        rig.api.state.nodes[NODE] = {"kind": "Node", "metadata": {"name": NODE, "uid": "node-uid-2"}}
+        rig.driver.step()
+        (published,) = rig.api.slices()
+        assert published["metadata"]["ownerReferences"] == [
+            {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": "node-uid-2", "controller": True}]
+        assert len(rig.api.writes()) == writes + 1
+        rig.driver.step()
+        assert len(rig.api.writes()) == writes + 1
+
+
 def test_a_rescan_that_changes_nothing_writes_nothing(rig: Rig) -> None:
     before = len(rig.api.writes())
     rig.driver.step()

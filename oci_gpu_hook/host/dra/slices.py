@@ -177,18 +177,20 @@ class Publisher:
         self.log = log
         self.wanted_version = version
         self.version: str | None = None
-        self.owner: dict[str, Any] | None = None
-        self.owner_read = False
+        self.owner: dict[str, Any] | None = None  # the Node's reference, once read
+        self.owner_said = False
         self.generation = 0
-        self.written: tuple[object, dict[str, str]] | None = None  # (devices, name -> resourceVersion) written last
+        # (devices, name -> resourceVersion, whether owned) written last
+        self.written: tuple[object, dict[str, str], bool] | None = None
 
     def _path(self, name: str = "") -> str:
         assert self.version is not None
         return f"/apis/{GROUP}/{self.version}/resourceslices" + (f"/{name}" if name else "")
 
     def _owner(self) -> dict[str, Any] | None:
-        if not self.owner_read:
-            self.owner_read = True
+        """The Node's owner reference; until it is read, asked again at each sync (the driver may start before its
+        kubelet registers the node: the slices then get their owner once the node is there)."""
+        if self.owner is None:
             try:
                 node = self.client.get(f"/api/v1/nodes/{quote(self.node, '')}")
                 uid = node.get("metadata", {}).get("uid")
@@ -196,7 +198,10 @@ class Publisher:
                     self.owner = {"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": uid,
                                   "controller": True}
             except ApiError as err:
-                self.log(f"slices are not owned by node {self.node} (they stay if the node object goes): {err}")
+                if not self.owner_said:
+                    self.owner_said = True
+                    self.log(f"slices are not owned by node {self.node} until it can be read (they stay if the "
+                             f"node object goes): {err}")
         return self.owner
 
     def _learn(self) -> None:
@@ -235,12 +240,12 @@ class Publisher:
                     and item.get("spec", {}).get("nodeName") == self.node}
         fingerprint = [d.fingerprint() for d in devices]
         versions = {name: item["metadata"].get("resourceVersion", "") for name, item in existing.items()}
-        if self.written is not None and self.written == (fingerprint, versions):
+        owner = self._owner()
+        if self.written is not None and self.written == (fingerprint, versions, owner is not None):
             return False
         seen = [int(item.get("spec", {}).get("pool", {}).get("generation") or 0) for item in existing.values()]
         self.generation = max([self.generation, *seen]) + 1
-        wanted = slice_objects(devices, self.driver, self.node, self.generation, self.version, self._owner(),
-                               self.counters)
+        wanted = slice_objects(devices, self.driver, self.node, self.generation, self.version, owner, self.counters)
         written: dict[str, str] = {}
         dropped = False
         for body in wanted:
@@ -264,7 +269,7 @@ class Publisher:
             except ApiError as err:
                 if err.status != 404:
                     raise
-        self.written = (fingerprint, written)
+        self.written = (fingerprint, written, owner is not None)
         self.log(f"published {len(devices)} device(s) in {len(wanted)} ResourceSlice(s) of pool {self.node}, "
                  f"generation {self.generation} ({GROUP}/{self.version})")
         return True
