@@ -459,6 +459,28 @@ def test_reinstall_updates_what_changed(prefix: Path, capsys: pytest.CaptureFixt
     assert snapshot(prefix) == original
 
 
+def test_a_reinstall_that_leaves_containerd_as_it_was_asks_for_no_restart(prefix: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """An upgrade's install (new launchers, the same drop-in and main config) and a pod restart's: containerd has
+    nothing new to load, so install does not ask for its restart (seen on a real node: every DaemonSet pod start
+    said "restart containerd"); a run that changes the drop-in asks again."""
+    containerd_host(prefix, MAIN_CONFIG)
+    restart = "\nnote: restart containerd to load its new configuration\n"
+    unchanged = "\nnote: containerd: its drop-in and main config are as they were: nothing new for containerd to load\n"
+    out = ok(capsys, "--prefix", str(prefix))
+    assert restart in out and unchanged not in out
+    out = ok(capsys, "--prefix", str(prefix), "--set", "OCI_GPU_HOOK_LOG_FILE=/var/log/oci-gpu-hook.log")
+    assert f"updated: {at(prefix, LAUNCHER)} (" in out
+    assert f"unchanged: {at(prefix, containerd.DROP_IN_PATH)} (" in out
+    assert unchanged in out and "restart containerd" not in out, out
+    out = ok(capsys, "--prefix", str(prefix), "--set", "OCI_GPU_HOOK_LOG_FILE=/var/log/oci-gpu-hook.log")
+    assert unchanged in out and "restart containerd" not in out, out
+    at(prefix, containerd.DROP_IN_PATH).unlink()  # containerd's files changed: the restart is asked for again
+    out = ok(capsys, "--prefix", str(prefix), "--set", "OCI_GPU_HOOK_LOG_FILE=/var/log/oci-gpu-hook.log")
+    assert f"new: {at(prefix, containerd.DROP_IN_PATH)} (" in out
+    assert restart in out and unchanged not in out, out
+
+
 def test_switching_the_hook_stage(prefix: Path, capsys: pytest.CaptureFixture[str]) -> None:
     populate(prefix)
     original = snapshot(prefix)

@@ -37,7 +37,7 @@ from oci_gpu_hook.atomic import fsync_dir
 from oci_gpu_hook.config import Config
 from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.host.install import journal
-from oci_gpu_hook.host.install.items import Item, wanted
+from oci_gpu_hook.host.install.items import CONTAINERD_UNCHANGED, RESTART_CONTAINERD, Item, wanted
 from oci_gpu_hook.host.install.journal import Current, Journal, current_at
 from oci_gpu_hook.host.install.manifest import Manifest, load_manifest, mode_of, sha256
 from oci_gpu_hook.host.install.paths import (
@@ -308,6 +308,10 @@ class Installer:
                 errors.append(f"{item.integration}: {err}")
         failed = {e.split(":", 1)[0] for e in errors or []}
         plan = [(item, current) for item, current in plan if item.integration not in failed]
+        containerd_plan = [as_wanted(item, current) for item, current in plan if item.integration == "containerd"]
+        if containerd_plan and all(containerd_plan) and RESTART_CONTAINERD in notes:
+            # an upgrade's or a pod restart's install writes nothing of containerd's: no restart is asked for
+            notes[notes.index(RESTART_CONTAINERD)] = CONTAINERD_UNCHANGED
         if failed:
             selected = (set(selected or INTEGRATIONS) - failed) | {"core"}
         if self.dry_run:
@@ -351,13 +355,13 @@ class Installer:
                                  "backup": None, "integration": item.integration}
         if item.merge:
             entry["merge"] = item.merge
-        as_wanted = current.kind == "file" and current.data == item.data and current.mode == item.mode
+        wanted_there = as_wanted(item, current)
         if old is not None:
             entry["backup"] = old.get("backup")
             if old.get("existed"):
                 entry["existed"] = True
             ours = current.kind == "file" and (sha256(current.data) == old["sha256"] or current.data == item.data)
-            if as_wanted:
+            if wanted_there:
                 self.say("unchanged", item.path, item.what)
                 if sha256(current.data) != old["sha256"]:
                     entry = old  # edited since install into what is wanted now: uninstall keeps it too
@@ -371,7 +375,7 @@ class Installer:
                 self.say("kept", item.path, f"{item.what}: changed since install; not overwritten "
                                             "(remove it and install again to get the new one)")
                 entry = old
-        elif as_wanted:
+        elif wanted_there:
             entry["existed"] = True
             self.say("unchanged", item.path, f"{item.what}; it was already there and will be left by uninstall")
         elif current.kind == "missing":
@@ -553,6 +557,11 @@ class Installer:
             elif real not in kept and not any(k.startswith(real + "/") for k in kept):
                 print(f"kept: {self.disk(real)}/ (created by install, not empty)")
         return []
+
+
+def as_wanted(item: Item, current: Current) -> bool:
+    """What is at the item's path is already the file install wants there (bytes and mode)."""
+    return current.kind == "file" and current.data == item.data and current.mode == item.mode
 
 
 def nameable(real: str) -> bool:

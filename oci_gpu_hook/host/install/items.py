@@ -35,6 +35,11 @@ HOOK_TEMPLATE: dict[str, Any] = {
 }
 
 
+# containerd_items' note; the installer replaces it when this run writes none of containerd's files
+RESTART_CONTAINERD = "restart containerd to load its new configuration"
+CONTAINERD_UNCHANGED = "containerd: its drop-in and main config are as they were: nothing new for containerd to load"
+
+
 @dataclass(frozen=True)
 class Item:
     """One file install wants: its real path, content and mode, and the integration it belongs to."""
@@ -294,7 +299,7 @@ def containerd_items(disk: Callable[[str], str], notes: list[str], explicit: boo
     else:  # as it is when it imports the drop-in already: still wanted, so a re-run keeps it
         imports = containerd.with_import(text, main_disk) or text
     items.append(Item(containerd.MAIN_CONFIG_PATH, imports.encode(), mode, "containerd config (imports)"))
-    notes.append("restart containerd to load its new configuration")
+    notes.append(RESTART_CONTAINERD)
     return items
 
 
