@@ -138,6 +138,46 @@ def _container(name: str) -> dict[str, object]:
     return found  # type: ignore[no-any-return]
 
 
+@pytest.mark.root("unshare")
+def test_copy_environment_refuses_an_image_of_another_version(tmp_path: Path) -> None:
+    """The DaemonSet's copy-environment command, run as written (a private mount namespace whose /opt/oci-gpu-hook
+    is a tree made here as the image's environment, and whose launchers' directory is another): an image of this
+    version is copied to env-VERSION; an image of another version (`kubectl set image` alone, seen on a real node
+    as the trap it is: install and the planner would run the old env-VERSION the commands name, the device plugin
+    the new image) stops the pod with one line, copying nothing, also where env-VERSION is there already."""
+    command = _container("copy-environment")["command"]
+    assert command[:2] == ["/bin/sh", "-c"]
+    libexec = tmp_path / "libexec"
+    libexec.mkdir()
+
+    def run(image_version: str) -> subprocess.CompletedProcess[str]:
+        image = tmp_path / f"image-{image_version}"
+        package = image / "lib" / "python3.11" / "site-packages" / "oci_gpu_hook"
+        package.mkdir(parents=True, exist_ok=True)
+        (package / "__init__.py").write_text(f'"""doc"""\n\n__version__ = "{image_version}"\n')
+        script = (f"mount -t tmpfs -o mode=755 tmpfs /usr/local && mkdir -p {LAUNCHER_DIR} && "
+                  f"mount --bind {libexec} {LAUNCHER_DIR} && mount -t tmpfs -o mode=755 tmpfs /opt && "
+                  f"mkdir /opt/oci-gpu-hook && mount --bind {image} /opt/oci-gpu-hook && exec sh -c \"$1\"")
+        return subprocess.run(["unshare", "-m", "sh", "-c", script, "sh", command[2]], capture_output=True,
+                              text=True, timeout=60, check=False)
+
+    other = __version__ + ".1"
+    done = run(other)
+    assert done.returncode == 1 and done.stdout == "", done
+    assert done.stderr == (f"copy-environment: this image does not hold oci-gpu-hook {__version__}, the version this "
+                           f"DaemonSet's commands name (env-{__version__}): set every {__version__} in the DaemonSet "
+                           "to the image's version, not only the images (docs/image.md, Upgrade)\n")
+    assert os.listdir(libexec) == []
+    done = run(__version__)
+    assert done.returncode == 0, done.stderr
+    assert os.listdir(libexec) == [f"env-{__version__}"]
+    assert (libexec / f"env-{__version__}" / "lib" / "python3.11" / "site-packages" / "oci_gpu_hook"
+            / "__init__.py").read_text().endswith(f'__version__ = "{__version__}"\n')
+    done = run(other)  # env-VERSION there already: still refused
+    assert done.returncode == 1 and "this image does not hold" in done.stderr, done
+    assert os.listdir(libexec) == [f"env-{__version__}"]
+
+
 @pytest.mark.root("flock", "unshare")
 def test_remove_old_environments_takes_only_what_nothing_uses(tmp_path: Path) -> None:
     """The DaemonSet's remove-old-environments command, run as written (the manifest's, in a private mount namespace

@@ -91,9 +91,9 @@ def _differences(before: dict[str, tuple[object, ...]], after: dict[str, tuple[o
 
 
 def _pod(version: str = __version__, manifest: Path = DAEMONSET) -> dict[str, Any]:
-    """The pod template of a manifest, as the DaemonSet of ``version`` (its image tag and environment path)."""
-    text = manifest.read_text().replace(f"env-{__version__}", f"env-{version}").replace(
-        f"oci-gpu-hook:{__version__}", f"oci-gpu-hook:{version}")
+    """The pod template of a manifest, as the DaemonSet of ``version``: every place that names this version (its
+    image tag, the environment's path, the version copy-environment checks) names ``version``, as an upgrade does."""
+    text = manifest.read_text().replace(__version__, version)
     return yaml.safe_load(text)["spec"]["template"]["spec"]  # type: ignore[no-any-return]
 
 
