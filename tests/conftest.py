@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from typing import NoReturn
 
 import pytest
@@ -34,6 +35,19 @@ def _host_by_path() -> set[str]:
 
 HOST_BY_PATH_BEFORE = _host_by_path()
 HOST_BY_PATH_WAS_THERE = os.path.lexists(HOST_BY_PATH_DIR)
+
+
+@pytest.fixture(autouse=True)
+def _no_host_by_path_directory(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Names the test that made a by-path directory on the host (the session's end only sees that one did)."""
+    before = _host_by_path()
+    yield
+    made = sorted(_host_by_path() - before)
+    if made:
+        for name in made:
+            shutil.rmtree(os.path.join(HOST_BY_PATH_DIR, name), ignore_errors=True)
+        pytest.fail(f"{request.node.nodeid} changed the host: it made {made} in {HOST_BY_PATH_DIR} (removed); give "
+                    "what it runs the session's by_path_dir (tests/helpers/clilib.py without_tool_vars)")
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

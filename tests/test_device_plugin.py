@@ -28,7 +28,7 @@ from oci_gpu_hook.host.deviceplugin.devices import devices_of, scan_amd
 from oci_gpu_hook.host.deviceplugin.specs import SpecKeeper, mismatch
 from oci_gpu_hook.host.watch import QueueEvents
 from oci_gpu_hook.inventory import scan
-from tests.helpers import fakesysfs
+from tests.helpers import clilib, fakesysfs
 from tests.helpers.fakekubelet import FakeKubelet
 
 SEED_IDS = [f"0000:{bus}:00.0" for bus in fakesysfs.SEED_BUSES]
@@ -606,7 +606,7 @@ sys.exit(main())
 
 
 def without_grpc(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OCI_GPU_HOOK_")}
+    env = clilib.without_tool_vars()
     env["OCI_GPU_HOOK_CONFIG"] = os.devnull
     repo = Path(__file__).resolve().parent.parent
     return subprocess.run([sys.executable, "-c", WITHOUT_GRPC, *args], capture_output=True, text=True, timeout=60,

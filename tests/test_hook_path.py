@@ -23,8 +23,8 @@ import pytest
 from oci_gpu_hook.appliers import ocispec
 from oci_gpu_hook.config import FIELDS, Config
 from oci_gpu_hook.errors import HookError
+from tests.helpers import clilib, plainvenv
 from tests.helpers import containerlib as cl
-from tests.helpers import plainvenv
 
 DEFAULT = FIELDS["hook_path"].default
 
@@ -104,7 +104,7 @@ def test_dry_run_from_python_m_names_no_hook_that_is_not_there(tmp_path: Path) -
     """``python -m`` has no oci-gpu-hook next to it: dry-run of a container that needs the hook (NVIDIA's driver
     files: the ld cache) refuses as the shim would, in one line; one that needs none (AMD: its by-path links are a
     mount) is rewritten."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OCI_GPU_HOOK_")}
+    env = clilib.without_tool_vars()
     env.update(OCI_GPU_HOOK_CONFIG=os.devnull, OCI_GPU_HOOK_SYSFS_ROOT=str(cl.SEED_SYSFS),
                OCI_GPU_HOOK_BY_PATH_DIR=os.environ["OCI_GPU_HOOK_BY_PATH_DIR"])
     amd = [sys.executable, "-m", "oci_gpu_hook.entry.cli", "dry-run", str(cl.REPO / "examples" / "bundle")]

@@ -24,6 +24,7 @@ from oci_gpu_hook.host import containerd
 from oci_gpu_hook.host.install import items, journal, paths
 from oci_gpu_hook.inventory import scan
 from tests.conftest import ROOT, unavailable
+from tests.helpers import clilib
 from tests.helpers.containerlib import INSTALL_DEV
 from tests.helpers.installtrees import containerd_binary, isolated_env, snapshot
 
@@ -93,7 +94,7 @@ OUR_RUNTIME = {"runtime_type": "io.containerd.runc.v2", "container_annotations":
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OCI_GPU_HOOK_")}
+    env = clilib.without_tool_vars()
     env["OCI_GPU_HOOK_CONFIG"] = os.devnull  # never the host's /etc/oci-gpu-hook/config.toml
     env.update(extra)
     return env

@@ -25,6 +25,7 @@ from oci_gpu_hook.entry import cli
 from oci_gpu_hook.host import containerd
 from oci_gpu_hook.host.install import journal as install_journal
 from oci_gpu_hook.host.install import paths
+from tests.helpers import clilib
 from tests.helpers.containerlib import INSTALL_DEV
 from tests.helpers.installtrees import build, isolated_env, snapshot
 
@@ -130,7 +131,7 @@ def test_strace_sigkill_on_a_syscall(tmp_path: Path, syscall: str, when: int) ->
     prefix = tmp_path / "p"
     build(prefix, "docker-v2")
     original = snapshot(prefix, mtimes=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OCI_GPU_HOOK_")}
+    env = clilib.without_tool_vars()
     env["OCI_GPU_HOOK_CONFIG"] = os.devnull
     argv = [sys.executable, "-m", "oci_gpu_hook.entry.cli", "--sysfs-root", str(SYSFS), "install", *INSTALL_DEV,
             "--prefix",

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from oci_gpu_hook.oci_argv import bundle_dir, container_id, parse_argv
+from tests.helpers import clilib
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_SYSFS = REPO / "examples" / "hosts" / "seed-8x-gfx1100" / "sys"
@@ -133,7 +134,7 @@ class Shim:
         return self.config.read_bytes()
 
     def env(self, **extra: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("OCI_GPU_HOOK_")}
+        env = clilib.without_tool_vars()
         env.update({
             "OCI_GPU_HOOK_CONFIG": os.devnull,
             "OCI_GPU_HOOK_SYSFS_ROOT": str(EXAMPLE_SYSFS),

@@ -30,6 +30,7 @@ from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.host import watch
 from oci_gpu_hook.host.watch import RESYNC, KernelUevents, Outcome, QueueEvents, Watcher
 from tests.conftest import need, unavailable
+from tests.helpers import clilib
 from tests.helpers.fakesysfs import FakeGpu, FakeHost, build
 
 REPO = Path(__file__).resolve().parent.parent
@@ -521,7 +522,7 @@ def test_event_summary_falls_back_to_the_header() -> None:
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OCI_GPU_HOOK_")}
+    env = clilib.without_tool_vars()
     env["OCI_GPU_HOOK_CONFIG"] = os.devnull
     env["OCI_GPU_HOOK_CDI_DIR"] = "/nonexistent/oci-gpu-hook-tests/cdi"  # a test that writes specs names its own
     env.update(extra)

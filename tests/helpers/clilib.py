@@ -14,12 +14,20 @@ EXAMPLE_SYSFS = REPO / "examples" / "hosts" / "seed-8x-gfx1100" / "sys"
 EXAMPLE_BUNDLE = REPO / "examples" / "bundle"
 
 
+BY_PATH_VAR = "OCI_GPU_HOOK_BY_PATH_DIR"  # the session's by-path directory (tests/conftest.py): kept everywhere
+
+
+def without_tool_vars() -> dict[str, str]:
+    """This process's environment without the caller's OCI_GPU_HOOK_* variables, but with the session's own
+    by-path directory: a run of the package never prepares /dev/dri/by-path directories on the host."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("OCI_GPU_HOOK_") or k == BY_PATH_VAR}
+
+
 def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OCI_GPU_HOOK_")}
+    env = without_tool_vars()
     env["OCI_GPU_HOOK_CONFIG"] = os.devnull  # an empty config file: never the host's /etc one
     env["OCI_GPU_HOOK_SYSFS_ROOT"] = str(EXAMPLE_SYSFS)
     env["OCI_GPU_HOOK_HOOK_PATH"] = "/bin/sh"  # an executable for the hooks it names
-    env["OCI_GPU_HOOK_BY_PATH_DIR"] = os.environ["OCI_GPU_HOOK_BY_PATH_DIR"]  # the session's (tests/conftest.py)
     env["OCI_GPU_HOOK_CDI_DIR"] = "/nonexistent/oci-gpu-hook-tests/cdi"  # a test that writes specs names its own
     env.update(extra)
     return env

@@ -167,7 +167,7 @@ def isolated_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """No OCI_GPU_HOOK_* of the caller, and never the host's /etc/oci-gpu-hook/config.toml (import it into a test
     module to use it there)."""
     for key in list(os.environ):
-        if key.startswith("OCI_GPU_HOOK_"):
+        if key.startswith("OCI_GPU_HOOK_") and key != "OCI_GPU_HOOK_BY_PATH_DIR":  # the session's (conftest.py)
             monkeypatch.delenv(key)
     monkeypatch.setenv("OCI_GPU_HOOK_CONFIG", os.devnull)
 
