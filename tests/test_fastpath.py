@@ -88,7 +88,7 @@ def make_install(base: Path, request_env: str = 'intel = ["MY_INTEL_GPUS"]') -> 
     config = base / "config.toml"
     hook_path = base / "native" / "oci-gpu-hook"
     config.write_text(f'sysfs_root = "{cl.SEED_SYSFS}"\nhook_path = "{hook_path}"\n'
-                      f'[request_env]\n{request_env}\n')
+                      f'by_path_dir = "{base / "by-path"}"\n[request_env]\n{request_env}\n')
     defaults = {"OCI_GPU_HOOK_CONFIG": str(config)}
     launchers.write_launchers(str(base / "native"), defaults, native=True)
     launchers.write_launchers(str(base / "python"), defaults, native=False)
@@ -219,7 +219,8 @@ launchers.front_header = lambda name, *args: headers[name]
 launchers.write_launchers(base, defaults, native=True, trust=False)
 spec = json.dumps({"process": {"env": ["MY_GPUS_B=1"]}, "root": {"path": "r"}}).encode()
 done = subprocess.run([os.path.join(base, "oci-gpu-hook"), "precreate"], input=spec, capture_output=True,
-                      env={"PATH": os.environ["PATH"]})
+                      env={"PATH": os.environ["PATH"],
+                           "OCI_GPU_HOOK_BY_PATH_DIR": os.environ["OCI_GPU_HOOK_BY_PATH_DIR"]})
 print(json.dumps({"stat_equal": True, "ns": after.st_mtime_ns % 10**9, "status": done.returncode,
                   "stdout": done.stdout.decode(), "stderr": done.stderr.decode()}))
 """

@@ -135,7 +135,8 @@ def test_parse_state_answers_cleanly(text: str) -> None:
 
 
 def _precreate(data: bytes, config: Path) -> subprocess.CompletedProcess[bytes]:
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "OCI_GPU_HOOK_CONFIG": str(config)}
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "OCI_GPU_HOOK_CONFIG": str(config),
+           "OCI_GPU_HOOK_BY_PATH_DIR": os.environ["OCI_GPU_HOOK_BY_PATH_DIR"]}
     return subprocess.run([sys.executable, "-I", "-m", "oci_gpu_hook.entry.cli", "precreate"], input=data,
                           capture_output=True, env=env, cwd=cl.REPO, timeout=60)
 

@@ -27,6 +27,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]
         config = base / f"{name}.toml"
         paths[f"{name}-log"] = base / f"{name}.log"
         config.write_text(f'sysfs_root = "{cl.SEED_SYSFS}"\nlog_file = "{base / f"{name}.log"}"\n'
+                          f'by_path_dir = "{base / "by-path"}"\n'
                           f'hook_path = "{base / f"bin-{name}" / "oci-gpu-hook"}"\n{extra}')
         hook, runtime = cl.write_launchers(base / f"bin-{name}", config)
         paths[f"{name}-hook"], paths[f"{name}-runtime"] = hook, runtime

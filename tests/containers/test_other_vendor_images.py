@@ -42,7 +42,8 @@ def _node(base: Path, name: str, nv: NvModel, sysfs: Path, proc: Path, driver: P
     config = home / "config.toml"
     hook = home / "bin" / "oci-gpu-hook"
     config.write_text(f'sysfs_root = "{sysfs}"\nproc_root = "{proc}"\ndriver_root = "{driver}"\n'
-                      f'hook_path = "{hook}"\nlog_file = "{home / "log"}"\n')  # the default backends and names
+                      f'hook_path = "{hook}"\nlog_file = "{home / "log"}"\n'
+                      f'by_path_dir = "{home / "by-path"}"\n')  # the default backends and names
     if native:
         cl.write_launchers(home / "bin", config)
     else:

@@ -255,7 +255,8 @@ def _stub_setup(base: Path, native: bool) -> tuple[Path, dict[str, str]]:
     stub.write_text(STUB)
     stub.chmod(0o755)
     config = base / "config.toml"
-    config.write_text(f'runtime = "crun"\nsysfs_root = "{cl.SEED_SYSFS}"\nhook_path = "/bin/true"\n')
+    config.write_text(f'runtime = "crun"\nsysfs_root = "{cl.SEED_SYSFS}"\nhook_path = "/bin/true"\n'
+                      f'by_path_dir = "{base / "by-path"}"\n')
     launchers.write_launchers(str(base / "bin"), {"OCI_GPU_HOOK_CONFIG": str(config)}, native=native)
     env = {"PATH": f"{stub_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}", "STUB_OUT": str(base)}
     return base / "bin" / "oci-gpu-runtime", env
@@ -348,7 +349,8 @@ def both(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         (stub_dir / runtime).write_text(STUB)
         (stub_dir / runtime).chmod(0o755)
         config = base / f"{runtime}.toml"
-        config.write_text(f'runtime = "{runtime}"\nsysfs_root = "{cl.SEED_SYSFS}"\nhook_path = "/bin/true"\n')
+        config.write_text(f'runtime = "{runtime}"\nsysfs_root = "{cl.SEED_SYSFS}"\nhook_path = "/bin/true"\n'
+                          f'by_path_dir = "{base / "by-path"}"\n')
         for native in (True, False):
             launchers.write_launchers(str(base / f"{runtime}-{native}"), {"OCI_GPU_HOOK_CONFIG": str(config)},
                                       native=native)

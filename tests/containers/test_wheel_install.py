@@ -88,7 +88,8 @@ def installed() -> Iterator[Installed]:
         wheellib.make_venv(venv, wheellib.built_wheel())
         root.start()
         log = base / "hook.log"
-        _put(root, CONFIG, f'sysfs_root = "{cl.SEED_SYSFS}"\nlog_file = "{log}"\ncdi_dir = "/etc/cdi"\n')
+        _put(root, CONFIG, f'sysfs_root = "{cl.SEED_SYSFS}"\nlog_file = "{log}"\ncdi_dir = "/etc/cdi"\n'
+                           f'by_path_dir = "{base / "by-path"}"\n')
         socket = base / "ctrd" / "c.sock"
         socket.parent.mkdir()
         _put(root, "/etc/containerd/config.toml", ctrd.main_config(socket.parent, socket))
