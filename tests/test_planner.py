@@ -41,7 +41,7 @@ def make_install(base: Path, runtime: str = "/bin/true", extra: str = "") -> dic
     config, log = base / "config.toml", base / "hook.log"
     socket_path = base / "run" / "planner.sock"
     config.write_text(f'sysfs_root = "{cl.SEED_SYSFS}"\nhook_path = "{base / "native" / "oci-gpu-hook"}"\n'
-                      f'runtime = "{runtime}"\nlog_file = "{log}"\n{extra}')
+                      f'runtime = "{runtime}"\nlog_file = "{log}"\nby_path_dir = "{base / "by-path"}"\n{extra}')
     defaults = {"OCI_GPU_HOOK_CONFIG": str(config), "OCI_GPU_HOOK_PLANNER_SOCKET": str(socket_path)}
     launchers.write_launchers(str(base / "native"), defaults, native=True)
     launchers.write_launchers(str(base / "python"), defaults, native=False)
