@@ -6,8 +6,9 @@ tests/helpers/plainvenv.py, so that nothing stale of an earlier build/ or egg-in
 README's production route (``python3 -m venv DIR && DIR/bin/pip install ...``) with the wheel; its dependencies
 come from the index this test environment was installed from, pinned to the versions installed here (pip's
 cache makes that fast).
-``PrivateRoot`` holds a mount namespace open whose /etc, /usr/local, /usr/share/containers and /var/lib are
-overlays with their upper layers in a temporary directory: what ``install`` writes there is at the paths
+``PrivateRoot`` holds a mount namespace open whose /etc, /usr/local, /usr/share/containers and /var/lib (or the
+directories a caller names) are overlays with their upper layers in a temporary directory (or in the namespace's
+memory): what ``install`` writes there is at the paths
 podman, dockerd and containerd read by default, and the host never changes.
 """
 
@@ -44,16 +45,19 @@ def built_wheel() -> Path:
     return wheels[0]
 
 
-def make_venv(directory: Path, wheel: Path) -> Path:
-    """``python3 -m venv DIRECTORY`` and ``pip install WHEEL`` into it; its python."""
-    subprocess.run([plainvenv.base_python(), "-m", "venv", str(directory)], check=True, capture_output=True,
+def make_venv(directory: Path, wheel: Path, enter: list[str] | None = None) -> Path:
+    """``python3 -m venv DIRECTORY`` and ``pip install WHEEL`` into it; its python.  ``enter``: a prefix that runs
+    both where the venv belongs (``PrivateRoot.enter([])``: a venv at its real path in a private root)."""
+    enter = enter or []
+    subprocess.run([*enter, plainvenv.base_python(), "-m", "venv", str(directory)], check=True, capture_output=True,
                    timeout=300)
     frozen = subprocess.run([sys.executable, "-m", "pip", "freeze", "--exclude-editable"], capture_output=True,
                             text=True, check=True, timeout=120).stdout
-    constraints = directory / "constraints.txt"
-    constraints.write_text("".join(line + "\n" for line in frozen.splitlines() if "==" in line))
-    done = subprocess.run([str(directory / "bin" / "pip"), "install", "-q", "--disable-pip-version-check",
-                           "-c", str(constraints), str(wheel)], capture_output=True, text=True, timeout=600)
+    with tempfile.TemporaryDirectory(prefix="ogh-constraints-") as scratch:  # never written into ``directory`` here
+        constraints = Path(scratch) / "constraints.txt"
+        constraints.write_text("".join(line + "\n" for line in frozen.splitlines() if "==" in line))
+        done = subprocess.run([*enter, str(directory / "bin" / "pip"), "install", "-q", "--disable-pip-version-check",
+                               "-c", str(constraints), str(wheel)], capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         raise AssertionError(f"pip install {wheel.name} failed:\n{done.stdout}\n{done.stderr}")
     return directory / "bin" / "python"
@@ -62,19 +66,31 @@ def make_venv(directory: Path, wheel: Path) -> Path:
 class PrivateRoot:
     """A mount namespace held open by a shell that waits on its stdin; ``enter(argv)`` runs argv inside it."""
 
-    def __init__(self, base: Path) -> None:
+    def __init__(self, base: Path, overlaid: tuple[str, ...] = OVERLAID, *, in_memory: bool = False,
+                 setup: tuple[str, ...] = ()) -> None:
+        """``overlaid``: the directories given an overlay; ``in_memory``: their upper layers on a tmpfs of the
+        namespace's own (gone with it; :meth:`path` cannot reach them then); ``setup``: shell lines run last."""
         self.base = base
+        self.overlaid = overlaid
+        self.in_memory = in_memory
+        self.setup = setup
         self.proc: subprocess.Popen[str] | None = None
 
     def start(self) -> None:
         lines = ["set -e"]
-        for n, target in enumerate(OVERLAID):
+        if self.in_memory:
+            (self.base / "ovl").mkdir(parents=True)
+            lines.append(f"mount -t tmpfs -o mode=0700 none {self.base / 'ovl'}")
+        for n, target in enumerate(self.overlaid):
             upper, work = self.base / "ovl" / f"u{n}", self.base / "ovl" / f"w{n}"
-            upper.mkdir(parents=True)
-            work.mkdir(parents=True)
+            if self.in_memory:
+                lines.append(f"mkdir {upper} {work}")
+            else:
+                upper.mkdir(parents=True)
+                work.mkdir(parents=True)
             lines.append(f"mount -t overlay overlay -o lowerdir={target},upperdir={upper},workdir={work} {target}")
-        lines += pristinenode.take_back_lines(OVERLAID)  # a node before install, also where this machine is one
-        lines += ["echo ready", "read -r _ || true"]
+        lines += pristinenode.take_back_lines(self.overlaid)  # a node before install, also where this machine is one
+        lines += [*self.setup, "echo ready", "read -r _ || true"]
         # unshare -m: a private mount namespace (propagation private: nothing mounted in it reaches the host)
         self.proc = subprocess.Popen(["unshare", "-m", "sh", "-c", "\n".join(lines)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/",
@@ -96,7 +112,9 @@ class PrivateRoot:
 
     def path(self, real: str) -> Path:
         """Where a file written at ``real`` inside the namespace lies (its overlay's upper layer)."""
-        for n, target in enumerate(OVERLAID):
+        if self.in_memory:
+            raise ValueError("the upper layers are in the namespace's memory: read through run()")
+        for n, target in enumerate(self.overlaid):
             if real == target or real.startswith(target + "/"):
                 return self.base / "ovl" / f"u{n}" / os.path.relpath(real, target)
         raise ValueError(f"{real} is not under a private directory")

@@ -1,0 +1,183 @@
+"""Rootless podman on a node where ``install`` ran (issue 30, item 1): a normal user with subuid ranges runs
+``podman run`` without ``--hooks-dir``, and podman runs the precreate hook install put in
+/usr/share/containers/oci/hooks.d, which rootless podman reads like root's.
+
+The node is tests/helpers/rootless.py: a private mount namespace with a user of its own, the wheel installed as an
+operator installs it, the seed host (8 GPUs) as the fake sysfs, its device nodes as stand-in char nodes in the
+namespace's /dev (rootless runc bind-mounts host nodes; it cannot mknod), and the journal's socket of the test's
+own, which takes each sender's credentials.  The cases of the issue:
+
+- a container that asks for nothing starts exactly as without the tool (compared with podman given an empty
+  hooks directory: every mount, /dev entry and variable the same);
+- ``AMD_VISIBLE_DEVICES=1`` and CDI's ``--device amd.com/gpu=1`` give exactly GPU 1's card and render nodes and
+  /dev/kfd (the probe: open to the driver, ENXIO; no other GPU node; nothing can be mknod'ed);
+- a CUDA image's env on this AMD-only node starts as without the tool (as the product does for root);
+- a config with a typo: a container that asks is refused (never started without its GPU) with one journal line
+  that carries the user's uid (podman 4.3 drops a precreate hook's stderr: the journal is where the user looks);
+  one that asks for nothing starts untouched;
+- a GPU node the user cannot open (mode 0600, root's): refused with one journal line naming it, never given;
+- the planner (``serve``, root's, on its default socket) is not asked by a rootless front, and root's podman
+  still is served by it.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import containerlib as cl
+from tests.helpers import imageenvs, rootless
+
+pytestmark = pytest.mark.containers
+
+TYPO = "mask_other_gpu = true\n"
+TYPO_LINE = "unknown key 'mask_other_gpu' (did you mean 'mask_other_gpus'?)"
+VIEW = ("/bin/sh", "/view.sh")
+
+
+@pytest.fixture(scope="module")
+def node() -> Iterator[rootless.Node]:
+    with rootless.rootless_node() as made:
+        yield made
+
+
+@pytest.fixture
+def fresh_journal(node: rootless.Node) -> rootless.Node:
+    node.journal_lines()  # what earlier tests left
+    return node
+
+
+def started(done: subprocess.CompletedProcess[str]) -> str:
+    assert done.returncode == 0, f"podman exited {done.returncode}: {done.stderr.strip()}"
+    return done.stdout
+
+
+def refused(node: rootless.Node, done: subprocess.CompletedProcess[str], *says: str) -> str:
+    """The container did not start (the probe never ran) and exactly one journal line came, from the user (its real
+    uid and gid: the journal's _UID), saying each of ``says``; that line's text."""
+    assert done.returncode != 0 and "done" not in done.stdout.splitlines(), (
+        f"the container ran: {done.stdout[-2000:]}")
+    lines = node.journal_lines()
+    assert len(lines) == 1, f"journal lines: {lines}; podman said: {done.stderr.strip()}"
+    text, sender = lines[0]
+    assert sender is not None and (sender.uid, sender.gid) == (node.uid, node.gid), (sender, node.uid)
+    assert " oci-gpu-hook[" in text and "\n" not in text, text
+    for part in says:
+        assert part in text, f"{part!r} not in the journal line {text!r}"
+    return text
+
+
+def test_install_put_the_hook_where_rootless_podman_reads(node: rootless.Node) -> None:
+    assert f"checked: podman reads {rootless.HOOKS_DIR} (podman's built-in default) and runs {rootless.HOOK}" \
+        in node.install_out, node.install_out
+    # the user reads the hook file and the CDI spec where install wrote them (podman reads both as the user)
+    done = node.as_user(["cat", rootless.HOOK_FILE, rootless.CDI_SPEC])
+    assert done.returncode == 0 and rootless.HOOK in done.stdout and '"amd.com/gpu"' in done.stdout, done.stderr
+    # the user's podman really is rootless: its user namespace maps root to the user, and the user's ranges
+    done = node.as_user(["podman", "unshare", "cat", "/proc/self/uid_map"])
+    assert done.returncode == 0, done.stderr
+    assert [line.split() for line in done.stdout.splitlines()] == [["0", str(node.uid), "1"], ["1", "100000", "65536"]]
+
+
+def test_no_request_starts_untouched(fresh_journal: rootless.Node) -> None:
+    node = fresh_journal
+    without = started(node.podman(args=VIEW, hooks=False))
+    assert started(node.podman(args=VIEW)) == without
+    rootless.assert_isolated(started(node.podman()), [])
+    assert node.journal_lines() == []
+
+
+def test_env_request_gets_exactly_its_gpu(fresh_journal: rootless.Node) -> None:
+    rootless.assert_isolated(started(fresh_journal.podman("-e", "AMD_VISIBLE_DEVICES=1")), [1])
+
+
+def test_cdi_request_gets_exactly_its_gpu(fresh_journal: rootless.Node) -> None:
+    rootless.assert_isolated(started(fresh_journal.podman("--device", "amd.com/gpu=1")), [1])
+
+
+def test_cuda_image_env_on_an_amd_node_starts_as_without_the_tool(fresh_journal: rootless.Node) -> None:
+    node = fresh_journal
+    env = [option for variable in imageenvs.CUDA_BASE for option in ("-e", variable)]
+    without = started(node.podman(*env, args=VIEW, hooks=False))
+    assert started(node.podman(*env, args=VIEW)) == without
+    rootless.assert_isolated(started(node.podman(*env)), [])
+
+
+@pytest.fixture
+def broken_config(fresh_journal: rootless.Node) -> Iterator[rootless.Node]:
+    fresh_journal.set_config(rootless.CONFIG_TEXT + TYPO)
+    try:
+        yield fresh_journal
+    finally:
+        fresh_journal.set_config(rootless.CONFIG_TEXT)
+
+
+def test_broken_config_refuses_a_request_with_a_line_the_user_sees(broken_config: rootless.Node) -> None:
+    node = broken_config
+    refused(node, node.podman("-e", "AMD_VISIBLE_DEVICES=1"), TYPO_LINE, rootless.CONFIG)
+    refused(node, node.podman("--device", "amd.com/gpu=1"), TYPO_LINE, rootless.CONFIG)
+
+
+def test_broken_config_leaves_a_container_that_asks_nothing_untouched(broken_config: rootless.Node) -> None:
+    node = broken_config
+    without = started(node.podman(args=VIEW, hooks=False))
+    assert started(node.podman(args=VIEW)) == without
+    assert node.journal_lines() == []
+
+
+@pytest.fixture
+def closed_node(fresh_journal: rootless.Node) -> Iterator[rootless.Node]:
+    """GPU 1's render node as root's alone (0600): the user cannot open it."""
+    fresh_journal.node_mode("/dev/dri/renderD129", 0o600)
+    try:
+        yield fresh_journal
+    finally:
+        fresh_journal.node_mode("/dev/dri/renderD129", 0o666)
+
+
+@pytest.mark.parametrize("request_", [("-e", "AMD_VISIBLE_DEVICES=1"), ("--device", "amd.com/gpu=1")],
+                         ids=["env", "cdi"])
+def test_a_node_the_user_cannot_open_is_refused_never_given(closed_node: rootless.Node,
+                                                             request_: tuple[str, str]) -> None:
+    node = closed_node
+    assert node.as_user(["head", "-c1", "/dev/dri/renderD129"]).returncode != 0  # the user itself cannot
+    refused(node, node.podman(*request_), "/dev/dri/renderD129")
+    # another GPU, whose nodes the user can open, is still given
+    rootless.assert_isolated(started(node.podman("-e", "AMD_VISIBLE_DEVICES=2")), [2])
+
+
+SERVING = re.compile(r"planner: serving ")
+REQUEST = re.compile(r"planner: (?!serving |stopping )")  # any line about a request (ok, refused, bad request, ...)
+
+
+def _wait_for(log: Path, pattern: re.Pattern[str], process: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not pattern.search(log.read_text(errors="replace") if log.exists() else ""):
+        assert process.poll() is None, f"the planner exited {process.returncode}: {log.read_text()}"
+        assert time.monotonic() < deadline, f"no {pattern.pattern!r} in {timeout} s: {log.read_text()}"
+        time.sleep(0.02)
+
+
+def test_the_planner_is_not_asked_by_a_rootless_front(fresh_journal: rootless.Node) -> None:
+    node = fresh_journal
+    log = node.base / "planner.log"
+    planner = node.serve(log)
+    try:
+        _wait_for(log, SERVING, planner)
+        rootless.assert_isolated(started(node.podman("-e", "AMD_VISIBLE_DEVICES=1")), [1])
+        lines = log.read_text(errors="replace").splitlines()
+        assert not [line for line in lines if REQUEST.search(line)], lines
+        # the planner was there to be asked: root's podman, through the same hook, is served by it
+        done = node.as_root([*rootless.PODMAN, "--root", "/var/lib/ogh-root", "--runroot", "/run/ogh-root",
+                             *cl.PODMAN_RUN, "-e", "AMD_VISIBLE_DEVICES=2", "--rootfs", node.rootfs,
+                             "/bin/sh", "/probe.sh"])
+        assert done.returncode == 0, done.stderr
+        cl.assert_isolated(done.stdout, [2])
+        _wait_for(log, re.compile(r"planner: ok "), planner)
+    finally:
+        node.stop_planners()
