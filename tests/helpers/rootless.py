@@ -229,13 +229,15 @@ def _make_rootfs(path: Path) -> None:
 
 def assert_isolated(output: str, gpus: list[int]) -> cl.ProbeResult:
     """The probe's output (tests/helpers/containerlib.py) in a rootless container holding exactly ``gpus`` of the seed
-    host: their card and render nodes and /dev/kfd in /dev and open to the driver (ENXIO), no other GPU node, and no
-    node made in the container (rootless, mknod is refused whatever the capabilities: the bind-mounted host nodes
-    are the only way to a device)."""
+    host: their card and render nodes and /dev/kfd in /dev and open to the driver (ENXIO), no other GPU node, their
+    ``/dev/dri/by-path`` links as root's containers get them, and no node made in the container (rootless, mknod is
+    refused whatever the capabilities: the bind-mounted host nodes are the only way to a device)."""
     result = cl.ProbeResult.parse(output)
     nodes, _access = cl.expected(gpus)
     assert result.nodes == nodes, f"nodes in the container: {result.nodes}, expected {nodes}"
     assert result.access == {}, f"nodes made in the container opened: {result.access}"
+    links = cl.expected_links(gpus)
+    assert result.links == links, f"by-path links: {result.links}, expected {links}"
     return result
 
 
