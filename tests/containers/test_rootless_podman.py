@@ -32,6 +32,7 @@ import pytest
 
 from tests.helpers import containerlib as cl
 from tests.helpers import imageenvs, rootless
+from tests.helpers.rootless import USER
 
 pytestmark = pytest.mark.containers
 
@@ -81,7 +82,9 @@ def test_install_put_the_hook_where_rootless_podman_reads(node: rootless.Node) -
     # the user's podman really is rootless: its user namespace maps root to the user, and the user's ranges
     done = node.as_user(["podman", "unshare", "cat", "/proc/self/uid_map"])
     assert done.returncode == 0, done.stderr
-    assert [line.split() for line in done.stdout.splitlines()] == [["0", str(node.uid), "1"], ["1", "100000", "65536"]]
+    ranges = [line.split(":")[1:] for line in node.read("/etc/subuid").splitlines() if line.startswith(f"{USER}:")]
+    assert len(ranges) == 1, ranges  # useradd gave the user its subordinate ids
+    assert [line.split() for line in done.stdout.splitlines()] == [["0", str(node.uid), "1"], ["1", *ranges[0]]]
 
 
 def test_no_request_starts_untouched(fresh_journal: rootless.Node) -> None:
