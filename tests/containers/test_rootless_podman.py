@@ -15,7 +15,9 @@ own, which takes each sender's credentials.  The cases of the issue:
 - a config with a typo: a container that asks is refused (never started without its GPU) with one journal line
   that carries the user's uid (podman 4.3 drops a precreate hook's stderr: the journal is where the user looks);
   one that asks for nothing starts untouched;
-- a GPU node the user cannot open (mode 0600, root's): refused with one journal line naming it, never given;
+- a GPU node the user cannot open (mode 0600, root's): refused with one journal line naming it, never given; and
+  one the user opens only through a group (udev's 0660 root:video): rootless runc drops supplementary groups, so
+  the container could not open it either: refused the same way;
 - the planner (``serve``, root's, on its default socket) is not asked by a rootless front, and root's podman
   still is served by it.
 """
@@ -152,6 +154,28 @@ def test_a_node_the_user_cannot_open_is_refused_never_given(closed_node: rootles
     refused(node, node.podman(*request_), "/dev/dri/renderD129")
     # another GPU, whose nodes the user can open, is still given
     rootless.assert_isolated(started(node.podman("-e", "AMD_VISIBLE_DEVICES=2")), [2])
+
+
+@pytest.fixture
+def group_node(fresh_journal: rootless.Node) -> Iterator[rootless.Node]:
+    """GPU 1's card node as udev leaves it (0660 root:video) and the user in video: the user opens it, but rootless
+    runc drops supplementary groups (podman's ``--group-add keep-groups`` is crun's), so a container cannot."""
+    node = fresh_journal
+    node.must(["sh", "-ec", f"usermod -aG video {USER}; chgrp video /dev/dri/card2; chmod 0660 /dev/dri/card2"])
+    try:
+        yield node
+    finally:
+        node.must(["sh", "-ec", f"gpasswd -d {USER} video >/dev/null; chgrp root /dev/dri/card2; "
+                                "chmod 0666 /dev/dri/card2"])
+
+
+def test_a_node_open_to_the_user_only_through_a_group_is_refused(group_node: rootless.Node) -> None:
+    node = group_node
+    opened = node.as_user(["head", "-c1", "/dev/dri/card2"])
+    assert "No such device or address" in opened.stderr, opened.stderr  # the user itself: open, to the driver
+    without = node.podman("--device", "/dev/dri/card2", hooks=False)  # what a rootless container gets of it
+    assert "Permission denied" in cl.ProbeResult.parse(started(without)).nodes["/dev/dri/card2"]
+    refused(node, node.podman("-e", "AMD_VISIBLE_DEVICES=1"), "/dev/dri/card2")
 
 
 SERVING = re.compile(r"planner: serving ")

@@ -41,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import select
 import shutil
 import subprocess
@@ -173,8 +174,10 @@ class Node:
         return self.as_user([*PODMAN, *no_hooks, *cl.PODMAN_RUN, *options, "--rootfs", self.rootfs, *args])
 
     def journal_lines(self) -> list[tuple[str, journallib.Sender | None]]:
-        """The journal lines that arrived since the last call, each with its sender's credentials."""
-        return [(data.decode(errors="replace"), sender) for data, sender in self.journal.received()]
+        """The tool's journal lines (``journalctl -t oci-gpu-hook``: not useradd's and the like) that arrived since the
+        last call, each with its sender's credentials."""
+        lines = [(data.decode(errors="replace"), sender) for data, sender in self.journal.received()]
+        return [(text, sender) for text, sender in lines if re.match(r"<\d+>.{15} oci-gpu-hook\[\d+\]: ", text)]
 
     def node_mode(self, path: str, mode: int) -> None:
         self.must(["chmod", f"{mode:o}", path])
