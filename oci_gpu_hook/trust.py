@@ -1,17 +1,30 @@
-"""Which paths root may believe: nobody but root (or the invoking user) can have put anything on the way.
+"""The one trust rule: which files may steer this process (code it runs, the config it obeys, where it writes).
 
-The rule of OpenSSH's ``StrictModes`` and sudo's secure-path checks, applied to the
-config file (whose ``runtime`` the shim execs as root), the log file and CDI
-output directories.  Every component from ``/`` down, and every symlink met on
-the way (its target is walked in turn), must be owned by root or the effective
-uid, and must not be writable by group or others.  One exception: a directory
-with the sticky bit (``/tmp``) may be world-writable, because there nobody can
-rename or remove an entry they do not own, and the entries below it must pass
-the owner rule themselves.  ``/dev/null`` reads as empty whoever writes to it,
-so it is trusted as the usual "no config" file.
+A file may steer a process only when nobody with less privilege than that process could have changed it.
+So every component of its path from ``/`` down, and every symlink met on the way (whose target is then walked
+in turn), must be owned by a *trusted owner* and must not be writable by group or others.  Two exceptions: a
+sticky directory (``/tmp``) may be world-writable, since nobody can rename or remove an entry there that they
+do not own (the entries below it pass the rule themselves); ``/dev/null`` reads as empty whoever writes to it.
 
-On the per-container path: imports nothing but :mod:`os` and :mod:`stat`
-(which :mod:`os` has already loaded).
+The trusted owners depend on what the process could do with what it reads (:func:`trusted_owners`):
+
+- **privileged** (its effective uid is the host's root: uid 0 in a user namespace that maps the parent's uid 0,
+  or any uid holding capabilities in the host's namespace): root alone.  The launchers run Python as root on
+  every container start and the shim execs the config's ``runtime`` as root, so a file a user could change
+  would hand that user root.
+- **unprivileged** (a rootless podman's hook runs as uid 0 of a user namespace that maps the caller's own uid;
+  an operator command run by a user): root and the caller.  Code and config that only the caller or root could
+  change cannot raise the caller's privilege: what they make the process do, the caller could do anyway.
+  In a user namespace that does not map the parent's root, the files of that root show as the kernel's
+  overflow uid (``/proc/sys/kernel/overflowuid``, 65534), so that uid stands for root there.
+
+Code and config follow the same rule; they differ in one point only: code that is missing is refused (nothing
+runs in its place), while a missing config is "no config" and the open that follows says so.
+
+The block between the two ``--- the rule`` lines below is also the whole trust check of every Python launcher:
+``oci_gpu_hook/host/launchers.py`` copies it there verbatim (the launcher checks the package before it may
+import it), and the C front (``oci_gpu_hook/fastpath/front.c``, ``trust_problem``) is tested against it case by
+case (tests/test_trust_rule.py).  Keep it to :mod:`os` and :mod:`stat` (both loaded by ``python -I -S``).
 """
 
 from __future__ import annotations
@@ -19,17 +32,72 @@ from __future__ import annotations
 import os
 import stat
 
+# --- the rule begins (copied verbatim into the Python launchers: os and stat only)
 MAX_SYMLINKS = 40  # as the kernel's path walk (ELOOP)
 _DEV_NULL = (1, 3)
 
 
+def _read_proc(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(65536)
+    except OSError:
+        return None
+
+
+def uid_ranges() -> list[tuple[int, int, int]]:
+    """This user namespace's uid map: (first uid here, first uid in the parent, count) per line."""
+    ranges = []
+    for line in (_read_proc("/proc/self/uid_map") or b"").decode("ascii", "replace").splitlines():
+        fields = line.split()
+        if len(fields) == 3 and all(f.isdigit() for f in fields):
+            ranges.append((int(fields[0]), int(fields[1]), int(fields[2])))
+    return ranges or [(0, 0, 4294967295)]  # no /proc: the initial namespace, as far as this process can tell
+
+
+def parent_uid(uid: int, ranges: list[tuple[int, int, int]] | None = None) -> int | None:
+    """What ``uid`` is in the parent user namespace (None: unmapped)."""
+    found = (out + uid - inside for inside, out, count in ranges or uid_ranges() if inside <= uid < inside + count)
+    return next(found, None)
+
+
+_IDENTITY: list[tuple[bool, int | None]] = []  # read once: a process does not change its user namespace here
+
+
+def identity() -> tuple[bool, int | None]:
+    """(privileged, the uid that the parent's root shows as here when this user namespace does not map it)."""
+    if _IDENTITY:
+        return _IDENTITY[0]
+    ranges = uid_ranges()
+    host = parent_uid(os.geteuid(), ranges)
+    root_mapped = any(out == 0 for _inside, out, _count in ranges)
+    privileged = host == 0
+    if not privileged and ranges == [(0, 0, 4294967295)]:  # a non-root uid with capabilities over the host
+        status = _read_proc("/proc/self/status") or b""
+        for line in status.splitlines():
+            if line.startswith(b"CapEff:"):
+                privileged = int(line.split()[1], 16) != 0
+    overflow = None
+    if not root_mapped:
+        text = (_read_proc("/proc/sys/kernel/overflowuid") or b"65534").strip()
+        overflow = int(text) if text.isdigit() else 65534
+    _IDENTITY.append((privileged, overflow))
+    return privileged, overflow
+
+
 def trusted_owners() -> tuple[int, ...]:
-    euid = os.geteuid()
-    return (0,) if euid == 0 else (0, euid)
+    """The uids whose files may steer this process (see the module's text): root alone when it is privileged."""
+    privileged, overflow = identity()
+    if privileged:
+        return (0,)
+    owners = [0, os.geteuid()]
+    if overflow is not None:
+        owners.append(overflow)
+    return tuple(dict.fromkeys(owners))
 
 
 def _whom(owners: tuple[int, ...]) -> str:
-    return "root" if owners == (0,) else f"root or uid {owners[1]}"
+    return "root" if owners == (0,) else "root or uid " + " or uid ".join(str(o) for o in owners[1:])
 
 
 def entry_problem(path: str, st: os.stat_result, owners: tuple[int, ...]) -> str | None:
@@ -47,10 +115,10 @@ def entry_problem(path: str, st: os.stat_result, owners: tuple[int, ...]) -> str
     return f"{path} is writable by {who} (mode {stat.S_IMODE(mode):04o})"
 
 
-def problem(path: str) -> str | None:
-    """Why ``path`` cannot be trusted, or None.  Walks ``/`` down with lstat, following each symlink by
-    hand; a missing component ends the walk (whoever opens the path next reports it)."""
-    owners = trusted_owners()
+def walk_problem(path: str, owners: tuple[int, ...], must_exist: bool) -> str | None:
+    """Why ``path`` cannot be trusted, or None: ``/`` down with lstat, each symlink followed by hand (its target's
+    components go first), ``..`` from where the walk is.  A missing component (or a non-directory with more to
+    come) ends the walk: trusted when not ``must_exist`` (whoever opens the path next reports it)."""
     if not path.startswith("/"):
         path = os.path.join(os.getcwd(), path)
     todo = [p for p in reversed(path.split("/")) if p and p != "."]
@@ -70,7 +138,7 @@ def problem(path: str) -> str | None:
         try:
             st = os.lstat(candidate)
         except FileNotFoundError:
-            return None
+            return f"{path} is missing" if must_exist else None
         except OSError as err:
             return f"cannot check {candidate}: {err.strerror}"
         bad = entry_problem(candidate, st, owners)
@@ -83,10 +151,40 @@ def problem(path: str) -> str | None:
                 current = "/"
             todo.extend(p for p in reversed(target.split("/")) if p and p != ".")
         elif todo and not stat.S_ISDIR(st.st_mode):
-            return None  # opening it fails with ENOTDIR, and says so
+            return f"{candidate} is not a directory" if must_exist else None  # the open fails with ENOTDIR
         else:
             current = candidate
     return bad
+
+
+def code_problem(path: str) -> str | None:
+    """Why the code at ``path`` (an interpreter, a launcher, a directory code is loaded from) may not run."""
+    return walk_problem(path, trusted_owners(), True)
+# --- the rule ends
+
+
+def problem(path: str) -> str | None:
+    """Why the config, log or output file at ``path`` cannot be trusted, or None (a missing one is trusted: the
+    open that follows reports it)."""
+    return walk_problem(path, trusted_owners(), False)
+
+
+def privileged() -> bool:
+    """Whether this process acts as the host's root (see the module's text)."""
+    return bool(identity()[0])
+
+
+def rootless() -> bool:
+    """Whether this process runs as a rootless runtime's hook does: unprivileged, in a user namespace that does not
+    map the host's root (:mod:`oci_gpu_hook.appliers.rootless` says what such a runtime makes of a plan)."""
+    privileged, overflow = identity()
+    return not privileged and overflow is not None
+
+
+def host_uid() -> int:
+    """This process's effective uid in the parent user namespace (the host's, unless nested deeper)."""
+    uid = parent_uid(os.geteuid())
+    return os.geteuid() if uid is None else uid
 
 
 def read_regular(path: str) -> bytes:

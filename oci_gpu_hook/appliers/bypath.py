@@ -14,7 +14,7 @@ set), so it never changes under a running container and two containers with the 
 
 - walks ``by_path_dir`` from ``/`` one component at a time by file descriptor, ``O_NOFOLLOW``: a symlink on the
   way is refused, never followed; every component must pass the trust rule (:func:`oci_gpu_hook.trust.entry_problem`:
-  owned by root, or the invoking user, and not writable by group or others, ``/tmp``'s sticky bit aside);
+  a trusted owner, not writable by group or others, ``/tmp``'s sticky bit aside);
   missing ones are made (0755);
 - makes a new directory as a temporary one (``.tmp-<digest>-<pid>``, mode 0700 while it is filled), its links,
   then mode 0755 and an atomic ``rename`` to the digest's name;

@@ -155,6 +155,12 @@ def apply(spec: ContainerSpec, plan: Plan, config: Config, hook_path: str | None
                 "refusing to replace it")
 
     missing = spec.policy().grant(plan.rules)  # a HookError where runc would refuse the list with them
+    from oci_gpu_hook.trust import rootless as in_rootless_namespace
+
+    if plan.edits.nodes and in_rootless_namespace():  # the runtime will bind-mount the host's nodes, as this user
+        from oci_gpu_hook.appliers import rootless
+
+        rootless.check_nodes(plan.edits.nodes, os.geteuid(), os.getegid())
     changed = bool(new_devices or missing)
     devices.extend(new_devices)
     rules.extend(rule.to_oci() for rule in missing)
@@ -211,7 +217,15 @@ def _add_by_path(spec: dict[str, Any], edits: Edits, config: Config, prepare: bo
         return False
     from oci_gpu_hook.appliers import bypath
 
-    source = bypath.prepare(edits.links, config.by_path_dir, prepare)
+    root = config.by_path_dir
+    from oci_gpu_hook.trust import rootless as in_rootless_namespace
+
+    if in_rootless_namespace():
+        from oci_gpu_hook.appliers import rootless
+        from oci_gpu_hook.config import FIELDS
+
+        root = rootless.by_path_root(root, str(FIELDS["by_path_dir"].default))
+    source = bypath.prepare(edits.links, root, prepare)
     mounts = field(spec, "mounts", list, "mounts", create=True)
     for entry in mounts:
         if isinstance(entry, dict) and entry.get("destination") == bypath.DESTINATION:

@@ -28,7 +28,8 @@
  * rest are not set aside either).  Anything else, any error, a
  * config file that is not byte for byte the one the launcher was baked from, an OCI_GPU_HOOK_* variable the
  * fast path cannot vouch for: hand over.  Before Python runs, the interpreter and every directory it will
- * load code from must be owned by root and writable by nobody else.
+ * load code from must pass the trust rule of oci_gpu_hook/trust.py (root's alone for a privileged front; a
+ * rootless one also takes what only its user, or root as its user namespace shows root, could change).
  *
  * The fast-path contract -- every name and word the front compares that Python defines -- is not spelled here:
  * oci_gpu_hook/host/launchers.py front_contract takes each from where Python defines it and bakes it as OGH_<KEY>
@@ -43,7 +44,8 @@
  *   settings_as_baked   oci_gpu_hook/config.py load_config (env values: check_value of the bool fields),
  *                       the launcher's os.environ.setdefault of the baked defaults,
  *                       oci_gpu_hook/host/launchers.py baked_settings (the config bytes baked)
- *   config_trusted      oci_gpu_hook/trust.py problem (config.py check_trusted)
+ *   trusted, read_identity  oci_gpu_hook/trust.py walk_problem, identity (the one trust rule: config.py
+ *                       check_trusted, code_problem; tests/test_trust_rule.py holds them to each other)
  *   json_object_ok      oci_gpu_hook/fastjson.py loads, oci_gpu_hook/oci_spec.py loads (_pairs, _check_case),
  *                       oci_spec.py ContainerSpec (process_env, annotations)
  *   clean, no_request   oci_gpu_hook/request.py requested (NO_GPU; oci_spec.py environ_of, annotation_names)
@@ -61,7 +63,7 @@
  *   ask_planner         oci_gpu_hook/host/planner/protocol.py read_request, encode_answer (the protocol),
  *                       planner/worker.py run_entry
  *                       (what the answer holds); exec_path: entry/runtime.py main's execv (after prepare)
- *   untrusted           the TRUST check of oci_gpu_hook/host/launchers.py
+ *   untrusted           the TRUST check of oci_gpu_hook/host/launchers.py (trust.py code_problem)
  *   journal             oci_gpu_hook/log.py journal (syslog_line), with the config's syslog as baked
  */
 #define _GNU_SOURCE
@@ -171,47 +173,186 @@ static void say_error(const char *fmt, ...)
 
 /* ------------------------------------------------------------------ hand-over to Python */
 
-static int secure_dir_entry(const char *path, int follow)
+/* ------------------------------------------------------------------ the trust rule (oci_gpu_hook/trust.py) */
+
+/* trust.py identity: privileged (the effective uid is the parent namespace's root, or a uid with capabilities in
+ * the initial namespace), and the uid the parent's root shows as here when this user namespace does not map it
+ * (the kernel's overflow uid), -1 where it is mapped.  Read once. */
+static int g_identity_read, g_privileged;
+static long g_overflow = -1;
+
+static ssize_t read_small(const char *path, char *buf, size_t size)
 {
-    struct stat st;
-    if ((follow ? stat(path, &st) : lstat(path, &st)) != 0)
-        return 0;
-    if (st.st_uid != 0)
-        return 0;
-    if (S_ISLNK(st.st_mode))
-        return 1;
-    if ((st.st_mode & (S_IWGRP | S_IWOTH)) && !(S_ISDIR(st.st_mode) && (st.st_mode & S_ISVTX)))
-        return 0;
-    return 1;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    ssize_t n, got = 0;
+    if (fd < 0)
+        return -1;
+    while (got < (ssize_t)size - 1 && (n = read(fd, buf + got, size - 1 - (size_t)got)) > 0)
+        got += n;
+    close(fd);
+    buf[got] = '\0';
+    return got;
 }
 
-/* ``path`` and every directory above it: root's, and writable by no one else (a sticky directory
- * such as /tmp is fine: its root-owned entries cannot be replaced).  Checked as written and as resolved. */
-static int trusted_path(const char *path)
+static void read_identity(void)
 {
-    char buf[PATH_MAX], real[PATH_MAX];
-    int pass;
-    if (path[0] != '/' || strlen(path) >= sizeof buf || !realpath(path, real))
-        return 0;
-    for (pass = 0; pass < 2; pass++) {
-        char *slash;
-        strcpy(buf, pass ? real : path);
-        for (;;) {
-            if (!secure_dir_entry(buf[0] ? buf : "/", pass))
-                return 0;
-            if (!buf[0] || strcmp(buf, "/") == 0)
-                break;
-            slash = strrchr(buf, '/');
-            *slash = '\0';
+    char map[4096], *line, *save = NULL;
+    unsigned long long euid = geteuid(), inside, out, count;
+    int ranges = 0, identity_map = 0, root_mapped = 0, host_root = 0;
+    if (g_identity_read)
+        return;
+    g_identity_read = 1;
+    if (read_small("/proc/self/uid_map", map, sizeof map) > 0) {
+        for (line = strtok_r(map, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+            char extra;
+            if (sscanf(line, " %llu %llu %llu %c", &inside, &out, &count, &extra) != 3)
+                continue;
+            ranges++;
+            identity_map = ranges == 1 && inside == 0 && out == 0 && count == 4294967295ULL;
+            if (out == 0 && count > 0)
+                root_mapped = 1;
+            if (inside <= euid && euid < inside + count && out + euid - inside == 0)
+                host_root = 1;
         }
     }
-    return 1;
+    if (!ranges) { /* no /proc: the initial namespace, as far as this process can tell */
+        identity_map = root_mapped = 1;
+        host_root = euid == 0;
+    }
+    g_privileged = host_root;
+    if (!g_privileged && identity_map && ranges <= 1) { /* a non-root uid with capabilities over the host */
+        char status[8192], *cap;
+        if (read_small("/proc/self/status", status, sizeof status) > 0 && (cap = strstr(status, "\nCapEff:")))
+            g_privileged = strtoull(cap + 8, NULL, 16) != 0;
+    }
+    if (!root_mapped) {
+        char text[32];
+        g_overflow = read_small("/proc/sys/kernel/overflowuid", text, sizeof text) > 0 ? strtol(text, NULL, 10) : 65534;
+    }
 }
+
+static int owner_trusted(uid_t uid)
+{
+    read_identity();
+    if (uid == 0)
+        return 1;
+    if (g_privileged)
+        return 0;
+    return uid == geteuid() || (g_overflow >= 0 && (long)uid == g_overflow);
+}
+
+/* trust.entry_problem: a trusted owner, and writable by group or others only when it is a symlink (its mode means
+ * nothing), a sticky directory or /dev/null */
+static int entry_trusted(const struct stat *st)
+{
+    if (!owner_trusted(st->st_uid))
+        return 0;
+    if (!(st->st_mode & (S_IWGRP | S_IWOTH)) || S_ISLNK(st->st_mode))
+        return 1;
+    if (S_ISDIR(st->st_mode) && (st->st_mode & S_ISVTX))
+        return 1;
+    return S_ISCHR(st->st_mode) && major(st->st_rdev) == 1 && minor(st->st_rdev) == 3;
+}
+
+/* the next component of the '/'-separated ``rest`` (skipping empty ones and "."), copied to ``name``; 0 at the end */
+static int next_component(const char **rest, char *name, size_t size)
+{
+    for (;;) {
+        const char *p = *rest, *end;
+        size_t len;
+        while (*p == '/')
+            p++;
+        if (!*p)
+            return 0;
+        end = strchr(p, '/');
+        len = end ? (size_t)(end - p) : strlen(p);
+        *rest = p + len;
+        if (len == 1 && p[0] == '.')
+            continue;
+        if (len >= size)
+            return -1;
+        memcpy(name, p, len);
+        name[len] = '\0';
+        return 1;
+    }
+}
+
+/* trust.walk_problem(path, trusted_owners(), must_exist) is None: walk from / down with lstat, each symlink met
+ * followed by hand (its target's components go before the rest), ".." from where the walk is; a missing component
+ * (or a non-directory with more to come) ends the walk, trusted unless ``must_exist`` */
+static int trusted(const char *path, int must_exist)
+{
+    char rest[2 * PATH_MAX], current[PATH_MAX], candidate[PATH_MAX], target[PATH_MAX], name[NAME_MAX + 1];
+    const char *cursor;
+    struct stat st;
+    int links = 0, got;
+    if (path[0] != '/' || strlen(path) >= sizeof rest)
+        return 0;
+    strcpy(rest, path);
+    strcpy(current, "/");
+    if (lstat("/", &st) != 0 || !entry_trusted(&st))
+        return 0;
+    cursor = rest;
+    while ((got = next_component(&cursor, name, sizeof name)) == 1) {
+        const char *peek;
+        char ignored[NAME_MAX + 1];
+        if (strcmp(name, "..") == 0) {
+            char *slash = strrchr(current, '/');
+            slash[slash == current ? 1 : 0] = '\0';
+            continue;
+        }
+        if (snprintf(candidate, sizeof candidate, "%s%s%s", current, strcmp(current, "/") ? "/" : "", name) >=
+            (int)sizeof candidate)
+            return 0;
+        if (lstat(candidate, &st) != 0)
+            return errno == ENOENT && !must_exist;
+        if (!entry_trusted(&st))
+            return 0;
+        if (S_ISLNK(st.st_mode)) {
+            char joined[2 * PATH_MAX];
+            ssize_t n;
+            if (++links > 40)
+                return 0;
+            n = readlink(candidate, target, sizeof target);
+            if (n < 0 || (size_t)n >= sizeof target)
+                return 0;
+            target[n] = '\0';
+            if (target[0] == '/')
+                strcpy(current, "/");
+            if (snprintf(joined, sizeof joined, "%s/%s", target, cursor) >= (int)sizeof joined)
+                return 0;
+            strcpy(rest, joined);
+            cursor = rest;
+            continue;
+        }
+        peek = cursor;
+        if (!S_ISDIR(st.st_mode) && next_component(&peek, ignored, sizeof ignored) != 0)
+            return !must_exist; /* opening it fails with ENOTDIR, and says so */
+        strcpy(current, candidate);
+    }
+    return got == 0;
+}
+
+#ifdef OGH_TRUST_PROBE
+/* A test build only, never a launcher (tests/test_trust_rule.py compiles it with -DOGH_TRUST_PROBE): for each
+ * "code PATH" or "config PATH" pair of arguments, one line "trusted" or "untrusted" by the rule above, then the
+ * identity it read ("privileged=N overflow=UID"), so the tests hold the C rule to trust.py case by case. */
+int main(int argc, char **argv)
+{
+    for (int i = 1; i + 1 < argc; i += 2)
+        printf("%s\n", trusted(argv[i + 1], strcmp(argv[i], "code") == 0) ? "trusted" : "untrusted");
+    read_identity();
+    printf("privileged=%d overflow=%ld\n", g_privileged, g_overflow);
+    return 0;
+}
+#define main ogh_role_main /* the role's own main below is then an unused function of this test build */
+#endif
 
 static void refuse(const char *what, const char *path)
 {
-    say_error("refusing to run: %s %s is missing or writable by a non-root user "
-              "(install into a root-owned prefix, see docs/security.md)", what, path);
+    say_error("refusing to run %s %s: it is missing, or someone other than %s could change it or a directory "
+              "above it (install into a root-owned prefix, see docs/security.md)", what, path,
+              g_privileged ? "root" : "root or this user");
     _exit(1);
 }
 
@@ -222,14 +363,14 @@ static const char *untrusted(const char **what)
     if (!OGH_CHECK_TRUST)
         return NULL;
     *what = "interpreter";
-    if (!trusted_path(OGH_PYTHON))
+    if (!trusted(OGH_PYTHON, 1))
         return OGH_PYTHON;
     *what = "launcher";
-    if (!trusted_path(OGH_SCRIPT))
+    if (!trusted(OGH_SCRIPT, 1))
         return OGH_SCRIPT;
     *what = "code path";
     for (i = 0; OGH_CODE_PATHS[i]; i++)
-        if (!trusted_path(OGH_CODE_PATHS[i]))
+        if (!trusted(OGH_CODE_PATHS[i], 1))
             return OGH_CODE_PATHS[i];
     return NULL;
 }
@@ -871,97 +1012,6 @@ static int bool_ok(const char *v)
     return 0;
 }
 
-/* trust.problem's rule for one entry: owned by root or the effective uid, and writable by group or others
- * only when it is a symlink (its mode means nothing), a sticky directory or /dev/null */
-static int entry_trusted(const struct stat *st)
-{
-    if (st->st_uid != 0 && st->st_uid != geteuid())
-        return 0;
-    if (!(st->st_mode & (S_IWGRP | S_IWOTH)) || S_ISLNK(st->st_mode))
-        return 1;
-    if (S_ISDIR(st->st_mode) && (st->st_mode & S_ISVTX))
-        return 1;
-    return S_ISCHR(st->st_mode) && major(st->st_rdev) == 1 && minor(st->st_rdev) == 3;
-}
-
-/* the next component of the '/'-separated ``rest`` (skipping empty ones and "."), copied to ``name``; 0 at the end */
-static int next_component(const char **rest, char *name, size_t size)
-{
-    for (;;) {
-        const char *p = *rest, *end;
-        size_t len;
-        while (*p == '/')
-            p++;
-        if (!*p)
-            return 0;
-        end = strchr(p, '/');
-        len = end ? (size_t)(end - p) : strlen(p);
-        *rest = p + len;
-        if (len == 1 && p[0] == '.')
-            continue;
-        if (len >= size)
-            return -1;
-        memcpy(name, p, len);
-        name[len] = '\0';
-        return 1;
-    }
-}
-
-/* trust.problem(path) is None: walk from / down with lstat, each symlink met followed by hand (its target's
- * components go before the rest), ".." taken lexically; a missing component ends the walk, trusted */
-static int config_trusted(const char *path)
-{
-    char rest[2 * PATH_MAX], current[PATH_MAX], candidate[PATH_MAX], target[PATH_MAX], name[NAME_MAX + 1];
-    const char *cursor;
-    struct stat st;
-    int links = 0, got;
-    if (path[0] != '/' || strlen(path) >= sizeof rest)
-        return 0;
-    strcpy(rest, path);
-    strcpy(current, "/");
-    if (lstat("/", &st) != 0 || !entry_trusted(&st))
-        return 0;
-    cursor = rest;
-    while ((got = next_component(&cursor, name, sizeof name)) == 1) {
-        const char *peek;
-        char ignored[NAME_MAX + 1];
-        if (strcmp(name, "..") == 0) {
-            char *slash = strrchr(current, '/');
-            slash[slash == current ? 1 : 0] = '\0';
-            continue;
-        }
-        if (snprintf(candidate, sizeof candidate, "%s%s%s", current, strcmp(current, "/") ? "/" : "", name) >=
-            (int)sizeof candidate)
-            return 0;
-        if (lstat(candidate, &st) != 0)
-            return errno == ENOENT;
-        if (!entry_trusted(&st))
-            return 0;
-        if (S_ISLNK(st.st_mode)) {
-            char joined[2 * PATH_MAX];
-            ssize_t n;
-            if (++links > 40)
-                return 0;
-            n = readlink(candidate, target, sizeof target);
-            if (n < 0 || (size_t)n >= sizeof target)
-                return 0;
-            target[n] = '\0';
-            if (target[0] == '/')
-                strcpy(current, "/");
-            if (snprintf(joined, sizeof joined, "%s/%s", target, cursor) >= (int)sizeof joined)
-                return 0;
-            strcpy(rest, joined);
-            cursor = rest;
-            continue;
-        }
-        peek = cursor;
-        if (!S_ISDIR(st.st_mode) && next_component(&peek, ignored, sizeof ignored) != 0)
-            return 1; /* opening it fails with ENOTDIR, and says so */
-        strcpy(current, candidate);
-    }
-    return got == 0;
-}
-
 /* The config file is the one baked: byte for byte the same (none when none was baked). */
 static int config_as_baked(int named)
 {
@@ -1022,7 +1072,7 @@ static int settings_as_baked(void)
 /* config.check_trusted still passes for the config file (when there is one): else Python refuses it */
 static int config_still_trusted(void)
 {
-    return !OGH_CONFIG_EXISTS || config_trusted(OGH_CONFIG_PATH);
+    return !OGH_CONFIG_EXISTS || trusted(OGH_CONFIG_PATH, 0);
 }
 
 /* ------------------------------------------------------------------ the resident planner */
@@ -1201,7 +1251,7 @@ static int planner_dir_ok(const char *socket_path)
         return 0;
     *slash = '\0';
     return lstat(dir, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == 0 && !(st.st_mode & 077) &&
-           trusted_path(dir);
+           trusted(dir, 1);
 }
 
 static void exec_path(const char *path);
@@ -1250,8 +1300,9 @@ static void ask_planner(const char *input, size_t len)
     if (socket_path[0] != '/' || strlen(socket_path) >= sizeof addr.sun_path)
         return;
     check_trust(); /* what to_python refuses, the planner does not do either */
-    if (!planner_dir_ok(socket_path))
-        return;
+    read_identity();
+    if (!g_privileged || !planner_dir_ok(socket_path))
+        return; /* the planner acts as root: a front without root's privilege (rootless podman's hook) runs alone */
     clock_gettime(CLOCK_MONOTONIC, &deadline);
     deadline.tv_sec += OGH_PLANNER_TIMEOUT_MS / 1000;
     deadline.tv_nsec += (OGH_PLANNER_TIMEOUT_MS % 1000) * 1000000L;

@@ -26,8 +26,10 @@ path and the build's version line).  The image build compiles them (:func:`prebu
 DaemonSet's install command; any other install (another ``--set``, a config file, another interpreter path)
 has no matching file and is written as without a prebuilt front.
 
-Both refuse to run package code from a path that a non-root user can write, or that is gone (one
-line on stderr, exit 1), unless written with ``allow_untrusted`` (tests, editable checkouts).
+Both refuse to run package code from a path that fails the trust rule of :mod:`oci_gpu_hook.trust` (for a
+launcher run as root: anything a non-root user could change), or that is gone (one line on stderr, exit 1),
+unless written with ``allow_untrusted`` (tests, editable checkouts).  The Python launcher's check is that rule's
+own block, copied from ``trust.py`` (:func:`rule_text`); the C front's is tested against it.
 
 **The front's settings stamp.**  What the front knows of the config file (its runtime, its request names) is
 only right while the file holds the bytes it was baked from, so the front bakes those bytes (the file as read
@@ -62,36 +64,36 @@ from oci_gpu_hook.{module} import main
 sys.exit(main({main_args}))
 """
 
-# The trust check of a Python launcher: os only (no import beyond what -I -S loads anyway).
-TRUST = """def _trusted(path):
-    real = os.path.realpath(path)
-    for start, stat in ((path, os.lstat), (real, os.stat)):
-        while True:
-            try:
-                st = stat(start)
-            except OSError:
-                return False
-            writable = st.st_mode & 0o022 and not (st.st_mode & 0o41000 == 0o41000)
-            if st.st_uid != 0 or (writable and (st.st_mode & 0o170000) != 0o120000):
-                return False
-            if start == "/":
-                break
-            start = os.path.dirname(start)
-    return True
-
-
+# The trust check of a Python launcher: the rule of oci_gpu_hook/trust.py, copied from there (rule_text), then
+# every path the launcher runs code from; os and stat only (no import beyond what -I -S loads anyway).
+TRUST = """import stat
+{rule}
 for _path in {checked!r}:
-    if not _trusted(_path):
+    _why = code_problem(_path)
+    if _why:
         if {passthrough!r} and "create" not in sys.argv[1:] and "run" not in sys.argv[1:]:
             _runtime = os.environ.get("OCI_GPU_HOOK_RUNTIME") or {runtime!r}
             for _dir in ([""] if "/" in _runtime else (os.environ.get("PATH") or "/usr/bin:/bin").split(":")):
                 _exe = os.path.join(_dir, _runtime) if _dir else _runtime
                 if os.access(_exe, os.X_OK) and not os.path.isdir(_exe):
                     os.execv(_exe, [_exe, *sys.argv[1:]])
-        sys.stderr.write(f"oci-gpu-hook: error: refusing to run: {{_path}} is missing or writable by a "
-                         "non-root user (install into a root-owned prefix, see docs/security.md)\\n")
+        sys.stderr.write(f"oci-gpu-hook: error: refusing to run {{_path}}: {{_why}} "
+                         "(install into a root-owned prefix, see docs/security.md)\\n")
         sys.exit(1)
 """
+RULE_BEGINS = "# --- the rule begins"
+RULE_ENDS = "# --- the rule ends"
+
+
+def rule_text() -> str:
+    """The trust rule's block of :mod:`oci_gpu_hook.trust`, verbatim (from its first line to its last)."""
+    from oci_gpu_hook import trust
+
+    with open(trust.__file__, encoding="utf-8") as handle:
+        source = handle.read()
+    start = source.index(RULE_BEGINS)
+    return source[start:source.index(RULE_ENDS, start) + len(RULE_ENDS)] + "\n"
+
 
 # launcher file name -> module whose main() it runs
 LAUNCHERS = (("oci-gpu-hook", "entry.cli"), ("oci-gpu-runtime", "entry.runtime"))
@@ -181,7 +183,8 @@ def launcher_text(module: str, defaults: dict[str, str], *, trust: bool = False,
     trust_text = ""
     if trust:
         checked = [sys.executable, *paths, *stdlib_paths()]
-        trust_text = TRUST.format(checked=checked, passthrough=module == "entry.runtime", runtime=runtime)
+        trust_text = TRUST.format(rule=rule_text(), checked=checked, passthrough=module == "entry.runtime",
+                                  runtime=runtime)
     if argv0:
         trust_text += f"sys.argv[0] = {argv0!r}\n"
     # the shim's pass-through commands fall back to the runtime baked here when the config file is untrusted

@@ -53,6 +53,9 @@ def run(args: list[str], config: Config) -> int:
         else:
             raise HookError(f"{directory} is neither a cgroup v1 devices group nor a cgroup2 group")
     names = device_names(config)
+    if opts.pid is not None:
+        for line in rootless_view(opts.pid, names):
+            print(line)
 
     def show(rule: object) -> str:
         from oci_gpu_hook.core.devices import Rule
@@ -104,3 +107,37 @@ def run(args: list[str], config: Config) -> int:
     if len(ids) > 1:
         print("an access is allowed only if every program allows it")
     return 0
+
+
+def rootless_view(pid: int, names: dict[tuple[str, int, int], str]) -> list[str]:
+    """For a process in a user namespace that does not map the host's root (a rootless container): what isolates
+    it (the device nodes in its /dev, bind-mounted from the host, each opened as its user may; no device cgroup of
+    its own) and those nodes.  Nothing for any other process."""
+    import stat
+
+    try:
+        with open(f"/proc/{pid}/uid_map", encoding="ascii") as handle:
+            ranges = [[int(f) for f in line.split()] for line in handle if len(line.split()) == 3]
+    except (OSError, ValueError) as err:
+        raise HookError(f"cannot read the user namespace of process {pid}: {getattr(err, 'strerror', err)}") from None
+    if any(out == 0 for _inside, out, _count in ranges):
+        return []
+    user = next((out - inside for inside, out, count in ranges if inside <= 0 < inside + count), None)
+    lines = [f"rootless: process {pid} runs in a user namespace that maps its root to host uid {user}: no device "
+             "cgroup of its own isolates it; it can open the host's nodes bind-mounted into its /dev, as that uid "
+             "may (the rules below are its runtime's, not a grant):"]
+    found = []
+    for where in ("dev", "dev/dri"):
+        try:
+            entries = sorted(os.scandir(f"/proc/{pid}/root/{where}"), key=lambda e: e.name)
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            number = ("c", os.major(st.st_rdev), os.minor(st.st_rdev))
+            if stat.S_ISCHR(st.st_mode) and number in names:
+                found.append(f"  /{where}/{entry.name}  c {number[1]}:{number[2]}  {names[number]}")
+    return [*lines, *(found or ["  no GPU node in its /dev"])]

@@ -21,6 +21,9 @@ def run(args: list[str], config: Config) -> int:
                                  "them.")
     parser.add_argument("--config-file", metavar="FILE",
                         help="config file to check (default: OCI_GPU_HOOK_CONFIG or /etc/oci-gpu-hook/config.toml)")
+    parser.add_argument("--rootless", metavar="USER",
+                        help="also check each spec as USER's rootless podman would run it: every device node it gets "
+                             "must be the host's node of that device, openable by USER without supplementary groups")
     parser.add_argument("specs", nargs="*", metavar="BUNDLE_DIR|CONFIG_FILE")
     opts = parser.parse_args(args)
     from oci_gpu_hook import schemas
@@ -37,17 +40,33 @@ def run(args: list[str], config: Config) -> int:
 
     if mask_ignored(mask):
         print(f"warning: {mask_ignored(mask)}")
+    user = _user(opts.rootless) if opts.rootless is not None else None
     for target in opts.specs:
         path = config_file(target)
         spec = load_document(path)
         schemas.validate(spec, "oci-config.schema.json", path)
-        print(f"ok: {path}: {_check_request(spec, path, config)}")
+        print(f"ok: {path}: {_check_request(spec, path, config, user)}")
     return 0
 
 
-def _check_request(spec: object, path: str, config: Config) -> str:
+def _user(text: str) -> tuple[int, int]:
+    """``--rootless USER``: (uid, primary gid) of a user name or number (a number without an entry: its own gid)."""
+    import pwd
+
+    try:
+        entry = pwd.getpwuid(int(text)) if text.isdigit() else pwd.getpwnam(text)
+    except KeyError:
+        if text.isdigit():
+            return int(text), int(text)
+        raise HookError(f"--rootless {text!r}: no such user (give a user name or uid)") from None
+    return entry.pw_uid, entry.pw_gid
+
+
+def _check_request(spec: object, path: str, config: Config, user: tuple[int, int] | None = None) -> str:
     """What the spec-rewrite paths would give this container on this host (the plan's summary), after the same
-    rewrite in memory; a request that would stop the container is its one-line error, naming ``path``."""
+    rewrite in memory; a request that would stop the container is its one-line error, naming ``path``.  ``user``:
+    (uid, gid) of a rootless runtime, whose hook refuses what that user could not be given
+    (:mod:`oci_gpu_hook.appliers.rootless`)."""
     from oci_gpu_hook.appliers import ocispec
     from oci_gpu_hook.plan import plan_for_spec
 
@@ -55,6 +74,12 @@ def _check_request(spec: object, path: str, config: Config) -> str:
         copy = ContainerSpec(json.loads(json.dumps(spec)))
         plan = plan_for_spec(copy, config)
         ocispec.apply(copy, plan, config, prepare=False)  # writes nothing: not even the by-path directory
+        if user is not None:
+            from oci_gpu_hook.appliers import rootless
+
+            rootless.check_nodes(plan.edits.nodes, *user, who=f"rootless container of uid {user[0]}")
     except HookError as err:
         raise HookError(f"{path}: {err}") from None
+    if user is not None and plan.edits.nodes:
+        return f"{plan.summary()}; rootless as uid {user[0]}: every node is the host's and opens for that user"
     return plan.summary()
