@@ -26,7 +26,8 @@ held open by a shell: :class:`tests.helpers.wheellib.PrivateRoot`):
   these hybrid-cgroup machines), cgroupfs, no events, ``--net=none`` and ulimits within this machine's hard limits
   (podman's defaults exceed them) -- and **without** ``--hooks-dir``, so podman finds the hook where install put it.
 - **The product, as an operator installs it** (the README's "Install on a node"): the wheel built from this checkout
-  (tests/helpers/wheellib.py) ``pip install``-ed into the root-owned venv ``/opt/oci-gpu-hook``, the symlink
+  (tests/helpers/wheellib.py) ``pip install``-ed into the root-owned venv ``/opt/oci-gpu-hook`` made with the node's
+  own ``/usr/bin/python3`` (this suite's interpreter may sit under /root, which the user cannot reach), the symlink
   ``/usr/local/bin/oci-gpu-hook``, a config at ``/etc/oci-gpu-hook/config.toml`` that names only the fake host
   (``sysfs_root``: the seed host of examples/hosts), and ``oci-gpu-hook install --only podman,cdi`` with no
   ``--set``, ``--prefix`` or ``--allow-editable``.
@@ -45,6 +46,7 @@ import re
 import select
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -70,11 +72,12 @@ HOST_PATHS = ("/etc/passwd", "/etc/group", "/etc/shadow", "/etc/gshadow", "/etc/
               f"/home/{USER}", VENV, "/usr/local/bin/oci-gpu-hook", LAUNCHER_DIR, HOOK_FILE, "/etc/oci-gpu-hook",
               CDI_SPEC, "/run/oci-gpu-hook", "/dev/dri", "/dev/kfd", "/dev/log")
 
-# What a container sees, for "untouched": every mount (point, options, type, source), every /dev entry, the env
+# What a container sees, for "untouched": every mount (point, options, type, source; sorted: podman mounts /etc/hosts,
+# /etc/hostname, /run/.containerenv in a Go map's order, which varies from run to run), every /dev entry, the env
 # (but HOSTNAME: podman's container id).
 VIEW = r"""#!/bin/sh
 while read -r _id _parent _dev _root point options rest; do echo "mount $point $options ${rest#*- }"; done \
-  < /proc/self/mountinfo
+  < /proc/self/mountinfo | sort
 for f in /dev/* /dev/*/*; do
   case "$f" in /dev/fd/*) continue;; esac  # the listing's own descriptors
   { [ -e "$f" ] || [ -L "$f" ]; } && echo "dev $f $(stat -c '%F %t:%T %a' "$f")"
@@ -83,6 +86,20 @@ env | sort | while read -r line; do case "$line" in HOSTNAME=*) ;; *) echo "env 
 echo done
 """
 APPLETS = ("stat", "env", "sort", "id")
+
+
+def node_python() -> str:
+    """The node's own ``python3`` (Debian's /usr/bin/python3), as the README's ``python3 -m venv`` on a node finds
+    it: not this suite's interpreter, which may live where only root can reach (a pyenv under /root), so that a
+    rootless user could not even run the hook.  Its minor version must be this suite's (the venv gets the versions
+    pinned here)."""
+    system = "/usr/bin/python3"
+    done = subprocess.run([system, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True, text=True,
+                          check=False) if os.path.exists(system) else None
+    if done is None or done.stdout.strip() != str(sys.version_info[:2]):
+        raise AssertionError(f"{system} is not a Python {sys.version_info[0]}.{sys.version_info[1]}: "
+                             "the rootless node's venv is made from the node's own python3")
+    return system
 
 
 def stand_in_nodes(sysfs: Path = SYSFS) -> dict[str, tuple[int, int]]:
@@ -285,7 +302,7 @@ def rootless_node() -> Iterator[Node]:
     try:
         root.start()
         node.uid, node.gid = (int(node.must(["id", flag, USER])) for flag in ("-u", "-g"))
-        wheellib.make_venv(Path(VENV), wheellib.built_wheel(), enter=root.enter([]))
+        wheellib.make_venv(Path(VENV), wheellib.built_wheel(), enter=root.enter([]), python=node_python())
         node.must(["ln", "-s", f"{VENV}/bin/oci-gpu-hook", "/usr/local/bin/oci-gpu-hook"])
         node.set_config(CONFIG_TEXT)
         node.install_out = node.must(["oci-gpu-hook", "install", "--only", "podman,cdi"])

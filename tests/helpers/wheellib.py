@@ -45,12 +45,13 @@ def built_wheel() -> Path:
     return wheels[0]
 
 
-def make_venv(directory: Path, wheel: Path, enter: list[str] | None = None) -> Path:
+def make_venv(directory: Path, wheel: Path, enter: list[str] | None = None, python: str | None = None) -> Path:
     """``python3 -m venv DIRECTORY`` and ``pip install WHEEL`` into it; its python.  ``enter``: a prefix that runs
-    both where the venv belongs (``PrivateRoot.enter([])``: a venv at its real path in a private root)."""
+    both where the venv belongs (``PrivateRoot.enter([])``: a venv at its real path in a private root); ``python``:
+    the interpreter to make it with (the one this suite's venv was made from unless given)."""
     enter = enter or []
-    subprocess.run([*enter, plainvenv.base_python(), "-m", "venv", str(directory)], check=True, capture_output=True,
-                   timeout=300)
+    subprocess.run([*enter, python or plainvenv.base_python(), "-m", "venv", str(directory)], check=True,
+                   capture_output=True, timeout=300)
     frozen = subprocess.run([sys.executable, "-m", "pip", "freeze", "--exclude-editable"], capture_output=True,
                             text=True, check=True, timeout=120).stdout
     with tempfile.TemporaryDirectory(prefix="ogh-constraints-") as scratch:  # never written into ``directory`` here
