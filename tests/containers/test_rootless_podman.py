@@ -18,8 +18,10 @@ own, which takes each sender's credentials.  The cases of the issue:
 - a GPU node the user cannot open (mode 0600, root's): refused with one journal line naming it, never given; and
   one the user opens only through a group (udev's 0660 root:video): rootless runc drops supplementary groups, so
   the container could not open it either: refused the same way;
-- the planner (``serve``, root's, on its default socket) is not asked by a rootless front, and root's podman
-  still is served by it.
+- ``validate --rootless USER`` agrees with the user's podman on each of those node states, and ``inspect --pid``
+  of a running rootless container names the nodes it holds;
+- the planner (``serve``, root's, on its default socket) is not asked by a rootless front (nor reachable from the
+  user's namespace), and root's podman still is served by it.
 """
 
 from __future__ import annotations
@@ -199,6 +201,60 @@ def test_a_node_open_to_the_user_only_through_a_group_is_refused(group_node: roo
     refused(node, node.podman("-e", "AMD_VISIBLE_DEVICES=1"), "/dev/dri/card2")
 
 
+# How a GPU 1 node may stand on the host: (shell lines as root to set it, to undo it, the node the refusal names)
+NODE_STATES = {
+    "open": ("true", "true", None),
+    "root-0600": ("chmod 0600 /dev/dri/renderD129", "chmod 0666 /dev/dri/renderD129", "/dev/dri/renderD129"),
+    "group-only": (f"usermod -aG video {USER}; chgrp video /dev/dri/card2; chmod 0660 /dev/dri/card2",
+                   f"gpasswd -d {USER} video >/dev/null; chgrp root /dev/dri/card2; chmod 0666 /dev/dri/card2",
+                   "/dev/dri/card2"),
+}
+
+
+@pytest.mark.parametrize("state", list(NODE_STATES))
+def test_validate_rootless_says_what_rootless_podman_does(fresh_journal: rootless.Node, state: str) -> None:
+    """``validate --rootless USER`` (root's, on the node) on the same request: ok exactly where the user's podman
+    starts the container, and the same node named where it refuses."""
+    node = fresh_journal
+    setup, undo, named = NODE_STATES[state]
+    bundle = node.base / f"validate-{state}"
+    if not bundle.exists():
+        cl.make_bundle(bundle, node.base / "rootfs", ["AMD_VISIBLE_DEVICES=1"])
+    node.must(["sh", "-ec", setup])
+    try:
+        checked = node.as_root(["oci-gpu-hook", "validate", "--rootless", USER, str(bundle)])
+        ran = node.podman("-e", "AMD_VISIBLE_DEVICES=1")
+    finally:
+        node.must(["sh", "-ec", undo])
+    if named is None:
+        assert checked.returncode == 0, checked.stderr
+        assert f"rootless as uid {node.uid}: every node is the host's and opens for that user" in checked.stdout
+        rootless.assert_isolated(started(node, ran), [1])
+    else:
+        assert checked.returncode != 0 and named in checked.stderr, checked
+        assert len(checked.stderr.splitlines()) == 1, checked.stderr
+        refused(node, ran, named)
+
+
+def test_inspect_pid_says_what_a_rootless_container_holds(fresh_journal: rootless.Node) -> None:
+    node = fresh_journal
+    done = node.podman("-d", "-e", "AMD_VISIBLE_DEVICES=1", args=("/bin/sleep", "300"))
+    cid = started(node, done).strip()
+    try:
+        pid = node.podman_other("inspect", "--format", "{{.State.Pid}}", cid).stdout.strip()
+        assert pid.isdigit(), pid
+        shown = node.as_root(["oci-gpu-hook", "inspect", "--pid", pid])
+        assert shown.returncode == 0, shown.stderr
+    finally:
+        removed = node.podman_other("rm", "-f", "-t", "0", cid)
+    assert removed.returncode == 0, removed.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0].startswith(f"rootless: process {pid} runs in a user namespace that maps its root to host uid "
+                               f"{node.uid}:"), lines
+    listed = [line.split()[0] for line in lines[1:] if line.startswith("  /dev/")]
+    assert sorted(listed) == ["/dev/dri/card2", "/dev/dri/renderD129", "/dev/kfd"], lines
+
+
 SERVING = re.compile(r"planner: serving ")
 REQUEST = re.compile(r"planner: (?!serving |stopping )")  # any line about a request (ok, refused, bad request, ...)
 
@@ -220,6 +276,11 @@ def test_the_planner_is_not_asked_by_a_rootless_front(fresh_journal: rootless.No
         rootless.assert_isolated(started(node, node.podman("-e", "AMD_VISIBLE_DEVICES=1")), [1])
         lines = log.read_text(errors="replace").splitlines()
         assert not [line for line in lines if REQUEST.search(line)], lines
+        # nor could a rootless front ask: root's socket directory is closed to the user's namespace (its root is
+        # the user)
+        reach = node.as_user(["podman", "unshare", "/usr/bin/python3", "-c", "import socket; "
+                              "socket.socket(socket.AF_UNIX).connect('/run/oci-gpu-hook/planner.sock')"])
+        assert reach.returncode != 0 and "PermissionError" in reach.stderr, reach
         # the planner was there to be asked: root's podman, through the same hook, is served by it
         done = node.as_root([*rootless.PODMAN, "--root", "/var/lib/ogh-root", "--runroot", "/run/ogh-root",
                              *cl.PODMAN_RUN, "-e", "AMD_VISIBLE_DEVICES=2", "--rootfs", node.rootfs,

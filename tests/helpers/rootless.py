@@ -190,6 +190,10 @@ class Node:
         no_hooks = [] if hooks else ["--hooks-dir", f"{self.home}/no-hooks"]
         return self.as_user([*PODMAN, *no_hooks, *cl.PODMAN_RUN, *options, "--rootfs", self.rootfs, *args])
 
+    def podman_other(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """Another podman command (``inspect``, ``rm``, ...) as the user, with the same global options."""
+        return self.as_user([*PODMAN, *args])
+
     def journal_lines(self) -> list[tuple[str, journallib.Sender | None]]:
         """The tool's journal lines (``journalctl -t oci-gpu-hook``: not useradd's and the like) that arrived since the
         last call, each with its sender's credentials."""
