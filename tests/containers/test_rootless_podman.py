@@ -174,7 +174,8 @@ def test_a_node_the_user_cannot_open_is_refused_never_given(closed_node: rootles
                                                              request_: tuple[str, str]) -> None:
     node = closed_node
     assert node.as_user(["head", "-c1", "/dev/dri/renderD129"]).returncode != 0  # the user itself cannot
-    refused(node, node.podman(*request_), "/dev/dri/renderD129")
+    # the line speaks of the host's ids, as the user and the operator know them (not the namespace's 0 and 65534)
+    refused(node, node.podman(*request_), "/dev/dri/renderD129", f"uid {node.uid} ", "owner 0")
     # another GPU, whose nodes the user can open, is still given
     rootless.assert_isolated(started(node, node.podman("-e", "AMD_VISIBLE_DEVICES=2")), [2])
 
@@ -192,13 +193,16 @@ def group_node(fresh_journal: rootless.Node) -> Iterator[rootless.Node]:
                                 "chmod 0666 /dev/dri/card2"])
 
 
-def test_a_node_open_to_the_user_only_through_a_group_is_refused(group_node: rootless.Node) -> None:
+@pytest.mark.parametrize("request_", [("-e", "AMD_VISIBLE_DEVICES=1"), ("--device", "amd.com/gpu=1")],
+                         ids=["env", "cdi"])
+def test_a_node_open_to_the_user_only_through_a_group_is_refused(group_node: rootless.Node,
+                                                                 request_: tuple[str, str]) -> None:
     node = group_node
     opened = node.as_user(["head", "-c1", "/dev/dri/card2"])
     assert "No such device or address" in opened.stderr, opened.stderr  # the user itself: open, to the driver
     without = node.podman("--device", "/dev/dri/card2", hooks=False)  # what a rootless container gets of it
     assert "Permission denied" in cl.ProbeResult.parse(started(node, without)).nodes["/dev/dri/card2"]
-    refused(node, node.podman("-e", "AMD_VISIBLE_DEVICES=1"), "/dev/dri/card2")
+    refused(node, node.podman(*request_), "/dev/dri/card2", f"uid {node.uid} ")
 
 
 # How a GPU 1 node may stand on the host: (shell lines as root to set it, to undo it, the node the refusal names)
