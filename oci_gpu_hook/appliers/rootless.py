@@ -30,7 +30,9 @@ TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
+    from oci_gpu_hook.config import Config
     from oci_gpu_hook.core.devices import Node
+    from oci_gpu_hook.oci_spec import ContainerSpec
 
 _ACL_XATTR = "system.posix_acl_access"
 _ACL_USER, _ACL_MASK = 0x02, 0x10  # linux/posix_acl.h tags (xattr layout: u32 version, then u16 tag, u16 perm, u32 id)
@@ -89,6 +91,25 @@ def check_nodes(nodes: Iterable[Node], uid: int, gid: int, who: str = "rootless 
         why = node_problem(node, uid, gid)
         if why:
             raise HookError(f"{who}: {why}")
+
+
+def check_given(spec: ContainerSpec, config: Config) -> None:
+    """The same check for the GPU nodes that the spec already lists when the hook sees it (rootless podman applied a
+    CDI spec, or ``--device``): a node of one of this host's GPUs that the user could not be given is refused as the
+    plan's would be.  Device nodes of anything else are the user's own business and pass untouched."""
+    if not spec.present:
+        return
+    from oci_gpu_hook.core.devices import Node
+    from oci_gpu_hook.inventory import scan_host
+
+    inventory = scan_host(config)
+    gpus = {node.number for device in inventory.all_devices for node in (*device.nodes, *device.display_nodes)}
+    gpus.update(node.number for kind in inventory.kinds for node in inventory.shared(kind))
+    entries = (spec.raw.get("linux") or {}).get("devices") or []
+    given = [Node(e["path"], e["type"], e["major"], e["minor"]) for e in entries
+             if isinstance(e, dict) and (e.get("type"), e.get("major"), e.get("minor")) in gpus
+             and isinstance(e.get("path"), str)]
+    check_nodes(given, os.geteuid(), os.getegid())
 
 
 def by_path_root(configured: str, default: str) -> str:

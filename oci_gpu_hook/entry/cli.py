@@ -273,6 +273,13 @@ def cmd_precreate(config: Config | HookError) -> int:
             sys.stdout.flush()
             return 0
         plan = plan_for_spec(spec, config)
+        if spec.present:
+            from oci_gpu_hook.trust import rootless
+
+            if rootless():  # GPU nodes a rootless podman put there itself (CDI) must open for its user
+                from oci_gpu_hook.appliers.rootless import check_given
+
+                check_given(spec, config)
         new_text = None
         if plan:  # nothing asked for: the spec-rewrite applier is not even imported
             from oci_gpu_hook.appliers.ocispec import rewrite

@@ -604,10 +604,11 @@ struct json {
     size_t root_path_len;
     struct span *masked;           /* a spec's process.env entries that ask for nothing (no_request), for clean */
     size_t nmasked;
+    int devices;                   /* a spec's linux.devices is a non-empty array (a rootless hook checks them) */
 };
 
 /* what a value must be, where the Python path reads it (oci_spec.process_env, ContainerSpec.annotations) */
-enum want { ANY, TOP, PROCESS, ENV, OBJECT, STRING, ROOT };
+enum want { ANY, TOP, PROCESS, ENV, OBJECT, STRING, ROOT, LINUX, DEVICES };
 
 #define MAX_DEPTH 100      /* Python reads ~1,000 levels; configs have ~6 */
 #define MAX_KEYS 1024      /* keys of one object compared pairwise */
@@ -788,6 +789,10 @@ static enum want member_want(const struct json *j, enum want kind, const char *k
         return ROOT;
     if (kind == PROCESS && len == 3 && memcmp(key, "env", 3) == 0)
         return ENV;
+    if (kind == TOP && len == 5 && memcmp(key, "linux", 5) == 0)
+        return LINUX;
+    if (kind == LINUX && len == 7 && memcmp(key, "devices", 7) == 0)
+        return DEVICES;
     return ANY;
 }
 
@@ -909,6 +914,18 @@ static int jvalue(struct json *j, enum want want)
         if (j->s[j->i] == '{')
             return jcontainer(j, '{', ROOT);
         break;
+    case LINUX: /* only to find linux.devices; any value is read as before */
+        if (j->s[j->i] == '{')
+            return jcontainer(j, '{', LINUX);
+        break;
+    case DEVICES: /* a non-empty array: devices the runtime is given (CDI's, --device's) */
+        if (j->s[j->i] == '[') {
+            size_t k = j->i + 1;
+            while (k < j->n && (j->s[k] == ' ' || j->s[k] == '\t' || j->s[k] == '\n' || j->s[k] == '\r'))
+                k++;
+            j->devices = k < j->n && j->s[k] != ']';
+        }
+        break;
     case ANY:
         break;
     }
@@ -972,11 +989,20 @@ static int clean(const char *s, size_t n, const struct span *masked, size_t nmas
     return ok;
 }
 
-static int spec_clean(const char *s, size_t n)
+/* ``devices`` (when not NULL): set to whether linux.devices is a non-empty array */
+static int spec_clean_devices(const char *s, size_t n, int *devices)
 {
     struct span masked[MAX_MASKED];
     struct json j = {.s = s, .n = n, .spec = 1, .masked = masked};
-    return json_object_ok(&j) && clean(s, n, masked, j.nmasked);
+    int ok = json_object_ok(&j) && clean(s, n, masked, j.nmasked);
+    if (devices)
+        *devices = j.devices;
+    return ok;
+}
+
+static int spec_clean(const char *s, size_t n)
+{
+    return spec_clean_devices(s, n, NULL);
 }
 
 /* the config.json at ``path`` exists, is read and is clean (a missing one: Python says so) */
@@ -1945,7 +1971,10 @@ int main(int argc, char **argv)
         to_python(input, len, 1); /* Python reads stdin of any size: it gets all of it */
     if (as_baked && config_still_trusted()) {
         if (strcmp(argv[1], OGH_PRECREATE) == 0) {
-            if (spec_clean(input, len))
+            int devices = 0;
+            read_identity();
+            /* a rootless hook hands over a spec that lists devices: it checks the GPU nodes among them (CDI's) */
+            if (spec_clean_devices(input, len, &devices) && !(devices && !g_privileged && g_overflow >= 0))
                 return write_all(1, input, len) ? 0 : 1;
         } else if (state_clean(input, len)) {
             return 0;
