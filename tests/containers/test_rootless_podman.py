@@ -17,7 +17,8 @@ own, which takes each sender's credentials.  The cases of the issue:
   one that asks for nothing starts untouched; a CDI device, which podman applies itself, is given as to root;
 - a GPU node the user cannot open (mode 0600, root's): refused with one journal line naming it, never given; and
   one the user opens only through a group (udev's 0660 root:video): rootless runc drops supplementary groups, so
-  the container could not open it either: refused the same way;
+  the container could not open it either: refused the same way; one root's alone but for an ACL that gives the
+  user rw (systemd-logind's uaccess): given;
 - ``validate --rootless USER`` agrees with the user's podman on each of those node states, and ``inspect --pid``
   of a running rootless container names the nodes it holds;
 - the planner (``serve``, root's, on its default socket) is not asked by a rootless front (nor reachable from the
@@ -205,6 +206,29 @@ def test_a_node_open_to_the_user_only_through_a_group_is_refused(group_node: roo
     refused(node, node.podman(*request_), "/dev/dri/card2", f"uid {node.uid} ")
 
 
+GPU1 = ["/dev/dri/card2", "/dev/dri/renderD129", "/dev/kfd"]
+
+
+@pytest.fixture
+def acl_node(fresh_journal: rootless.Node) -> Iterator[rootless.Node]:
+    """GPU 1's nodes root's alone (0600) but for an ACL that gives the user rw, as systemd-logind's uaccess does."""
+    setup, undo, _named = NODE_STATES["acl"]
+    fresh_journal.must(["sh", "-ec", setup])
+    try:
+        yield fresh_journal
+    finally:
+        fresh_journal.must(["sh", "-ec", undo])
+
+
+@pytest.mark.parametrize("request_", [("-e", "AMD_VISIBLE_DEVICES=1"), ("--device", "amd.com/gpu=1")],
+                         ids=["env", "cdi"])
+def test_a_node_the_user_may_open_by_an_acl_is_given(acl_node: rootless.Node, request_: tuple[str, str]) -> None:
+    node = acl_node
+    assert node.as_root(["stat", "-c", "%a %u", *GPU1]).stdout.split() == ["660", "0"] * 3  # the mask, root's
+    rootless.assert_isolated(started(node, node.podman(*request_)), [1])
+    assert node.journal_lines() == []
+
+
 # How a GPU 1 node may stand on the host: (shell lines as root to set it, to undo it, the node the refusal names)
 NODE_STATES = {
     "open": ("true", "true", None),
@@ -212,6 +236,8 @@ NODE_STATES = {
     "group-only": (f"usermod -aG video {USER}; chgrp video /dev/dri/card2; chmod 0660 /dev/dri/card2",
                    f"gpasswd -d {USER} video >/dev/null; chgrp root /dev/dri/card2; chmod 0666 /dev/dri/card2",
                    "/dev/dri/card2"),
+    "acl": (f"chmod 0600 {' '.join(GPU1)}; {rootless.acl_line(USER, GPU1)}",
+            f"{rootless.acl_line('-', GPU1)}; chmod 0666 {' '.join(GPU1)}", None),
 }
 
 

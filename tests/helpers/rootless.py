@@ -44,6 +44,7 @@ import hashlib
 import os
 import re
 import select
+import shlex
 import shutil
 import subprocess
 import sys
@@ -86,6 +87,29 @@ env | sort | while read -r line; do case "$line" in HOSTNAME=*) ;; *) echo "env 
 echo done
 """
 APPLETS = ("stat", "env", "sort", "id")
+
+
+# A POSIX ACL that gives one user rw on a node, as systemd-logind's "uaccess" does for the user at a seat (the xattr
+# as the kernel takes it, no setfacl needed): version 2, then (tag, perm, id) for the owner, the named user, the
+# group, the mask and others.  ``python3 -c ACL UID PATH...`` sets it; ``UID`` "-" removes it.
+ACL = r"""
+import os, struct, sys
+name = "system.posix_acl_access"
+any_id = 0xFFFFFFFF
+for path in sys.argv[2:]:
+    if sys.argv[1] == "-":
+        os.removexattr(path, name)
+        continue
+    entries = [(0x01, 6, any_id), (0x02, 6, int(sys.argv[1])), (0x04, 0, any_id), (0x10, 6, any_id), (0x20, 0, any_id)]
+    os.setxattr(path, name, struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries))
+"""
+
+
+def acl_line(who: str, paths: list[str]) -> str:
+    """A shell line (as root in the namespace) that gives the user ``who`` (a name; "-": nobody, the ACL removed) rw
+    on ``paths`` by an ACL."""
+    uid = "-" if who == "-" else f"$(id -u {shlex.quote(who)})"
+    return f"/usr/bin/python3 -c {shlex.quote(ACL)} {uid} {' '.join(map(shlex.quote, paths))}"
 
 
 def node_python() -> str:
