@@ -8,7 +8,8 @@ namespace's /dev (rootless runc bind-mounts host nodes; it cannot mknod), and th
 own, which takes each sender's credentials.  The cases of the issue:
 
 - a container that asks for nothing starts exactly as without the tool (compared with podman given an empty
-  hooks directory: every mount, /dev entry and variable the same);
+  hooks directory: every mount, /dev entry and variable the same), decided by the native front alone (it starts
+  so even where the user can run no Python of the venv);
 - ``AMD_VISIBLE_DEVICES=1`` and CDI's ``--device amd.com/gpu=1`` give exactly GPU 1's card and render nodes and
   /dev/kfd (the probe: open to the driver, ENXIO; no other GPU node; nothing can be mknod'ed);
 - a CUDA image's env on this AMD-only node starts as without the tool (as the product does for root);
@@ -35,6 +36,7 @@ from pathlib import Path
 
 import pytest
 
+from oci_gpu_hook.host import launchers
 from tests.helpers import containerlib as cl
 from tests.helpers import imageenvs, rootless
 from tests.helpers.rootless import USER
@@ -108,6 +110,29 @@ def test_no_request_starts_untouched(fresh_journal: rootless.Node) -> None:
     assert started(node, node.podman(args=VIEW)) == without
     rootless.assert_isolated(started(node, node.podman()), [])
     assert node.journal_lines() == []
+
+
+@pytest.fixture
+def closed_venv(fresh_journal: rootless.Node) -> Iterator[rootless.Node]:
+    """The venv closed to the user (0700): a rootless hook can run no Python."""
+    if launchers.find_cc() is None:
+        pytest.skip("no C compiler here: install wrote the Python launcher, which is Python")
+    fresh_journal.must(["chmod", "0700", rootless.VENV])
+    try:
+        yield fresh_journal
+    finally:
+        fresh_journal.must(["chmod", "0755", rootless.VENV])
+
+
+def test_no_request_is_decided_natively(closed_venv: rootless.Node) -> None:
+    """The native front decides "nothing asked" itself, before any trust walk it does not need: with no Python the
+    user could run, a container that asks for nothing still starts untouched; one that asks is refused."""
+    node = closed_venv
+    assert node.must(["head", "-c", "4", rootless.HOOK]) == "\x7fELF"  # the native front
+    without = started(node, node.podman(args=VIEW, hooks=False))
+    assert started(node, node.podman(args=VIEW)) == without
+    assert node.journal_lines() == []
+    refused(node, node.podman("-e", "AMD_VISIBLE_DEVICES=1"), f"{rootless.VENV}/bin/python3")
 
 
 def test_env_request_gets_exactly_its_gpu(fresh_journal: rootless.Node) -> None:
