@@ -20,6 +20,8 @@ own, which takes each sender's credentials.  The cases of the issue:
   one the user opens only through a group (udev's 0660 root:video): rootless runc drops supplementary groups, so
   the container could not open it either: refused the same way; one root's alone but for an ACL that gives the
   user rw (systemd-logind's uaccess): given;
+- config or code the user owns serves the user's own rootless containers and is refused for root's (one trust
+  rule, both sides);
 - ``validate --rootless USER`` agrees with the user's podman on each of those node states, and ``inspect --pid``
   of a running rootless container names the nodes it holds;
 - the planner (``serve``, root's, on its default socket) is not asked by a rootless front (nor reachable from the
@@ -170,8 +172,7 @@ def test_broken_config_leaves_cdi_to_podman(broken_config: rootless.Node) -> Non
     no request of its own, and the container gets exactly its GPU, as root's does under the same config."""
     node = broken_config
     rootless.assert_isolated(started(node, node.podman("--device", "amd.com/gpu=1")), [1])
-    root = node.as_root([*rootless.PODMAN, "--root", "/var/lib/ogh-root", "--runroot", "/run/ogh-root",
-                         *cl.PODMAN_RUN, "--device", "amd.com/gpu=1", "--rootfs", node.rootfs, "/bin/sh", "/probe.sh"])
+    root = node.root_podman("--device", "amd.com/gpu=1")
     assert root.returncode == 0, root.stderr
     cl.assert_isolated(root.stdout, [1])
 
@@ -310,6 +311,37 @@ def test_inspect_pid_says_what_a_rootless_container_holds(fresh_journal: rootles
     assert sorted(listed) == ["/dev/dri/card2", "/dev/dri/renderD129", "/dev/kfd"], lines
 
 
+# What the user may own on the node, for its own containers: (the path, what root's refusal says of it)
+USERS_OWN = {
+    "config": (rootless.CONFIG, f"config file {rootless.CONFIG} is not trusted"),
+    "venv": (rootless.VENV, f"refusing to run interpreter {rootless.VENV}/bin/python3"),
+}
+
+
+@pytest.mark.parametrize("owned", list(USERS_OWN))
+def test_what_the_user_owns_serves_its_own_containers_never_roots(fresh_journal: rootless.Node, owned: str) -> None:
+    """One trust rule, both sides, on the installed node: code or config that the user (or root) alone could change
+    cannot raise the user's privilege, so the user's rootless container is served by it; root's container is
+    refused with one line (a non-root user could have written what root would run or read); root's container that
+    asks for nothing still starts."""
+    node = fresh_journal
+    path, says = USERS_OWN[owned]
+    node.must(["chown", "-R", USER, path])
+    try:
+        rootless.assert_isolated(started(node, node.podman("-e", "AMD_VISIBLE_DEVICES=1")), [1])
+        assert node.journal_lines() == []
+        root = node.root_podman("-e", "AMD_VISIBLE_DEVICES=1")
+        assert root.returncode != 0 and "done" not in root.stdout.splitlines(), root.stdout
+        errors = [(text, sender) for text, sender in node.journal_lines() if severity(text) == 3]
+        assert len(errors) == 1 and says in errors[0][0], errors
+        assert errors[0][1] is not None and errors[0][1].uid == 0, errors
+        root = node.root_podman()
+        assert root.returncode == 0, root.stderr
+        cl.assert_isolated(root.stdout, [])
+    finally:
+        node.must(["chown", "-R", "root", path])
+
+
 SERVING = re.compile(r"planner: serving ")
 REQUEST = re.compile(r"planner: (?!serving |stopping )")  # any line about a request (ok, refused, bad request, ...)
 
@@ -337,9 +369,7 @@ def test_the_planner_is_not_asked_by_a_rootless_front(fresh_journal: rootless.No
                               "socket.socket(socket.AF_UNIX).connect('/run/oci-gpu-hook/planner.sock')"])
         assert reach.returncode != 0 and "PermissionError" in reach.stderr, reach
         # the planner was there to be asked: root's podman, through the same hook, is served by it
-        done = node.as_root([*rootless.PODMAN, "--root", "/var/lib/ogh-root", "--runroot", "/run/ogh-root",
-                             *cl.PODMAN_RUN, "-e", "AMD_VISIBLE_DEVICES=2", "--rootfs", node.rootfs,
-                             "/bin/sh", "/probe.sh"])
+        done = node.root_podman("-e", "AMD_VISIBLE_DEVICES=2")
         assert done.returncode == 0, done.stderr
         cl.assert_isolated(done.stdout, [2])
         _wait_for(log, re.compile(r"planner: ok "), planner)

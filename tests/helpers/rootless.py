@@ -214,6 +214,12 @@ class Node:
         no_hooks = [] if hooks else ["--hooks-dir", f"{self.home}/no-hooks"]
         return self.as_user([*PODMAN, *no_hooks, *cl.PODMAN_RUN, *options, "--rootfs", self.rootfs, *args])
 
+    def root_podman(self, *options: str, args: tuple[str, ...] = ("/bin/sh", "/probe.sh")
+                    ) -> subprocess.CompletedProcess[str]:
+        """``podman run`` as root on the same node (its own storage in the namespace), to compare with the user's."""
+        return self.as_root([*PODMAN, "--root", "/var/lib/ogh-root", "--runroot", "/run/ogh-root", *cl.PODMAN_RUN,
+                             *options, "--rootfs", self.rootfs, *args])
+
     def podman_other(self, *args: str) -> subprocess.CompletedProcess[str]:
         """Another podman command (``inspect``, ``rm``, ...) as the user, with the same global options."""
         return self.as_user([*PODMAN, *args])
