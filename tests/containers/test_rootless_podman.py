@@ -21,7 +21,8 @@ own, which takes each sender's credentials.  The cases of the issue:
   the container could not open it either: refused the same way; one root's alone but for an ACL that gives the
   user rw (systemd-logind's uaccess): given;
 - config or code the user owns serves the user's own rootless containers and is refused for root's (one trust
-  rule, both sides);
+  rule, both sides); config or code another user owns (which reads as the overflow uid in the user's namespace,
+  as root's files do) is refused for the user's;
 - ``validate --rootless USER`` agrees with the user's podman on each of those node states, and ``inspect --pid``
   of a running rootless container names the nodes it holds;
 - the planner (``serve``, root's, on its default socket) is not asked by a rootless front (nor reachable from the
@@ -41,7 +42,7 @@ import pytest
 from oci_gpu_hook.host import launchers
 from tests.helpers import containerlib as cl
 from tests.helpers import imageenvs, rootless
-from tests.helpers.rootless import USER
+from tests.helpers.rootless import OTHER, USER
 
 pytestmark = pytest.mark.containers
 
@@ -340,6 +341,24 @@ def test_what_the_user_owns_serves_its_own_containers_never_roots(fresh_journal:
         cl.assert_isolated(root.stdout, [])
     finally:
         node.must(["chown", "-R", "root", path])
+
+
+@pytest.mark.parametrize("owned", [*USERS_OWN, "config-directory"])
+def test_what_another_user_owns_never_steers_a_users_containers(fresh_journal: rootless.Node, owned: str) -> None:
+    """Inside the user's rootless namespace a file of another user reads as the overflow uid, as root's files do:
+    the user's hook must still refuse code or config that another user could change (that user would otherwise run
+    code, or choose files to write, as this user)."""
+    node = fresh_journal
+    path = rootless.CONFIG if owned == "config" else rootless.VENV if owned == "venv" else "/etc/oci-gpu-hook"
+    seen = node.as_user(["podman", "unshare", "stat", "-c", "%u", path, "/"]).stdout.split()
+    assert seen == ["65534", "65534"], seen  # the precondition: root's and the other user's look alike in there
+    node.must(["chown", "-R" if owned == "venv" else "-h", OTHER, path])
+    try:
+        seen = node.as_user(["podman", "unshare", "stat", "-c", "%u", path]).stdout.split()
+        assert seen == ["65534"], seen
+        refused(node, node.podman("-e", "AMD_VISIBLE_DEVICES=1"), path)
+    finally:
+        node.must(["chown", "-R" if owned == "venv" else "-h", "root", path])
 
 
 SERVING = re.compile(r"planner: serving ")

@@ -19,7 +19,8 @@ held open by a shell: :class:`tests.helpers.wheellib.PrivateRoot`):
   (tests/helpers/containerlib.py).  ``/dev/log`` is a socket of the test's own that takes each sender's
   credentials as journald does (``SO_PASSCRED``): a journal line sent from inside the rootless user namespace
   arrives with the user's real uid, so a test checks the line reached the journal *as that user*.
-- **A user**, ``ogh-rootless``, added with ``useradd -m`` (which gives it subuid/subgid ranges), with its own
+- **A user**, ``ogh-rootless``, added with ``useradd -m`` (which gives it subuid/subgid ranges; ``ogh-other``, a
+  second user, is there to own what must not steer the first one's containers), with its own
   ``XDG_RUNTIME_DIR`` (``/run/user/UID``, 0700) and a busybox rootfs in its home (its own files, as a rootless
   user's are).  :meth:`Node.podman` runs ``podman`` as that user (``setpriv --reuid/--regid --init-groups``, an
   explicit environment) with the storage driver ``vfs``, the runtime ``runc`` (crun cannot start containers on
@@ -57,6 +58,7 @@ from tests.helpers import containerlib as cl
 from tests.helpers import journallib, wheellib
 
 USER = "ogh-rootless"
+OTHER = "ogh-other"  # another user of the node, who must never steer USER's containers
 OVERLAID = ("/etc", "/home", "/opt", "/usr", "/var", "/run")
 VENV = "/opt/oci-gpu-hook"
 LAUNCHER_DIR = "/usr/local/libexec/oci-gpu-hook"
@@ -70,8 +72,8 @@ PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PODMAN = [*cl.PODMAN, "--runtime", "runc", "--storage-driver", "vfs"]
 # What this harness makes on the "host" (inside the namespace): none of it may appear on the real host.
 HOST_PATHS = ("/etc/passwd", "/etc/group", "/etc/shadow", "/etc/gshadow", "/etc/subuid", "/etc/subgid",
-              f"/home/{USER}", VENV, "/usr/local/bin/oci-gpu-hook", LAUNCHER_DIR, HOOK_FILE, "/etc/oci-gpu-hook",
-              CDI_SPEC, "/run/oci-gpu-hook", "/dev/dri", "/dev/kfd", "/dev/log")
+              f"/home/{USER}", f"/home/{OTHER}", VENV, "/usr/local/bin/oci-gpu-hook", LAUNCHER_DIR, HOOK_FILE,
+              "/etc/oci-gpu-hook", CDI_SPEC, "/run/oci-gpu-hook", "/dev/dri", "/dev/kfd", "/dev/log")
 
 # What a container sees, for "untouched": every mount (point, options, type, source; sorted: podman mounts /etc/hosts,
 # /etc/hostname, /run/.containerenv in a Go map's order, which varies from run to run), every /dev entry, the env
@@ -263,7 +265,8 @@ CONFIG_TEXT = f'sysfs_root = "{SYSFS}"\n'
 
 def _setup_lines(base: Path) -> list[str]:
     lines = journallib.dev_overlay_lines(base / "dev", base / "log.sock")
-    lines += [f"useradd -m -s /bin/sh {USER}", f"uid=$(id -u {USER})", f"gid=$(id -g {USER})",
+    lines += [f"useradd -m -s /bin/sh {OTHER}", f"useradd -m -s /bin/sh {USER}",
+              f"uid=$(id -u {USER})", f"gid=$(id -g {USER})",
               'mkdir -p /run/user/$uid && chown $uid:$gid /run/user/$uid && chmod 0700 /run/user/$uid',
               f"cp -a {base / 'rootfs'} /home/{USER}/rootfs", f"mkdir /home/{USER}/no-hooks",
               f"chown -R $uid:$gid /home/{USER}"]
