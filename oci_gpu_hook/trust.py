@@ -45,19 +45,19 @@ def _read_proc(path: str) -> bytes | None:
         return None
 
 
-def uid_ranges() -> list[tuple[int, int, int]]:
-    """This user namespace's uid map: (first uid here, first uid in the parent, count) per line."""
+def id_ranges(kind: str = "uid") -> list[tuple[int, int, int]]:
+    """This user namespace's uid (or ``kind`` "gid") map: (first id here, first id in the parent, count) per line."""
     ranges = []
-    for line in (_read_proc("/proc/self/uid_map") or b"").decode("ascii", "replace").splitlines():
+    for line in (_read_proc(f"/proc/self/{kind}_map") or b"").decode("ascii", "replace").splitlines():
         fields = line.split()
         if len(fields) == 3 and all(f.isdigit() for f in fields):
             ranges.append((int(fields[0]), int(fields[1]), int(fields[2])))
     return ranges or [(0, 0, 4294967295)]  # no /proc: the initial namespace, as far as this process can tell
 
 
-def parent_uid(uid: int, ranges: list[tuple[int, int, int]] | None = None) -> int | None:
-    """What ``uid`` is in the parent user namespace (None: unmapped)."""
-    found = (out + uid - inside for inside, out, count in ranges or uid_ranges() if inside <= uid < inside + count)
+def parent_id(number: int, ranges: list[tuple[int, int, int]] | None = None) -> int | None:
+    """What the uid ``number`` (an id of ``ranges``' map) is in the parent user namespace (None: unmapped)."""
+    found = (out + number - inside for inside, out, count in ranges or id_ranges() if inside <= number < inside + count)
     return next(found, None)
 
 
@@ -68,8 +68,8 @@ def identity() -> tuple[bool, int | None]:
     """(privileged, the uid that the parent's root shows as here when this user namespace does not map it)."""
     if _IDENTITY:
         return _IDENTITY[0]
-    ranges = uid_ranges()
-    host = parent_uid(os.geteuid(), ranges)
+    ranges = id_ranges()
+    host = parent_id(os.geteuid(), ranges)
     root_mapped = any(out == 0 for _inside, out, _count in ranges)
     privileged = host == 0
     if not privileged and ranges == [(0, 0, 4294967295)]:  # a non-root uid with capabilities over the host
@@ -183,7 +183,7 @@ def rootless() -> bool:
 
 def host_uid() -> int:
     """This process's effective uid in the parent user namespace (the host's, unless nested deeper)."""
-    uid = parent_uid(os.geteuid())
+    uid = parent_id(os.geteuid())
     return os.geteuid() if uid is None else uid
 
 

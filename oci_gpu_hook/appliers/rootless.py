@@ -65,6 +65,17 @@ def can_open(path: str, st: os.stat_result, uid: int, gid: int) -> bool:
     return st.st_mode & _RW == _RW
 
 
+def _host_id(number: int, kind: str) -> str:
+    """An id as the host knows it: in a rootless user namespace, through its map (one the namespace does not map is
+    the host's root or another user's, which it cannot tell apart); elsewhere as it is."""
+    from oci_gpu_hook.trust import id_ranges, parent_id, rootless
+
+    if not rootless():
+        return str(number)
+    host = parent_id(number, id_ranges(kind))
+    return f"{number} here (a host {kind} this user namespace does not map)" if host is None else str(host)
+
+
 def node_problem(node: Node, uid: int, gid: int) -> str | None:
     """Why a rootless runtime of ``uid``/``gid`` cannot give ``node`` as the plan means it, or None."""
     kind = "character" if node.type == "c" else "block"
@@ -78,8 +89,9 @@ def node_problem(node: Node, uid: int, gid: int) -> str | None:
         return (f"the host's {node.path} is not the {kind} device {node.major}:{node.minor} this GPU has; a "
                 "rootless runtime would bind-mount another device")
     if not can_open(node.path, st, uid, gid):
-        return (f"uid {uid} may not open the host's {node.path} for reading and writing (owner {st.st_uid}, group "
-                f"{st.st_gid}, mode {stat.S_IMODE(st.st_mode):04o}); a rootless runtime bind-mounts the host's node "
+        return (f"uid {_host_id(uid, 'uid')} may not open the host's {node.path} for reading and writing (owner "
+                f"{_host_id(st.st_uid, 'uid')}, group {_host_id(st.st_gid, 'gid')}, mode "
+                f"{stat.S_IMODE(st.st_mode):04o}); a rootless runtime bind-mounts the host's node "
                 "and runc drops supplementary groups, so the container could not open it either: give the user "
                 "access to the node itself (an ACL, as systemd-logind's uaccess does) or run the container as root")
     return None
