@@ -93,6 +93,13 @@ def refused(node: rootless.Node, done: subprocess.CompletedProcess[str], *says: 
     return text
 
 
+def subordinate_ids(node: rootless.Node) -> list[str]:
+    """The user's subordinate uid range as useradd gave it: [start, count]."""
+    ranges = [line.split(":")[1:] for line in node.read("/etc/subuid").splitlines() if line.startswith(f"{USER}:")]
+    assert len(ranges) == 1, ranges
+    return ranges[0]
+
+
 def test_install_put_the_hook_where_rootless_podman_reads(node: rootless.Node) -> None:
     assert f"checked: podman reads {rootless.HOOKS_DIR} (podman's built-in default) and runs {rootless.HOOK}" \
         in node.install_out, node.install_out
@@ -102,9 +109,8 @@ def test_install_put_the_hook_where_rootless_podman_reads(node: rootless.Node) -
     # the user's podman really is rootless: its user namespace maps root to the user, and the user's ranges
     done = node.as_user(["podman", "unshare", "cat", "/proc/self/uid_map"])
     assert done.returncode == 0, done.stderr
-    ranges = [line.split(":")[1:] for line in node.read("/etc/subuid").splitlines() if line.startswith(f"{USER}:")]
-    assert len(ranges) == 1, ranges  # useradd gave the user its subordinate ids
-    assert [line.split() for line in done.stdout.splitlines()] == [["0", str(node.uid), "1"], ["1", *ranges[0]]]
+    assert [line.split() for line in done.stdout.splitlines()] == [["0", str(node.uid), "1"],
+                                                                   ["1", *subordinate_ids(node)]]
 
 
 def test_no_request_starts_untouched(fresh_journal: rootless.Node) -> None:
@@ -202,8 +208,12 @@ def test_a_node_the_user_cannot_open_is_refused_never_given(closed_node: rootles
                                                              request_: tuple[str, str]) -> None:
     node = closed_node
     assert node.as_user(["head", "-c1", "/dev/dri/renderD129"]).returncode != 0  # the user itself cannot
-    # the line speaks of the host's ids, as the user and the operator know them (not the namespace's 0 and 65534)
-    refused(node, node.podman(*request_), "/dev/dri/renderD129", f"uid {node.uid} ", "owner 0")
+    # the line speaks of the host's ids, as the user and the operator know them (not the namespace's 0), and never
+    # names a wrong owner: root's node reads as the overflow uid 65534 in the namespace, which podman's map (1..65536
+    # onto the user's subordinate ids) also maps, to the user's subordinate id start + 65533
+    text = refused(node, node.podman(*request_), "/dev/dri/renderD129", f"uid {node.uid} ")
+    start = int(subordinate_ids(node)[0])
+    assert f"owner {start + 65533}" not in text and ("owner 0" in text or "does not map" in text), text
     # another GPU, whose nodes the user can open, is still given
     rootless.assert_isolated(started(node, node.podman("-e", "AMD_VISIBLE_DEVICES=2")), [2])
 
