@@ -70,10 +70,11 @@ CDI_SPEC = "/var/run/cdi/amd.com-gpu.json"
 SYSFS = cl.SEED_SYSFS
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PODMAN = [*cl.PODMAN, "--runtime", "runc", "--storage-driver", "vfs"]
-# What this harness makes on the "host" (inside the namespace): none of it may appear on the real host.
+# What this harness makes on the "host" (inside the namespace): none of it may appear on the real host.  Not
+# /run/oci-gpu-hook: other tests on the machine make and remove it (tests/conftest.py guards its by-path directory).
 HOST_PATHS = ("/etc/passwd", "/etc/group", "/etc/shadow", "/etc/gshadow", "/etc/subuid", "/etc/subgid",
               f"/home/{USER}", f"/home/{OTHER}", VENV, "/usr/local/bin/oci-gpu-hook", LAUNCHER_DIR, HOOK_FILE,
-              "/etc/oci-gpu-hook", CDI_SPEC, "/run/oci-gpu-hook", "/dev/dri", "/dev/kfd", "/dev/log")
+              "/etc/oci-gpu-hook", CDI_SPEC, "/dev/dri", "/dev/kfd", "/dev/log")
 
 # What a container sees, for "untouched": every mount (point, options, type, source; sorted: podman mounts /etc/hosts,
 # /etc/hostname, /run/.containerenv in a Go map's order, which varies from run to run), every /dev entry, the env
