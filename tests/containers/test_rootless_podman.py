@@ -353,22 +353,43 @@ def test_what_the_user_owns_serves_its_own_containers_never_roots(fresh_journal:
         node.must(["chown", "-R", "root", path])
 
 
-@pytest.mark.parametrize("owned", [*USERS_OWN, "config-directory"])
+STEERED = f"/home/{USER}/steered"  # what another user's change makes the user's own hook write, were it obeyed
+# Another user's change to what the user's hook runs or reads: (the path that user is given, a shell line run as
+# that user; $INIT is the package's __init__.py)
+STEERS = {
+    "config": (rootless.CONFIG, f"printf 'log_file = \"{STEERED}\"\\n' >> {rootless.CONFIG}"),
+    "config-directory": ("/etc/oci-gpu-hook", f"cp {rootless.CONFIG} /etc/oci-gpu-hook/new && "
+                                              f"printf 'log_file = \"{STEERED}\"\\n' >> /etc/oci-gpu-hook/new && "
+                                              f"mv /etc/oci-gpu-hook/new {rootless.CONFIG}"),
+    "venv": (rootless.VENV, f"printf 'open(\"{STEERED}\", \"a\").close()\\n' >> \"$INIT\""),
+}
+
+
+@pytest.mark.parametrize("owned", list(STEERS))
 def test_what_another_user_owns_never_steers_a_users_containers(fresh_journal: rootless.Node, owned: str) -> None:
-    """Inside the user's rootless namespace a file of another user reads as the overflow uid, as root's files do:
-    the user's hook must still refuse code or config that another user could change (that user would otherwise run
-    code, or choose files to write, as this user)."""
+    """Inside the user's rootless namespace a file of another user reads as the overflow uid, as root's files do.
+    That user changes what it owns (a log_file in the user's home; a line of code in the package), and the user's
+    hook must refuse it with a line: obeyed, it would write where that user chose, or run that user's code, as
+    this user."""
     node = fresh_journal
-    path = rootless.CONFIG if owned == "config" else rootless.VENV if owned == "venv" else "/etc/oci-gpu-hook"
+    path, change = STEERS[owned]
+    init = node.must(["sh", "-c", f"echo {rootless.VENV}/lib/python3*/site-packages/oci_gpu_hook/__init__.py"]).strip()
     seen = node.as_user(["podman", "unshare", "stat", "-c", "%u", path, "/"]).stdout.split()
-    assert seen == ["65534", "65534"], seen  # the precondition: root's and the other user's look alike in there
+    assert seen == ["65534", "65534"], seen  # root's, as the user's namespace shows it
+    saved = {real: node.read(real) for real in (rootless.CONFIG, init)}
     node.must(["chown", "-R" if owned == "venv" else "-h", OTHER, path])
     try:
         seen = node.as_user(["podman", "unshare", "stat", "-c", "%u", path]).stdout.split()
-        assert seen == ["65534"], seen
+        assert seen == ["65534"], seen  # the other user's: no different in there
+        node.must(["setpriv", "--reuid", OTHER, "--regid", OTHER, "--init-groups", "env", f"INIT={init}", "sh", "-ec",
+                   change])
         refused(node, node.podman("-e", "AMD_VISIBLE_DEVICES=1"), path)
+        assert node.as_root(["test", "-e", STEERED]).returncode != 0, "the other user steered the user's hook"
     finally:
         node.must(["chown", "-R" if owned == "venv" else "-h", "root", path])
+        for real, text in saved.items():
+            node.write(real, text)
+        node.must(["rm", "-f", STEERED])
 
 
 SERVING = re.compile(r"planner: serving ")
