@@ -386,9 +386,9 @@ def test_what_another_user_owns_never_steers_a_users_containers(fresh_journal: r
         refused(node, node.podman("-e", "AMD_VISIBLE_DEVICES=1"), path)
         assert node.as_root(["test", "-e", STEERED]).returncode != 0, "the other user steered the user's hook"
     finally:
-        node.must(["chown", "-R" if owned == "venv" else "-h", "root", path])
         for real, text in saved.items():
             node.write(real, text)
+        node.must(["chown", "-R", "root:root", path, rootless.CONFIG])  # the config that user may have replaced too
         node.must(["rm", "-f", STEERED])
 
 

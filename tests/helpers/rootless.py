@@ -313,6 +313,35 @@ def _wait_gone(pid: int, timeout: float = 30) -> bool:
         os.close(fd)
 
 
+def _in_namespace(holder: int) -> list[int]:
+    """The pids in the mount namespace of ``holder`` (itself left out)."""
+    namespace = os.stat(f"/proc/{holder}/ns/mnt").st_ino
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if int(pid) != holder and os.stat(f"/proc/{pid}/ns/mnt").st_ino == namespace:
+                pids.append(int(pid))
+        except OSError:
+            continue
+    return pids
+
+
+def _let_finish(holder: int, timeout: float = 20) -> list[str]:
+    """Wait (bounded, each by its pidfd) for what still runs in the namespace to end by itself: a container's
+    ``runc init`` or conmon may still be exiting when ``podman run --rm`` has returned.  What is left then is
+    killed, and named."""
+    left = []
+    for pid in _in_namespace(holder):
+        if _wait_gone(pid, timeout):
+            continue
+        try:
+            left.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+            os.kill(pid, 9)
+        except OSError:
+            continue
+    return [f"still running in the namespace after {timeout} s (killed): {cmd}" for cmd in left]
+
+
 def _stop_pause(node: Node) -> list[str]:
     """Stop rootless podman's pause process (it holds the user's namespaces between podman calls)."""
     done = node.as_root(["cat", f"{node.runtime_dir}/libpod/tmp/pause.pid"])
@@ -348,8 +377,9 @@ def rootless_node() -> Iterator[Node]:
         yield node
     finally:
         node.stop_planners()
-        if root.proc is not None:
+        if root.proc is not None and root.proc.poll() is None:
             problems += _stop_pause(node)
+            problems += _let_finish(root.proc.pid)
         left = root.stop()
         journal.close()
         shutil.rmtree(base, ignore_errors=True)
