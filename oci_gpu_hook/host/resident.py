@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.host.watch import RESYNC, EventSource, gpu_uevent
@@ -65,10 +66,12 @@ def uevents(enabled: bool, interval: float, log: Log) -> EventSource | None:
 
 
 def wait_for_rescan(events: EventSource | None, seconds: float, stopping: Callable[[], bool], delay: float,
-                    next_rescan: float, reason: str) -> tuple[float, str]:
+                    next_rescan: float, reason: str,
+                    observe: Callable[[Mapping[str, Any]], object] | None = None) -> tuple[float, str]:
     """A resident process's sleep between its steps: ``seconds``, 0.1 s at a time while not ``stopping()``; each
     GPU uevent (or resync) brings the next rescan (``next_rescan``, monotonic) forward to ``delay`` after it, a
-    quiet moment, so a burst makes one rescan.  The next rescan and its reason."""
+    quiet moment, so a burst makes one rescan, and is given to ``observe`` first (the health monitor: a
+    ``WEDGED=`` uevent).  The next rescan and its reason."""
     deadline = time.monotonic() + seconds
     while not stopping():
         left = deadline - time.monotonic()
@@ -80,6 +83,8 @@ def wait_for_rescan(events: EventSource | None, seconds: float, stopping: Callab
         event = events.poll(min(0.1, left))
         if event is None or not (RESYNC in event or gpu_uevent(event)):
             continue
+        if observe is not None and RESYNC not in event:
+            observe(event)
         soon = time.monotonic() + delay
         if soon < next_rescan:
             next_rescan = soon
@@ -110,6 +115,10 @@ class Resident:
     def close(self) -> None:
         """Stop serving (after the last step)."""
 
+    def observe(self, event: Mapping[str, Any]) -> object:
+        """A GPU uevent, as it comes (before the rescan it brings forward): the health monitor's."""
+        return None
+
     def rescan_due(self) -> str | None:
         """The reason of the rescan that is due now (then the next is ``rescan_interval`` from now), else None."""
         now = time.monotonic()
@@ -133,7 +142,8 @@ class Resident:
     def _wait(self, seconds: float) -> None:
         """Sleep until the next step; a GPU's uevent brings the next rescan forward."""
         self.next_rescan, self.rescan_reason = wait_for_rescan(
-            self.events, seconds, lambda: self.stopping, self.uevent_delay, self.next_rescan, self.rescan_reason)
+            self.events, seconds, lambda: self.stopping, self.uevent_delay, self.next_rescan, self.rescan_reason,
+            self.observe)
 
     def stop(self) -> None:
         """End :meth:`run` within 0.1 s; safe to call from a signal handler (a flag, no lock)."""

@@ -98,8 +98,11 @@ def command(args: list[str], config: Config) -> int:
         for directory in directories:
             _managed_dir(directory)
         specs = SpecKeeper(config, directories, server.log_line)
+    from oci_gpu_hook.host.health import Monitor, Settings
+
     tracker = server.Tracker(config.sysfs_root, opts.resource_strategy, specs=specs, proc_root=config.proc_root,
-                             driver_root=config.driver_root, kinds=kinds)
+                             driver_root=config.driver_root, kinds=kinds,
+                             monitor=Monitor(Settings.of(config), config.sysfs_root))
     events = uevents(not opts.no_uevents, interval, server.log_line)
     manager = server.Manager(opts.kubelet_dir, tracker, device_specs=opts.device_specs, rescan_interval=interval,
                              events=events)
