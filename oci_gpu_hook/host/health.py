@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,7 +131,8 @@ def event_gpu(event: Mapping[str, Any], sysfs_root: str) -> str | None:
     if name.startswith("dri/card"):
         from oci_gpu_hook.inventory.sysfs import follow
 
-        device = follow(os.path.join(sysfs_root, "class", "drm", os.path.basename(name), "device"))
+        device = follow(os.path.join(follow(os.path.join(sysfs_root, "class", "drm", os.path.basename(name))),
+                                     "device"))
         if parse_pci_address(os.path.basename(device)):
             return os.path.basename(device)
     return None
@@ -201,6 +202,7 @@ class Monitor:
     def sample(self, inventory: Inventory) -> dict[str, Verdict]:
         """Read every GPU's signals once (the GPUs of ``inventory``, and those seen before whose PCI device
         stays); the verdicts by PCI address.  A GPU whose PCI device is gone is forgotten."""
+        self.sysfs_root = inventory.sysfs_root
         now, present = self.clock(), gpu_dirs(inventory)
         kinds = {d.pci_address: d.kind for d in inventory.all_devices}
         with self.lock:
@@ -271,7 +273,3 @@ def one_sample(config: Config, inventory: Inventory) -> dict[str, Verdict]:
     """What a one-shot command (``list``) can say: one sample, no uevents, counts against ``health_ue_start``."""
     return Monitor(Settings.of(config), inventory.sysfs_root).sample(inventory)
 
-
-def devices_text(devices: Iterable[Device], verdicts: Mapping[str, Verdict]) -> dict[str, str]:
-    """``Healthy`` or ``Unhealthy: <reason>`` by device label, for tables."""
-    return {d.label: verdicts.get(d.pci_address, GOOD).text for d in devices}

@@ -117,8 +117,11 @@ def command(args: list[str], config: Config) -> int:
         return Claims(config, driver, node, opts.cdi_dir, state_dir, client, plugin.current, server.log_line,
                       version)
 
+    from oci_gpu_hook.host.health import Monitor, Settings
+
     events = uevents(not opts.no_uevents, interval, server.log_line)
     plugin = server.Driver(driver, scan, publisher, claims, registry_dir=opts.kubelet_registry_dir,
-                           plugins_dir=opts.kubelet_plugins_dir, rescan_interval=interval, events=events)
+                           plugins_dir=opts.kubelet_plugins_dir, rescan_interval=interval, events=events,
+                           monitor=Monitor(Settings.of(config), config.sysfs_root))
 
     return serve(plugin, events)
