@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -430,3 +431,67 @@ def test_health_settings_come_from_the_config() -> None:
     settings = Settings.of(Config(health_ue_start=3, health_ue_rise=1, health_hold=7, health_noexecute=("vanished",)))
     assert settings == Settings(3, 1, 7.0, ("vanished",))
     assert (settings.effect("vanished"), settings.effect("wedged")) == ("NoExecute", "NoSchedule")
+
+
+# --- the commands take the settings from the config -----------------------------------------------------------
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _config(tmp_path: Path, sysfs: Path) -> dict[str, str]:
+    """A config file with health settings, and the environment that names it."""
+    config = tmp_path / "config.toml"
+    config.write_text(f'sysfs_root = "{sysfs}"\ncdi_dir = "{tmp_path / "cdi"}"\nhealth_ue_start = 1\n'
+                      'health_noexecute = ["ras-uncorrectable"]\n')
+    return {"PATH": "/usr/bin:/bin", "OCI_GPU_HOOK_CONFIG": str(config)}
+
+
+def test_the_dra_command_taints_by_the_configs_settings(tmp_path: Path) -> None:
+    sysfs, host = _seed(tmp_path)
+    fakesysfs.set_ras(str(sysfs), host, "0000:23:00.0", ue={"umc": 2})
+    fakesysfs.set_ras(str(sysfs), host, "0000:43:00.0", ue={"umc": 1})  # not above health_ue_start
+    (tmp_path / "cdi").mkdir()
+    api = FakeApiServer(tmp_path, kubernetes=(1, 36))
+    socks = _sockets(tmp_path)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "oci_gpu_hook.entry.cli", "dra", "--node-name", NODE, "--no-uevents",
+         "--kubelet-registry-dir", str(socks / "registry"), "--kubelet-plugins-dir", str(socks / "plugins"),
+         "--kube-api-server", api.url, "--kube-token-file", str(api.token_file), "--kube-ca-file", str(api.cert)],
+        cwd=REPO, stderr=subprocess.PIPE, text=True, env=_config(tmp_path, sysfs))
+    kubelet = FakeDraKubelet(str(socks / "registry"))
+    try:
+        kubelet.discover()  # the sockets come after the first publish
+        (published,) = api.slices()
+        taints = {d["name"]: d["taints"] for d in published["spec"]["devices"] if d.get("taints")}
+        assert list(taints) == ["gpu-0000-23-00-0"]
+        assert (taints["gpu-0000-23-00-0"][0]["value"], taints["gpu-0000-23-00-0"][0]["effect"]) == (
+            "ras-uncorrectable", "NoExecute")
+    finally:
+        kubelet.close()
+        process.send_signal(signal.SIGTERM)
+        _out, err = process.communicate(timeout=30)
+        api.close()
+        shutil.rmtree(socks, ignore_errors=True)
+    assert process.returncode == 0, err
+    assert "Traceback" not in err
+
+
+def test_the_device_plugin_command_marks_by_the_configs_settings(tmp_path: Path) -> None:
+    sysfs, host = _seed(tmp_path)
+    fakesysfs.set_ras(str(sysfs), host, "0000:e3:00.0", ue={"gfx": 5})
+    fakesysfs.set_ras(str(sysfs), host, "0000:03:00.0", ue={"gfx": 1})
+    kubelet = FakeKubelet(str(tmp_path / "device-plugins"))
+    kubelet.start()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "oci_gpu_hook.entry.cli", "device-plugin", "--kubelet-dir",
+         str(tmp_path / "device-plugins"), "--no-uevents", "--no-cdi-specs"], cwd=REPO, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True, env=_config(tmp_path, sysfs))
+    try:
+        devices = kubelet.devices("amd.com/gpu", lambda d: len(d) == 8, timeout=30)
+        assert [i for i, d in devices.items() if d.health == "Unhealthy"] == ["0000:e3:00.0"]
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _out, err = process.communicate(timeout=30)
+        kubelet.stop()
+    assert process.returncode == 0, err
+    assert "amd.com/gpu 0000:e3:00.0 (CDI amd.com/gpu=0000:e3:00.0) Unhealthy (amdgpu RAS: 5 uncorrectable " in err
