@@ -10,6 +10,8 @@ the uevent listener with :func:`uevents` and runs it with :func:`serve`, which
 turns SIGTERM and SIGINT into :meth:`Resident.stop` and closes the listener on
 the way out.  Every line a resident process says goes through a
 :func:`log_writer`: a UTC timestamp, the program, the message on one line.
+With ``--metrics-address`` it also serves its :meth:`Resident.rows` and :meth:`Resident.gauges` to Prometheus
+(:func:`metrics_endpoint`, :mod:`oci_gpu_hook.host.metrics`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,11 @@ from typing import Any
 
 from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.host.watch import RESYNC, EventSource, gpu_uevent
+
+TYPE_CHECKING = False
+
+if TYPE_CHECKING:
+    from oci_gpu_hook.host.metrics import DeviceRow, Endpoint
 
 Log = Callable[[str], None]
 
@@ -119,6 +126,14 @@ class Resident:
         """A GPU uevent, as it comes (before the rescan it brings forward): the health monitor's."""
         return None
 
+    def rows(self) -> list[DeviceRow]:
+        """Every device the process knows, as its metrics show them."""
+        return []
+
+    def gauges(self) -> dict[str, tuple[str, float]]:
+        """The process's own gauges: name -> (help, value)."""
+        return {}
+
     def rescan_due(self) -> str | None:
         """The reason of the rescan that is due now (then the next is ``rescan_interval`` from now), else None."""
         now = time.monotonic()
@@ -150,8 +165,20 @@ class Resident:
         self.stopping = True
 
 
-def serve(process: Resident, events: EventSource | None) -> int:
-    """Run ``process`` until SIGTERM or SIGINT (the handlers before are put back after), then close ``events``."""
+def metrics_endpoint(address: str | None, process: Resident) -> Endpoint | None:
+    """The process's Prometheus endpoint at ``address`` (None: none); its first line says where."""
+    if address is None:
+        return None
+    from oci_gpu_hook.host.metrics import Collector, Endpoint
+
+    endpoint = Endpoint(address, Collector(process.rows, process.gauges))
+    process.log(f"metrics at http://{endpoint.address}/metrics")
+    return endpoint
+
+
+def serve(process: Resident, events: EventSource | None, metrics: Endpoint | None = None) -> int:
+    """Run ``process`` until SIGTERM or SIGINT (the handlers before are put back after), then close ``events`` and
+    the ``metrics`` endpoint."""
     import signal
 
     def on_signal(number: int, _frame: object) -> None:
@@ -165,3 +192,5 @@ def serve(process: Resident, events: EventSource | None) -> int:
             signal.signal(sig, handler)
         if events is not None:
             events.close()
+        if metrics is not None:
+            metrics.close()

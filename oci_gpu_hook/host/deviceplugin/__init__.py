@@ -34,7 +34,7 @@ def command(args: list[str], config: Config) -> int:
     from oci_gpu_hook.cliparse import parser as _parser
     from oci_gpu_hook.errors import HookError
     from oci_gpu_hook.host.deviceplugin.devices import STRATEGIES
-    from oci_gpu_hook.host.resident import seconds, serve, uevents
+    from oci_gpu_hook.host.resident import metrics_endpoint, seconds, serve, uevents
 
     parser = _parser("device-plugin", "Advertise the host's AMD GPUs and compute partitions and NVIDIA GPUs and "
                                       "MIG devices to the kubelet (device plugin API v1beta1); Allocate answers "
@@ -63,6 +63,9 @@ def command(args: list[str], config: Config) -> int:
     parser.add_argument("--no-cdi-specs", action="store_true",
                         help="manage no CDI spec (then something else, e.g. `oci-gpu-hook watch`, must keep the "
                              "runtime's specs current)")
+    parser.add_argument("--metrics-address", metavar="HOST:PORT", default=None,
+                        help="serve Prometheus metrics at http://HOST:PORT/metrics (:PORT: every address; needs "
+                             "prometheus_client; default: none)")
     parser.add_argument("--list", action="store_true", help="print the devices as they would be advertised; exit")
     opts = parser.parse_args(args)
     interval = seconds(opts.rescan_interval, "--rescan-interval", 0.1, 3600)
@@ -107,4 +110,10 @@ def command(args: list[str], config: Config) -> int:
     manager = server.Manager(opts.kubelet_dir, tracker, device_specs=opts.device_specs, rescan_interval=interval,
                              events=events)
 
-    return serve(manager, events)
+    try:
+        metrics = metrics_endpoint(opts.metrics_address, manager)
+    except HookError:
+        if events is not None:
+            events.close()
+        raise
+    return serve(manager, events, metrics)

@@ -64,6 +64,7 @@ from oci_gpu_hook.host.deviceplugin.devices import (
 )
 from oci_gpu_hook.host.deviceplugin.specs import SpecKeeper
 from oci_gpu_hook.host.health import Monitor
+from oci_gpu_hook.host.metrics import DeviceRow
 from oci_gpu_hook.host.resident import Resident, log_writer
 from oci_gpu_hook.host.watch import EventSource
 from oci_gpu_hook.inventory import Inventory
@@ -155,7 +156,7 @@ class Tracker:
                 if device_id not in current:
                     verdict = verdicts.get(old.parent)
                     why = verdict.reason if verdict is not None and not verdict.healthy else gone(old.kind)
-                    current[device_id] = replace(old, healthy=False, reason=why)
+                    current[device_id] = replace(old, healthy=False, present=False, reason=why)
             with self.changed:
                 if current == self.devices:
                     return False
@@ -176,6 +177,19 @@ class Tracker:
     def of(self, resource: str) -> list[PluginDevice]:
         with self.changed:
             return sorted((d for d in self.devices.values() if d.resource == resource), key=_order)
+
+    def rows(self) -> list[DeviceRow]:
+        """Every device as the metrics show it."""
+        with self.changed:
+            devices = list(self.devices.values())
+        verdicts = self.monitor.verdicts()
+        out = []
+        for device in devices:
+            verdict = verdicts.get(device.parent)
+            signal = "gone" if not device.present else verdict.signal if verdict is not None else ""
+            out.append(DeviceRow(device.id, device.kind, device.type, "advertised" if device.present else "gone",
+                                 device.healthy, signal))
+        return out
 
     def check_specs(self, devices: list[PluginDevice]) -> str | None:
         """With :attr:`scan_lock` held: None when every managed spec maps ``devices`` to their numbers now
@@ -373,6 +387,9 @@ class Manager(Resident):
 
     def observe(self, event: Mapping[str, Any]) -> object:
         return self.tracker.monitor.event(event)
+
+    def rows(self) -> list[DeviceRow]:
+        return self.tracker.rows()
 
     def _servicer(self, resource: str) -> Callable[[], Servicer]:
         return lambda: Servicer(resource, self.tracker, device_specs=self.device_specs, log=self.log)

@@ -31,7 +31,7 @@ DNS_SUBDOMAIN = re.compile(r"^(?=.{1,63}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-
 def command(args: list[str], config: Config) -> int:
     from oci_gpu_hook.cliparse import parser as _parser
     from oci_gpu_hook.host.dra.slices import VERSIONS
-    from oci_gpu_hook.host.resident import seconds, serve, uevents
+    from oci_gpu_hook.host.resident import metrics_endpoint, seconds, serve, uevents
 
     parser = _parser("dra", "A Kubernetes DRA driver: publish this node's GPUs, partitions and MIG devices as "
                             "ResourceSlices, register at the kubelet, prepare each claim as a CDI spec of its own.")
@@ -63,6 +63,9 @@ def command(args: list[str], config: Config) -> int:
                              "API server keeps them (Kubernetes 1.33+, DRAPartitionableDevices on), else as its parts "
                              "only; off: always as its parts only (for a scheduler without the gate) (default "
                              "%(default)s)")
+    parser.add_argument("--metrics-address", metavar="HOST:PORT", default=None,
+                        help="serve Prometheus metrics at http://HOST:PORT/metrics (:PORT: every address; needs "
+                             "prometheus_client; default: none)")
     parser.add_argument("--list", action="store_true",
                         help="print the devices as they would be published (JSON, the slices' devices, with their "
                              "counters unless --shared-counters off; what is left out on stderr); exit")
@@ -124,4 +127,10 @@ def command(args: list[str], config: Config) -> int:
                            plugins_dir=opts.kubelet_plugins_dir, rescan_interval=interval, events=events,
                            monitor=Monitor(Settings.of(config), config.sysfs_root))
 
-    return serve(plugin, events)
+    try:
+        metrics = metrics_endpoint(opts.metrics_address, plugin)
+    except HookError:
+        if events is not None:
+            events.close()
+        raise
+    return serve(plugin, events, metrics)

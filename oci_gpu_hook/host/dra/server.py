@@ -56,6 +56,7 @@ from oci_gpu_hook.host.dra.devices import TAINT_NAME, DraDevice, Taint, build
 from oci_gpu_hook.host.dra.kube import ApiError
 from oci_gpu_hook.host.dra.slices import Publisher
 from oci_gpu_hook.host.health import Monitor, Verdict
+from oci_gpu_hook.host.metrics import DeviceRow
 from oci_gpu_hook.host.resident import Resident, log_writer
 from oci_gpu_hook.host.watch import EventSource
 from oci_gpu_hook.inventory import Inventory
@@ -253,6 +254,7 @@ class Driver(Resident):
         self.inventory: Inventory | None = None
         self.devices: list[DraDevice] = []
         self.ghosts: list[DraDevice] = []  # published, tainted, though gone: their GPU's nodes vanished
+        self.seen: dict[str, DraDevice] = {}  # every device seen since start, as last seen (for the metrics)
         self.health: dict[str, tuple[bool, int, str]] = {}  # every device seen: (healthy, since, why not)
         self.health_generation = 0
         self.health_changed = threading.Condition()
@@ -318,6 +320,7 @@ class Driver(Resident):
                 self.log(f"{reason}: {len(devices)} device(s); {'; '.join(parts)}")
                 self.dirty = True
             self.inventory, self.devices, self.ghosts = inventory, devices, ghosts
+            self.seen.update((d.name, d) for d in devices + ghosts)
             self._track_health(devices + ghosts, verdicts)
             return inventory, devices
 
@@ -403,6 +406,34 @@ class Driver(Resident):
 
     def observe(self, event: Mapping[str, Any]) -> object:
         return self.monitor.event(event)
+
+    def rows(self) -> list[DeviceRow]:
+        """Every device seen since start as the metrics show it: published, prepared (a prepared claim holds it)
+        or gone."""
+        with self.claims.lock:
+            held = {d.get("device") for record in self.claims.prepared.values() for d in record.get("devices", [])}
+        with self.lock:
+            seen = dict(self.seen)
+        with self.health_changed:
+            health = dict(self.health)
+        verdicts = self.monitor.verdicts()
+        out = []
+        for name, (healthy, _since, why) in sorted(health.items()):
+            device = seen.get(name)
+            if device is None:
+                continue
+            gone = why == GONE
+            verdict = verdicts.get(device.pci_address)
+            signal = "gone" if gone else verdict.signal if verdict is not None else ""
+            state = "gone" if gone else "prepared" if name in held else "published"
+            out.append(DeviceRow(name, str(device.attributes["vendor"][1]), str(device.attributes["type"][1]), state,
+                                 healthy, signal))
+        return out
+
+    def gauges(self) -> dict[str, tuple[str, float]]:
+        with self.claims.lock:
+            claims = len(self.claims.prepared)
+        return {"oci_gpu_hook_dra_prepared_claims": ("Claims this driver has prepared on this node.", claims)}
 
     def started(self) -> str:
         return (f"driver {self.driver}: registration {self.registration_path}, DRA {self.dra_path}, rescan every "
