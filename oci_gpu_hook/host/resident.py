@@ -176,10 +176,17 @@ def metrics_endpoint(address: str | None, process: Resident) -> Endpoint | None:
     return endpoint
 
 
-def serve(process: Resident, events: EventSource | None, metrics: Endpoint | None = None) -> int:
-    """Run ``process`` until SIGTERM or SIGINT (the handlers before are put back after), then close ``events`` and
-    the ``metrics`` endpoint."""
+def serve(process: Resident, events: EventSource | None, metrics_address: str | None = None) -> int:
+    """Run ``process`` until SIGTERM or SIGINT (the handlers before are put back after), with its metrics at
+    ``metrics_address`` (None: none), then close ``events`` and the metrics endpoint."""
     import signal
+
+    try:
+        metrics = metrics_endpoint(metrics_address, process)
+    except HookError:
+        if events is not None:
+            events.close()
+        raise
 
     def on_signal(number: int, _frame: object) -> None:
         process.stop()

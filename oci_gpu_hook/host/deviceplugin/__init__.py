@@ -34,7 +34,7 @@ def command(args: list[str], config: Config) -> int:
     from oci_gpu_hook.cliparse import parser as _parser
     from oci_gpu_hook.errors import HookError
     from oci_gpu_hook.host.deviceplugin.devices import STRATEGIES
-    from oci_gpu_hook.host.resident import metrics_endpoint, seconds, serve, uevents
+    from oci_gpu_hook.host.resident import seconds, serve, uevents
 
     parser = _parser("device-plugin", "Advertise the host's AMD GPUs and compute partitions and NVIDIA GPUs and "
                                       "MIG devices to the kubelet (device plugin API v1beta1); Allocate answers "
@@ -110,10 +110,4 @@ def command(args: list[str], config: Config) -> int:
     manager = server.Manager(opts.kubelet_dir, tracker, device_specs=opts.device_specs, rescan_interval=interval,
                              events=events)
 
-    try:
-        metrics = metrics_endpoint(opts.metrics_address, manager)
-    except HookError:
-        if events is not None:
-            events.close()
-        raise
-    return serve(manager, events, metrics)
+    return serve(manager, events, opts.metrics_address)

@@ -31,7 +31,7 @@ DNS_SUBDOMAIN = re.compile(r"^(?=.{1,63}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-
 def command(args: list[str], config: Config) -> int:
     from oci_gpu_hook.cliparse import parser as _parser
     from oci_gpu_hook.host.dra.slices import VERSIONS
-    from oci_gpu_hook.host.resident import metrics_endpoint, seconds, serve, uevents
+    from oci_gpu_hook.host.resident import seconds, serve, uevents
 
     parser = _parser("dra", "A Kubernetes DRA driver: publish this node's GPUs, partitions and MIG devices as "
                             "ResourceSlices, register at the kubelet, prepare each claim as a CDI spec of its own.")
@@ -127,10 +127,4 @@ def command(args: list[str], config: Config) -> int:
                            plugins_dir=opts.kubelet_plugins_dir, rescan_interval=interval, events=events,
                            monitor=Monitor(Settings.of(config), config.sysfs_root))
 
-    try:
-        metrics = metrics_endpoint(opts.metrics_address, plugin)
-    except HookError:
-        if events is not None:
-            events.close()
-        raise
-    return serve(plugin, events, metrics)
+    return serve(plugin, events, opts.metrics_address)
