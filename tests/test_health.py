@@ -427,6 +427,51 @@ def test_a_gpu_whose_nodes_vanish_stays_published_tainted_and_a_prepare_is_refus
     assert len(dra.devices()) == 9 and dra.taints() == {}
 
 
+def test_a_wedge_outlives_a_restart_of_the_driver_unless_the_gpu_was_rebound_meanwhile(tmp_path: Path) -> None:
+    host = fakesysfs.seed_host()
+    sysfs = Path(fakesysfs.build(str(tmp_path / "sys"), host))
+    (tmp_path / "cdi").mkdir()
+    state = tmp_path / "state" / "health.json"
+    logs: list[str] = []
+
+    def started(api: FakeApiServer) -> object:
+        driver = _driver(tmp_path, sysfs, api, logs, monitor=Monitor(
+            Settings(), str(sysfs), clock=Clock(), wall=lambda: 1_780_000_000.0, state_file=str(state),
+            log=logs.append))
+        driver.step()
+        return driver
+
+    def tainted(api: FakeApiServer) -> list[str]:
+        return [d["name"] for s in api.slices() for d in s["spec"]["devices"] if d.get("taints")]
+
+    api = FakeApiServer(tmp_path, kubernetes=(1, 36))
+    try:
+        first = started(api)
+        first.observe(_wedged("0000:63:00.0"))  # type: ignore[attr-defined]
+        first.step()  # type: ignore[attr-defined]
+        assert tainted(api) == ["gpu-0000-63-00-0"]
+        assert json.loads(state.read_text())["wedged"]["0000:63:00.0"]["methods"] == "rebind,bus-reset"
+        assert state.stat().st_mode & 0o777 == 0o600
+        first.sockets.stop()  # type: ignore[attr-defined]
+        api.state.slices.clear()  # the restarted driver cannot learn it from its old slices
+        second = started(api)  # the uevent is not sent again: the state file has it
+        assert tainted(api) == ["gpu-0000-63-00-0"]
+        second.sockets.stop()  # type: ignore[attr-defined]
+        shutil.rmtree(sysfs)  # the GPU rebound while no driver ran: its drm directory is another one
+        fakesysfs.build(str(sysfs), host)
+        third = started(api)
+        assert tainted(api) == [] and json.loads(state.read_text()) == {"wedged": {}}
+        third.sockets.stop()  # type: ignore[attr-defined]
+        state.write_text("{not json")
+        fourth = started(api)
+        assert tainted(api) == []
+        assert any(line.startswith(f"health state {state} cannot be read (") for line in logs), logs
+        fourth.sockets.stop()  # type: ignore[attr-defined]
+    finally:
+        api.close()
+        shutil.rmtree(_sockets(tmp_path), ignore_errors=True)
+
+
 def test_health_settings_come_from_the_config() -> None:
     settings = Settings.of(Config(health_ue_start=3, health_ue_rise=1, health_hold=7, health_noexecute=("vanished",)))
     assert settings == Settings(3, 1, 7.0, ("vanished",))

@@ -10,7 +10,9 @@ signals (docs/health.md says each one's kernel source, file and attribute, and w
 - ``wedged``: the DRM core's ``WEDGED=<recovery methods>`` change uevent on the GPU's card minor (amdgpu, i915,
   xe: a reset failed and the driver gave up on the device); held until the device recovers: ``WEDGED=none``
   (the driver says it recovered), the PCI device or its card added or bound again (a rebind), or the GPU gone
-  from the host (a new device when it comes back);
+  from the host (a new device when it comes back).  With a ``state_file`` (the DRA driver's state directory) it
+  outlives a restart of the process: kept with the identity of the GPU's ``drm`` directory in sysfs (kernfs
+  makes it anew when the driver binds again), so a rebind while the process was down ends it;
 - ``vanished``: the GPU's devices are gone from the scan (AMD: its KFD topology node or DRM minors; NVIDIA: the
   driver no longer lists it, or excluded it) while its PCI device stays.
 
@@ -156,14 +158,22 @@ class Monitor:
     (:meth:`event`).  Thread-safe: the resident processes read verdicts from their gRPC threads."""
 
     def __init__(self, settings: Settings | None = None, sysfs_root: str = "/sys", *,
-                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
+                 state_file: str | None = None, log: Callable[[str], None] | None = None) -> None:
         self.settings = settings or Settings()
         self.sysfs_root = sysfs_root
         self.clock = clock
         self.wall = wall
         self.gpus: dict[str, _Gpu] = {}
         self.wedged: dict[str, str] = {}  # PCI address -> the WEDGED value, until the device recovers
+        self.marks: dict[str, list[int] | None] = {}  # PCI address -> its drm directory's identity when wedged
+        self.unchecked: set[str] = set()  # wedges read from the state file, checked against sysfs at the next sample
         self.lock = threading.Lock()
+        self.log = log
+        self.state_file = state_file
+        self.state_problem = ""
+        if state_file is not None:
+            self._load(state_file)
 
     def event(self, event: Mapping[str, Any]) -> bool:
         """Take a uevent in: a ``WEDGED=`` one marks its GPU wedged, a recovery clears it; True when it did
@@ -179,12 +189,70 @@ class Monitor:
             if subsystem == "drm" and value is not None:
                 methods = str(value).strip()
                 if methods and methods != RECOVERED:
+                    gpu = self.gpus.get(pci)
                     self.wedged[pci] = methods
+                    self.marks[pci] = _identity(os.path.join(gpu.directory, "drm")) if gpu is not None else None
+                    self._save()
                     return True
-                return self.wedged.pop(pci, None) is not None
+                return self._unwedge(pci)
             if action in ("add", "bind"):  # a rebind or a new device: the wedge is over
-                return self.wedged.pop(pci, None) is not None
+                return self._unwedge(pci)
         return False
+
+    def _unwedge(self, pci: str) -> bool:
+        """With the lock held: end a wedge; True when there was one."""
+        if self.wedged.pop(pci, None) is None:
+            return False
+        self.marks.pop(pci, None)
+        self.unchecked.discard(pci)
+        self._save()
+        return True
+
+    def _load(self, path: str) -> None:
+        """The wedges a process before this one saw (unchecked until the first sample)."""
+        import json
+
+        try:
+            with open(path, encoding="utf-8") as handle:
+                data = json.load(handle)
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as err:
+            self._said(f"health state {path} cannot be read ({err}): starting without the wedges it held")
+            return
+        entries = data.get("wedged") if isinstance(data, dict) else None
+        if not isinstance(entries, dict):
+            self._said(f"health state {path} is not one of this program's: starting without the wedges it held")
+            return
+        for pci, entry in entries.items():
+            if (isinstance(pci, str) and parse_pci_address(pci) and isinstance(entry, dict)
+                    and isinstance(entry.get("methods"), str) and entry["methods"]):
+                mark = entry.get("drm")
+                self.wedged[pci] = entry["methods"]
+                self.marks[pci] = mark if isinstance(mark, list) and all(isinstance(n, int) for n in mark) else None
+                self.unchecked.add(pci)
+
+    def _save(self) -> None:
+        """With the lock held: the wedges to the state file (a failure said once; they stay in memory)."""
+        if self.state_file is None:
+            return
+        import json
+
+        from oci_gpu_hook.atomic import write_atomic
+
+        text = json.dumps({"wedged": {pci: {"methods": methods, "drm": self.marks.get(pci)}
+                                      for pci, methods in sorted(self.wedged.items())}}, indent=1) + "\n"
+        try:
+            os.makedirs(os.path.dirname(self.state_file) or ".", mode=0o700, exist_ok=True)
+            write_atomic(self.state_file, text, 0o600)
+        except OSError as err:
+            self._said(f"cannot write the health state {self.state_file} ({err.strerror}): a wedged GPU is "
+                       "forgotten if this process restarts")
+
+    def _said(self, message: str) -> None:
+        if message != self.state_problem and self.log is not None:
+            self.log(message)
+        self.state_problem = message
 
     def verdict(self, pci_address: str) -> Verdict:
         with self.lock:
@@ -213,7 +281,12 @@ class Monitor:
             for pci in list(self.gpus):
                 if pci not in present and not os.path.isdir(self.gpus[pci].directory):
                     del self.gpus[pci]  # gone from the host: a new device if it comes back
-                    self.wedged.pop(pci, None)
+                    self._unwedge(pci)
+            for pci in sorted(self.unchecked):  # wedged before this process: still, unless rebound meanwhile
+                mark = self.marks.get(pci)
+                if pci not in present or (mark is not None and mark != _identity(os.path.join(present[pci], "drm"))):
+                    self._unwedge(pci)
+            self.unchecked.clear()
             for pci, gpu in self.gpus.items():
                 signals = self._signals(pci, gpu, pci in present, inventory)
                 self._judge(gpu, signals, now)
@@ -267,6 +340,15 @@ class Monitor:
             gpu.verdict = Verdict(False, signal, reason, since)
         elif not gpu.verdict.healthy and now >= gpu.held:
             gpu.verdict = GOOD
+
+
+def _identity(path: str) -> list[int] | None:
+    """A sysfs directory's identity: its inode and its creation time (a directory made anew differs in both)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_ino, st.st_ctime_ns]
 
 
 def one_sample(config: Config, inventory: Inventory) -> dict[str, Verdict]:

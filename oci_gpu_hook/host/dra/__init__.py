@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from oci_gpu_hook.inventory import Inventory
 
 DEFAULT_DRIVER = "gpu.oci-gpu-hook.io"
+HEALTH_STATE = "health.json"  # in the state directory: the wedged GPUs, across a restart
 DNS_SUBDOMAIN = re.compile(r"^(?=.{1,63}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
@@ -125,6 +126,7 @@ def command(args: list[str], config: Config) -> int:
     events = uevents(not opts.no_uevents, interval, server.log_line)
     plugin = server.Driver(driver, scan, publisher, claims, registry_dir=opts.kubelet_registry_dir,
                            plugins_dir=opts.kubelet_plugins_dir, rescan_interval=interval, events=events,
-                           monitor=Monitor(Settings.of(config), config.sysfs_root))
+                           monitor=Monitor(Settings.of(config), config.sysfs_root, log=server.log_line,
+                                           state_file=os.path.join(state_dir, HEALTH_STATE)))
 
     return serve(plugin, events, opts.metrics_address)
