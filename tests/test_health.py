@@ -206,6 +206,17 @@ def test_list_shows_each_devices_health_with_its_reason(tmp_path: Path) -> None:
     assert all(row.endswith("Healthy") for pci, row in rows.items() if pci != "0000:43:00.0")
 
 
+def test_inspect_names_an_unhealthy_gpus_nodes_with_its_health(tmp_path: Path) -> None:
+    from oci_gpu_hook.entry.commands.inspect import device_names
+
+    sysfs, host = _seed(tmp_path)
+    fakesysfs.set_ras(str(sysfs), host, "0000:43:00.0", ue={"sdma": 2})
+    names = device_names(Config(sysfs_root=str(sysfs)))
+    assert names[("c", 226, 130)].startswith("amd 2 /dev/dri/renderD130 (0000:43:00.0); Unhealthy: amdgpu RAS: 2 "
+                                             "uncorrectable errors (sdma 2; ")
+    assert names[("c", 226, 129)] == "amd 1 /dev/dri/renderD129 (0000:23:00.0)"
+
+
 # --- the device plugin ---------------------------------------------------------------------------------------
 
 @pytest.fixture
