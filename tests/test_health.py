@@ -217,6 +217,19 @@ def test_inspect_names_an_unhealthy_gpus_nodes_with_its_health(tmp_path: Path) -
     assert names[("c", 226, 129)] == "amd 1 /dev/dri/renderD129 (0000:23:00.0)"
 
 
+def test_the_device_plugins_list_shows_each_devices_health(tmp_path: Path) -> None:
+    sysfs, host = _seed(tmp_path)
+    fakesysfs.set_aer_fatal(str(sysfs), host, "0000:83:00.0", 3)
+    done = subprocess.run([sys.executable, "-m", "oci_gpu_hook.entry.cli", "--sysfs-root", str(sysfs), "device-plugin",
+                           "--list"], capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", "OCI_GPU_HOOK_CONFIG": "/dev/null"})
+    assert done.returncode == 0, done.stderr
+    rows = {line.split()[1]: line for line in done.stdout.splitlines()}
+    assert rows["0000:83:00.0"].endswith("hive -  Unhealthy: PCIe AER: 3 fatal errors "
+                                         f"({next(sysfs.glob('devices/**/0000:83:00.0'))}/aer_dev_fatal)")
+    assert rows["0000:03:00.0"].endswith("hive -  Healthy")
+
+
 # --- the device plugin ---------------------------------------------------------------------------------------
 
 @pytest.fixture

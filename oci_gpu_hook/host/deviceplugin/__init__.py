@@ -66,7 +66,8 @@ def command(args: list[str], config: Config) -> int:
     parser.add_argument("--metrics-address", metavar="HOST:PORT", default=None,
                         help="serve Prometheus metrics at http://HOST:PORT/metrics (:PORT: every address; needs "
                              "prometheus_client; default: none)")
-    parser.add_argument("--list", action="store_true", help="print the devices as they would be advertised; exit")
+    parser.add_argument("--list", action="store_true",
+                        help="print the devices as they would be advertised, with their health; exit")
     opts = parser.parse_args(args)
     interval = seconds(opts.rescan_interval, "--rescan-interval", 0.1, 3600)
     if opts.no_cdi_specs and opts.cdi_dir:
@@ -79,11 +80,15 @@ def command(args: list[str], config: Config) -> int:
 
         inventory = scan_served(config.sysfs_root, proc_root=config.proc_root, driver_root=config.driver_root,
                                 kinds=kinds)
+        from oci_gpu_hook.host.health import GOOD, one_sample
+
         devices, notes = plan(inventory, opts.resource_strategy)
+        verdicts = one_sample(config, inventory)
         for device in devices:
             numa = "-" if device.numa is None else str(device.numa)
             print(f"{device.resource}  {device.id}  {device.qualified}  numa {numa}  "
-                  f"hive {device.hive if device.hive is not None else '-'}")
+                  f"hive {device.hive if device.hive is not None else '-'}  "
+                  f"{verdicts.get(device.parent, GOOD).text}")
         for note in notes:
             print(f"# {note}")
         return 0
