@@ -294,12 +294,13 @@ def apply_adjustment(spec: dict[str, Any], adjust: api_pb2.ContainerAdjustment) 
             if not _removal(change.key)[1] and change.key in changes:
                 env.append(f"{change.key}={change.value}")
         spec["process"]["env"] = env
-    hooks = spec.setdefault("hooks", {})
     for field, stage in (("prestart", "prestart"), ("poststart", "poststart"), ("poststop", "poststop"),
                          ("create_runtime", "createRuntime"), ("create_container", "createContainer"),
                          ("start_container", "startContainer")):
         for hook in getattr(adjust.hooks, field):
-            hooks.setdefault(stage, []).append(_hook(hook))
+            spec.setdefault("hooks", {}).setdefault(stage, []).append(_hook(hook))
+    if not adjust.linux.devices and not adjust.linux.resources.devices and not adjust.mounts:
+        return
     linux = spec.setdefault("linux", {})
     rules = linux.setdefault("resources", {}).setdefault("devices", [])
     for device in adjust.linux.devices:
