@@ -104,6 +104,9 @@ def test_env_request(runtime: nr.NRIRuntime, setup: dict[str, Path], v2: bool, r
     assert done.returncode == 0, done.stderr
     result = cl.assert_isolated(done.stdout, gpus, cgroup_v2=v2)
     assert result.links == cl.expected_links(gpus)
+    record = json.loads(setup["log"].read_text().splitlines()[-1])
+    asked = "amd.com/gpu=" + request_env.split("=")[1]
+    assert (record["entry"], record["id"], record["outcome"], record["request"]) == ("nri", bundle.name, "ok", asked)
 
 
 def test_cdi_annotation(runtime: nr.NRIRuntime, setup: dict[str, Path]) -> None:
@@ -139,6 +142,9 @@ def test_a_bad_request_fails_the_container_with_one_line(runtime: nr.NRIRuntime,
     line = refused.value.message
     assert "\n" not in line and line.startswith("oci-gpu-hook: AMD_VISIBLE_DEVICES=1,8: '8' is out of range")
     assert "valid:" in line
+    records = [json.loads(r) for r in setup["log"].read_text().splitlines()]
+    assert {"entry": "nri", "outcome": "error", "error": line.replace("oci-gpu-hook: ", "oci-gpu-hook: error: ", 1)
+            }.items() <= records[-1].items()
     # the plugin goes on serving
     bundle, _, _ = _create(runtime, setup, ["AMD_VISIBLE_DEVICES=4"])
     done = _run(bundle)

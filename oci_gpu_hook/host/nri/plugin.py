@@ -148,8 +148,9 @@ class Plugin:
         try:
             adjustment, plan = adjust.create_container(container, self.config)
         except HookError as err:
-            err.container_id = container.id
-            self._record_refusal(container, err, started)
+            from oci_gpu_hook.log import error_line, refused
+
+            refused(self.config, "nri", container.id or None, error_line(str(err)))
             raise
         plan.record(self.config, "nri", container.id or None, started)
         if adjustment is None:
@@ -161,14 +162,6 @@ class Plugin:
         pod = request.pod
         where = f"{pod.namespace}/{pod.name}/" if pod.name else ""
         return f"{where}{request.container.name or request.container.id}"
-
-    def _record_refusal(self, container: Any, err: HookError, started: float) -> None:
-        if not self.config.log_file:
-            return
-        from oci_gpu_hook.log import record
-
-        record(self.config, entry="nri", id=container.id or None, outcome="refused", error=str(err),
-               duration_ms=round((time.monotonic() - started) * 1000, 2))
 
     def serve_one(self, message: ttrpc.Message) -> None:
         """Answer one message from the runtime."""
@@ -190,13 +183,15 @@ class Plugin:
             reply = handler(envelope.payload)
         except HookError as err:
             self.log(f"refused: {err}")
-            self.channel.respond(message, code=ttrpc.UNKNOWN, message=f"oci-gpu-hook: {err}")
+            self.channel.respond(message, code=ttrpc.UNKNOWN, message="oci-gpu-hook: " + " ".join(str(err).split()))
             return
         except Exception as err:  # a bug: this container fails, the plugin goes on
-            import traceback
+            if self.config.debug:
+                import traceback
 
-            traceback.print_exc(file=sys.stderr)
+                traceback.print_exc(file=sys.stderr)
             first = str(err).splitlines()[0] if str(err) else ""
+            self.log(f"internal error: {type(err).__name__}: {first} (--debug for a traceback)")
             self.channel.respond(message, code=ttrpc.INTERNAL,
                                  message=f"oci-gpu-hook: internal error: {type(err).__name__}: {first}")
             return
