@@ -210,9 +210,8 @@ class NRIRuntime:
             if self.plugin.subscribed(api_pb2.CREATE_CONTAINER):
                 adjust = self.plugin.create_container(pod, container).adjust
         required = list(self.required_plugins)
-        annotated = pod.annotations.get(f"{REQUIRED_PLUGINS}/container.{container.name}",
-                                        pod.annotations.get(REQUIRED_PLUGINS, pod.annotations.get(
-                                            f"{REQUIRED_PLUGINS}/pod")))
+        keys = (f"{REQUIRED_PLUGINS}/container.{container.name}", f"{REQUIRED_PLUGINS}/pod", REQUIRED_PLUGINS)
+        annotated = next((pod.annotations[k] for k in keys if k in pod.annotations), None)  # the first, as NRI
         if annotated:
             required += json.loads(annotated)
         missing = [name for name in required if name not in present]
