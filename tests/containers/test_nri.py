@@ -20,6 +20,7 @@ import pytest
 from oci_gpu_hook.host.nri import api_pb2
 from tests.helpers import containerlib as cl
 from tests.helpers import nriruntime as nr
+from tests.helpers import wheellib
 
 pytestmark = pytest.mark.containers
 POD = api_pb2.PodSandbox(id="pod-1", name="gpu-pod", namespace="default", uid="0000-1111")
@@ -216,3 +217,37 @@ def test_the_plugin_exits_when_the_runtime_goes(setup: dict[str, Path], tmp_path
     finally:
         double.listener.close()
         _stop(plugin)
+
+
+# --- what ships ---------------------------------------------------------------------------------------------
+
+def test_the_wheels_plugin(setup: dict[str, Path], tmp_path: Path) -> None:
+    """The plugin as an operator installs it: the wheel in a venv of its own.  Without protobuf it says which
+    extra to install, one line; with it, it registers and a GPU container gets exactly its GPU."""
+    python = wheellib.make_venv(tmp_path / "venv", wheellib.built_wheel())
+    hook = python.parent / "oci-gpu-hook"
+    double = nr.NRIRuntime(tmp_path / "nri.sock")
+    try:
+        argv = [str(hook), "--config", str(setup["config"]), "nri", "--socket", str(double.path)]
+        bare = python.parent / "pip"
+        assert subprocess.run([str(python), "-c", "import google.protobuf"], capture_output=True,
+                              timeout=60).returncode != 0, "protobuf came with the wheel's own dependencies"
+        done = cl.run(argv, env=cl.hook_env())
+        assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+        assert "pip install 'oci-gpu-hook[nri]'" in done.stderr
+        installed = subprocess.run([str(bare), "install", "-q", "--disable-pip-version-check", "-c",
+                                    str(tmp_path / "venv" / "constraints.txt"), "protobuf"], capture_output=True,
+                                   text=True, timeout=600)
+        assert installed.returncode == 0, installed.stderr
+        with (tmp_path / "plugin.log").open("ab") as out:
+            plugin = subprocess.Popen(argv, stdout=out, stderr=out, env=cl.hook_env())
+        try:
+            double.accept()
+            bundle, _, _ = _create(double, setup, ["AMD_VISIBLE_DEVICES=6"])
+            done = _run(bundle)
+            assert done.returncode == 0, done.stderr
+            cl.assert_isolated(done.stdout, [6])
+        finally:
+            _stop(plugin)
+    finally:
+        double.close()

@@ -214,6 +214,11 @@ def run(config: Config, socket_path: str, name: str, idx: str, log: Callable[[st
     from oci_gpu_hook.host.nri import adjust
 
     adjust.check_config(config)
+    try:
+        from oci_gpu_hook.host.nri import api_pb2, ttrpc_pb2  # noqa: F401 (the messages need protobuf)
+    except Exception as err:  # ImportError, or protobuf's VersionError for one older than the generated code
+        raise HookError(f"nri needs protobuf 7.35.1 or later ({type(err).__name__}: {err}): "
+                        "pip install 'oci-gpu-hook[nri]'") from None
     sock = connect(socket_path)
     try:
         plugin = Plugin(ttrpc.Channel(sock), config, name, idx, log)
