@@ -319,6 +319,53 @@ def test_the_adjustment_of_a_request(tmp_path: Path) -> None:
     assert not adjustment.env and not adjustment.hooks.create_runtime
 
 
+def test_an_nvidia_request_brings_the_drivers_files_and_ld_cache_hook(tmp_path: Path) -> None:
+    """NVIDIA: the GPU's and the control nodes, the driver's files as read-only mounts, the createRuntime hook
+    that makes their soname links and the ld cache, as in a rewritten spec."""
+    host = REPO / "examples" / "hosts" / "nvidia-4x-h100"
+    config = Config(sysfs_root=str(host / "sys"), proc_root=str(host / "proc"), driver_root=str(host / "driver"),
+                    hook_path="/bin/sh", by_path_dir=str(tmp_path / "by-path"))
+    container = api_pb2.Container(id="c", env=["NVIDIA_VISIBLE_DEVICES=1", "NVIDIA_DRIVER_CAPABILITIES=compute"])
+    adjustment, plan = adjust.create_container(container, config)
+    assert adjustment is not None
+    paths = [d.path for d in adjustment.linux.devices]
+    assert paths == [n.path for n in plan.nodes] and "/dev/nvidiactl" in paths
+    assert len([p for p in paths if p.removeprefix("/dev/nvidia").isdigit()]) == 1  # one GPU of the four
+    drivers = [m for m in adjustment.mounts if m.destination != "/dev/dri/by-path"]
+    assert drivers and all(m.type == "bind" and "ro" in m.options for m in drivers)
+    assert [(m.source, m.destination) for m in drivers] == [(m.source, m.destination) for m in plan.edits.mounts]
+    [hook] = adjustment.hooks.create_runtime
+    assert hook.path == "/bin/sh" and hook.args[:2] == ["oci-gpu-hook", "ldcache"]
+    assert hook.args[2:] == plan.edits.driver_hook_args and hook.timeout.value == 30
+
+
+def test_what_the_rewrite_appended_is_the_adjustment(tmp_path: Path) -> None:
+    """Each appended part of the OCI view maps to its field of the adjustment; a part changed other than by
+    appending is an internal error, never a wrong adjustment."""
+    before = {"process": {"env": ["A=1"]}, "mounts": [{"destination": "/x", "type": "bind", "source": "/y"}],
+              "linux": {"devices": [], "resources": {"devices": [{"allow": False, "access": "rwm"}]}}}
+    after = {"process": {"env": ["A=1", "B=2=3"]},
+             "mounts": [{"destination": "/x", "type": "bind", "source": "/y"},
+                        {"destination": "/z", "type": "bind", "source": "/w", "options": ["ro"]}],
+             "hooks": {"createRuntime": [{"path": "/h", "args": ["h", "x"], "env": ["P=1"], "timeout": 7}]},
+             "linux": {"devices": [{"path": "/dev/b", "type": "b", "major": 8, "minor": 0}],
+                       "resources": {"devices": [{"allow": False, "access": "rwm"},
+                                                 {"allow": True, "type": "c", "access": "rw"}]}}}
+    got = adjust.adjustment(before, after, _config(tmp_path))
+    assert [(e.key, e.value) for e in got.env] == [("B", "2=3")]
+    assert [(m.destination, m.source, list(m.options)) for m in got.mounts] == [("/z", "/w", ["ro"])]
+    [hook] = got.hooks.create_runtime
+    assert (hook.path, list(hook.args), list(hook.env), hook.timeout.value) == ("/h", ["h", "x"], ["P=1"], 7)
+    [device] = got.linux.devices
+    assert (device.path, device.type, device.HasField("file_mode")) == ("/dev/b", "b", False)
+    [rule] = got.linux.resources.devices
+    assert (rule.allow, rule.type, rule.HasField("major"), rule.HasField("minor"), rule.access) == (
+        True, "c", False, False, "rw")
+    after["process"]["env"] = ["A=2"]
+    with pytest.raises(HookError, match=r"internal error: the spec rewrite changed process\.env"):
+        adjust.adjustment(before, after, _config(tmp_path))
+
+
 def test_a_conflicting_node_is_refused(tmp_path: Path) -> None:
     container = api_pb2.Container(id="c", env=["AMD_VISIBLE_DEVICES=1"])
     container.linux.devices.add(path="/dev/kfd", type="c", major=1, minor=3)
