@@ -65,7 +65,7 @@ COMMANDS: dict[str, tuple[str, bool | str, str, tuple[tuple[str, str], ...]]] = 
     "watch": ("watch", True, "", (("watch [--output FILE|DIR] [--debounce SECONDS] [--once] [--subsystems LIST]",
                                    "keep the CDI spec current on GPU/partition uevents"),)),
     "install": ("install", "--uninstall", "", (
-        ("install [--only podman,docker,containerd,crio,cdi,systemd] [--hook precreate|prestart|none] "
+        ("install [--only podman,docker,containerd,crio,cdi,systemd,nri] [--hook precreate|prestart|none] "
          "[--set VAR=VALUE]\n          [--prefix DIR] [--dry-run] [--uninstall] [--no-native] [--allow-editable]",
          "launchers, a hooks.d file, CDI spec, containerd drop-in"),)),
     "device-plugin": ("device_plugin", True, "", (
