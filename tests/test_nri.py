@@ -219,6 +219,13 @@ def test_silence_and_closes(pair: tuple[socket.socket, socket.socket]) -> None:
         channel.receive(timeout=10)
 
 
+def test_a_send_to_a_closed_peer(pair: tuple[socket.socket, socket.socket]) -> None:
+    mine, theirs = pair
+    theirs.close()
+    with pytest.raises(ttrpc.ProtocolError, match="the connection failed"):
+        ttrpc.Channel(mine).send(1, 1, ttrpc.RESPONSE, 0, b"late")
+
+
 def test_a_close_between_messages_is_the_end(pair: tuple[socket.socket, socket.socket]) -> None:
     mine, theirs = pair
     theirs.shutdown(socket.SHUT_WR)

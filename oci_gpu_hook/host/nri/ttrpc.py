@@ -149,7 +149,12 @@ class Channel:
         self._next_stream = 1
 
     def send(self, conn: int, stream: int, type_: int, flags: int, payload: bytes) -> None:
-        self.sock.sendall(encode(conn, stream, type_, flags, payload))
+        data = encode(conn, stream, type_, flags, payload)
+        try:
+            self.sock.settimeout(None)
+            self.sock.sendall(data)
+        except OSError as err:
+            raise ProtocolError(f"the connection failed: {err.strerror or err}") from None
 
     def receive(self, timeout: float | None = None) -> Message | None:
         """The next message (one queued while a call waited first); None when the peer closed the socket
