@@ -44,13 +44,16 @@ if TYPE_CHECKING:
 DEFAULT_CONFIG_PATH = "/etc/oci-gpu-hook/config.toml"
 CONFIG_ENV = "OCI_GPU_HOOK_CONFIG"  # names the config file
 ACCESS_VALUES = ("r", "w", "m", "rw", "rm", "wm", "rwm")
+# The health signals a GPU can be Unhealthy by (oci_gpu_hook/host/health.py reads them; docs/health.md says each
+# one's kernel source); the DRA driver's taint names the first as its value.
+HEALTH_SIGNALS = ("ras-uncorrectable", "pcie-fatal", "wedged", "vanished")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
 
 class Field:
-    """One key: its default, its type (``str``, ``path``, ``bool``, ``mode``, ``id``, ``access``,
-    ``kinds``, ``env_table``), its environment variable, and what it is for."""
+    """One key: its default, its type (``str``, ``path``, ``bool``, ``mode``, ``id``, ``count``, ``access``,
+    ``kinds``, ``signals``, ``env_table``), its environment variable, and what it is for."""
 
     __slots__ = ("default", "doc", "env", "type")
 
@@ -95,6 +98,18 @@ FIELDS: dict[str, Field] = {
     "syslog": Field(True, "bool", None, "Also write each refusal and each hand-over to a slower path to the "
                     "system journal (the syslog socket /dev/log, identifier oci-gpu-hook)."),
     "debug": Field(False, "bool", "OCI_GPU_HOOK_DEBUG", "Print tracebacks on internal errors."),
+    "health_ue_start": Field(0, "count", None,
+                             "Device plugin, DRA driver, list: a GPU whose uncorrectable error count (amdgpu RAS "
+                             "ue, PCIe AER fatal) is above this when first read is Unhealthy."),
+    "health_ue_rise": Field(0, "count", None,
+                            "Device plugin, DRA driver: a GPU whose uncorrectable error count rises by more than "
+                            "this between two reads is Unhealthy."),
+    "health_hold": Field(300, "count", None,
+                         "Seconds an Unhealthy GPU stays Unhealthy (and its DRA taint stays) after its last signal "
+                         "cleared, so that a flapping signal does not flap the taint."),
+    "health_noexecute": Field((), "signals", None,
+                              "The health signals (" + ", ".join(HEALTH_SIGNALS) + ") whose DRA taint is NoExecute "
+                              "(the pods using the device are evicted) rather than NoSchedule."),
 }
 RENAMED = {"cdi_spec": "cdi_dir", "cdi_kind": "backends"}
 
@@ -104,9 +119,11 @@ EXPECTED = {
     "bool": "true or false",
     "mode": "a file mode, 0 to 0o7777",
     "id": "an integer, 0 to 4294967294",
+    "count": "an integer, 0 to 4294967294",
     "access": "one of " + ", ".join(ACCESS_VALUES),
     "kinds": "a non-empty list of backend names (" + ", ".join(KINDS) + ")",
     "env_table": "a table of backend name = a non-empty list of variable names",
+    "signals": "a list of health signal names (" + ", ".join(HEALTH_SIGNALS) + "), each once",
 }
 
 
@@ -127,7 +144,7 @@ def check_value(name: str, value: Any, where: str) -> Any:
             ok = value
         elif isinstance(value, str) and where.startswith("environment") and value.lower() in _TRUE | _FALSE:
             ok = value.lower() in _TRUE
-    elif kind in ("mode", "id"):
+    elif kind in ("mode", "id", "count"):
         top = 0o7777 if kind == "mode" else 4294967294
         if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= top:
             ok = value
@@ -136,6 +153,10 @@ def check_value(name: str, value: Any, where: str) -> Any:
             ok = value
     elif kind == "kinds":
         if (isinstance(value, (list, tuple)) and value and all(v in KINDS for v in value)
+                and len(set(value)) == len(value)):
+            ok = tuple(value)
+    elif kind == "signals":
+        if (isinstance(value, (list, tuple)) and all(v in HEALTH_SIGNALS for v in value)
                 and len(set(value)) == len(value)):
             ok = tuple(value)
     elif kind == "env_table" and isinstance(value, dict) and all(
@@ -175,6 +196,10 @@ class Config:
     log_file: str
     syslog: bool
     debug: bool
+    health_ue_start: int
+    health_ue_rise: int
+    health_hold: int
+    health_noexecute: tuple[str, ...]
     source: str
 
     def __init__(self, **values: Any) -> None:

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from oci_gpu_hook.config import ACCESS_VALUES, FIELDS
+from oci_gpu_hook.config import ACCESS_VALUES, FIELDS, HEALTH_SIGNALS
 from oci_gpu_hook.core.devices import Node
 from oci_gpu_hook.inventory import Device, Inventory, stable_name
 from oci_gpu_hook.kinds import KINDS
@@ -36,6 +36,8 @@ def _annotation(kind: str) -> Any:
         "bool": bool,
         "mode": Annotated[int, Field(ge=0, le=0o7777)],
         "id": Annotated[int, Field(ge=0, le=4294967294)],
+        "count": Annotated[int, Field(ge=0, le=4294967294)],
+        "signals": Annotated[list[Literal[HEALTH_SIGNALS]], Field(json_schema_extra={"uniqueItems": True})],  # type: ignore[valid-type]
         "access": Literal[ACCESS_VALUES],  # type: ignore[valid-type]
         "kinds": Annotated[list[_KIND], Field(min_length=1)],  # type: ignore[valid-type]
         "env_table": dict[_KIND, Annotated[list[Annotated[str, Field(pattern=_ENV_NAME)]],  # type: ignore[valid-type]

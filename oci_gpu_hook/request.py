@@ -23,11 +23,15 @@ addresses, unique ids; Intel: ``cardN``, PCI addresses; NVIDIA: ``GPU-<uuid>``, 
 ``MIG-<uuid>``; its indices count whole GPUs).  Duplicates collapse.  Anything unknown,
 malformed or out of range is a :class:`HookError` naming the bad token and what is valid.
 
-What the node cannot serve, one rule: ``all`` means every device of the kind this node has now, so on a
-node with none of the kind (it never had one, or they have all been removed) it grants nothing of it and is
-noted (one log line says the container asked for it), never refused: CUDA images carry
+What the node cannot serve, one rule: ``all`` in an env variable means every device of the kind this node has
+now, so on a node with none of the kind (it never had one, or they have all been removed) it grants nothing of it
+and is noted (one log line says the container asked for it), never refused: CUDA images carry
 ``NVIDIA_VISIBLE_DEVICES=all`` in their image env, and they start on an AMD, Intel or GPU-less node as they
-would without this tool, with what else they ask for (``AMD_VISIBLE_DEVICES=1`` beside it) granted.  A node
+would without this tool, with what else they ask for (``AMD_VISIBLE_DEVICES=1`` beside it) granted.  A CDI name
+in a ``cdi.k8s.io`` annotation is an orchestrator's explicit name, not an image's habit: it must resolve to a
+device, as containerd and podman require of the CDI names they apply themselves, so ``nvidia.com/gpu=all`` there
+on a node without NVIDIA GPUs is refused like any other name of a device the node lacks (``none``, ``void`` and
+empty still name no device, and names of kinds not in ``backends`` are still someone else's).  A node
 whose backend sees devices of the kind but can grant none of them (a GPU the driver excluded or cannot serve, an
 amdgpu device without its KFD node) is not without the kind: ``all`` is then refused with what it saw.  A name
 of one device (an index, a range, a UUID, a PCI address, a CDI name, a MIG device) that the node lacks is
@@ -241,12 +245,16 @@ def resolve(asks: list[Ask], inventory: Inventory, present: Set[tuple[str, int, 
 
 
 def _nothing_of(ask: Ask, set_aside: Sequence[tuple[str, str]]) -> str:
-    """The note of ``all`` of a kind the host has no device of; a HookError where it has some that cannot be granted
-    (the node is not without the kind: its driver or partitions are not right)."""
+    """The note of an env's ``all`` of a kind the host has no device of; a HookError where it has some that cannot be
+    granted (the node is not without the kind: its driver or partitions are not right), and for a CDI name in an
+    annotation, which must name a device this node has (module docstring)."""
     if set_aside:
         name, why = set_aside[0]
         more = f" (and {len(set_aside) - 1} more)" if len(set_aside) > 1 else ""
         raise HookError(f"{ask.source}=all: this host's {ask.kind} GPUs cannot be granted: {name}: {why}{more}")
+    if ask.source == CDI_SOURCE:
+        raise HookError(f"{ask.source}=all: 'all' names no device: this host has no {ask.kind} GPUs "
+                        f"({valid_values(ask.kind, (), ask.source)})")
     return f"{ask.source}=all: this host has no {ask.kind} GPUs, none granted"
 
 
@@ -287,7 +295,7 @@ def select(kind: str, value: str, devices: tuple[Device, ...], source: str = "re
     except _Bad as bad:
         token, why = bad.args
         shown = f"'{token}'" if token else "an empty entry"
-        raise HookError(f"{source}={text}: {shown} {why} ({valid_values(kind, devices)})") from None
+        raise HookError(f"{source}={text}: {shown} {why} ({valid_values(kind, devices, source)})") from None
     return tuple(chosen[i] for i in sorted(chosen))
 
 
@@ -328,10 +336,14 @@ def _index(token: str, devices: tuple[Device, ...], kind: str) -> int:
     return int(digits)
 
 
-def valid_values(kind: str, devices: tuple[Device, ...]) -> str:
+def valid_values(kind: str, devices: tuple[Device, ...], source: str = "request") -> str:
+    """What ``source`` may name of ``kind`` here: on a host without the kind, ``all`` too for an env variable (it
+    grants nothing), but not for a CDI name in an annotation (it must resolve to a device)."""
     from oci_gpu_hook.inventory import backend
 
     if not devices:
+        if source == CDI_SOURCE:
+            return f"valid: none, which grants no {kind} GPU; a CDI name must name a device this host has"
         return f"valid: all or none, which grant no {kind} GPU on this host"
     indexed = getattr(backend(kind), "indexed", None)  # NVIDIA: indices count GPUs, not MIG devices
     last = len(indexed(devices) if indexed else devices) - 1

@@ -32,6 +32,10 @@ EXPECTED_DEFAULTS = {
     "log_file": "",
     "syslog": True,
     "debug": False,
+    "health_ue_start": 0,
+    "health_ue_rise": 0,
+    "health_hold": 300,
+    "health_noexecute": (),
 }
 
 
@@ -83,6 +87,9 @@ cgroup_access = "rw"
 log_file = "/var/log/oci-gpu-hook.jsonl"
 syslog = false
 debug = true
+health_ue_rise = 3
+health_hold = 60
+health_noexecute = ["wedged", "ras-uncorrectable"]
 
 [request_env]
 amd = ["AMD_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"]
@@ -112,6 +119,10 @@ def test_file_values(tmp_path: Path) -> None:
         "log_file": "/var/log/oci-gpu-hook.jsonl",
         "syslog": False,
         "debug": True,
+        "health_ue_start": 0,
+        "health_ue_rise": 3,
+        "health_hold": 60,
+        "health_noexecute": ("wedged", "ras-uncorrectable"),
     }
     assert cfg.source == path
 
@@ -271,6 +282,9 @@ SAMPLES = [line for line, _key in [
     ("backends = ['example']", 0), ("cgroup_access = 'rwx'", 0), ("device_file_mode = 0o10000", 0),
     ("runtime = ''", 0), ("log_file = ''", 0), ("debug = true", 0), ("request_env = {intel = ['GPU_X']}", 0),
     ("backends = ['intel']", 0), ("device_gid = 4294967294", 0), ("cdi_dir = '/etc/cdi'", 0),
+    ("health_hold = 0", 0), ("health_hold = -1", 0), ("health_ue_rise = 2.5", 0), ("health_noexecute = []", 0),
+    ("health_noexecute = ['wedged', 'vanished']", 0), ("health_noexecute = ['wedged', 'wedged']", 0),
+    ("health_noexecute = ['gone']", 0), ("health_noexecute = 'wedged'", 0),
 ]]
 
 

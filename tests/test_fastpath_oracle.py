@@ -116,6 +116,9 @@ EMPTY_HANDED_OVER = [
     _env_spec("AMD_VISIBLE_DEVICES=", annotations={"AMD_VISIBLE_DEVICES": ""}),
     _env_spec("AMD_VISIBLE_DEVICES=", annotations={"cdi.k8s.io/gpu": "amd.com/gpu=0"}),
     _env_spec("AMD_VISIBLE_DEVICES=", annotations={"cdi.k8s.io/gpu": "amd.com/gpu"}),
+    _env_spec("NVIDIA_VISIBLE_DEVICES=none", annotations={"cdi.k8s.io/gpu": "nvidia.com/gpu=all"}),
+    _env_spec("NVIDIA_VISIBLE_DEVICES=", annotations={"cdi.k8s.io/gpu": "nvidia.com/gpu=none"}),
+    _env_spec("AMD_VISIBLE_DEVICES=", annotations={"CDI.K8S.IO/gpu": "nvidia.com/gpu=all"}),
     _env_spec("AMD_VISIBLE_DEVICES=", hooks={"prestart": [{"path": "/x", "env": ["AMD_VISIBLE_DEVICES=0"]}]}),
     _env_spec(hooks={"prestart": [{"path": "/x", "env": ["AMD_VISIBLE_DEVICES="]}]}),
     json.dumps({"process": {"env": ["AMD_VISIBLE_DEVICES="]}, "x": {"env": ["AMD_VISIBLE_DEVICES=0"]}}),
@@ -282,6 +285,23 @@ def test_empty_requests_pass_without_python(install: dict[str, Path], entry: str
     for text in EMPTY_HANDED_OVER:
         (native, python), ran = _entry(install, entry, text.encode())
         assert native == python and ran, text
+
+
+CDI_ALL_REFUSED = (b"oci-gpu-hook: error: cdi.k8s.io annotations=all: 'all' names no device: this host has no nvidia "
+                   b"GPUs (valid: none, which grants no nvidia GPU; a CDI name must name a device this host has)\n")
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.parametrize("env", [[], ["NVIDIA_VISIBLE_DEVICES=all"], ["NVIDIA_VISIBLE_DEVICES=void"]])
+def test_a_cdi_name_of_a_kind_the_node_lacks_is_handed_over_and_refused(install: dict[str, Path], entry: str,
+                                                                      env: list[str]) -> None:
+    """``nvidia.com/gpu=all`` in an annotation on this node without NVIDIA GPUs: the front hands it over (it holds
+    "cdi.k8s.io"), and the container is refused in the one line Python gives, whatever the env beside it says."""
+    text = _env_spec(*env, annotations={"cdi.k8s.io/gpu": "nvidia.com/gpu=all"}).encode()
+    (native, python), ran = _entry(install, entry, text)
+    assert native == python and ran
+    assert (native[0], native[2]) == (1, CDI_ALL_REFUSED)
+    assert native[1] == b"" and native[3] == (text if entry != "precreate" else native[3])  # config.json untouched
 
 
 @pytest.mark.parametrize("entry", ENTRIES)

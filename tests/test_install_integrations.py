@@ -19,6 +19,7 @@ from tests.helpers.installtrees import (
     DAEMON_JSON,
     at,
     build,
+    containerd_binary,
     isolated_env,
     put,
     run_install,
@@ -168,6 +169,63 @@ def test_systemd_unit_runs_the_installed_launcher(tmp_path: Path, capsys: pytest
     for line in ("ExecStart", "Restart", "RuntimeDirectory", "RuntimeDirectoryMode", "User", "TimeoutStopSec"):
         assert [x for x in planner.splitlines() if x.startswith(line + "=")] == [
             x for x in fallback.splitlines() if x.startswith(line + "=")], line
+
+
+@pytest.mark.parametrize(("version", "unit"), [("v2.1.9", True), ("1.6.20", False)])
+def test_the_nri_unit_where_containerd_has_nri(tmp_path: Path, capsys: pytest.CaptureFixture[str], version: str,
+                                              unit: bool) -> None:
+    """containerd 2.x (found by its binary's version) has NRI: the plugin's unit is installed; 1.x has none:
+    skipped with a note.  Uninstall of the integration takes the unit out."""
+    put(tmp_path, containerd.MAIN_CONFIG_PATH, CONTAINERD_V3 if unit else CONTAINERD_V2)
+    containerd_binary(tmp_path, version)
+    (tmp_path / "etc/systemd/system").mkdir(parents=True)
+    out, _ = run(capsys, tmp_path)
+    path = at(tmp_path, install_paths.NRI_UNIT)
+    assert path.exists() == unit
+    if not unit:
+        assert "note: nri: no containerd 2.x or CRI-O found here (containerd 1.x has no NRI)" in out
+        return
+    text = path.read_text()
+    assert [line for line in text.splitlines() if line.startswith("ExecStart")] == [f"ExecStart={LAUNCHER} nri"]
+    assert "Restart=always" in text.splitlines()
+    assert "note: nri: containerd 2.1.9: systemctl daemon-reload && systemctl enable --now oci-gpu-hook-nri" in out
+    run(capsys, tmp_path, "--uninstall", "--only", "nri")
+    assert not path.exists() and at(tmp_path, containerd.DROP_IN_PATH).exists()
+
+
+def test_the_nri_unit_for_crio_and_when_asked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """CRI-O (its /etc/crio) gets the unit; ``--only nri`` writes it wherever asked, saying no runtime was found."""
+    (tmp_path / "crio" / "etc/crio").mkdir(parents=True)
+    (tmp_path / "crio" / "etc/systemd/system").mkdir(parents=True)
+    out, _ = run(capsys, tmp_path / "crio")
+    assert at(tmp_path / "crio", install_paths.NRI_UNIT).is_file() and "note: nri: CRI-O: " in out
+    out, _ = run(capsys, tmp_path / "asked", "--only", "nri")
+    assert at(tmp_path / "asked", install_paths.NRI_UNIT).is_file()
+    assert "note: nri: no containerd 2.x or CRI-O found: systemctl daemon-reload" in out
+
+
+def test_the_nri_unit_needs_protobuf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without protobuf the plugin could not start: skipped with the extra to install, an error when asked."""
+    import importlib.util
+
+    from oci_gpu_hook.errors import HookError
+
+    (tmp_path / "etc/crio").mkdir(parents=True)
+    (tmp_path / "etc/systemd/system").mkdir(parents=True)
+    real = importlib.util.find_spec
+
+    def no_google(name: str, *args: object) -> object:
+        if name.startswith("google"):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+        return real(name, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(importlib.util, "find_spec", no_google)
+    notes: list[str] = []
+    with pytest.raises(items.Skip, match=r"pip install 'oci-gpu-hook\[nri\]'"):
+        items.nri_items(lambda p: str(at(tmp_path, p)), notes, False)
+    with pytest.raises(HookError, match="the NRI plugin needs protobuf"):
+        items.nri_items(lambda p: str(at(tmp_path, p)), notes, True)
+    assert notes == []
 
 
 def test_podman_hooks_dir_from_containers_conf(tmp_path: Path) -> None:

@@ -188,6 +188,9 @@ REQUESTS = {
     "annotation-wins": spec(["AMD_VISIBLE_DEVICES=all"], {"cdi.k8s.io/x": "amd.com/gpu=2"}),
     "annotation-malformed": spec([], {"cdi.k8s.io/x": "amd.com/gpu"}),
     "annotation-other-vendor": spec([], {"cdi.k8s.io/x": "vendor.example/gpu=0"}),
+    "annotation-nvidia-all": spec([], {"cdi.k8s.io/x": "nvidia.com/gpu=all"}),  # refused where the node has none
+    "annotation-nvidia-none": spec(imageenvs.CUDA_BASE, {"cdi.k8s.io/x": "nvidia.com/gpu=none"}),
+    "annotation-nvidia-all-and-amd": spec(imageenvs.CUDA_BASE, {"cdi.k8s.io/x": "amd.com/gpu=1,nvidia.com/gpu=all"}),
     "already-there": spec(["AMD_VISIBLE_DEVICES=1"], linux={"devices": [
         {"path": "/dev/dri/renderD129", "type": "c", "major": 226, "minor": 129}]}),
     "already-there-other": spec([], {"cdi.k8s.io/x": "amd.com/gpu=3"}, linux={"devices": [
@@ -206,8 +209,33 @@ REQUESTS = {
 def test_container_suite_requests_agree(install: dict[str, Path], planner: plannerlib.Planner, entry: str,
                                         name: str) -> None:
     planned = agree(entry, install, REQUESTS[name])
-    if entry != "prestart" and name in ("one", "all", "annotation", "out-of-range", "non-ascii", "cuda-image-and-amd"):
+    if entry != "prestart" and name in ("one", "all", "annotation", "out-of-range", "non-ascii", "cuda-image-and-amd",
+                                        "annotation-nvidia-all"):
         assert planned, (entry, name)  # granted, or refused, by the planner: no Python start
+
+
+@pytest.mark.parametrize("entry", sorted(ENTRIES))
+@pytest.mark.parametrize(("name", "host", "refused"), [
+    ("annotation-nvidia-all", "", True), ("annotation-nvidia-all-and-amd", "", True),
+    ("annotation-nvidia-all", "nvidia-host", False), ("annotation-nvidia-all-and-amd", "amd-nvidia-host", False),
+    ("annotation-nvidia-none", "", False), ("cuda-image", "", False)])
+def test_a_cdi_name_of_a_kind_the_node_lacks_is_refused_by_the_planner(install: dict[str, Path],
+                                                                      planner: plannerlib.Planner, entry: str,
+                                                                      name: str, host: str, refused: bool) -> None:
+    """An annotation's ``nvidia.com/gpu=all`` on the AMD node: one refusal line through the planner as through
+    Python; on a node with NVIDIA GPUs it grants them; ``none`` in it and the CUDA image's env start the container."""
+    env = {k: v.replace("BASE", str(install["base"])) for k, v in ENVIRONMENTS[host].items()} if host else None
+    (planned_result, python_result), _planned = ENTRIES[entry](install, REQUESTS[name], env=env)
+    assert planned_result == python_result
+    status, _stdout, stderr = python_result[:3]  # type: ignore[index]
+    if refused:
+        assert status == 1 and stderr == (b"oci-gpu-hook: error: cdi.k8s.io annotations=all: 'all' names no device: "
+                                          b"this host has no nvidia GPUs (valid: none, which grants no nvidia GPU; a "
+                                          b"CDI name must name a device this host has)\n"), stderr
+    elif entry != "prestart" or not host:  # a grant through prestart then enters the state's pid 1: refused there
+        assert status == (3 if entry == "create" else 0) and b"error" not in stderr, stderr
+    else:
+        assert b"names no device" not in stderr and b"container process 1" in stderr, stderr
 
 
 # environments that change what Python does: its locale (stdio, C locale coercion), debug (tracebacks), values it

@@ -606,18 +606,87 @@ def test_a_named_nvidia_device_on_a_host_without_nvidia_gpus_is_refused(tmp_path
     assert text.endswith("(valid: all or none, which grant no nvidia GPU on this host)") and "\n" not in text
 
 
-def test_a_cdi_name_of_a_kind_the_host_lacks(tmp_path: Path) -> None:
-    settings = Config(sysfs_root=str(AMD_HOST), proc_root=str(tmp_path), hook_path="/bin/true")
-    for names, refused in (("nvidia.com/gpu=all", False), ("nvidia.com/gpu=GPU-8f6e2a1c", True),
-                           ("intel.com/gpu=card0", True), ("intel.com/gpu=all,amd.com/gpu=2", False)):
-        spec = ContainerSpec({"ociVersion": "1.0.2", "process": {"env": []}, "annotations": {"cdi.k8s.io/x": names}})
-        if refused:
-            with pytest.raises(HookError, match="on this host"):
-                plan_for_spec(spec, settings)
-            continue
-        plan = plan_for_spec(spec, settings)
-        assert plan.request.note.endswith("GPUs, none granted") and plan.request.source == CDI_SOURCE, names
-        assert [d.index for d in plan.devices] == ([2] if "amd" in names else [])
+def _annotated_plan(names: str, tmp_path: Path, env: list[str] | None = None, **values: object) -> Plan:
+    """The plan of a container whose ``cdi.k8s.io/x`` annotation is ``names`` on the AMD example host."""
+    settings = Config(sysfs_root=str(AMD_HOST), proc_root=str(tmp_path), driver_root=str(tmp_path),
+                      hook_path="/bin/true", **values)  # type: ignore[arg-type]
+    spec = ContainerSpec({"ociVersion": "1.0.2", "process": {"env": env or []}, "annotations": {"cdi.k8s.io/x": names}})
+    return plan_for_spec(spec, settings)
+
+
+NO_NVIDIA_CDI = "(valid: none, which grants no nvidia GPU; a CDI name must name a device this host has)"
+
+
+@pytest.mark.parametrize(("names", "line"), [
+    ("nvidia.com/gpu=all", f"cdi.k8s.io annotations=all: 'all' names no device: this host has no nvidia GPUs "
+                           f"{NO_NVIDIA_CDI}"),
+    ("nvidia.com/gpu=ALL ", "cdi.k8s.io annotations=all: 'all' names no device: this host has no nvidia GPUs"),
+    ("amd.com/gpu=2,nvidia.com/gpu=all", "cdi.k8s.io annotations=all: 'all' names no device: this host has no "
+                                         "nvidia GPUs"),
+    ("intel.com/gpu=all,amd.com/gpu=2", "cdi.k8s.io annotations=all: 'all' names no device: this host has no intel "
+                                        "GPUs (valid: none, which grants no intel GPU; a CDI name must name a device "
+                                        "this host has)"),
+    ("nvidia.com/gpu=0", f"cdi.k8s.io annotations=0: '0' is out of range: this host has no nvidia GPUs "
+                         f"{NO_NVIDIA_CDI}"),
+    ("nvidia.com/gpu=GPU-8f6e2a1c", "cdi.k8s.io annotations=GPU-8f6e2a1c: 'GPU-8f6e2a1c' is not the UUID of an "
+                                    f"NVIDIA GPU on this host {NO_NVIDIA_CDI}"),
+    ("intel.com/gpu=card0", "cdi.k8s.io annotations=card0: 'card0' "),
+])
+def test_a_cdi_name_of_a_kind_the_host_lacks_is_refused(tmp_path: Path, names: str, line: str) -> None:
+    """An annotation is an orchestrator's explicit CDI name: ``all`` of a kind the node lacks resolves to no device
+    and is refused (containerd and podman refuse an unresolvable CDI name), in the one line of a name of a device the
+    node lacks; whatever else the annotations or the env ask for."""
+    for env in ([], imageenvs.CUDA_BASE, [f"{NAME}=1"]):
+        with pytest.raises(HookError) as info:
+            _annotated_plan(names, tmp_path, env)
+        text = str(info.value)
+        assert text.startswith(line) and "\n" not in text, text
+
+
+@pytest.mark.parametrize("names", ["nvidia.com/gpu=none", "nvidia.com/gpu=void", "nvidia.com/gpu=",
+                                   "vendor.example/gpu=all", "amd.com/gpu=none,nvidia.com/gpu=VOID"])
+def test_an_annotation_naming_no_device_of_a_kind_the_host_lacks_changes_nothing(tmp_path: Path, names: str) -> None:
+    """``none``, ``void`` and empty name no device, whatever the node has; another vendor's kind is someone else's."""
+    if names.endswith("="):  # a CDI name without a name is malformed, as on every node
+        with pytest.raises(HookError, match="is not a CDI device name"):
+            _annotated_plan(names, tmp_path)
+        return
+    plan = _annotated_plan(names, tmp_path, [*imageenvs.CUDA_BASE])
+    decided = names.startswith(("nvidia", "amd.com/gpu=none,nvidia"))  # the annotation decides for nvidia
+    assert not plan and plan.devices == () and not plan.edits.mounts
+    assert plan.request.note == ("NVIDIA_VISIBLE_DEVICES=all ignored: annotations decide" if decided else
+                                 "NVIDIA_VISIBLE_DEVICES=all: this host has no nvidia GPUs, none granted"), names
+
+
+def test_an_annotation_of_a_kind_not_in_backends_is_not_read(tmp_path: Path) -> None:
+    plan = _annotated_plan("nvidia.com/gpu=all,amd.com/gpu=2", tmp_path, backends=("amd", "intel"))
+    assert [d.index for d in plan.devices] == [2] and plan.request.note == ""
+
+
+def test_the_env_all_of_a_kind_the_host_lacks_still_starts(tmp_path: Path) -> None:
+    """The image's habit stays what it was: ``NVIDIA_VISIBLE_DEVICES=all`` grants nothing, noted; an annotation
+    naming an AMD GPU beside it grants that one and the nvidia env still only notes."""
+    plan = _annotated_plan("amd.com/gpu=2", tmp_path, imageenvs.CUDA_BASE)
+    assert [d.index for d in plan.devices] == [2]
+    assert plan.request.note == "NVIDIA_VISIBLE_DEVICES=all: this host has no nvidia GPUs, none granted"
+
+
+def test_a_cdi_all_where_the_kind_is_there_but_nothing_can_be_granted_says_so(tmp_path: Path) -> None:
+    """A node whose backend sees devices it cannot grant is not without the kind: the annotation's ``all`` is refused
+    with what was seen, the line the env's ``all`` gets."""
+    host = fakesysfs.seed_host()
+    sysfs = Path(fakesysfs.build(str(tmp_path / "amd" / "sys"), host))
+    shutil.rmtree(sysfs / "devices" / "virtual" / "kfd")
+    settings = Config(sysfs_root=str(sysfs), proc_root=str(tmp_path), hook_path="/bin/true")
+    spec = ContainerSpec({"ociVersion": "1.0.2", "annotations": {"cdi.k8s.io/x": "amd.com/gpu=all"}})
+    with pytest.raises(HookError, match=r"^cdi.k8s.io annotations=all: this host's amd GPUs cannot be granted: "):
+        plan_for_spec(spec, settings)
+
+
+def test_valid_values_of_an_annotation_on_a_host_with_the_kind_are_the_envs() -> None:
+    devices = seed().devices("amd")
+    assert valid_values("amd", devices, CDI_SOURCE) == valid_values("amd", devices)
+    assert valid_values("amd", ()) == "valid: all or none, which grant no amd GPU on this host"
 
 
 def test_a_kind_not_in_backends_is_not_read_at_all(tmp_path: Path) -> None:

@@ -390,8 +390,8 @@ def test_a_killed_writer_s_temp_file_goes_on_the_next_run(tmp_path: Path, writer
     out = tmp_path / "out"
     out.mkdir()
     target = out / name
-    if name == "config.json":
-        target.write_text(spec_text(["AMD_VISIBLE_DEVICES=1"]))
+    # a temp file is left only where a name is replaced (the writer links a new name whole): a file there
+    target.write_text(spec_text(["AMD_VISIBLE_DEVICES=1"]) if name == "config.json" else "{}\n")
     writer = subprocess.Popen([sys.executable, "-c", WRITER, str(target)], stdout=subprocess.PIPE, text=True,
                               cwd=Path(__file__).resolve().parent.parent)
     assert writer.stdout is not None

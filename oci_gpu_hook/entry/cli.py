@@ -65,7 +65,7 @@ COMMANDS: dict[str, tuple[str, bool | str, str, tuple[tuple[str, str], ...]]] = 
     "watch": ("watch", True, "", (("watch [--output FILE|DIR] [--debounce SECONDS] [--once] [--subsystems LIST]",
                                    "keep the CDI spec current on GPU/partition uevents"),)),
     "install": ("install", "--uninstall", "", (
-        ("install [--only podman,docker,containerd,crio,cdi,systemd] [--hook precreate|prestart|none] "
+        ("install [--only podman,docker,containerd,crio,cdi,systemd,nri] [--hook precreate|prestart|none] "
          "[--set VAR=VALUE]\n          [--prefix DIR] [--dry-run] [--uninstall] [--no-native] [--allow-editable]",
          "launchers, a hooks.d file, CDI spec, containerd drop-in"),)),
     "device-plugin": ("device_plugin", True, "", (
@@ -73,6 +73,8 @@ COMMANDS: dict[str, tuple[str, bool | str, str, tuple[tuple[str, str], ...]]] = 
          "kubelet device plugin"),)),
     "dra": ("dra", True, "", (("dra [--driver-name NAME] [--node-name NAME] [--cdi-dir DIR] [--list]",
                                "Kubernetes DRA driver: ResourceSlices, claims as CDI specs"),)),
+    "nri": ("nri", True, "", (("nri [--socket PATH] [--name NAME] [--idx NN]",
+                               "NRI plugin (containerd 2.x, CRI-O): GPUs as container adjustments"),)),
     "serve": ("serve", False, "", (("serve [--socket PATH] [--workers N] [--verbose]",
                                     "the resident planner: GPU containers start without a Python start"),)),
     "validate": ("validate", False, "", (("validate [--config-file FILE] [SPEC ...]",

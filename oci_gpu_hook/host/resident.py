@@ -10,16 +10,24 @@ the uevent listener with :func:`uevents` and runs it with :func:`serve`, which
 turns SIGTERM and SIGINT into :meth:`Resident.stop` and closes the listener on
 the way out.  Every line a resident process says goes through a
 :func:`log_writer`: a UTC timestamp, the program, the message on one line.
+With ``--metrics-address`` it also serves its :meth:`Resident.rows` and :meth:`Resident.gauges` to Prometheus
+(:func:`metrics_endpoint`, :mod:`oci_gpu_hook.host.metrics`).
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.host.watch import RESYNC, EventSource, gpu_uevent
+
+TYPE_CHECKING = False
+
+if TYPE_CHECKING:
+    from oci_gpu_hook.host.metrics import DeviceRow, Endpoint
 
 Log = Callable[[str], None]
 
@@ -65,10 +73,12 @@ def uevents(enabled: bool, interval: float, log: Log) -> EventSource | None:
 
 
 def wait_for_rescan(events: EventSource | None, seconds: float, stopping: Callable[[], bool], delay: float,
-                    next_rescan: float, reason: str) -> tuple[float, str]:
+                    next_rescan: float, reason: str,
+                    observe: Callable[[Mapping[str, Any]], object] | None = None) -> tuple[float, str]:
     """A resident process's sleep between its steps: ``seconds``, 0.1 s at a time while not ``stopping()``; each
     GPU uevent (or resync) brings the next rescan (``next_rescan``, monotonic) forward to ``delay`` after it, a
-    quiet moment, so a burst makes one rescan.  The next rescan and its reason."""
+    quiet moment, so a burst makes one rescan, and is given to ``observe`` first (the health monitor: a
+    ``WEDGED=`` uevent).  The next rescan and its reason."""
     deadline = time.monotonic() + seconds
     while not stopping():
         left = deadline - time.monotonic()
@@ -80,6 +90,8 @@ def wait_for_rescan(events: EventSource | None, seconds: float, stopping: Callab
         event = events.poll(min(0.1, left))
         if event is None or not (RESYNC in event or gpu_uevent(event)):
             continue
+        if observe is not None and RESYNC not in event:
+            observe(event)
         soon = time.monotonic() + delay
         if soon < next_rescan:
             next_rescan = soon
@@ -110,6 +122,18 @@ class Resident:
     def close(self) -> None:
         """Stop serving (after the last step)."""
 
+    def observe(self, event: Mapping[str, Any]) -> object:
+        """A GPU uevent, as it comes (before the rescan it brings forward): the health monitor's."""
+        return None
+
+    def rows(self) -> list[DeviceRow]:
+        """Every device the process knows, as its metrics show them."""
+        return []
+
+    def gauges(self) -> dict[str, tuple[str, float]]:
+        """The process's own gauges: name -> (help, value)."""
+        return {}
+
     def rescan_due(self) -> str | None:
         """The reason of the rescan that is due now (then the next is ``rescan_interval`` from now), else None."""
         now = time.monotonic()
@@ -133,16 +157,36 @@ class Resident:
     def _wait(self, seconds: float) -> None:
         """Sleep until the next step; a GPU's uevent brings the next rescan forward."""
         self.next_rescan, self.rescan_reason = wait_for_rescan(
-            self.events, seconds, lambda: self.stopping, self.uevent_delay, self.next_rescan, self.rescan_reason)
+            self.events, seconds, lambda: self.stopping, self.uevent_delay, self.next_rescan, self.rescan_reason,
+            self.observe)
 
     def stop(self) -> None:
         """End :meth:`run` within 0.1 s; safe to call from a signal handler (a flag, no lock)."""
         self.stopping = True
 
 
-def serve(process: Resident, events: EventSource | None) -> int:
-    """Run ``process`` until SIGTERM or SIGINT (the handlers before are put back after), then close ``events``."""
+def metrics_endpoint(address: str | None, process: Resident) -> Endpoint | None:
+    """The process's Prometheus endpoint at ``address`` (None: none); its first line says where."""
+    if address is None:
+        return None
+    from oci_gpu_hook.host.metrics import Collector, Endpoint
+
+    endpoint = Endpoint(address, Collector(process.rows, process.gauges))
+    process.log(f"metrics at http://{endpoint.address}/metrics")
+    return endpoint
+
+
+def serve(process: Resident, events: EventSource | None, metrics_address: str | None = None) -> int:
+    """Run ``process`` until SIGTERM or SIGINT (the handlers before are put back after), with its metrics at
+    ``metrics_address`` (None: none), then close ``events`` and the metrics endpoint."""
     import signal
+
+    try:
+        metrics = metrics_endpoint(metrics_address, process)
+    except HookError:
+        if events is not None:
+            events.close()
+        raise
 
     def on_signal(number: int, _frame: object) -> None:
         process.stop()
@@ -155,3 +199,5 @@ def serve(process: Resident, events: EventSource | None) -> int:
             signal.signal(sig, handler)
         if events is not None:
             events.close()
+        if metrics is not None:
+            metrics.close()

@@ -71,12 +71,21 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return setup
 
 
-def _run(nodes: dict[str, Any], node: str, applier: str, env: list[str]) -> subprocess.CompletedProcess[str]:
+def _run(nodes: dict[str, Any], node: str, applier: str, env: list[str],
+         annotations: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     mine = nodes[node]
     if applier == "podman-precreate":
-        return _podman(nodes, node, [o for e in env for o in ("--env", e)], mine["hooks-dir"])
-    bundle = _bundle(nodes, node, env, {})
+        options = [o for e in env for o in ("--env", e)]
+        options += [o for k, v in (annotations or {}).items() for o in ("--annotation", f"{k}={v}")]
+        return _podman(nodes, node, options, mine["hooks-dir"])
+    bundle = _bundle(nodes, node, env, annotations or {})
     v2 = applier.endswith("-v2")
+    if applier == "dry-run":
+        done = cl.run([str(mine["hook"]), "dry-run", str(bundle)], env=cl.hook_env())
+        if done.returncode != 0:
+            return done
+        (bundle / "config.json").write_text(done.stdout)
+        return _runc(bundle, v2)
     if applier.startswith("shim"):
         return _runc(bundle, v2, str(mine["runtime"]))
     cl.add_prestart(bundle, mine["hook"])
@@ -139,6 +148,41 @@ def test_an_amd_index_on_a_node_without_amd_gpus_is_refused_in_one_line(nodes: d
     line = "oci-gpu-hook: error: AMD_VISIBLE_DEVICES=1: '1' is out of range: this host has no amd GPUs (valid: all or "
     assert line in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert len([x for x in done.stderr.splitlines() if "oci-gpu-hook" in x]) == 1, done.stderr
+
+
+CDI_ALL = {"cdi.k8s.io/device-plugin": "nvidia.com/gpu=all"}
+CDI_ALL_LINE = ("oci-gpu-hook: error: cdi.k8s.io annotations=all: 'all' names no device: this host has no nvidia GPUs "
+                "(valid: none, which grants no nvidia GPU; a CDI name must name a device this host has)")
+CDI_ALL_CASES = [("amd", a) for a in (*APPLIERS, "dry-run")] + [("none", "shim-v2"), ("none", "prestart-v1"),
+                                                                 ("intel", "podman-precreate")]
+
+
+@pytest.mark.parametrize(("node", "applier"), CDI_ALL_CASES, ids=[f"{n}-{a}" for n, a in CDI_ALL_CASES])
+def test_a_cdi_annotation_naming_a_kind_the_node_lacks_is_refused_in_one_line(nodes: dict[str, Any], node: str,
+                                                                             applier: str) -> None:
+    """An orchestrator's ``nvidia.com/gpu=all`` in a cdi.k8s.io annotation on a node without NVIDIA GPUs: every
+    applier stops the container with one line (as containerd and podman refuse an unresolvable CDI name), also with
+    the CUDA image's env beside it; the log file keeps the line.  The AMD node's launchers carry the native front,
+    which hands the annotation over."""
+    log = nodes[node]["log"]
+    before = len(log.read_text().splitlines()) if log.exists() else 0
+    done = _run(nodes, node, applier, imageenvs.CUDA_BASE, CDI_ALL)
+    assert done.returncode != 0 and "done" not in done.stdout, (done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr, done.stderr
+    if applier != "podman-precreate":  # podman 4.3 drops a precreate hook's stderr: the log file has the line
+        lines = [x for x in done.stderr.splitlines() if "oci-gpu-hook" in x]  # runc quotes a prestart hook's line
+        assert len(lines) == 1 and CDI_ALL_LINE in lines[0].replace("\\n", ""), done.stderr
+    new = [json.loads(line) for line in log.read_text().splitlines()[before:]]
+    assert [(e["outcome"], e["error"]) for e in new] == [("error", CDI_ALL_LINE)], new
+
+
+def test_a_cdi_annotation_naming_none_starts_untouched(nodes: dict[str, Any]) -> None:
+    """``none`` in the annotation names no device: the CUDA image starts on the AMD node as without the tool."""
+    for applier in ("shim-v1", "podman-precreate"):
+        done = _run(nodes, "amd", applier, imageenvs.CUDA_BASE, {"cdi.k8s.io/x": "nvidia.com/gpu=none"})
+        assert done.returncode == 0, done.stderr
+        check(done.stdout, expected(nodes["amd"]["model"], {}, COMPUTE),
+              cgroup_v2=False if applier == "shim-v1" else None)
 
 
 def test_a_refused_request_stops_podman_too(nodes: dict[str, Any]) -> None:

@@ -19,6 +19,11 @@ devices, never both; at most 8 sets a slice, 32 counters a set, 2
 consumptions a device, 64 devices a slice when any consumes counters.
 ``partitionable=False`` is a server with the feature gate off: it drops both
 fields on write, as a real one drops a disabled feature's fields.
+
+Device taints (KEP-5055, the ``DRADeviceTaints`` gate): from 1.33 a device may carry ``taints`` (``basic.taints``
+in v1beta1), each a label name as ``key``, a label value as ``value``, an ``effect`` (``NoSchedule``,
+``NoExecute``; ``None`` too from 1.35) and an RFC 3339 ``timeAdded``; ``device_taints=False`` is a server with
+the gate off, which drops them on write.
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 SEMVER = re.compile(r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$")
 QUANTITY = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+|[KMGTPE]i|[mkMGTPE]|)$")
 INT64 = (-(1 << 63), (1 << 63) - 1)
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})$")
 
 
 _made: dict[str, tuple[Path, Path]] = {}
@@ -75,6 +82,13 @@ def _qualified(name: str) -> bool:
     domain, _, ident = name.rpartition("/")
     return (not domain or (len(domain) <= 63 and bool(DNS_SUBDOMAIN.match(domain)))) and len(ident) <= 32 and bool(
         C_IDENTIFIER.match(ident))
+
+
+def _label_name(name: str) -> bool:
+    """A label name: an optional DNS subdomain prefix of at most 253 characters, a slash, a name of at most 63."""
+    prefix, _, rest = name.rpartition("/")
+    return (not prefix or (len(prefix) <= 253 and bool(DNS_SUBDOMAIN.match(prefix)))) and 0 < len(rest) <= 63 and bool(
+        LABEL_VALUE.match(rest))
 
 
 def _counter_problems(counters: Any, where: str, problems: list[str]) -> None:
@@ -119,7 +133,27 @@ def _device_problems(device: Any, version: str, where: str, problems: list[str],
         body = device
     counted = kubernetes is not None and kubernetes >= (1, 33)
     _keys(body, ({"name"} if body is device else set()) | {"attributes", "capacity"} | (
-        {"consumesCounters"} if counted else set()), where, problems)
+        {"consumesCounters", "taints"} if counted else set()), where, problems)
+    taints = body.get("taints") or []
+    if not isinstance(taints, list) or len(taints) > 16:
+        problems.append(f"{where}.taints: a list of at most 16")
+        taints = []
+    effects = {"NoSchedule", "NoExecute"} | ({"None"} if kubernetes is not None and kubernetes >= (1, 35) else set())
+    for index, taint in enumerate(taints):
+        at = f"{where}.taints[{index}]"
+        if not isinstance(taint, dict):
+            problems.append(f"{at}: not an object")
+            continue
+        _keys(taint, {"key", "value", "effect", "timeAdded"}, at, problems)
+        key, value = taint.get("key"), taint.get("value", "")
+        if not isinstance(key, str) or "/" not in key or not _label_name(key):
+            problems.append(f"{at}.key: {key!r} is no label name")
+        if not isinstance(value, str) or len(value) > 63 or not LABEL_VALUE.match(value):
+            problems.append(f"{at}.value: {value!r} is no label value")
+        if taint.get("effect") not in effects:
+            problems.append(f"{at}.effect: {taint.get('effect')!r} is not one of {', '.join(sorted(effects))}")
+        if "timeAdded" in taint and (not isinstance(taint["timeAdded"], str) or not RFC3339.match(taint["timeAdded"])):
+            problems.append(f"{at}.timeAdded: {taint['timeAdded']!r} is no RFC 3339 time")
     consumes = body.get("consumesCounters") or []
     if not isinstance(consumes, list) or len(consumes) > 2:
         problems.append(f"{where}.consumesCounters: at most 2")
@@ -218,8 +252,9 @@ def slice_problems(obj: Any, version: str, kubernetes: tuple[int, int] | None = 
         _device_problems(device, version, f"spec.devices[{index}]", problems, kubernetes)
     consumed = [c for d in devices if isinstance(d, dict) for c in (d.get("basic", d).get("consumesCounters") or [])
                 if isinstance(c, dict)]
-    if consumed and len(devices) > 64:
-        problems.append("spec.devices: more than 64 where devices consume counters")
+    tainted = [d for d in devices if isinstance(d, dict) and d.get("basic", d).get("taints")]
+    if (consumed or tainted) and len(devices) > 64:
+        problems.append("spec.devices: more than 64 where devices consume counters or have taints")
     if kubernetes is not None and kubernetes >= (1, 35):
         if sets and devices:
             problems.append("spec: only one of sharedCounters or devices is allowed")
@@ -228,6 +263,14 @@ def slice_problems(obj: Any, version: str, kubernetes: tuple[int, int] | None = 
             if item.get("counterSet") not in set_names:
                 problems.append(f"counterSet {item.get('counterSet')!r} is not in this slice's sharedCounters")
     return problems
+
+
+def drop_taints(obj: dict[str, Any]) -> dict[str, Any]:
+    """The slice as a server with DRADeviceTaints off stores it: without the devices' taints."""
+    for device in (obj.get("spec") or {}).get("devices") or []:
+        if isinstance(device, dict):
+            device.get("basic", device).pop("taints", None)
+    return obj
 
 
 def drop_counters(obj: dict[str, Any]) -> dict[str, Any]:
@@ -255,6 +298,7 @@ class State:
     token: str
     kubernetes: tuple[int, int] | None = None  # what /version says (None: 404)
     partitionable: bool = True  # the DRAPartitionableDevices gate (off: its fields dropped on write)
+    device_taints: bool = True  # the DRADeviceTaints gate (off: the devices' taints dropped on write)
     slices: dict[str, dict[str, Any]] = field(default_factory=dict)
     claims: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -339,6 +383,8 @@ class _Handler(BaseHTTPRequestHandler):
         if self.command in ("POST", "PUT"):
             if not state.partitionable:  # the gate off: its fields go before validation, as in a real server
                 body = drop_counters(body)
+            if not state.device_taints:
+                body = drop_taints(body)
             problems = slice_problems(body, version, state.kubernetes)
             if problems:
                 return self._status(422, f"ResourceSlice is invalid: {'; '.join(problems)}")
@@ -366,11 +412,11 @@ class _Handler(BaseHTTPRequestHandler):
 class FakeApiServer:
     def __init__(self, directory: Path, versions: tuple[str, ...] = ("v1", "v1beta2", "v1beta1"),
                  token: str = "test-token", kubernetes: tuple[int, int] | None = None,
-                 partitionable: bool = True) -> None:
+                 partitionable: bool = True, device_taints: bool = True) -> None:
         self.cert, self.key = make_certificate()
         self.token_file = directory / "token"
         self.token_file.write_text(token + "\n")
-        self.state = State(versions, token, kubernetes, partitionable)
+        self.state = State(versions, token, kubernetes, partitionable, device_taints)
         handler = type("Handler", (_Handler,), {"state": self.state})
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)

@@ -412,6 +412,14 @@ def remove_gpu(root: str, host: FakeHost, pci: str) -> None:
     for name in names:
         os.unlink(os.path.join(root, "class", "drm", name))
     shutil.rmtree(_pci_dir(root, gpu))
+    remove_kfd_nodes(root, pci)
+
+
+def remove_kfd_nodes(root: str, pci: str) -> None:
+    """Take the KFD topology nodes of the GPU at ``pci`` out of the tree (what a GPU whose driver lost it shows:
+    its PCI device stays)."""
+    import shutil
+
     domain, bus, rest = pci.split(":")
     slot, func = rest.split(".")
     location = int(bus, 16) << 8 | int(slot, 16) << 3 | int(func)
@@ -424,6 +432,28 @@ def remove_gpu(root: str, host: FakeHost, pci: str) -> None:
             props = dict(line.split() for line in handle if line.strip())
         if int(props["location_id"]) >> 3 == location >> 3 and int(props["domain"]) == int(domain, 16):
             shutil.rmtree(os.path.join(nodes_dir, number))
+
+
+RAS_BLOCKS = ("umc", "gfx", "sdma", "mmhub")
+
+
+def set_ras(root: str, host: FakeHost, pci: str, ue: dict[str, int] | None = None,
+            ce: dict[str, int] | None = None) -> None:
+    """amdgpu's RAS counters of the GPU at ``pci`` (amdgpu_ras.c: ``ras/<block>_err_count``, ``ue: N`` and
+    ``ce: N`` lines, one file per block; blocks not named count 0), written as the driver shows them."""
+    directory = os.path.join(_pci_dir(root, next(g for g in host.gpus if g.pci == pci)), "ras")
+    _write(os.path.join(directory, "features"), "feature mask: 0x000001ff\n")
+    for block in RAS_BLOCKS:
+        _write(os.path.join(directory, f"{block}_err_count"),
+               f"ue: {(ue or {}).get(block, 0)}\nce: {(ce or {}).get(block, 0)}\n")
+
+
+def set_aer_fatal(root: str, host: FakeHost, pci: str, total: int) -> None:
+    """The PCI core's AER fatal counters of the device at ``pci`` (drivers/pci/pcie/aer.c, ``aer_dev_fatal``: one
+    ``<error> <count>`` line per error bit, then ``TOTAL_ERR_FATAL <count>``)."""
+    path = os.path.join(_pci_dir(root, next(g for g in host.gpus if g.pci == pci)), "aer_dev_fatal")
+    _write(path, f"Undefined 0\nDLP 0\nSDES 0\nTLP {total}\nFCP 0\nCmpltTO 0\nCmpltAbrt 0\nUnxCmplt 0\n"
+                 f"RxOF 0\nMalfTLP 0\nECRC 0\nUnsupReq 0\nACSViol 0\nTOTAL_ERR_FATAL {total}\n")
 
 
 SEED_BUSES = ("03", "23", "43", "63", "83", "a3", "c3", "e3")

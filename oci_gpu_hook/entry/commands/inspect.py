@@ -14,19 +14,25 @@ if TYPE_CHECKING:
 
 
 def device_names(config: Config) -> dict[tuple[str, int, int], str]:
-    """What each GPU node number is, to annotate rules (empty when sysfs cannot be read)."""
+    """What each GPU node number is, to annotate rules (empty when sysfs cannot be read); an Unhealthy GPU's with
+    its health and reason (one read, as ``list`` shows it)."""
+    from oci_gpu_hook.host.health import one_sample
     from oci_gpu_hook.inventory import scan_host
 
     try:
         inventory = scan_host(config)
     except HookError:
         return {}
+    verdicts = one_sample(config, inventory)
     names = {}
     for device in inventory.all_devices:
         part = "" if device.partition is None else f" partition {device.partition}"
+        verdict = verdicts.get(device.pci_address)
+        health = f"; {verdict.text}" if verdict is not None and not verdict.healthy else ""
         for node in (*device.nodes, *device.display_nodes):
             if device.mig is None or node.number not in names:  # a MIG device shares its GPU's node
-                names[node.number] = f"{device.kind} {device.label} {node.path} ({device.pci_address}{part})"
+                names[node.number] = (f"{device.kind} {device.label} {node.path} ({device.pci_address}{part})"
+                                      f"{health}")
     for kind, found in inventory.kinds.items():
         for node in found.shared:
             names[node.number] = f"{node.path} (all {kind} GPUs)"

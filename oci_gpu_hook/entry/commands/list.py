@@ -14,7 +14,8 @@ if TYPE_CHECKING:
 
 def run(args: list[str], config: Config) -> int:
     parser = _parser("list", "List the host's GPUs and compute partitions, per kind, in each vendor's index order; "
-                             "NAME is the stable CDI name (the same hardware while others come and go).")
+                             "NAME is the stable CDI name (the same hardware while others come and go); HEALTH is "
+                             "what the GPU's drivers say of it now (docs/health.md).")
     parser.add_argument("--json", action="store_true", help="print JSON (schemas/inventory.schema.json)")
     opts = parser.parse_args(args)
     from oci_gpu_hook.inventory import scan_host, stable_name
@@ -32,8 +33,11 @@ def run(args: list[str], config: Config) -> int:
 
         print(InventoryModel.of(inventory).model_dump_json(indent=2))
         return 0
+    from oci_gpu_hook.host.health import GOOD, one_sample
+
+    verdicts = one_sample(config, inventory)  # one read: counts against health_ue_start, no uevents
     rows = [("KIND", "INDEX", "NAME", "PCI ADDRESS", "PARTITION", "MODE", "CARD", "RENDER", "NUMA", "UNIQUE ID",
-             "MODEL")]
+             "MODEL", "HEALTH")]
     for device in inventory.all_devices:
         card, render = device.card, device.render
         mode = "/".join(m for m in (device.compute_mode, device.memory_mode) if m) or "-"
@@ -42,7 +46,7 @@ def run(args: list[str], config: Config) -> int:
             "-" if device.partition is None else f"{device.partition} ({device.drm_name})",
             mode, os.path.basename(card.path) if card else "-", os.path.basename(render.path) if render else "-",
             "-" if device.numa_node is None else str(device.numa_node), device.unique_id_hex or "-",
-            f"{device.model} ({device.vendor_id}:{device.device_id})",
+            f"{device.model} ({device.vendor_id}:{device.device_id})", verdicts.get(device.pci_address, GOOD).text,
         ))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:

@@ -63,7 +63,11 @@ def command(args: list[str], config: Config) -> int:
     parser.add_argument("--no-cdi-specs", action="store_true",
                         help="manage no CDI spec (then something else, e.g. `oci-gpu-hook watch`, must keep the "
                              "runtime's specs current)")
-    parser.add_argument("--list", action="store_true", help="print the devices as they would be advertised; exit")
+    parser.add_argument("--metrics-address", metavar="HOST:PORT", default=None,
+                        help="serve Prometheus metrics at http://HOST:PORT/metrics (:PORT: every address; needs "
+                             "prometheus_client; default: none)")
+    parser.add_argument("--list", action="store_true",
+                        help="print the devices as they would be advertised, with their health; exit")
     opts = parser.parse_args(args)
     interval = seconds(opts.rescan_interval, "--rescan-interval", 0.1, 3600)
     if opts.no_cdi_specs and opts.cdi_dir:
@@ -76,11 +80,15 @@ def command(args: list[str], config: Config) -> int:
 
         inventory = scan_served(config.sysfs_root, proc_root=config.proc_root, driver_root=config.driver_root,
                                 kinds=kinds)
+        from oci_gpu_hook.host.health import GOOD, one_sample
+
         devices, notes = plan(inventory, opts.resource_strategy)
+        verdicts = one_sample(config, inventory)
         for device in devices:
             numa = "-" if device.numa is None else str(device.numa)
             print(f"{device.resource}  {device.id}  {device.qualified}  numa {numa}  "
-                  f"hive {device.hive if device.hive is not None else '-'}")
+                  f"hive {device.hive if device.hive is not None else '-'}  "
+                  f"{verdicts.get(device.parent, GOOD).text}")
         for note in notes:
             print(f"# {note}")
         return 0
@@ -98,10 +106,13 @@ def command(args: list[str], config: Config) -> int:
         for directory in directories:
             _managed_dir(directory)
         specs = SpecKeeper(config, directories, server.log_line)
+    from oci_gpu_hook.host.health import Monitor, Settings
+
     tracker = server.Tracker(config.sysfs_root, opts.resource_strategy, specs=specs, proc_root=config.proc_root,
-                             driver_root=config.driver_root, kinds=kinds)
+                             driver_root=config.driver_root, kinds=kinds,
+                             monitor=Monitor(Settings.of(config), config.sysfs_root))
     events = uevents(not opts.no_uevents, interval, server.log_line)
     manager = server.Manager(opts.kubelet_dir, tracker, device_specs=opts.device_specs, rescan_interval=interval,
                              events=events)
 
-    return serve(manager, events)
+    return serve(manager, events, opts.metrics_address)

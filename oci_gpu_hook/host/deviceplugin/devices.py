@@ -67,10 +67,17 @@ class PluginDevice:
     parent: str  # PCI address of the physical GPU
     partition: int | None  # AMD: the partition number; NVIDIA: a MIG device's index in its GPU
     healthy: bool = True
+    present: bool = True  # False once gone from the host (it stays listed, Unhealthy)
+    reason: str = ""  # why not healthy: gone, or its GPU's health signal (oci_gpu_hook.host.health)
     host_nodes: tuple[str, ...] = ()  # its nodes and its kind's shared ones, for --device-specs
     numbers: tuple[Number, ...] = ()  # its own nodes' device numbers, as the host has them now
     shared: tuple[Number, ...] = ()  # the numbers of the nodes every device of the kind needs (/dev/kfd, ...)
     kind: str = SERVED[0]  # the inventory backend
+
+    @property
+    def type(self) -> str:
+        """``gpu``, ``partition`` (AMD) or ``mig`` (NVIDIA)."""
+        return "gpu" if self.partition is None else "mig" if self.kind == "nvidia" else "partition"
 
     @property
     def cdi_kind(self) -> str:

@@ -14,6 +14,9 @@ GPU gone without a uevent, or a MIG instance destroyed, is noticed then),
 shortly after each GPU uevent (:func:`oci_gpu_hook.host.watch.gpu_uevent`), and
 before every Allocate.  A device seen once stays in the list: Unhealthy while it
 is missing from the host, Healthy again when it comes back under the same ID.
+A device whose GPU's own signals say it is failing (:mod:`oci_gpu_hook.host.health`: amdgpu's RAS
+uncorrectable errors, PCIe AER fatal errors, a ``WEDGED=`` uevent, its nodes gone while its PCI device
+stays) is Unhealthy too, with the reason in the log, until the monitor says it recovered.
 
 Allocate answers each container with the stable CDI names of its devices
 (``amd.com/gpu=0000:05:00.0``, ``amd.com/gpu=0000:05:00.0-p3``,
@@ -39,9 +42,10 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent import futures
 from dataclasses import replace
+from typing import Any
 
 import grpc
 
@@ -59,6 +63,8 @@ from oci_gpu_hook.host.deviceplugin.devices import (
     whole_gpu_resource,
 )
 from oci_gpu_hook.host.deviceplugin.specs import SpecKeeper
+from oci_gpu_hook.host.health import Monitor
+from oci_gpu_hook.host.metrics import DeviceRow
 from oci_gpu_hook.host.resident import Resident, log_writer
 from oci_gpu_hook.host.watch import EventSource
 from oci_gpu_hook.inventory import Inventory
@@ -100,8 +106,9 @@ class Tracker:
 
     def __init__(self, sysfs_root: str, strategy: str, scan: Scan | None = None, log: Log = log_line,
                  specs: SpecKeeper | None = None, *, proc_root: str = "/proc", driver_root: str = "/",
-                 kinds: tuple[str, ...] = SERVED) -> None:
+                 kinds: tuple[str, ...] = SERVED, monitor: Monitor | None = None) -> None:
         self.sysfs_root = sysfs_root
+        self.monitor = monitor or Monitor(sysfs_root=sysfs_root)  # the GPUs' health from their drivers' signals
         self.strategy = strategy
         if scan is None:
             def scan(root: str) -> Inventory:
@@ -139,17 +146,24 @@ class Tracker:
             self.inventory = inventory
             if self.specs is not None:
                 self.specs.update(inventory, reason)
-            current = {d.id: d for d in found}
+            verdicts = self.monitor.sample(inventory)
+            current = {}
+            for device in found:
+                verdict = verdicts.get(device.parent)
+                current[device.id] = device if verdict is None or verdict.healthy else replace(
+                    device, healthy=False, reason=verdict.reason)
             for device_id, old in self.devices.items():
                 if device_id not in current:
-                    current[device_id] = replace(old, healthy=False)
+                    verdict = verdicts.get(old.parent)
+                    why = verdict.reason if verdict is not None and not verdict.healthy else gone(old.kind)
+                    current[device_id] = replace(old, healthy=False, present=False, reason=why)
             with self.changed:
                 if current == self.devices:
                     return False
                 for device_id in sorted(current):
                     old, new = self.devices.get(device_id), current[device_id]
-                    if old is None or old.healthy != new.healthy:
-                        state = HEALTHY if new.healthy else f"{UNHEALTHY} ({gone(new.kind)})"
+                    if old is None or (old.healthy, old.reason) != (new.healthy, new.reason):
+                        state = HEALTHY if new.healthy else f"{UNHEALTHY} ({new.reason})"
                         self.log(f"{reason}: {new.resource} {device_id} (CDI {new.qualified}) {state}")
                 self.devices = current
                 self.generation += 1
@@ -163,6 +177,19 @@ class Tracker:
     def of(self, resource: str) -> list[PluginDevice]:
         with self.changed:
             return sorted((d for d in self.devices.values() if d.resource == resource), key=_order)
+
+    def rows(self) -> list[DeviceRow]:
+        """Every device as the metrics show it."""
+        with self.changed:
+            devices = list(self.devices.values())
+        verdicts = self.monitor.verdicts()
+        out = []
+        for device in devices:
+            verdict = verdicts.get(device.parent)
+            signal = "gone" if not device.present else verdict.signal if verdict is not None else ""
+            out.append(DeviceRow(device.id, device.kind, device.type, "advertised" if device.present else "gone",
+                                 device.healthy, signal))
+        return out
 
     def check_specs(self, devices: list[PluginDevice]) -> str | None:
         """With :attr:`scan_lock` held: None when every managed spec maps ``devices`` to their numbers now
@@ -233,7 +260,8 @@ class Servicer(api_grpc.DevicePluginServicer):
         assert device is not None
         if not device.healthy:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"device {device_id!r} ({self.resource}) is {gone(device.kind)}: it cannot be allocated")
+                          f"device {device_id!r} ({self.resource}) is {UNHEALTHY}, {device.reason}: it cannot be "
+                          "allocated")
         return device
 
     def Allocate(self, request: api.AllocateRequest, context: grpc.ServicerContext) -> api.AllocateResponse:
@@ -356,6 +384,12 @@ class Manager(Resident):
         self.failures: dict[str, str] = {}
         self.next_rescan = 0.0
         self.stopping = False
+
+    def observe(self, event: Mapping[str, Any]) -> object:
+        return self.tracker.monitor.event(event)
+
+    def rows(self) -> list[DeviceRow]:
+        return self.tracker.rows()
 
     def _servicer(self, resource: str) -> Callable[[], Servicer]:
         return lambda: Servicer(resource, self.tracker, device_specs=self.device_specs, log=self.log)

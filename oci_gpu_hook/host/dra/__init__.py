@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from oci_gpu_hook.inventory import Inventory
 
 DEFAULT_DRIVER = "gpu.oci-gpu-hook.io"
+HEALTH_STATE = "health.json"  # in the state directory: the wedged GPUs, across a restart
 DNS_SUBDOMAIN = re.compile(r"^(?=.{1,63}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
@@ -63,6 +64,9 @@ def command(args: list[str], config: Config) -> int:
                              "API server keeps them (Kubernetes 1.33+, DRAPartitionableDevices on), else as its parts "
                              "only; off: always as its parts only (for a scheduler without the gate) (default "
                              "%(default)s)")
+    parser.add_argument("--metrics-address", metavar="HOST:PORT", default=None,
+                        help="serve Prometheus metrics at http://HOST:PORT/metrics (:PORT: every address; needs "
+                             "prometheus_client; default: none)")
     parser.add_argument("--list", action="store_true",
                         help="print the devices as they would be published (JSON, the slices' devices, with their "
                              "counters unless --shared-counters off; what is left out on stderr); exit")
@@ -117,8 +121,12 @@ def command(args: list[str], config: Config) -> int:
         return Claims(config, driver, node, opts.cdi_dir, state_dir, client, plugin.current, server.log_line,
                       version)
 
+    from oci_gpu_hook.host.health import Monitor, Settings
+
     events = uevents(not opts.no_uevents, interval, server.log_line)
     plugin = server.Driver(driver, scan, publisher, claims, registry_dir=opts.kubelet_registry_dir,
-                           plugins_dir=opts.kubelet_plugins_dir, rescan_interval=interval, events=events)
+                           plugins_dir=opts.kubelet_plugins_dir, rescan_interval=interval, events=events,
+                           monitor=Monitor(Settings.of(config), config.sysfs_root, log=server.log_line,
+                                           state_file=os.path.join(state_dir, HEALTH_STATE)))
 
-    return serve(plugin, events)
+    return serve(plugin, events, opts.metrics_address)

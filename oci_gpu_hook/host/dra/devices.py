@@ -65,6 +65,17 @@ ATTRIBUTES = ("vendor", "type", "model", "productName", "architecture", "compute
 CAPACITIES = ("memory",)
 PARTS_COUNTER = "partitions"  # the one counter of a split GPU's counter set: its parts' count
 Consumption = tuple[str, tuple[tuple[str, str], ...]]  # (counter set, ((counter, quantity), ...))
+TAINT_NAME = "unhealthy"  # the taint's key is <driver>/unhealthy
+
+
+@dataclass(frozen=True)
+class Taint:
+    """A device taint (KEP-5055): ``<driver>/unhealthy=<signal>:<effect>``, added at ``time_added`` (RFC 3339)."""
+
+    key: str
+    value: str  # the health signal (a label value: the reason's text goes to the health stream)
+    effect: str  # NoSchedule, NoExecute
+    time_added: str
 
 
 @dataclass(frozen=True)
@@ -78,10 +89,16 @@ class DraDevice:
     # None, it is its parts), from the same scan
     consumes: tuple[Consumption, ...] = ()  # the counters it takes (a split GPU's whole and parts)
     parts: tuple[Device, ...] = field(default=(), compare=False, repr=False)  # what a container gets: its devices
+    taint: Taint | None = None  # while its GPU is Unhealthy (oci_gpu_hook.host.health)
+
+    @property
+    def pci_address(self) -> str:
+        """The PCI address of the device's GPU (whose health it shares)."""
+        return str(self.attributes["pciAddress"][1])
 
     def fingerprint(self) -> tuple[object, ...]:
         """What a republish compares: the published fields (a changed one bumps the pool generation)."""
-        return self.name, sorted(self.attributes.items()), sorted(self.capacity.items()), self.consumes
+        return self.name, sorted(self.attributes.items()), sorted(self.capacity.items()), self.consumes, self.taint
 
     def shares_hardware(self, other: DraDevice) -> bool:
         """True when this device and ``other`` give a container some of the same hardware (a whole GPU and its

@@ -10,7 +10,8 @@ The kubelet's plugin watcher finds ``<registry dir>/<driver>-reg.sock``
 on the DRA socket (:mod:`.claims` does the work; a claim's failure is its
 entry's ``error``, one line).  A kubelet with ResourceHealthStatus on watches
 ``NodeWatchResources`` there: every device seen since start, Healthy while
-published, Unhealthy once gone, sent at every change and again every
+published and its GPU's own signals (:mod:`oci_gpu_hook.host.health`) are clear, else Unhealthy with the
+reason as its message (once gone: gone), sent at every change and again every
 ``HEALTH_RESEND_S`` (a 1.36 kubelet counts a device whose last report is older
 than 30 s as Unknown, and shows that in the status of a pod started later).
 When a socket file disappears (a kubelet that cleans its directories, an
@@ -23,6 +24,13 @@ The devices (:func:`.devices.build` over a lenient scan) are read again every
 slices (:class:`.slices.Publisher`) follow every scan, so a GPU that leaves, or
 changes partition mode, leaves the node's ResourceSlices within one rescan.
 An API server that cannot be reached is said once and retried at every rescan.
+
+Health in the slices: a device whose GPU is Unhealthy carries the taint ``<driver>/unhealthy=<signal>``
+(KEP-5055), ``NoSchedule``, or ``NoExecute`` for the signals the config's ``health_noexecute`` names, for as long
+as the monitor says so (a count signal is held ``health_hold`` seconds); where the server keeps no taints
+(:class:`.slices.Publisher` finds out) the health stream is all there is.  A device whose GPU's nodes vanished
+while its PCI device stays is kept in the slice, tainted, until the GPU is back or gone (a ``NoExecute`` taint
+then evicts the pods that used it); a prepare that names it is refused as gone.
 """
 
 from __future__ import annotations
@@ -30,8 +38,9 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent import futures
+from dataclasses import replace
 from typing import Any
 
 import grpc
@@ -43,9 +52,11 @@ from oci_gpu_hook.host.dra import health_v1alpha1_pb2_grpc as health_grpc
 from oci_gpu_hook.host.dra import registration_pb2 as reg
 from oci_gpu_hook.host.dra import registration_pb2_grpc as reg_grpc
 from oci_gpu_hook.host.dra.claims import ClaimError, Claims
-from oci_gpu_hook.host.dra.devices import DraDevice, build
+from oci_gpu_hook.host.dra.devices import TAINT_NAME, DraDevice, Taint, build
 from oci_gpu_hook.host.dra.kube import ApiError
 from oci_gpu_hook.host.dra.slices import Publisher
+from oci_gpu_hook.host.health import Monitor, Verdict
+from oci_gpu_hook.host.metrics import DeviceRow
 from oci_gpu_hook.host.resident import Resident, log_writer
 from oci_gpu_hook.host.watch import EventSource
 from oci_gpu_hook.inventory import Inventory
@@ -227,8 +238,9 @@ class Driver(Resident):
     def __init__(self, driver: str, scan: Scan, publisher: Publisher | None, claims_factory: Callable[[Driver], Claims],
                  *, registry_dir: str = REGISTRY_DIR, plugins_dir: str = PLUGINS_DIR, rescan_interval: float = 10.0,
                  poll_interval: float = 1.0, events: EventSource | None = None, uevent_delay: float = 0.5,
-                 log: Log = log_line, health_resend: float = HEALTH_RESEND_S) -> None:
+                 log: Log = log_line, health_resend: float = HEALTH_RESEND_S, monitor: Monitor | None = None) -> None:
         self.driver = driver
+        self.monitor = monitor or Monitor()  # the GPUs' health from their drivers' own signals
         self.scan = scan
         self.publisher = publisher
         self.log = log
@@ -241,6 +253,8 @@ class Driver(Resident):
         self.publish_lock = threading.Lock()  # one sync at a time (the loop's and a prepare's)
         self.inventory: Inventory | None = None
         self.devices: list[DraDevice] = []
+        self.ghosts: list[DraDevice] = []  # published, tainted, though gone: their GPU's nodes vanished
+        self.seen: dict[str, DraDevice] = {}  # every device seen since start, as last seen (for the metrics)
         self.health: dict[str, tuple[bool, int, str]] = {}  # every device seen: (healthy, since, why not)
         self.health_generation = 0
         self.health_changed = threading.Condition()
@@ -289,8 +303,14 @@ class Driver(Resident):
                 if note not in self.notes:
                     self.log(f"{reason}: {note}")
             self.notes = notes
-            before = {d.name: d.fingerprint() for d in self.devices}
-            after = {d.name: d.fingerprint() for d in devices}
+            verdicts = self.monitor.sample(inventory)
+            devices = [self._tainted(d, verdicts.get(d.pci_address)) for d in devices]
+            present = {d.name for d in devices}
+            ghosts = [self._tainted(d, verdicts[d.pci_address]) for d in self.devices + self.ghosts
+                      if d.name not in present and d.pci_address in verdicts
+                      and verdicts[d.pci_address].signal == "vanished"]
+            before = {d.name: d.fingerprint() for d in self.devices + self.ghosts}
+            after = {d.name: d.fingerprint() for d in devices + ghosts}
             if before != after:
                 gone = sorted(set(before) - set(after))
                 came = sorted(set(after) - set(before))
@@ -299,21 +319,34 @@ class Driver(Resident):
                          (("new", came), ("gone", gone), ("changed", changed)) if names]
                 self.log(f"{reason}: {len(devices)} device(s); {'; '.join(parts)}")
                 self.dirty = True
-            self.inventory, self.devices = inventory, devices
-            self._track_health(devices)
+            self.inventory, self.devices, self.ghosts = inventory, devices, ghosts
+            self.seen.update((d.name, d) for d in devices + ghosts)
+            self._track_health(devices + ghosts, verdicts)
             return inventory, devices
 
-    def _track_health(self, devices: list[DraDevice]) -> None:
+    def _tainted(self, device: DraDevice, verdict: Verdict | None) -> DraDevice:
+        """The device with its GPU's taint (none while Healthy)."""
+        if verdict is None or verdict.healthy:
+            return replace(device, taint=None) if device.taint is not None else device
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(verdict.since))
+        return replace(device, taint=Taint(f"{self.driver}/{TAINT_NAME}", verdict.signal,
+                                           self.monitor.settings.effect(verdict.signal), stamp))
+
+    def _track_health(self, devices: list[DraDevice], verdicts: Mapping[str, Verdict]) -> None:
         now = int(time.time())
-        present = {d.name for d in devices}
         with self.health_changed:
             changed = False
-            for name in present:
-                if not self.health.get(name, (False, 0, ""))[0]:
-                    self.health[name] = (True, now, "")
+            for device in devices:
+                verdict = verdicts.get(device.pci_address)
+                state = (True, 0, "") if verdict is None or verdict.healthy else (False, int(verdict.since),
+                                                                                 verdict.reason)
+                old = self.health.get(device.name)
+                if old is None or (old[0], old[2]) != (state[0], state[2]):
+                    self.health[device.name] = (state[0], state[1] or now, state[2])
                     changed = True
-            for name, (healthy, _since, _why) in list(self.health.items()):
-                if healthy and name not in present:
+            present = {d.name for d in devices}
+            for name, (_healthy, _since, why) in list(self.health.items()):
+                if name not in present and why != GONE:
                     self.health[name] = (False, now, GONE)
                     changed = True
             if changed:
@@ -333,7 +366,7 @@ class Driver(Resident):
             return
         with self.publish_lock:
             with self.lock:
-                devices = list(self.devices)
+                devices = self.devices + self.ghosts
                 self.dirty = False
             try:
                 self.publisher.sync(devices)
@@ -370,6 +403,37 @@ class Driver(Resident):
                 self.socket_error = message
                 return
             self.socket_error = None
+
+    def observe(self, event: Mapping[str, Any]) -> object:
+        return self.monitor.event(event)
+
+    def rows(self) -> list[DeviceRow]:
+        """Every device seen since start as the metrics show it: published, prepared (a prepared claim holds it)
+        or gone."""
+        with self.claims.lock:
+            held = {d.get("device") for record in self.claims.prepared.values() for d in record.get("devices", [])}
+        with self.lock:
+            seen = dict(self.seen)
+        with self.health_changed:
+            health = dict(self.health)
+        verdicts = self.monitor.verdicts()
+        out = []
+        for name, (healthy, _since, why) in sorted(health.items()):
+            device = seen.get(name)
+            if device is None:
+                continue
+            gone = why == GONE
+            verdict = verdicts.get(device.pci_address)
+            signal = "gone" if gone else verdict.signal if verdict is not None else ""
+            state = "gone" if gone else "prepared" if name in held else "published"
+            out.append(DeviceRow(name, str(device.attributes["vendor"][1]), str(device.attributes["type"][1]), state,
+                                 healthy, signal))
+        return out
+
+    def gauges(self) -> dict[str, tuple[str, float]]:
+        with self.claims.lock:
+            claims = len(self.claims.prepared)
+        return {"oci_gpu_hook_dra_prepared_claims": ("Claims this driver has prepared on this node.", claims)}
 
     def started(self) -> str:
         return (f"driver {self.driver}: registration {self.registration_path}, DRA {self.dra_path}, rescan every "

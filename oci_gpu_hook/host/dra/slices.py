@@ -42,7 +42,7 @@ from oci_gpu_hook.host.dra.kube import ApiError, Client
 GROUP = "resource.k8s.io"
 VERSIONS = ("v1", "v1beta2", "v1beta1")  # newest first
 MAX_DEVICES = 128
-MAX_COUNTED_DEVICES = 64  # devices that consume counters, a slice
+MAX_COUNTED_DEVICES = 64  # devices a slice where any consumes counters or has taints
 MAX_COUNTER_SETS = 8  # a slice
 SPLIT, SAME = "split", "same"  # the counter sets' layouts: slices of their own (1.35+), the devices' slice (1.33, 1.34)
 
@@ -69,7 +69,8 @@ def _counters(counters: tuple[tuple[str, str], ...]) -> dict[str, Any]:
     return {name: {"value": value} for name, value in counters}
 
 
-def device_object(device: DraDevice, version: str) -> dict[str, Any]:
+def device_object(device: DraDevice, version: str, taints: bool = False) -> dict[str, Any]:
+    """The device as the slice has it; ``taints``: with its taint (where the server keeps them)."""
     attributes = {name: {kind: value} for name, (kind, value) in sorted(device.attributes.items())}
     body: dict[str, Any] = {"attributes": attributes}
     if device.capacity:
@@ -77,6 +78,10 @@ def device_object(device: DraDevice, version: str) -> dict[str, Any]:
     if device.consumes:
         body["consumesCounters"] = [{"counterSet": name, "counters": _counters(counters)}
                                     for name, counters in device.consumes]
+    if taints and device.taint is not None:
+        taint = device.taint
+        body["taints"] = [{"key": taint.key, "value": taint.value, "effect": taint.effect,
+                           "timeAdded": taint.time_added}]
     if version == "v1beta1":
         return {"name": device.name, "basic": body}
     return {"name": device.name, **body}
@@ -105,14 +110,17 @@ def server_version(client: Client) -> tuple[int, int] | None:
     return (int(major.group()), int(minor.group())) if major and minor else None
 
 
-def _chunks(devices: list[DraDevice], how: str | None) -> list[tuple[list[DraDevice], list[CounterSet]]]:
+def _chunks(devices: list[DraDevice], how: str | None, taints: bool = False
+            ) -> list[tuple[list[DraDevice], list[CounterSet]]]:
     """The slices' contents: (devices, counter sets) each."""
+    tainted = taints and any(d.taint is not None for d in devices)
     if how is None:
         devices = without_counters(devices)
-        return [(devices[i:i + MAX_DEVICES], []) for i in range(0, len(devices), MAX_DEVICES)]
+        size = MAX_COUNTED_DEVICES if tainted else MAX_DEVICES
+        return [(devices[i:i + size], []) for i in range(0, len(devices), size)]
     sets = counter_sets(devices)
     if how == SPLIT:
-        size = MAX_COUNTED_DEVICES if any(d.consumes for d in devices) else MAX_DEVICES
+        size = MAX_COUNTED_DEVICES if tainted or any(d.consumes for d in devices) else MAX_DEVICES
         return [(devices[i:i + size], []) for i in range(0, len(devices), size)] + [
             ([], sets[i:i + MAX_COUNTER_SETS]) for i in range(0, len(sets), MAX_COUNTER_SETS)]
     groups: dict[str, list[DraDevice]] = {}  # SAME: a counter set's devices stay together, with the set
@@ -138,9 +146,11 @@ def slice_name(node: str, driver: str, index: int) -> str:
 
 
 def slice_objects(devices: list[DraDevice], driver: str, node: str, generation: int, version: str,
-                  owner: dict[str, Any] | None = None, counters: str | None = None) -> list[dict[str, Any]]:
-    """The pool's slices for ``devices``; ``counters``: the counter sets' layout (:func:`layout`), None for none."""
-    chunks = _chunks(devices, counters)
+                  owner: dict[str, Any] | None = None, counters: str | None = None,
+                  taints: bool = False) -> list[dict[str, Any]]:
+    """The pool's slices for ``devices``; ``counters``: the counter sets' layout (:func:`layout`), None for none;
+    ``taints``: with the devices' taints."""
+    chunks = _chunks(devices, counters, taints)
     out = []
     for index, (chunk, sets) in enumerate(chunks):
         metadata: dict[str, Any] = {"name": slice_name(node, driver, index)}
@@ -151,9 +161,25 @@ def slice_objects(devices: list[DraDevice], driver: str, node: str, generation: 
         if sets:
             spec["sharedCounters"] = [counter_set_object(c) for c in sets]
         if chunk or not sets:
-            spec["devices"] = [device_object(d, version) for d in chunk]
+            spec["devices"] = [device_object(d, version, taints) for d in chunk]
         out.append({"apiVersion": f"{GROUP}/{version}", "kind": "ResourceSlice", "metadata": metadata, "spec": spec})
     return out
+
+
+def taints_kept(kubernetes: tuple[int, int] | None) -> bool:
+    """Whether a server of that (major, minor) version may keep device taints (1.33 and later, where the
+    DRADeviceTaints gate exists: alpha, off by default, in 1.33 to 1.35; beta from 1.36).  Whether the gate is on
+    shows only in the answer to a write (:func:`kept_taints`)."""
+    return kubernetes is not None and kubernetes >= (1, 33)
+
+
+def kept_taints(sent: dict[str, Any], answer: dict[str, Any]) -> bool:
+    """Whether the server kept the taints of a slice it was sent (one with DRADeviceTaints off drops them)."""
+    def has(body: dict[str, Any]) -> bool:
+        return any((d.get("basic", d) if isinstance(d, dict) else {}).get("taints")
+                   for d in (body.get("spec") or {}).get("devices", []))
+
+    return has(answer) or not has(sent)
 
 
 def kept_counters(sent: dict[str, Any], answer: dict[str, Any]) -> bool:
@@ -172,6 +198,7 @@ class Publisher:
         self.client = client
         self.counters: str | None = None  # the counter sets' layout, once known (None: none)
         self.counters_known = not counters  # --shared-counters off: none, without asking
+        self.taints: bool | None = None  # whether the slices carry device taints, once known
         self.driver = driver
         self.node = node
         self.log = log
@@ -205,11 +232,20 @@ class Publisher:
         return self.owner
 
     def _learn(self) -> None:
-        """The API version, and where the counter sets go (once each)."""
+        """The API version, where the counter sets go, and whether taints can be published (once each)."""
         if self.version is None:
             self.version = choose_version(self.client, self.wanted_version)
-        if not self.counters_known:
+        kubernetes: tuple[int, int] | None = None
+        if self.taints is None or not self.counters_known:
             kubernetes = server_version(self.client)
+        if self.taints is None:
+            self.taints = taints_kept(kubernetes)
+            if not self.taints:
+                said = (f"Kubernetes {kubernetes[0]}.{kubernetes[1]}" if kubernetes
+                        else "an API server of no known version")
+                self.log(f"{said}: no device taints in the slices (they need 1.33 or later with DRADeviceTaints); "
+                         "an unhealthy device is reported in the health stream only")
+        if not self.counters_known:
             self.counters_known = True
             self.counters = layout(kubernetes)
             said = f"Kubernetes {kubernetes[0]}.{kubernetes[1]}" if kubernetes else "an API server of no known version"
@@ -245,9 +281,10 @@ class Publisher:
             return False
         seen = [int(item.get("spec", {}).get("pool", {}).get("generation") or 0) for item in existing.values()]
         self.generation = max([self.generation, *seen]) + 1
-        wanted = slice_objects(devices, self.driver, self.node, self.generation, self.version, owner, self.counters)
+        wanted = slice_objects(devices, self.driver, self.node, self.generation, self.version, owner, self.counters,
+                               bool(self.taints))
         written: dict[str, str] = {}
-        dropped = False
+        dropped = untainted = False
         for body in wanted:
             name = body["metadata"]["name"]
             if name in existing:
@@ -257,6 +294,13 @@ class Publisher:
                 answer = self.client.create(self._path(), body)
             written[name] = str(answer.get("metadata", {}).get("resourceVersion", ""))
             dropped = dropped or not kept_counters(body, answer)
+            untainted = untainted or not kept_taints(body, answer)
+        if untainted:  # DRADeviceTaints is off: the health stream is all there is
+            self.taints = False
+            self.written = None
+            self.log("the API server dropped the device taints (DRADeviceTaints is off): an unhealthy device is "
+                     "reported in the health stream only")
+            return self.sync(devices)
         if dropped:  # the gate is off: whole and parts would both be allocatable; publish the parts only, now
             self.counters = None
             self.written = None

@@ -1,6 +1,6 @@
 """``oci-gpu-hook install``: put everything a host needs in place, record it, and take it back out.
 
-``install [--only podman,docker,containerd,crio,cdi,systemd]``: each integration on its own; one
+``install [--only podman,docker,containerd,crio,cdi,systemd,nri]``: each integration on its own; one
 that cannot be done (a config install cannot read, a containerd config of version 1) is reported and
 skipped, and the others are still done.  Without ``--only``: the launchers, the podman hook and the
 CDI specs always, and docker, containerd, CRI-O and systemd where their ``/etc`` directory exists.

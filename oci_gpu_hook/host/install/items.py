@@ -20,6 +20,7 @@ from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.host.install.paths import (
     HOOK_LAUNCHER,
     LAUNCHER_DIR,
+    NRI_UNIT,
     PACKAGE_PARENT,
     PLANNER_UNIT,
     RUNTIME_LAUNCHER,
@@ -153,8 +154,10 @@ def wanted(config: Config, hook: str, defaults: dict[str, str], notes: list[str]
                                                host_root=host_root),
         "crio": lambda: crio_items(config, disk, only is not None),
         "systemd": lambda: systemd_items(disk, notes, only is not None),
+        "nri": lambda: nri_items(disk, notes, only is not None, containerd_version=containerd_version,
+                                 host_root=host_root),
     }
-    for name in ("podman", "cdi", "docker", "containerd", "crio", "systemd"):
+    for name in ("podman", "cdi", "docker", "containerd", "crio", "systemd", "nri"):
         if only is not None and name not in only:
             continue
         try:
@@ -322,3 +325,63 @@ def systemd_items(disk: Callable[[str], str], notes: list[str], explicit: bool) 
                  "(after an upgrade: systemctl restart oci-gpu-hook-planner; until then the launchers start Python)")
     return [Item(SYSTEMD_UNIT, unit_file(HOOK_LAUNCHER).encode(), 0o644, "systemd watch unit"),
             Item(PLANNER_UNIT, unit_file(HOOK_LAUNCHER, PLANNER_UNIT).encode(), 0o644, "systemd planner unit")]
+
+
+# The NRI plugin's unit (docs/nri.md): the plugin exits when the runtime closes its connection (a restart), and
+# systemd starts it again.
+NRI_UNIT_TEXT = """# oci-gpu-hook nri: the NRI plugin for containerd 2.x and CRI-O (docs/nri.md in the source tree).
+[Unit]
+Description=oci-gpu-hook: the NRI plugin that gives each container the GPUs it asks for
+After=containerd.service crio.service
+
+[Service]
+ExecStart={launcher} nri
+Restart=always
+RestartSec=1s
+User=root
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def nri_runtime(disk: Callable[[str], str], containerd_version: str | None = None,
+                host_root: str | None = None) -> str | None:
+    """The runtime here that has NRI, by its version (containerd 2.x; containerd 1.x has none), or CRI-O where
+    /etc/crio is; None when neither."""
+    from oci_gpu_hook.host import containerd_detect
+
+    if containerd_version is not None or os.path.isdir(disk("/etc/containerd")):
+        found = containerd_detect.detect(host_root or disk("/"), option=containerd_version,
+                                         path_env=os.environ.get("PATH")).found
+        if found is not None and found.version[0] >= 2:
+            return f"containerd {found.shown}"
+    if os.path.isdir(disk("/etc/crio")):
+        return "CRI-O"
+    return None
+
+
+def nri_items(disk: Callable[[str], str], notes: list[str], explicit: bool, *, containerd_version: str | None = None,
+              host_root: str | None = None) -> list[Item]:
+    """The NRI plugin's systemd unit, where a runtime with NRI is (``--only nri``: wherever asked)."""
+    import importlib.util
+
+    runtime = nri_runtime(disk, containerd_version, host_root)
+    if runtime is None and not explicit:
+        raise Skip("no containerd 2.x or CRI-O found here (containerd 1.x has no NRI): the NRI plugin's unit is "
+                   "not installed")
+    if not explicit and not os.path.isdir(disk("/etc/systemd/system")):
+        raise Skip("no /etc/systemd/system here: the NRI plugin's unit is not installed")
+    try:
+        protobuf = importlib.util.find_spec("google.protobuf") is not None
+    except ImportError:  # no google package at all: find_spec imports the parent
+        protobuf = False
+    if not protobuf:
+        why = "the NRI plugin needs protobuf: pip install 'oci-gpu-hook[nri]', then install again"
+        if explicit:
+            raise HookError(why)
+        raise Skip(why)
+    notes.append(f"nri: {runtime or 'no containerd 2.x or CRI-O found'}: systemctl daemon-reload && systemctl "
+                 "enable --now oci-gpu-hook-nri; NRI must be on in the runtime, and a pod that must never start "
+                 "without its GPU needs NRI's default validator (docs/nri.md)")
+    return [Item(NRI_UNIT, NRI_UNIT_TEXT.format(launcher=HOOK_LAUNCHER).encode(), 0o644, "systemd NRI plugin unit")]

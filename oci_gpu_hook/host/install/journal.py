@@ -39,7 +39,8 @@ def step() -> None:
 
 def write_file(path: str, data: bytes, mode: int, owner: tuple[int, int] | None = None,
                mtime_ns: int | None = None) -> None:
-    """Replace ``path`` atomically and durably with exactly ``mode``: two steps (the temp file, the rename)."""
+    """Replace ``path`` atomically and durably with exactly ``mode``: a step before the name is made (the link of
+    the unnamed file, or the named temp file) and, where something is there, one before the rename."""
     atomic.write_atomic(path, data, mode, owner, mtime_ns, durable=True, step=step)
 
 

@@ -14,7 +14,8 @@ JOURNAL_PATH = f"{JOURNAL_DIR}/journal.json"
 STAGING = ".oci-gpu-hook-staging"  # a directory being created or removed as a whole, by one rename
 SYSTEMD_UNIT = "/etc/systemd/system/oci-gpu-hook-watch.service"
 PLANNER_UNIT = "/etc/systemd/system/oci-gpu-hook-planner.service"
-INTEGRATIONS = ("podman", "docker", "containerd", "crio", "cdi", "systemd")
+NRI_UNIT = "/etc/systemd/system/oci-gpu-hook-nri.service"
+INTEGRATIONS = ("podman", "docker", "containerd", "crio", "cdi", "systemd", "nri")
 HOOK_LAUNCHER = f"{LAUNCHER_DIR}/oci-gpu-hook"
 RUNTIME_LAUNCHER = f"{LAUNCHER_DIR}/oci-gpu-runtime"
 # the directory that holds the package: a source checkout has hooks.d/ and examples/ there, a wheel does not

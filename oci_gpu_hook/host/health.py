@@ -1,0 +1,357 @@
+"""A GPU's health from its drivers' own signals: one :class:`Verdict` per GPU, shared by its partitions and MIG devices.
+
+The device plugin, the DRA driver and ``list`` read it; nothing on a container's start path imports it.  The
+signals (docs/health.md says each one's kernel source, file and attribute, and what would need NVML):
+
+- ``ras-uncorrectable``: amdgpu's RAS error counters, ``<pci device>/ras/<block>_err_count`` (``ue: N`` and
+  ``ce: N`` lines, one file per hardware block), summed over the blocks' ``ue`` counts;
+- ``pcie-fatal``: the PCI core's AER counters, ``<pci device>/aer_dev_fatal`` (``TOTAL_ERR_FATAL N``), any
+  vendor's GPU;
+- ``wedged``: the DRM core's ``WEDGED=<recovery methods>`` change uevent on the GPU's card minor (amdgpu, i915,
+  xe: a reset failed and the driver gave up on the device); held until the device recovers: ``WEDGED=none``
+  (the driver says it recovered), the PCI device or its card added or bound again (a rebind), or the GPU gone
+  from the host (a new device when it comes back).  With a ``state_file`` (the DRA driver's state directory) it
+  outlives a restart of the process: kept with the identity of the GPU's ``drm`` directory in sysfs (kernfs
+  makes it anew when the driver binds again), so a rebind while the process was down ends it;
+- ``vanished``: the GPU's devices are gone from the scan (AMD: its KFD topology node or DRM minors; NVIDIA: the
+  driver no longer lists it, or excluded it) while its PCI device stays.
+
+A count signal is read each sample: above ``health_ue_start`` when a GPU is first read (a driver restarted beside
+a failing GPU sees it at once), or risen by more than ``health_ue_rise`` since the last sample.  A GPU with any
+signal is Unhealthy.  A count signal holds for ``health_hold`` seconds after the sample that saw it, so that a
+flapping counter does not flap a taint; the states (wedged, vanished) hold while they last and clear with the
+recovery that ends them (a rebind, the device back).  The clocks are parameters: tests step them, never sleep.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from oci_gpu_hook.config import HEALTH_SIGNALS, Config
+from oci_gpu_hook.inventory import Device, Inventory, parse_pci_address
+from oci_gpu_hook.inventory.sysfs import read
+
+HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
+RAS_DIR = "ras"
+RAS_SUFFIX = "_err_count"
+AER_FATAL = "aer_dev_fatal"
+AER_TOTAL = "TOTAL_ERR_FATAL"
+WEDGED = "WEDGED"
+COUNTED = ("ras-uncorrectable", "pcie-fatal")  # the signals of counts: held after they clear
+RECOVERED = "none"  # WEDGED=none: the driver recovered the device itself (telemetry may be collected)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    healthy: bool = True
+    signal: str = ""  # the first of HEALTH_SIGNALS that holds, while Unhealthy
+    reason: str = ""  # one line: what the driver said, with its source
+    since: float = 0.0  # wall clock (time.time()) when it turned Unhealthy
+
+    @property
+    def text(self) -> str:
+        """``Healthy`` or ``Unhealthy: <reason>``."""
+        return HEALTHY if self.healthy else f"{UNHEALTHY}: {self.reason}"
+
+
+GOOD = Verdict()
+
+
+@dataclass(frozen=True)
+class Settings:
+    ue_start: int = 0
+    ue_rise: int = 0
+    hold: float = 300.0
+    noexecute: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, config: Config) -> Settings:
+        return cls(config.health_ue_start, config.health_ue_rise, float(config.health_hold),
+                   tuple(config.health_noexecute))
+
+    def effect(self, signal: str) -> str:
+        """The DRA taint effect of a signal: NoExecute where the operator named it, else NoSchedule."""
+        return "NoExecute" if signal in self.noexecute else "NoSchedule"
+
+
+def ras_uncorrectable(pci_dir: str) -> tuple[int, list[str]] | None:
+    """The sum of amdgpu's RAS ``ue`` counts of the GPU at ``pci_dir`` and the blocks that have any (None: no
+    ``ras`` directory, a GPU or kernel without RAS)."""
+    directory = os.path.join(pci_dir, RAS_DIR)
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return None
+    total, blocks = 0, []
+    for name in names:
+        if not name.endswith(RAS_SUFFIX):
+            continue
+        for line in (read(os.path.join(directory, name)) or "").splitlines():
+            key, _, value = line.partition(":")
+            value = value.strip()
+            if key.strip() == "ue" and value.isdigit() and value.isascii() and int(value) > 0:
+                total += int(value)
+                blocks.append(f"{name.removesuffix(RAS_SUFFIX)} {int(value)}")
+    return total, blocks
+
+
+def aer_fatal(pci_dir: str) -> int | None:
+    """``TOTAL_ERR_FATAL`` of the PCI device's AER counters (None: not AER capable, or a kernel before 4.19)."""
+    for line in (read(os.path.join(pci_dir, AER_FATAL)) or "").splitlines():
+        key, _, value = line.strip().partition(" ")
+        value = value.strip()
+        if key == AER_TOTAL and value.isdigit() and value.isascii():
+            return int(value)
+    return None
+
+
+def gpu_dirs(inventory: Inventory) -> dict[str, str]:
+    """Each GPU's PCI device directory, by PCI address (a partition's or MIG device's GPU: its own)."""
+    out: dict[str, str] = {}
+    for device in inventory.all_devices:
+        if os.path.basename(device.sysfs_dir) == device.pci_address:
+            out.setdefault(device.pci_address, device.sysfs_dir)
+    for device in inventory.all_devices:
+        out.setdefault(device.pci_address,
+                       os.path.join(inventory.sysfs_root, "bus", "pci", "devices", device.pci_address))
+    return out
+
+
+def event_gpu(event: Mapping[str, Any], sysfs_root: str) -> str | None:
+    """The PCI address of the GPU a ``drm`` or ``pci`` uevent is about: the last PCI address in its ``DEVPATH``
+    (``/devices/pci0000:00/0000:00:01.0/0000:03:00.0/drm/card1``), else its ``DEVNAME``'s card in sysfs."""
+    path = str(event.get("DEVPATH") or "")
+    parts = [p for p in path.split("/") if parse_pci_address(p)]
+    if parts:
+        return parts[-1].lower()
+    name = str(event.get("DEVNAME") or "")
+    if name.startswith("dri/card"):
+        from oci_gpu_hook.inventory.sysfs import follow
+
+        device = follow(os.path.join(follow(os.path.join(sysfs_root, "class", "drm", os.path.basename(name))),
+                                     "device"))
+        if parse_pci_address(os.path.basename(device)):
+            return os.path.basename(device)
+    return None
+
+
+class _Gpu:
+    """What the monitor keeps of one GPU between samples."""
+
+    __slots__ = ("counts", "directory", "held", "kind", "verdict")
+
+    def __init__(self, kind: str, directory: str) -> None:
+        self.kind = kind
+        self.directory = directory
+        self.counts: dict[str, int] = {}  # signal -> the count read last
+        self.held = 0.0  # monotonic: Unhealthy at least until then
+        self.verdict = GOOD
+
+
+class Monitor:
+    """Every GPU's health, sample by sample (:meth:`sample` after each scan) and uevent by uevent
+    (:meth:`event`).  Thread-safe: the resident processes read verdicts from their gRPC threads."""
+
+    def __init__(self, settings: Settings | None = None, sysfs_root: str = "/sys", *,
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
+                 state_file: str | None = None, log: Callable[[str], None] | None = None) -> None:
+        self.settings = settings or Settings()
+        self.sysfs_root = sysfs_root
+        self.clock = clock
+        self.wall = wall
+        self.gpus: dict[str, _Gpu] = {}
+        self.wedged: dict[str, str] = {}  # PCI address -> the WEDGED value, until the device recovers
+        self.marks: dict[str, list[int] | None] = {}  # PCI address -> its drm directory's identity when wedged
+        self.unchecked: set[str] = set()  # wedges read from the state file, checked against sysfs at the next sample
+        self.lock = threading.Lock()
+        self.log = log
+        self.state_file = state_file
+        self.state_problem = ""
+        if state_file is not None:
+            self._load(state_file)
+
+    def event(self, event: Mapping[str, Any]) -> bool:
+        """Take a uevent in: a ``WEDGED=`` one marks its GPU wedged, a recovery clears it; True when it did
+        either (the caller then rescans soon)."""
+        subsystem, action = event.get("SUBSYSTEM"), event.get("ACTION")
+        if subsystem not in ("drm", "pci"):
+            return False
+        pci = event_gpu(event, self.sysfs_root)
+        if pci is None:
+            return False
+        with self.lock:
+            value = event.get(WEDGED)
+            if subsystem == "drm" and value is not None:
+                methods = str(value).strip()
+                if methods and methods != RECOVERED:
+                    gpu = self.gpus.get(pci)
+                    self.wedged[pci] = methods
+                    self.marks[pci] = _identity(os.path.join(gpu.directory, "drm")) if gpu is not None else None
+                    self._save()
+                    return True
+                return self._unwedge(pci)
+            if action in ("add", "bind"):  # a rebind or a new device: the wedge is over
+                return self._unwedge(pci)
+        return False
+
+    def _unwedge(self, pci: str) -> bool:
+        """With the lock held: end a wedge; True when there was one."""
+        if self.wedged.pop(pci, None) is None:
+            return False
+        self.marks.pop(pci, None)
+        self.unchecked.discard(pci)
+        self._save()
+        return True
+
+    def _load(self, path: str) -> None:
+        """The wedges a process before this one saw (unchecked until the first sample)."""
+        import json
+
+        try:
+            with open(path, encoding="utf-8") as handle:
+                data = json.load(handle)
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as err:
+            self._said(f"health state {path} cannot be read ({err}): starting without the wedges it held")
+            return
+        entries = data.get("wedged") if isinstance(data, dict) else None
+        if not isinstance(entries, dict):
+            self._said(f"health state {path} is not one of this program's: starting without the wedges it held")
+            return
+        for pci, entry in entries.items():
+            if (isinstance(pci, str) and parse_pci_address(pci) and isinstance(entry, dict)
+                    and isinstance(entry.get("methods"), str) and entry["methods"]):
+                mark = entry.get("drm")
+                self.wedged[pci] = entry["methods"]
+                self.marks[pci] = mark if isinstance(mark, list) and all(isinstance(n, int) for n in mark) else None
+                self.unchecked.add(pci)
+
+    def _save(self) -> None:
+        """With the lock held: the wedges to the state file (a failure said once; they stay in memory)."""
+        if self.state_file is None:
+            return
+        import json
+
+        from oci_gpu_hook.atomic import write_atomic
+
+        text = json.dumps({"wedged": {pci: {"methods": methods, "drm": self.marks.get(pci)}
+                                      for pci, methods in sorted(self.wedged.items())}}, indent=1) + "\n"
+        try:
+            os.makedirs(os.path.dirname(self.state_file) or ".", mode=0o700, exist_ok=True)
+            write_atomic(self.state_file, text, 0o600)
+        except OSError as err:
+            self._said(f"cannot write the health state {self.state_file} ({err.strerror}): a wedged GPU is "
+                       "forgotten if this process restarts")
+
+    def _said(self, message: str) -> None:
+        if message != self.state_problem and self.log is not None:
+            self.log(message)
+        self.state_problem = message
+
+    def verdict(self, pci_address: str) -> Verdict:
+        with self.lock:
+            gpu = self.gpus.get(pci_address)
+            return gpu.verdict if gpu is not None else GOOD
+
+    def of(self, device: Device) -> Verdict:
+        """A device's verdict: its GPU's."""
+        return self.verdict(device.pci_address)
+
+    def verdicts(self) -> dict[str, Verdict]:
+        with self.lock:
+            return {pci: gpu.verdict for pci, gpu in self.gpus.items()}
+
+    def sample(self, inventory: Inventory) -> dict[str, Verdict]:
+        """Read every GPU's signals once (the GPUs of ``inventory``, and those seen before whose PCI device
+        stays); the verdicts by PCI address.  A GPU whose PCI device is gone is forgotten."""
+        self.sysfs_root = inventory.sysfs_root
+        now, present = self.clock(), gpu_dirs(inventory)
+        kinds = {d.pci_address: d.kind for d in inventory.all_devices}
+        with self.lock:
+            for pci, directory in present.items():
+                if pci not in self.gpus:
+                    self.gpus[pci] = _Gpu(kinds[pci], directory)
+                self.gpus[pci].directory = directory
+            for pci in list(self.gpus):
+                if pci not in present and not os.path.isdir(self.gpus[pci].directory):
+                    del self.gpus[pci]  # gone from the host: a new device if it comes back
+                    self._unwedge(pci)
+            for pci in sorted(self.unchecked):  # wedged before this process: still, unless rebound meanwhile
+                mark = self.marks.get(pci)
+                if pci not in present or (mark is not None and mark != _identity(os.path.join(present[pci], "drm"))):
+                    self._unwedge(pci)
+            self.unchecked.clear()
+            for pci, gpu in self.gpus.items():
+                signals = self._signals(pci, gpu, pci in present, inventory)
+                self._judge(gpu, signals, now)
+            return {pci: gpu.verdict for pci, gpu in self.gpus.items()}
+
+    def _signals(self, pci: str, gpu: _Gpu, present: bool, inventory: Inventory) -> list[tuple[str, str]]:
+        """The signals that hold for ``gpu`` now, as (signal, reason), in :data:`HEALTH_SIGNALS` order."""
+        found: dict[str, str] = {}
+        if present:
+            ras = ras_uncorrectable(gpu.directory) if gpu.kind == "amd" else None
+            if ras is not None:
+                count, blocks = ras
+                why = self._count(gpu, "ras-uncorrectable", count)
+                if why:
+                    found["ras-uncorrectable"] = (f"amdgpu RAS: {why} uncorrectable errors ({', '.join(blocks)}; "
+                                                  f"{gpu.directory}/{RAS_DIR}/*{RAS_SUFFIX})")
+            fatal = aer_fatal(gpu.directory)
+            if fatal is not None:
+                why = self._count(gpu, "pcie-fatal", fatal)
+                if why:
+                    found["pcie-fatal"] = f"PCIe AER: {why} fatal errors ({gpu.directory}/{AER_FATAL})"
+        else:
+            gpu.counts.clear()  # a driver that comes back starts its counts again
+            aside = "; ".join(why for name, why in inventory.set_aside(gpu.kind) if pci in name or name in pci)
+            found["vanished"] = (f"its devices are gone while its PCI device {pci} stays"
+                                 + (f" ({aside})" if aside else " (the driver lost its nodes: a failed reset?)"))
+        if pci in self.wedged:
+            found["wedged"] = f"the driver declared it wedged (uevent WEDGED={self.wedged[pci]}: a reset failed)"
+        return [(signal, found[signal]) for signal in HEALTH_SIGNALS if signal in found]
+
+    def _count(self, gpu: _Gpu, signal: str, count: int) -> str:
+        """Why a count is a signal ('' when it is not): above ``ue_start`` at the first read, or risen by more
+        than ``ue_rise`` since the last."""
+        last = gpu.counts.get(signal)
+        gpu.counts[signal] = count
+        if last is None:
+            return f"{count}" if count > self.settings.ue_start else ""
+        if count < last:  # the driver reloaded: counting again from 0
+            return ""
+        rise = count - last
+        return f"{rise} new ({count} in all)" if rise > self.settings.ue_rise else ""
+
+    def _judge(self, gpu: _Gpu, signals: list[tuple[str, str]], now: float) -> None:
+        if signals:
+            if any(signal in COUNTED for signal, _why in signals):
+                gpu.held = now + self.settings.hold
+            signal, reason = signals[0]
+            if len(signals) > 1:
+                reason += "; also " + ", ".join(s for s, _r in signals[1:])
+            since = gpu.verdict.since if not gpu.verdict.healthy else self.wall()
+            gpu.verdict = Verdict(False, signal, reason, since)
+        elif not gpu.verdict.healthy and now >= gpu.held:
+            gpu.verdict = GOOD
+
+
+def _identity(path: str) -> list[int] | None:
+    """A sysfs directory's identity: its inode and its creation time (a directory made anew differs in both)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_ino, st.st_ctime_ns]
+
+
+def one_sample(config: Config, inventory: Inventory) -> dict[str, Verdict]:
+    """What a one-shot command (``list``) can say: one sample, no uevents, counts against ``health_ue_start``."""
+    return Monitor(Settings.of(config), inventory.sysfs_root).sample(inventory)
+

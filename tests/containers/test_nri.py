@@ -1,0 +1,253 @@
+"""``oci-gpu-hook nri`` against an NRI runtime double, its adjustments applied to real runc containers.
+
+The plugin runs as it is started on a node (the launcher, ``nri --socket``), connects to the double's socket
+(tests/helpers/nriruntime.py: NRI's own multiplexing, ttrpc and messages, its handshake) and answers
+CreateContainer for containers described from real runc bundles; the double applies each adjustment to the
+bundle's config.json as containerd applies it, runc runs it, and the isolation probe shows exactly the asked GPUs
+(ENXIO) and every other one refused (EPERM), cgroup v1 and v2.  Then the plugin down: what starts and what is
+refused with NRI's default validator requiring it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from oci_gpu_hook.host.nri import api_pb2
+from tests.helpers import containerlib as cl
+from tests.helpers import nriruntime as nr
+from tests.helpers import wheellib
+
+pytestmark = pytest.mark.containers
+POD = api_pb2.PodSandbox(id="pod-1", name="gpu-pod", namespace="default", uid="0000-1111")
+
+
+def _start(setup: dict[str, Path], socket_path: Path, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen([str(setup["hook"]), "nri", "--socket", str(socket_path)], stdout=out, stderr=out,
+                                env=cl.hook_env())
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.kill()
+    process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
+    cl.need("runc", "busybox", "unshare")
+    paths = cl.hook_setup(tmp_path_factory.mktemp("nri"))
+    yield paths
+
+
+@pytest.fixture(scope="module")
+def runtime(setup: dict[str, Path]) -> Iterator[nr.NRIRuntime]:
+    """The double with the plugin connected, registered, configured and synchronized."""
+    double = nr.NRIRuntime(setup["base"] / "nri.sock")
+    plugin = _start(setup, double.path, setup["base"] / "plugin.log")
+    try:
+        double.accept()
+        yield double
+    finally:
+        double.close()
+        _stop(plugin)
+
+
+def _create(runtime: nr.NRIRuntime, setup: dict[str, Path], env: list[str],
+            annotations: dict[str, str] | None = None, pod: api_pb2.PodSandbox = POD) -> tuple[Path, dict, dict]:
+    """A runc bundle for a container with ``env`` and ``annotations``, after CreateContainer: its config.json
+    adjusted as containerd adjusts it (the bundle, the spec before, the adjustment as a dict)."""
+    bundle = cl.make_bundle(setup["base"] / cl.container_id(), setup["rootfs"], env)
+    spec = json.loads((bundle / "config.json").read_text())
+    before = json.loads(json.dumps(spec))
+    if annotations:
+        spec["annotations"] = dict(annotations)
+    adjust = runtime.create_container(pod, nr.container_of(spec, bundle.name, annotations=annotations))
+    nr.apply_adjustment(spec, adjust)
+    (bundle / "config.json").write_text(json.dumps(spec))
+    return bundle, before, spec
+
+
+def _run(bundle: Path, v2: bool = False) -> subprocess.CompletedProcess[str]:
+    argv = ["runc", "run", "--bundle", str(bundle), bundle.name]
+    return cl.run(cl.cgroup2_wrap(argv) if v2 else argv)
+
+
+def test_registration(runtime: nr.NRIRuntime) -> None:
+    """Registered under its name and index, subscribed to CREATE_CONTAINER only (NRI's event bit 4 - 1)."""
+    assert runtime.plugin is not None
+    assert (runtime.plugin.name, runtime.plugin.idx) == ("oci-gpu-hook", "10")
+    assert runtime.plugin.events == 1 << (api_pb2.CREATE_CONTAINER - 1)
+
+
+def test_a_container_that_asks_for_nothing_is_untouched(runtime: nr.NRIRuntime, setup: dict[str, Path]) -> None:
+    bundle, before, after = _create(runtime, setup, ["AMD_VISIBLE_DEVICES=none"])
+    assert after == before
+    done = _run(bundle)
+    assert done.returncode == 0, done.stderr
+    cl.assert_isolated(done.stdout, [])
+
+
+@pytest.mark.parametrize("v2", [False, True], ids=["cgroup-v1", "cgroup-v2"])
+@pytest.mark.parametrize(("request_env", "gpus"), [("AMD_VISIBLE_DEVICES=1", [1]),
+                                                   ("AMD_VISIBLE_DEVICES=0000:63:00.0,5-6", [3, 5, 6])])
+def test_env_request(runtime: nr.NRIRuntime, setup: dict[str, Path], v2: bool, request_env: str,
+                     gpus: list[int]) -> None:
+    bundle, _, spec = _create(runtime, setup, [request_env])
+    mounts = [m for m in spec["mounts"] if m["destination"] == "/dev/dri/by-path"]
+    assert len(mounts) == 1 and mounts[0]["options"][:2] == ["bind", "ro"], spec["mounts"]
+    done = _run(bundle, v2)
+    assert done.returncode == 0, done.stderr
+    result = cl.assert_isolated(done.stdout, gpus, cgroup_v2=v2)
+    assert result.links == cl.expected_links(gpus)
+    record = json.loads(setup["log"].read_text().splitlines()[-1])
+    asked = "amd.com/gpu=" + request_env.split("=")[1]
+    assert (record["entry"], record["id"], record["outcome"], record["request"]) == ("nri", bundle.name, "ok", asked)
+
+
+def test_cdi_annotation(runtime: nr.NRIRuntime, setup: dict[str, Path]) -> None:
+    """A device plugin's CDI annotation decides for its kind: the image's env asks in vain."""
+    bundle, _, _ = _create(runtime, setup, ["AMD_VISIBLE_DEVICES=all"], {"cdi.k8s.io/devplugin": "amd.com/gpu=2"})
+    done = _run(bundle)
+    assert done.returncode == 0, done.stderr
+    cl.assert_isolated(done.stdout, [2])
+
+
+def test_cdi_annotation_already_injected_adds_nothing_twice(runtime: nr.NRIRuntime, setup: dict[str, Path]) -> None:
+    """containerd injected the CDI device before NRI (its nodes are in the spec): the plugin adds only what is
+    missing (the by-path mount), never a second grant."""
+    _, _, injected = _create(runtime, setup, [], {"cdi.k8s.io/devplugin": "amd.com/gpu=2"})
+    bundle = cl.make_bundle(setup["base"] / cl.container_id(), setup["rootfs"], [])
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["linux"]["devices"] = injected["linux"]["devices"]
+    spec["linux"]["resources"]["devices"] = injected["linux"]["resources"]["devices"]
+    annotations = {"cdi.k8s.io/devplugin": "amd.com/gpu=2"}
+    adjust = runtime.create_container(POD, nr.container_of(spec, bundle.name, annotations=annotations))
+    assert list(adjust.linux.devices) == [] and list(adjust.linux.resources.devices) == []
+    assert [m.destination for m in adjust.mounts] == ["/dev/dri/by-path"]
+    nr.apply_adjustment(spec, adjust)
+    (bundle / "config.json").write_text(json.dumps(spec))
+    done = _run(bundle)
+    assert done.returncode == 0, done.stderr
+    cl.assert_isolated(done.stdout, [2])
+
+
+def test_a_bad_request_fails_the_container_with_one_line(runtime: nr.NRIRuntime, setup: dict[str, Path]) -> None:
+    with pytest.raises(nr.PluginError) as refused:
+        _create(runtime, setup, ["AMD_VISIBLE_DEVICES=1,8"])
+    line = refused.value.message
+    assert "\n" not in line and line.startswith("oci-gpu-hook: AMD_VISIBLE_DEVICES=1,8: '8' is out of range")
+    assert "valid:" in line
+    records = [json.loads(r) for r in setup["log"].read_text().splitlines()]
+    assert {"entry": "nri", "outcome": "error", "error": line.replace("oci-gpu-hook: ", "oci-gpu-hook: error: ", 1)
+            }.items() <= records[-1].items()
+    # the plugin goes on serving
+    bundle, _, _ = _create(runtime, setup, ["AMD_VISIBLE_DEVICES=4"])
+    done = _run(bundle)
+    assert done.returncode == 0, done.stderr
+    cl.assert_isolated(done.stdout, [4])
+
+
+def test_two_grants_of_one_kind_are_refused(runtime: nr.NRIRuntime, setup: dict[str, Path]) -> None:
+    """Annotations that name other devices than the container already has: refused, never the union."""
+    spec = json.loads((cl.make_bundle(setup["base"] / cl.container_id(), setup["rootfs"], []) / "config.json")
+                      .read_text())
+    spec["linux"]["devices"] = [{"path": "/dev/dri/card2", "type": "c", "major": 226, "minor": 2}]
+    annotations = {"cdi.k8s.io/devplugin": "amd.com/gpu=3"}
+    with pytest.raises(nr.PluginError) as refused:
+        runtime.create_container(POD, nr.container_of(spec, "c-union", annotations=annotations))
+    assert "never their union" in refused.value.message and "\n" not in refused.value.message
+
+
+# --- the plugin down ----------------------------------------------------------------------------------------
+
+REQUIRES_PLUGIN = {nr.REQUIRED_PLUGINS: '["oci-gpu-hook"]'}
+
+
+def test_plugin_down_then_back(setup: dict[str, Path], tmp_path: Path) -> None:
+    """Plugin gone (shut down by the runtime: exit 0): a container that asks for nothing starts; a GPU pod that
+    requires the plugin (NRI's default validator, by pod annotation) is refused, never started without its GPU.
+    Plugin back: that pod starts with exactly its GPU."""
+    double = nr.NRIRuntime(tmp_path / "nri.sock")
+    log = tmp_path / "plugin.log"
+    plugin = _start(setup, double.path, log)
+    try:
+        peer = double.accept()
+        peer.shutdown()
+        assert plugin.wait(timeout=30) == 0, log.read_text()
+        assert peer.closed()
+        double.plugin = None
+        gpu_pod = api_pb2.PodSandbox(id="pod-2", name="gpu", namespace="default", annotations=REQUIRES_PLUGIN)
+
+        bundle, before, after = _create(double, setup, [])
+        assert after == before
+        done = _run(bundle)
+        assert done.returncode == 0, done.stderr
+        cl.assert_isolated(done.stdout, [])
+        with pytest.raises(nr.PluginError, match="required plugin 'oci-gpu-hook' not present"):
+            _create(double, setup, ["AMD_VISIBLE_DEVICES=1"], pod=gpu_pod)
+
+        plugin = _start(setup, double.path, log)
+        double.accept()
+        bundle, _, _ = _create(double, setup, ["AMD_VISIBLE_DEVICES=1"], pod=gpu_pod)
+        done = _run(bundle)
+        assert done.returncode == 0, done.stderr
+        cl.assert_isolated(done.stdout, [1])
+    finally:
+        double.close()
+        _stop(plugin)
+
+
+def test_the_plugin_exits_when_the_runtime_goes(setup: dict[str, Path], tmp_path: Path) -> None:
+    """The runtime closes the connection (a restart): the plugin says so on one line and exits 1, for its
+    service manager to start it again."""
+    double = nr.NRIRuntime(tmp_path / "nri.sock")
+    log = tmp_path / "plugin.log"
+    plugin = _start(setup, double.path, log)
+    try:
+        double.accept()
+        double.plugin.close()  # type: ignore[union-attr]
+        assert plugin.wait(timeout=30) == 1
+        assert log.read_text().splitlines()[-1] == "oci-gpu-hook nri: the runtime closed the NRI connection"
+    finally:
+        double.listener.close()
+        _stop(plugin)
+
+
+# --- what ships ---------------------------------------------------------------------------------------------
+
+def test_the_wheels_plugin(setup: dict[str, Path], tmp_path: Path) -> None:
+    """The plugin as an operator installs it: the wheel in a venv of its own.  Without protobuf it says which
+    extra to install, one line; with it, it registers and a GPU container gets exactly its GPU."""
+    python = wheellib.make_venv(tmp_path / "venv", wheellib.built_wheel())
+    hook = python.parent / "oci-gpu-hook"
+    double = nr.NRIRuntime(tmp_path / "nri.sock")
+    try:
+        argv = [str(hook), "--config", str(setup["config"]), "nri", "--socket", str(double.path)]
+        bare = python.parent / "pip"
+        assert subprocess.run([str(python), "-c", "import google.protobuf"], capture_output=True,
+                              timeout=60).returncode != 0, "protobuf came with the wheel's own dependencies"
+        done = cl.run(argv, env=cl.hook_env())
+        assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+        assert "pip install 'oci-gpu-hook[nri]'" in done.stderr
+        installed = subprocess.run([str(bare), "install", "-q", "--disable-pip-version-check", "-c",
+                                    str(tmp_path / "venv" / "constraints.txt"), "protobuf"], capture_output=True,
+                                   text=True, timeout=600)
+        assert installed.returncode == 0, installed.stderr
+        with (tmp_path / "plugin.log").open("ab") as out:
+            plugin = subprocess.Popen(argv, stdout=out, stderr=out, env=cl.hook_env())
+        try:
+            double.accept()
+            bundle, _, _ = _create(double, setup, ["AMD_VISIBLE_DEVICES=6"])
+            done = _run(bundle)
+            assert done.returncode == 0, done.stderr
+            cl.assert_isolated(done.stdout, [6])
+        finally:
+            _stop(plugin)
+    finally:
+        double.close()
