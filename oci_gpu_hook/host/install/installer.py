@@ -600,6 +600,23 @@ def check_podman_hook(real: str, disk: Callable[[str], str], errors: list[str]) 
         print(f"checked: podman reads {os.path.dirname(disk(real))} ({source}) and runs {disk(path)}")
 
 
+def untrusted_code() -> None:
+    """Refuse an install whose launchers would run code that someone other than a trusted owner could change (the
+    rule every launcher checks at each start, :func:`oci_gpu_hook.trust.code_problem`): said now, once, rather than
+    by every container start; and a rootless user's hook, which cannot tell root's files from another user's, is
+    never installed over such code."""
+    import sys
+
+    from oci_gpu_hook.host.launchers import code_paths, stdlib_paths
+    from oci_gpu_hook.trust import code_problem
+
+    for path in [sys.executable, *code_paths(), *stdlib_paths()]:
+        why = code_problem(path) if os.path.exists(path) else None
+        if why:
+            raise HookError(f"install: the launchers would run {path}, which fails the trust rule: {why} (install "
+                            "into a root-owned prefix, see docs/security.md); nothing is written")
+
+
 def install_or_uninstall(opts: Options, only: set[str] | None, installer: Installer, config: Config) -> int:
     """install or uninstall (``opts.uninstall``) the ``only`` integrations (None: all)."""
     from oci_gpu_hook.host.launchers import launcher_defaults
@@ -623,6 +640,8 @@ def install_or_uninstall(opts: Options, only: set[str] | None, installer: Instal
     editable = editable_reason()
     if editable and not opts.allow_editable:
         raise HookError(f"install: {editable}")
+    if not editable:
+        untrusted_code()
     notes: list[str] = []
     errors: list[str] = []
     items = wanted(config, opts.hook or "precreate", launcher_defaults(opts.set, "install"), notes, installer.disk,
