@@ -39,6 +39,12 @@ if TYPE_CHECKING:
 STATE = "/run/oci-gpu-hook/dev-char-links"
 
 
+def state_for(dev: str) -> str:
+    """The record of the links made in ``dev``: :data:`STATE` under the same root (``P/dev`` -> ``P/run/...``)."""
+    root = os.path.dirname(os.path.abspath(dev).rstrip("/"))
+    return os.path.join(root, STATE.lstrip("/"))
+
+
 def grantable_nodes(inventory: Inventory) -> list[Node]:
     """Every char node a container can be given on this host, once each (by number)."""
     found: dict[tuple[int, int], Node] = {}

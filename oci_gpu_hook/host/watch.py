@@ -424,7 +424,7 @@ class Watcher:
         from oci_gpu_hook.host import devchar
 
         try:
-            made = devchar.make_links(inventory, self.dev, devchar.STATE)
+            made = devchar.make_links(inventory, self.dev, devchar.state_for(self.dev))
         except HookError as err:
             return f"; /dev/char links not made: {err}"
         return f"; made {', '.join(made)}" if made else ""
