@@ -153,12 +153,12 @@ def test_prestart_grant_survives_reload_reexec_set_property(node: Node, links: b
     cid = _start(node, _bundle(node, ["AMD_VISIBLE_DEVICES=1"], "system.slice:ogh:ID", prestart=True))
     try:
         scope = f"ogh-{cid}.scope"
+        _assert_kept(node, ["runc", "exec", cid, *PROBE_AGAIN], [1], scope, v2)
         (line,) = node.log_lines(cid)
         assert line["outcome"] == "ok" and line["systemd_unit"] == (
             f"{scope}: DeviceAllow /dev/char/226:2 /dev/char/226:129 /dev/char/234:0"), line
         assert {"/dev/char/226:2", "/dev/char/226:129", "/dev/char/234:0"} <= {
             entry.removeprefix("DeviceAllow=") for entry in _device_allow(node, scope)}
-        _assert_kept(node, ["runc", "exec", cid, *PROBE_AGAIN], [1], scope, v2)
         inspect = node.ok([HOOK, "inspect", "--pid", _pid(node, cid)], env=cl.hook_env())
         assert f"systemd unit {scope}: its DeviceAllow has every device allowed here" in inspect, inspect
     finally:

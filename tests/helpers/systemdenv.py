@@ -317,12 +317,14 @@ class SystemdEnv:
             except ProcessLookupError:
                 pass
         if self.proc is not None:
-            if self.proc.poll() is None:
+            try:  # unshare reaps its child (the environment's init) and exits: let it, or nobody reaps it soon
+                self.proc.wait(timeout=30 if self.init_pid is not None else 0.1)
+            except subprocess.TimeoutExpired:
                 try:
                     os.killpg(self.proc.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-            self.proc.wait(timeout=60)
+                self.proc.wait(timeout=60)
         errors = [f"{d}: {e}" for d in self.cgroup_dirs for e in _remove_cgroup_tree(d)]
         self.cgroup_dirs = []
         self.init_pid = None
