@@ -36,7 +36,9 @@ if TYPE_CHECKING:
     from oci_gpu_hook.core.devices import Node
     from oci_gpu_hook.inventory import Inventory
 
-STATE = "/run/oci-gpu-hook/dev-char-links"
+# Its own directory: the watch unit may write there (its RuntimeDirectory), and /run/oci-gpu-hook is the planner
+# unit's (mode 0700, removed when the planner stops).
+STATE = "/run/oci-gpu-hook-dev-char/links"
 
 
 def state_for(dev: str) -> str:

@@ -66,7 +66,7 @@ class Node:
     def links(self, present: bool) -> None:
         """The seed host's nodes and install's /dev/char links in the environment's /dev, or neither."""
         if not present:
-            self.ok(["sh", "-c", "rm -rf /dev/char /dev/dri /dev/kfd /run/oci-gpu-hook/dev-char-links"])
+            self.ok(["sh", "-c", "rm -rf /dev/char /dev/dri /dev/kfd /run/oci-gpu-hook-dev-char/links"])
             return
         self.ok(["sh", "-c", "mkdir -p /dev/dri && " + " && ".join(
             f"{{ [ -e /dev/{name} ] || mknod -m 600 /dev/{name} c {major} {minor}; }}"
@@ -241,3 +241,39 @@ def test_podman_systemd_cgroup_manager_precreate(node: Node) -> None:
         assert node.log_lines(plain) == []
     finally:
         node.env.run([*PODMAN, "rm", "-f", "-t", "0", gpu, plain], unit=False)
+
+
+WATCH_DROP_IN = """\
+# The test's interpreter and venv live under /root and /tmp, which the shipped unit hides; the config here names
+# cdi_dir = /etc/cdi, for which the unit's own comment says to add ReadWritePaths=/etc/cdi.
+[Service]
+ProtectHome=no
+PrivateTmp=no
+ReadWritePaths=/etc/cdi
+"""
+
+
+def test_the_watch_unit_makes_the_links_under_its_hardening(node: Node) -> None:
+    """install's watch unit, started by systemd with its sandbox (no capabilities, ProtectSystem=strict,
+    DevicePolicy=closed), makes the missing links and their record, and nothing else in /dev/char."""
+    node.links(False)
+    node.ok(["sh", "-c", "mkdir -p /dev/dri /dev/char && mknod /dev/dri/renderD130 c 226 130 && "
+                         "mknod /dev/kfd c 234 0 && ln -s ../somewhere /dev/char/226:3"])
+    out = node.ok([HOOK, "install", "--only", "systemd"], env=cl.hook_env())
+    assert "/etc/systemd/system/oci-gpu-hook-watch.service" in out, out
+    drop_in = "/etc/systemd/system/oci-gpu-hook-watch.service.d"
+    node.ok(["sh", "-c", f"mkdir -p {drop_in} && cat > {drop_in}/test.conf"], stdin=WATCH_DROP_IN)
+    try:
+        node.ok(["systemctl", "daemon-reload"])
+        started = node.env.systemctl("start", "oci-gpu-hook-watch.service", timeout=120)
+        journal = node.env.systemctl("status", "--no-pager", "-l", "oci-gpu-hook-watch.service").stdout
+        assert started.returncode == 0, started.stderr + journal
+        assert node.ok(["systemctl", "is-active", "oci-gpu-hook-watch.service"]).strip() == "active"
+        links = node.ok(["sh", "-c", "for l in /dev/char/*; do echo \"$l $(readlink $l)\"; done"]).splitlines()
+        assert sorted(links) == ["/dev/char/226:130 ../dri/renderD130", "/dev/char/226:3 ../somewhere",
+                                 "/dev/char/234:0 ../kfd"], links
+        record = node.ok(["cat", "/run/oci-gpu-hook-dev-char/links"]).splitlines()
+        assert sorted(record) == ["/dev/char/226:130 ../dri/renderD130", "/dev/char/234:0 ../kfd"]
+    finally:
+        node.env.systemctl("stop", "oci-gpu-hook-watch.service")
+        node.links(False)
