@@ -13,8 +13,10 @@ scope's device rules again from its DeviceAllow= list:
   slice's allow-all devices cgroup): with the /dev/char links install made it keeps its GPU (``runc update``
   too); without them runc leaves the GPU out of the scope's DeviceAllow, the reload takes it away, and
   ``inspect`` says so beforehand;
-- podman with ``cgroup_manager = "systemd"`` and install's precreate hook, with the links;
-- a container that asks for nothing starts untouched (no log line, no DeviceAllow of a GPU).
+- podman with ``cgroup_manager = "systemd"`` and install's precreate hook, with the links; and with
+  ``install --hook prestart``, without them;
+- a container that asks for nothing starts untouched (no log line, no DeviceAllow of a GPU);
+- install's watch unit, started by this systemd under its own hardening, makes the missing links.
 """
 
 from __future__ import annotations
@@ -241,6 +243,33 @@ def test_podman_systemd_cgroup_manager_precreate(node: Node) -> None:
         assert node.log_lines(plain) == []
     finally:
         node.env.run([*PODMAN, "rm", "-f", "-t", "0", gpu, plain], unit=False)
+
+
+def test_podman_systemd_cgroup_manager_prestart(node: Node) -> None:
+    """``install --hook prestart``: podman runs the live hook, which registers the grant with libpod-ID.scope (no
+    /dev/char links needed); then install as it was."""
+    node.links(False)
+    out = node.ok([HOOK, "install", "--only", "podman,cdi", "--hook", "prestart"], env=cl.hook_env())
+    assert "oci-gpu-hook-prestart.json" in out, out
+    try:
+        gpu = node.ok([*PODMAN, "run", "-d", "--net=none", "--ulimit", "nofile=1024:1024", "--ulimit",
+                       "nproc=1024:1024", "--cap-add", "MKNOD", "--tmpfs", "/tmp:rw,dev,exec", "--pids-limit", "0",
+                       "-e", "AMD_VISIBLE_DEVICES=1", "--rootfs", str(node.rootfs), "/bin/sleep", "1000"],
+                      env=cl.hook_env()).strip()
+        try:
+            scope = f"libpod-{gpu}.scope"
+            (line,) = node.log_lines(gpu)
+            assert line["entry"] == "prestart" and str(line["systemd_unit"]).startswith(f"{scope}: DeviceAllow ")
+            argv = [*PODMAN, "exec", gpu, *PROBE_AGAIN]
+            v1 = False if node.env.cgroup == "v1" else None
+            cl.assert_isolated(node.ok(argv), [1], cgroup_v2=v1)
+            for what in AFTER:
+                _disturb(node, what, scope)
+                cl.assert_isolated(node.ok(argv), [1], cgroup_v2=v1)
+        finally:
+            node.env.run([*PODMAN, "rm", "-f", "-t", "0", gpu], unit=False)
+    finally:
+        node.ok([HOOK, "install", "--only", "podman,cdi"], env=cl.hook_env())
 
 
 WATCH_DROP_IN = """\
