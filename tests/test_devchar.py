@@ -142,3 +142,26 @@ def test_watch_once_makes_them_in_its_dev_and_none_with_dev_none(tmp_path: Path)
     assert links_in(dev) == {"226:131": "../dri/renderD131"}
     assert f"; made {dev}/char/226:131 -> ../dri/renderD131" in done.stderr
     assert (tmp_path / devchar.STATE.lstrip("/")).read_text() == f"{dev}/char/226:131 ../dri/renderD131\n"
+
+
+@pytest.mark.parametrize("host", ["nvidia-4x-h100", "nvidia-2x-h100-mig", "amd-nvidia-2x2", "intel-i915-xe"])
+def test_every_grantable_node_of_other_hosts(tmp_path: Path, host: str) -> None:
+    """NVIDIA's nodes (no /sys/dev/char entry on a real host, so runc under systemd needs the links most), MIG
+    capability nodes in their directory, Intel's: one link each, relative, resolving to the node's own number."""
+    root = clilib.REPO / "examples" / "hosts" / host
+    inventory = scan_host(Config(sysfs_root=str(root / "sys"), proc_root=str(root / "proc"),
+                                 driver_root=str(root / "driver")))
+    nodes = devchar.grantable_nodes(inventory)
+    assert nodes and all(n.type == "c" for n in nodes)
+    dev = tmp_path / "dev"
+    stand_ins(dev, {n.path[len("/dev/"):]: (n.major, n.minor) for n in nodes})
+    made = devchar.make_links(inventory, str(dev), str(tmp_path / "state"))
+    assert len(made) == len({(n.major, n.minor) for n in nodes})
+    for node in nodes:
+        link = dev / "char" / f"{node.major}:{node.minor}"
+        assert os.readlink(link) == os.path.relpath(dev / node.path[len("/dev/"):], dev / "char")
+        assert os.stat(link).st_rdev == os.makedev(node.major, node.minor)
+    if host.startswith("nvidia"):
+        assert os.readlink(dev / "char" / "195:255") == "../nvidiactl"
+    if host == "nvidia-2x-h100-mig":
+        assert any(os.readlink(dev / "char" / name).startswith("../nvidia-caps/") for name in os.listdir(dev / "char"))
