@@ -125,15 +125,24 @@ def signal_then_ok(serial: int, fields: dict[int, object], body: bytes) -> bytes
     return signal + ok(serial, fields, body)
 
 
+def policy(value: str) -> Answer:
+    def answer(serial: int, _fields: dict[int, object], _body: bytes) -> bytes:
+        return reply(su.METHOD_RETURN, 800 + serial, serial, "v", su.marshal("v", [("s", value)]))
+    return answer
+
+
 RULES = (Rule(True, "c", 226, 129, "rw"), Rule(True, "c", 234, 0, "rw"))
 
 
 def test_register_sends_set_unit_properties_runtime_then_a_ping(peer: tuple) -> None:  # type: ignore[type-arg]
     path, seen, answers = peer
-    answers += [signal_then_ok, ok]
+    answers += [policy("strict"), signal_then_ok, ok]
     line = su.register("cri-containerd-abc.scope", RULES, path)
     assert line == "cri-containerd-abc.scope: DeviceAllow /dev/char/226:129 /dev/char/234:0"
-    (set_fields, set_body), (ping_fields, ping_body) = seen
+    (get_fields, get_body), (set_fields, set_body), (ping_fields, ping_body) = seen
+    assert get_fields[su.F_PATH] == "/org/freedesktop/systemd1/unit/cri_2dcontainerd_2dabc_2escope"
+    assert get_fields[su.F_MEMBER] == "Get" and get_fields[su.F_INTERFACE] == "org.freedesktop.DBus.Properties"
+    assert su.unmarshal("ss", get_body) == ["org.freedesktop.systemd1.Scope", "DevicePolicy"]
     assert set_fields[su.F_PATH] == "/org/freedesktop/systemd1" and set_fields[su.F_MEMBER] == "SetUnitProperties"
     assert set_fields[su.F_INTERFACE] == su.MANAGER and set_fields[su.F_SIGNATURE] == "sba(sv)"
     assert set_fields[su.F_DESTINATION] == "org.freedesktop.systemd1"
@@ -178,6 +187,7 @@ def one_line_refusal(err: HookError, *parts: str) -> None:
 def test_an_error_reply_is_the_one_refusal_line(peer: tuple) -> None:  # type: ignore[type-arg]
     path, _seen, answers = peer
     message = su.marshal("s", ["Unit nope.scope not loaded."])
+    answers.append(policy("strict"))
     answers.append(lambda serial, _f, _b: reply(su.ERROR, 5, serial, "s", message,
                                                 "org.freedesktop.systemd1.NoSuchUnit"))
     with pytest.raises(HookError) as caught:
@@ -194,21 +204,38 @@ def test_no_systemd_socket_is_the_one_refusal_line(tmp_path: Path) -> None:
 
 def test_a_peer_that_hangs_up_is_refused(peer: tuple) -> None:  # type: ignore[type-arg]
     path, _seen, answers = peer
+    answers.append(policy("strict"))
     answers.append(lambda _s, _f, _b: b"")  # the server closes without a reply
     with pytest.raises(HookError) as caught:
         su.register("x.scope", RULES, path)
     one_line_refusal(caught.value, "x.scope", "systemd closed the connection")
 
 
+@pytest.mark.parametrize("value", ["auto", "closed"])
+def test_a_unit_that_is_not_a_restricted_container_scope_is_refused(peer: tuple, value: str) -> None:  # type: ignore[type-arg]
+    path, seen, answers = peer
+    answers.append(policy(value))
+    with pytest.raises(HookError) as caught:
+        su.register("session-1.scope", RULES, path)
+    one_line_refusal(caught.value, "session-1.scope", f"its DevicePolicy is '{value}', not the 'strict'")
+    assert [fields[su.F_MEMBER] for fields, _body in seen] == ["Get"]  # nothing set
+
+
 def test_device_allow_reads_the_property(peer: tuple) -> None:  # type: ignore[type-arg]
     path, seen, answers = peer
-    unit_path = "/org/freedesktop/systemd1/unit/x_2escope"
-    answers.append(lambda serial, _f, _b: reply(su.METHOD_RETURN, 1, serial, "o", su.marshal("o", [unit_path])))
     value = su.marshal("v", [("a(ss)", [("/dev/char/1:3", "rwm"), ("char-pts", "rwm")])])
     answers.append(lambda serial, _f, _b: reply(su.METHOD_RETURN, 2, serial, "v", value))
     assert su.device_allow("x.scope", path) == [("/dev/char/1:3", "rwm"), ("char-pts", "rwm")]
-    assert seen[1][0][su.F_PATH] == unit_path
-    assert su.unmarshal("ss", seen[1][1]) == ["org.freedesktop.systemd1.Scope", "DeviceAllow"]
+    assert seen[0][0][su.F_PATH] == "/org/freedesktop/systemd1/unit/x_2escope"
+    assert su.unmarshal("ss", seen[0][1]) == ["org.freedesktop.systemd1.Scope", "DeviceAllow"]
+
+
+@pytest.mark.parametrize(("unit", "path"), [
+    ("init.scope", "init_2escope"), ("cri-containerd-0a9F.scope", "cri_2dcontainerd_2d0a9F_2escope"),
+    ("kubepods-pod_x.slice", "kubepods_2dpod_5fx_2eslice"), ("é.scope", "_c3_a9_2escope"),
+])
+def test_unit_path_escapes_as_systemd(unit: str, path: str) -> None:
+    assert su.unit_path(unit) == "/org/freedesktop/systemd1/unit/" + path
 
 
 @pytest.mark.parametrize(("directory", "unit"), [

@@ -78,7 +78,8 @@ def device_path(rule: Rule) -> str:
 
 
 def register(unit: str, rules: tuple[Rule, ...], socket_path: str = PRIVATE_SOCKET) -> str:
-    """Add ``rules`` to ``unit``'s DeviceAllow= (runtime only) and wait until systemd has applied its rules again
+    """Add ``rules`` to ``unit``'s DeviceAllow= (runtime only; only to a unit whose DevicePolicy is ``strict``, as
+    container runtimes make a restricted container's scope) and wait until systemd has applied its rules again
     (a ``Ping`` sent after the call is answered only after systemd's next pass over the cgroups it must realize);
     one line for the log.  A HookError (one line: what failed, and the paths that are durable) when it cannot."""
     entries = [(device_path(rule), rule.access) for rule in rules if rule.allow]
@@ -86,6 +87,14 @@ def register(unit: str, rules: tuple[Rule, ...], socket_path: str = PRIVATE_SOCK
         return "nothing to register"
     try:
         with Connection(socket_path) as bus:
+            # The unit must be what runc (or crun) made for a container with restricted devices: one DeviceAllow=
+            # entry would restrict a unit that restricts nothing (DevicePolicy=auto and no list), and another
+            # unit's list is not this container's to extend.
+            (policy,) = bus.call(unit_path(unit), "org.freedesktop.DBus.Properties", "Get", "ss",
+                                 [SYSTEMD + ".Scope", "DevicePolicy"])
+            if policy != ("s", "strict"):
+                raise BusError("", f"its DevicePolicy is {policy[1]!r}, not the 'strict' of a container runtime's "
+                                   "scope with restricted devices")
             bus.call(MANAGER_PATH, MANAGER, "SetUnitProperties", "sba(sv)",
                      [unit, True, [("DeviceAllow", ("a(ss)", entries))]])
             bus.call(MANAGER_PATH, "org.freedesktop.DBus.Peer", "Ping", "", [])
@@ -96,10 +105,17 @@ def register(unit: str, rules: tuple[Rule, ...], socket_path: str = PRIVATE_SOCK
     return f"{unit}: DeviceAllow {' '.join(path for path, _access in entries)}"
 
 
+def unit_path(unit: str) -> str:
+    """systemd's object path of ``unit`` (every byte but ASCII letters and digits as ``_xx``, as sd-bus escapes a
+    label), which names the unit whether or not it is loaded."""
+    escaped = "".join(chr(b) if chr(b).isascii() and chr(b).isalnum() else f"_{b:02x}" for b in unit.encode())
+    return f"{MANAGER_PATH}/unit/{escaped}"
+
+
 def device_allow(unit: str, socket_path: str = PRIVATE_SOCKET) -> list[tuple[str, str]]:
     """``unit``'s DeviceAllow= list as systemd has it (a BusError when systemd cannot say)."""
     with Connection(socket_path) as bus:
-        (path,) = bus.call(MANAGER_PATH, MANAGER, "GetUnit", "s", [unit])
+        path = unit_path(unit)
         interface = SYSTEMD + (".Scope" if unit.endswith(".scope") else
                                ".Slice" if unit.endswith(".slice") else ".Service")
         (value,) = bus.call(path, "org.freedesktop.DBus.Properties", "Get", "ss", [interface, "DeviceAllow"])

@@ -70,12 +70,13 @@ class Node:
         if not present:
             self.ok(["sh", "-c", "rm -rf /dev/char /dev/dri /dev/kfd /run/oci-gpu-hook-dev-char/links"])
             return
+        if self.env.run(["readlink", "/dev/char/226:129"], unit=False).stdout.strip() == "../dri/renderD129":
+            return  # made by an earlier test's install
         self.ok(["sh", "-c", "mkdir -p /dev/dri && " + " && ".join(
             f"{{ [ -e /dev/{name} ] || mknod -m 600 /dev/{name} c {major} {minor}; }}"
             for name, major, minor in STAND_INS)])
         out = self.ok([HOOK, "install", "--only", "podman,cdi"], env=cl.hook_env())
-        assert "dev-char: /dev/char/226:129 -> ../dri/renderD129" in out.splitlines() or \
-            self.ok(["readlink", "/dev/char/226:129"]).strip() == "../dri/renderD129", out
+        assert "dev-char: /dev/char/226:129 -> ../dri/renderD129" in out.splitlines(), out
 
 
 @pytest.fixture(scope="module")
