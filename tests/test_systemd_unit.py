@@ -125,6 +125,13 @@ def signal_then_ok(serial: int, fields: dict[int, object], body: bytes) -> bytes
     return signal + ok(serial, fields, body)
 
 
+UNIT_PATH = "/org/freedesktop/systemd1/unit/cri_2dcontainerd_2dabc_2escope"
+
+
+def unit_path(serial: int, _fields: dict[int, object], _body: bytes) -> bytes:
+    return reply(su.METHOD_RETURN, 700 + serial, serial, "o", su.marshal("o", [UNIT_PATH]))
+
+
 def policy(value: str) -> Answer:
     def answer(serial: int, _fields: dict[int, object], _body: bytes) -> bytes:
         return reply(su.METHOD_RETURN, 800 + serial, serial, "v", su.marshal("v", [("s", value)]))
@@ -136,11 +143,12 @@ RULES = (Rule(True, "c", 226, 129, "rw"), Rule(True, "c", 234, 0, "rw"))
 
 def test_register_sends_set_unit_properties_runtime_then_a_ping(peer: tuple) -> None:  # type: ignore[type-arg]
     path, seen, answers = peer
-    answers += [policy("strict"), signal_then_ok, ok]
+    answers += [unit_path, policy("strict"), signal_then_ok, ok]
     line = su.register("cri-containerd-abc.scope", RULES, path)
     assert line == "cri-containerd-abc.scope: DeviceAllow /dev/char/226:129 /dev/char/234:0"
-    (get_fields, get_body), (set_fields, set_body), (ping_fields, ping_body) = seen
-    assert get_fields[su.F_PATH] == "/org/freedesktop/systemd1/unit/cri_2dcontainerd_2dabc_2escope"
+    (unit_fields, unit_body), (get_fields, get_body), (set_fields, set_body), (ping_fields, ping_body) = seen
+    assert unit_fields[su.F_MEMBER] == "GetUnit" and su.unmarshal("s", unit_body) == ["cri-containerd-abc.scope"]
+    assert get_fields[su.F_PATH] == UNIT_PATH
     assert get_fields[su.F_MEMBER] == "Get" and get_fields[su.F_INTERFACE] == "org.freedesktop.DBus.Properties"
     assert su.unmarshal("ss", get_body) == ["org.freedesktop.systemd1.Scope", "DevicePolicy"]
     assert set_fields[su.F_PATH] == "/org/freedesktop/systemd1" and set_fields[su.F_MEMBER] == "SetUnitProperties"
@@ -186,14 +194,22 @@ def one_line_refusal(err: HookError, *parts: str) -> None:
 
 def test_an_error_reply_is_the_one_refusal_line(peer: tuple) -> None:  # type: ignore[type-arg]
     path, _seen, answers = peer
-    message = su.marshal("s", ["Unit nope.scope not loaded."])
-    answers.append(policy("strict"))
+    message = su.marshal("s", ["Access denied"])
+    answers += [unit_path, policy("strict")]
     answers.append(lambda serial, _f, _b: reply(su.ERROR, 5, serial, "s", message,
-                                                "org.freedesktop.systemd1.NoSuchUnit"))
+                                                "org.freedesktop.DBus.Error.AccessDenied"))
     with pytest.raises(HookError) as caught:
-        su.register("nope.scope", RULES, path)
-    one_line_refusal(caught.value, "nope.scope", "org.freedesktop.systemd1.NoSuchUnit: Unit nope.scope not loaded.",
+        su.register("cri-containerd-abc.scope", RULES, path)
+    one_line_refusal(caught.value, "cri-containerd-abc.scope", "org.freedesktop.DBus.Error.AccessDenied: Access denied",
                      "daemon-reload")
+
+
+def test_a_scope_systemd_does_not_have_is_not_its_to_register(peer: tuple) -> None:  # type: ignore[type-arg]
+    path, seen, answers = peer
+    message = su.marshal("s", ["Unit nope.scope not loaded."])
+    answers.append(lambda serial, _f, _b: reply(su.ERROR, 5, serial, "s", message, su.NO_SUCH_UNIT))
+    assert su.register("nope.scope", RULES, path) == "nope.scope: not a unit systemd has loaded: nothing registered"
+    assert [fields[su.F_MEMBER] for fields, _body in seen] == ["GetUnit"]
 
 
 def test_no_systemd_socket_is_the_one_refusal_line(tmp_path: Path) -> None:
@@ -204,7 +220,7 @@ def test_no_systemd_socket_is_the_one_refusal_line(tmp_path: Path) -> None:
 
 def test_a_peer_that_hangs_up_is_refused(peer: tuple) -> None:  # type: ignore[type-arg]
     path, _seen, answers = peer
-    answers.append(policy("strict"))
+    answers += [unit_path, policy("strict")]
     answers.append(lambda _s, _f, _b: b"")  # the server closes without a reply
     with pytest.raises(HookError) as caught:
         su.register("x.scope", RULES, path)
@@ -214,28 +230,21 @@ def test_a_peer_that_hangs_up_is_refused(peer: tuple) -> None:  # type: ignore[t
 @pytest.mark.parametrize("value", ["auto", "closed"])
 def test_a_unit_that_is_not_a_restricted_container_scope_is_refused(peer: tuple, value: str) -> None:  # type: ignore[type-arg]
     path, seen, answers = peer
-    answers.append(policy(value))
+    answers += [unit_path, policy(value)]
     with pytest.raises(HookError) as caught:
         su.register("session-1.scope", RULES, path)
     one_line_refusal(caught.value, "session-1.scope", f"its DevicePolicy is '{value}', not the 'strict'")
-    assert [fields[su.F_MEMBER] for fields, _body in seen] == ["Get"]  # nothing set
+    assert [fields[su.F_MEMBER] for fields, _body in seen] == ["GetUnit", "Get"]  # nothing set
 
 
 def test_device_allow_reads_the_property(peer: tuple) -> None:  # type: ignore[type-arg]
     path, seen, answers = peer
     value = su.marshal("v", [("a(ss)", [("/dev/char/1:3", "rwm"), ("char-pts", "rwm")])])
+    answers.append(unit_path)
     answers.append(lambda serial, _f, _b: reply(su.METHOD_RETURN, 2, serial, "v", value))
     assert su.device_allow("x.scope", path) == [("/dev/char/1:3", "rwm"), ("char-pts", "rwm")]
-    assert seen[0][0][su.F_PATH] == "/org/freedesktop/systemd1/unit/x_2escope"
-    assert su.unmarshal("ss", seen[0][1]) == ["org.freedesktop.systemd1.Scope", "DeviceAllow"]
-
-
-@pytest.mark.parametrize(("unit", "path"), [
-    ("init.scope", "init_2escope"), ("cri-containerd-0a9F.scope", "cri_2dcontainerd_2d0a9F_2escope"),
-    ("kubepods-pod_x.slice", "kubepods_2dpod_5fx_2eslice"), ("é.scope", "_c3_a9_2escope"),
-])
-def test_unit_path_escapes_as_systemd(unit: str, path: str) -> None:
-    assert su.unit_path(unit) == "/org/freedesktop/systemd1/unit/" + path
+    assert seen[1][0][su.F_PATH] == UNIT_PATH
+    assert su.unmarshal("ss", seen[1][1]) == ["org.freedesktop.systemd1.Scope", "DeviceAllow"]
 
 
 @pytest.mark.parametrize(("directory", "unit"), [

@@ -41,6 +41,8 @@ MANAGER = "org.freedesktop.systemd1.Manager"
 DURABLE_PATHS = ("the spec-rewrite paths (the oci-gpu-runtime shim, podman's precreate hook, CDI) write the "
                  "devices into the container's config.json, which systemd is given at create")
 
+NO_SUCH_UNIT = "org.freedesktop.systemd1.NoSuchUnit"
+
 METHOD_CALL, METHOD_RETURN, ERROR, SIGNAL = 1, 2, 3, 4
 # header field codes
 F_PATH, F_INTERFACE, F_MEMBER, F_ERROR_NAME, F_REPLY_SERIAL, F_DESTINATION, F_SIGNATURE = 1, 2, 3, 4, 5, 6, 8
@@ -90,7 +92,15 @@ def register(unit: str, rules: tuple[Rule, ...], socket_path: str = PRIVATE_SOCK
             # The unit must be what runc (or crun) made for a container with restricted devices: one DeviceAllow=
             # entry would restrict a unit that restricts nothing (DevicePolicy=auto and no list), and another
             # unit's list is not this container's to extend.
-            (policy,) = bus.call(unit_path(unit), "org.freedesktop.DBus.Properties", "Get", "ss",
+            try:
+                (path,) = bus.call(MANAGER_PATH, MANAGER, "GetUnit", "s", [unit])
+            except BusError as err:
+                if err.name != NO_SUCH_UNIT:
+                    raise
+                # A cgroup named like a scope that systemd does not have (a cgroupfs runtime's choice of name):
+                # systemd has no rules of its own to apply there, so there is nothing to register.
+                return f"{unit}: not a unit systemd has loaded: nothing registered"
+            (policy,) = bus.call(path, "org.freedesktop.DBus.Properties", "Get", "ss",
                                  [SYSTEMD + ".Scope", "DevicePolicy"])
             if policy != ("s", "strict"):
                 raise BusError("", f"its DevicePolicy is {policy[1]!r}, not the 'strict' of a container runtime's "
@@ -105,17 +115,10 @@ def register(unit: str, rules: tuple[Rule, ...], socket_path: str = PRIVATE_SOCK
     return f"{unit}: DeviceAllow {' '.join(path for path, _access in entries)}"
 
 
-def unit_path(unit: str) -> str:
-    """systemd's object path of ``unit`` (every byte but ASCII letters and digits as ``_xx``, as sd-bus escapes a
-    label), which names the unit whether or not it is loaded."""
-    escaped = "".join(chr(b) if chr(b).isascii() and chr(b).isalnum() else f"_{b:02x}" for b in unit.encode())
-    return f"{MANAGER_PATH}/unit/{escaped}"
-
-
 def device_allow(unit: str, socket_path: str = PRIVATE_SOCKET) -> list[tuple[str, str]]:
     """``unit``'s DeviceAllow= list as systemd has it (a BusError when systemd cannot say)."""
     with Connection(socket_path) as bus:
-        path = unit_path(unit)
+        (path,) = bus.call(MANAGER_PATH, MANAGER, "GetUnit", "s", [unit])
         interface = SYSTEMD + (".Scope" if unit.endswith(".scope") else
                                ".Slice" if unit.endswith(".slice") else ".Service")
         (value,) = bus.call(path, "org.freedesktop.DBus.Properties", "Get", "ss", [interface, "DeviceAllow"])

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -179,6 +180,52 @@ def test_prestart_no_request_starts_untouched(node: Node) -> None:
                            cgroup_v2=node.env.cgroup == "v2")
         assert node.log_lines(cid) == []
         assert not any(":226:" in e or "/226:" in e or "234:" in e for e in _device_allow(node, f"ogh-{cid}.scope"))
+    finally:
+        node.env.run(["runc", "delete", "-f", cid], unit=False)
+
+
+def _start_cgroupfs(node: Node, bundle: Path) -> subprocess.CompletedProcess[str]:
+    """plain ``runc run -d`` (the cgroupfs driver, under the running systemd)."""
+    out = bundle / "stdio"
+    return node.env.run(["sh", "-c", f"runc run -d --bundle {bundle} {bundle.name} </dev/null >{out} 2>&1; rc=$?; "
+                                     f"cat {out} >&2; exit $rc"], env=cl.hook_env(), unit=False)
+
+
+def test_prestart_refused_where_it_cannot_register(node: Node) -> None:
+    """A container whose cgroup lies in a scope that restricts no device (not its runtime's): registering would
+    restrict the whole scope, so the hook refuses in one line naming the durable paths, and changes nothing."""
+    hold = f"ogh-hold-{uuid.uuid4().hex[:8]}"
+    node.ok(["sh", "-c", f"systemd-run --scope --quiet --unit={hold} sleep 1000 </dev/null >/dev/null 2>&1 &"])
+    # systemd-run --scope runs its command in the foreground: poll (bounded) until the scope is there
+    node.ok(["sh", "-c", f"i=0; until systemctl -q is-active {hold}.scope; do i=$((i+1)); [ $i -lt 300 ] || exit 1; "
+                         "sleep 0.1; done"])
+    try:
+        bundle = _bundle(node, ["AMD_VISIBLE_DEVICES=1"], f"/system.slice/{hold}.scope/ID", prestart=True)
+        done = _start_cgroupfs(node, bundle)
+        assert done.returncode != 0
+        assert (f"oci-gpu-hook: error: the container's cgroup is systemd unit {hold}.scope, but its devices cannot be "
+                "registered with systemd (its DevicePolicy is 'auto', not the 'strict' of a container runtime's scope "
+                "with restricted devices), so the next daemon-reload would take them away: refusing the live grant; "
+                "the spec-rewrite paths (the oci-gpu-runtime shim, podman's precreate hook, CDI) write the devices "
+                "into the container's config.json, which systemd is given at create") in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+        assert node.env.run(["runc", "state", bundle.name], unit=False).returncode != 0  # not left running
+        assert _device_allow(node, f"{hold}.scope") == []  # nothing registered (systemctl show prints nothing)
+    finally:
+        node.env.systemctl("stop", f"{hold}.scope")
+
+
+def test_prestart_in_a_scope_named_cgroup_systemd_does_not_have(node: Node) -> None:
+    """cgroupfs with a cgroup named like a scope: systemd has no such unit and no rules to apply there."""
+    bundle = _bundle(node, ["AMD_VISIBLE_DEVICES=1"], "/system.slice/ogh-cgroupfs-ID.scope", prestart=True)
+    done = _start_cgroupfs(node, bundle)
+    assert done.returncode == 0, done.stderr
+    cid = bundle.name
+    try:
+        cl.assert_isolated(node.env.run(["runc", "exec", cid, *PROBE_AGAIN], unit=False).stdout, [1],
+                           cgroup_v2=node.env.cgroup == "v2")
+        (line,) = node.log_lines(cid)
+        assert line["systemd_unit"] == f"ogh-cgroupfs-{cid}.scope: not a unit systemd has loaded: nothing registered"
     finally:
         node.env.run(["runc", "delete", "-f", cid], unit=False)
 
