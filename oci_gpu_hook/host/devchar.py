@@ -18,6 +18,8 @@ any other entry) is never touched.  ``install`` makes them (and says which), ``w
 What was made is recorded *before* it is made, in :data:`STATE` (one ``LINK TARGET`` line each; on /run, as the
 links are on /dev: both are gone at a reboot), so that ``install --uninstall`` takes out exactly the links this
 tool made, and only while they still point where it made them (a link udev or an operator replaced since stays).
+Not the install manifest and its journal: those live on /var/lib and outlast a reboot, after which the links are
+gone (and the ``watch`` unit makes them again, recording them afresh).
 """
 
 from __future__ import annotations
