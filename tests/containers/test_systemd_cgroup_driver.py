@@ -13,7 +13,7 @@ scope's device rules again from its DeviceAllow= list:
   slice's allow-all devices cgroup): with the /dev/char links install made it keeps its GPU (``runc update``
   too); without them runc leaves the GPU out of the scope's DeviceAllow, the reload takes it away, and
   ``inspect`` says so beforehand;
-- podman with ``cgroup_manager = "systemd"`` and install's precreate hook, with the links; and with
+- podman with ``cgroup_manager = "systemd"``, install's precreate hook and its CDI spec, with the links; and with
   ``install --hook prestart``, without them;
 - a container that asks for nothing starts untouched (no log line, no DeviceAllow of a GPU);
 - install's watch unit, started by this systemd under its own hardening, makes the missing links.
@@ -277,20 +277,23 @@ def test_podman_systemd_cgroup_manager_precreate(node: Node) -> None:
            "--cap-add", "MKNOD", "--tmpfs", "/tmp:rw,dev,exec", "--pids-limit", "0"]
     gpu = node.ok([*run, "-e", "AMD_VISIBLE_DEVICES=1", "--rootfs", str(node.rootfs), "/bin/sleep", "1000"],
                   env=cl.hook_env()).strip()
+    cdi = node.ok([*run, "--device", "amd.com/gpu=4", "--rootfs", str(node.rootfs), "/bin/sleep", "1000"],
+                  env=cl.hook_env()).strip()  # install's CDI spec in /etc/cdi, applied by podman itself
     plain = node.ok([*run, "--rootfs", str(node.rootfs), "/bin/sleep", "1000"], env=cl.hook_env()).strip()
     try:
         scope = f"libpod-{gpu}.scope"
         assert node.ok(["systemctl", "show", "-p", "ActiveState", scope]).strip() == "ActiveState=active"
-        argv = [*PODMAN, "exec", gpu, *PROBE_AGAIN]
         v1 = False if node.env.cgroup == "v1" else None  # cgroup2: podman gives the container a cgroup namespace
-        cl.assert_isolated(node.ok(argv), [1], cgroup_v2=v1)
+        for name, gpus in ((gpu, [1]), (cdi, [4])):
+            cl.assert_isolated(node.ok([*PODMAN, "exec", name, *PROBE_AGAIN]), gpus, cgroup_v2=v1)
         for what in AFTER:
             _disturb(node, what, scope)
-            cl.assert_isolated(node.ok(argv), [1], cgroup_v2=v1)
+            for name, gpus in ((gpu, [1]), (cdi, [4])):
+                cl.assert_isolated(node.ok([*PODMAN, "exec", name, *PROBE_AGAIN]), gpus, cgroup_v2=v1)
         cl.assert_isolated(node.ok([*PODMAN, "exec", plain, *PROBE_AGAIN]), [], cgroup_v2=v1)
         assert node.log_lines(plain) == []
     finally:
-        node.env.run([*PODMAN, "rm", "-f", "-t", "0", gpu, plain], unit=False)
+        node.env.run([*PODMAN, "rm", "-f", "-t", "0", gpu, cdi, plain], unit=False)
 
 
 def test_podman_systemd_cgroup_manager_prestart(node: Node) -> None:
