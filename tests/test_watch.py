@@ -750,3 +750,31 @@ def test_a_compute_mode_change_rewrites_the_spec_and_says_the_mode(tmp_path: Pat
     assert device_names(setup.spec) == {"0", "1", "2", "3", "0000:05:00.0", "0000:26:00.0", "0xe3a9b1d2c4f56070",
                                         "0xe3a9b1d2c4f56071", "0000:05:00.0-p0", "0000:05:00.0-p1",
                                         "0000:26:00.0-p0", "0000:26:00.0-p1", "all"}
+
+
+def test_the_links_of_a_gpu_that_appears_are_made(two: Setup) -> None:
+    """With a /dev (``dev``), each regeneration makes the missing /dev/char links of the nodes there
+    (oci_gpu_hook/host/devchar.py; tests/test_devchar.py has the rules): the GPU plugged in later gets its own."""
+    dev = two.tmp / "dev"
+    (dev / "dri").mkdir(parents=True)
+
+    def node(name: str, minor: int) -> None:
+        os.mknod(dev / "dri" / name, 0o600 | 0o020000, os.makedev(226, minor))
+
+    node("card1", 1)
+    node("renderD128", 128)
+    watcher = Watcher(two.config, [("amd", str(two.spec), "json")], two.source, subsystems=("drm", "kfd"),
+                      clock=two.clock, stream=two.log, dev=str(dev))
+    first = watcher.regenerate("start")
+    assert first.text.endswith(f"; made {dev}/char/226:1 -> ../dri/card1, {dev}/char/226:128 -> ../dri/renderD128")
+    plug(two.root, GPU_C, two.tmp)
+    node("card3", 3)
+    node("renderD130", 130)
+    two.source.add(*drm_events("add", GPU_C))
+    while two.source.items or watcher.pending:
+        watcher.step()
+    assert watcher.last is not None and watcher.last.kind == "wrote"
+    assert watcher.last.text.endswith(f"; made {dev}/char/226:3 -> ../dri/card3, "
+                                      f"{dev}/char/226:130 -> ../dri/renderD130")
+    assert sorted(os.listdir(dev / "char")) == ["226:1", "226:128", "226:130", "226:3"]
+    assert watcher.regenerate("again").text == f"unchanged {two.spec} (9 devices, 3 GPUs)"  # nothing more to make

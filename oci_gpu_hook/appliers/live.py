@@ -21,6 +21,7 @@ TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms
 
 if TYPE_CHECKING:
     from oci_gpu_hook.config import Config
+    from oci_gpu_hook.core.devices import Rule
     from oci_gpu_hook.core.edits import Edits
 
 
@@ -104,6 +105,7 @@ def _apply(cid: str, pid: int, bundle: str, config: Config | HookError, started:
         made = rootfs_module.apply_in_container(pid, rootfs, plan.edits)
         mode = cgroups.mode()
         directory = cgroups.container_cgroup(pid, mode)
+        unit_result = _register_with_systemd(directory, plan.rules, policy.default_allow)
         if mode == "v1":
             written = cgroups.v1_grant(directory, plan.rules, policy)
             cgroup_result = f"allowed {len(written)} rules" if written else "already allowed"
@@ -111,9 +113,24 @@ def _apply(cid: str, pid: int, bundle: str, config: Config | HookError, started:
             cgroup_result = cgroups.v2_grant(directory, plan.rules)
     finally:
         os.close(lock)
+    extra = {"systemd_unit": unit_result} if unit_result else {}
     plan.record(config, "prestart", cid, started, nodes=made, cgroup=mode, cgroup_dir=directory,
-                cgroup_result=cgroup_result)
+                cgroup_result=cgroup_result, **extra)
     return 0
+
+
+def _register_with_systemd(directory: str, rules: tuple[Rule, ...], default_allow: bool) -> str | None:
+    """Under the systemd cgroup driver, the plan's devices added to the container's unit first (or the one-line
+    refusal), so that systemd's next application of the unit's rules keeps them (:mod:`systemd_unit`); None
+    elsewhere, at the cost of one substring test (cgroupfs names no ``.scope``).  A unit that restricts no device
+    (the container's own rules allow all: runc gives systemd ``DevicePolicy=auto`` and no list) gets nothing: a
+    DeviceAllow= entry would turn its restriction on."""
+    if ".scope" not in directory or default_allow:
+        return None
+    from oci_gpu_hook.appliers import systemd_unit
+
+    unit = systemd_unit.unit_of(directory)
+    return systemd_unit.register(unit, rules) if unit else None
 
 
 def _lock(rootfs: str) -> int:

@@ -372,8 +372,10 @@ class Watcher:
 
     def __init__(self, config: Config, targets: list[tuple[str, str, str]], source: EventSource | None = None, *,
                  subsystems: tuple[str, ...] = DEFAULT_SUBSYSTEMS, debounce: float = DEFAULT_DEBOUNCE,
-                 clock: Callable[[], float] = time.monotonic, stream: TextIO | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, stream: TextIO | None = None,
+                 dev: str | None = None) -> None:
         self.config = config
+        self.dev = dev  # where the missing /dev/char links are made as GPUs appear (None: nowhere)
         self.targets = targets
         self.source = source if source is not None else QueueEvents()
         self.subsystems = frozenset(subsystems)
@@ -408,10 +410,24 @@ class Watcher:
 
             nvml.refresh(inventory.devices("nvidia"))
         outcomes = [self._one(inventory, kind, path, fmt) for kind, path, fmt in self.targets]
+        links = self._dev_char_links(inventory)
         if len(outcomes) == 1:
-            return outcomes[0]
+            return Outcome(outcomes[0].kind, outcomes[0].text + links)
         worst = max(outcomes, key=lambda o: OUTCOME_WEIGHT[o.kind])
-        return Outcome(worst.kind, "; ".join(o.text for o in outcomes))
+        return Outcome(worst.kind, "; ".join(o.text for o in outcomes) + links)
+
+    def _dev_char_links(self, inventory: Inventory) -> str:
+        """The missing /dev/char links of the GPUs now there (:mod:`oci_gpu_hook.host.devchar`), as text to append to
+        the line: nothing when none was missing; a failure is said, and the spec's outcome stands."""
+        if self.dev is None:
+            return ""
+        from oci_gpu_hook.host import devchar
+
+        try:
+            made = devchar.make_links(inventory, self.dev, devchar.state_for(self.dev))
+        except HookError as err:
+            return f"; /dev/char links not made: {err}"
+        return f"; made {', '.join(made)}" if made else ""
 
     def _one(self, inventory: Inventory, kind: str, path: str, fmt: str) -> Outcome:
         return update_spec(inventory, kind, path, fmt, self.config, name_kind=len(self.targets) > 1)

@@ -10,6 +10,8 @@ from oci_gpu_hook.errors import HookError
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from oci_gpu_hook.config import Config
 
 
@@ -84,6 +86,7 @@ def run(args: list[str], config: Config) -> int:
               if everything else "\n".join(show(r) for r in rules))
         if not everything:
             print("  everything else is denied")
+            print_unit_check(directory, rules, show)
         return 0
     from oci_gpu_hook.appliers import bpf, devicefilter_decode
 
@@ -98,6 +101,7 @@ def run(args: list[str], config: Config) -> int:
         raise HookError(f"cannot query the eBPF programs of {directory}: {err.strerror}") from None
     if not ids:
         print("  no device program attached: every device is allowed (unless an ancestor restricts it)")
+    allowed: list[object] = []
     kinds = [name for bit, name in ((bpf.F_ALLOW_MULTI, "multi"), (bpf.F_ALLOW_OVERRIDE, "override")) if flags & bit]
     for prog_id in ids:
         prog_fd = bpf.prog_fd_by_id(prog_id)
@@ -107,11 +111,15 @@ def run(args: list[str], config: Config) -> int:
             os.close(prog_fd)
         print(f"program {prog_id} '{info.name}' ({', '.join(kinds) or 'exclusive'}; first match wins):")
         try:
-            print("\n".join(show(r) for r in devicefilter_decode.decode(info.insns)))
+            decoded = devicefilter_decode.decode(info.insns)
+            print("\n".join(show(r) for r in decoded))
+            allowed += decoded
         except devicefilter_decode.NotDecodable as err:
             print(f"  cannot decode this program ({err}); only runc's format and this project's are known")
     if len(ids) > 1:
         print("an access is allowed only if every program allows it")
+    if ids:
+        print_unit_check(directory, allowed, show)
     return 0
 
 
@@ -147,3 +155,68 @@ def rootless_view(pid: int, names: dict[tuple[str, int, int], str]) -> list[str]
             if stat.S_ISCHR(st.st_mode) and number in names:
                 found.append(f"  /{where}/{entry.name}  c {number[1]}:{number[2]}  {names[number]}")
     return [*lines, *(found or ["  no GPU node in its /dev"])]
+
+
+def print_unit_check(directory: str, allowed: list[object], show: Callable[[object], str]) -> None:
+    """Under systemd, the devices the cgroup allows now that its unit's DeviceAllow= lacks: the next
+    ``systemctl daemon-reload`` (or ``daemon-reexec``, or a ``set-property`` on the unit) takes them away."""
+    from oci_gpu_hook.appliers import systemd_unit
+    from oci_gpu_hook.core.devices import Rule
+
+    unit = systemd_unit.unit_of(directory)
+    if unit is None:
+        return
+    try:
+        entries = systemd_unit.device_allow(unit)
+    except systemd_unit.BusError as err:
+        print(f"systemd unit {unit}: cannot read its DeviceAllow ({err})")
+        return
+    numbers, majors = listed_devices(entries)
+    exact = [r for r in allowed if isinstance(r, Rule) and r.allow and r.type == "c" and not r.wildcard]
+    lacking = list(dict.fromkeys(r for r in exact if (r.major, r.minor) not in numbers and r.major not in majors))
+    if not lacking:
+        print(f"systemd unit {unit}: its DeviceAllow has every device allowed here: a daemon-reload keeps them")
+        return
+    print(f"systemd unit {unit}: its DeviceAllow lacks {len(lacking)} device(s) allowed here; the next "
+          "daemon-reload, daemon-reexec or set-property on it takes them away (docs/troubleshooting.md):")
+    print("\n".join(show(r) for r in lacking))
+
+
+def listed_devices(entries: list[tuple[str, str]]) -> tuple[set[tuple[int, int]], set[int]]:
+    """The char devices a DeviceAllow= list names, as systemd reads it: ``/dev/char/MAJ:MIN`` by its numbers,
+    another path by what it is now, ``char-NAME`` (a glob) as every major /proc/devices gives that name."""
+    import fnmatch
+    import stat
+
+    numbers: set[tuple[int, int]] = set()
+    names: set[str] = set()
+    for path, _access in entries:
+        if path.startswith("/dev/char/"):
+            major, _sep, minor = path[len("/dev/char/"):].partition(":")
+            if major.isdigit() and minor.isdigit():
+                numbers.add((int(major), int(minor)))
+        elif path.startswith("char-"):
+            names.add(path[len("char-"):])
+        elif path.startswith("/"):
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            if stat.S_ISCHR(st.st_mode):
+                numbers.add((os.major(st.st_rdev), os.minor(st.st_rdev)))
+    majors: set[int] = set()
+    try:
+        with open("/proc/devices") as handle:
+            section = ""
+            for line in handle:
+                if line.endswith(":\n"):
+                    section = line.strip()
+                    continue
+                fields = line.split()
+                if section == "Character devices:" and len(fields) == 2 and fields[0].isdigit() and \
+                        any(fnmatch.fnmatchcase(fields[1], name) for name in names):
+                    majors.add(int(fields[0]))
+    except OSError:
+        pass
+    return numbers, majors
+

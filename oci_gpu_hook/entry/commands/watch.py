@@ -50,19 +50,24 @@ def run(args: list[str], config: Config) -> int:
     parser.add_argument("--subsystems", metavar="LIST", default=",".join(DEFAULT_SUBSYSTEMS),
                         help="comma-separated uevent subsystems that trigger a regeneration; pci events count only "
                              "for GPUs' PCI functions (default %(default)s)")
+    parser.add_argument("--dev", metavar="DIR", default="/dev",
+                        help="the /dev whose missing /dev/char/MAJ:MIN links of the GPUs' nodes are made as they "
+                             "appear, as udev would (runc under systemd needs them); 'none': make none "
+                             "(default %(default)s)")
     opts = parser.parse_args(args)
+    dev = None if opts.dev == "none" else opts.dev
     debounce = parse_debounce(opts.debounce)
     subsystems = parse_subsystems(opts.subsystems)
     targets = resolve_targets(opts.output, config, opts.kind)
 
     if opts.once:
-        watcher = Watcher(config, targets, subsystems=subsystems, debounce=debounce)
+        watcher = Watcher(config, targets, subsystems=subsystems, debounce=debounce, dev=dev)
         outcome = watcher.generate()  # a failure is the one error line and exit 1
         watcher.log(f"once: {outcome.text}")
         return 0
 
     source = KernelUevents()
-    watcher = Watcher(config, targets, source, subsystems=subsystems, debounce=debounce)
+    watcher = Watcher(config, targets, source, subsystems=subsystems, debounce=debounce, dev=dev)
 
     def on_signal(number: int, _frame: object) -> None:
         watcher.stop(signal.Signals(number).name)

@@ -629,6 +629,11 @@ def install_or_uninstall(opts: Options, only: set[str] | None, installer: Instal
         if given:
             raise HookError(f"install --uninstall takes no {', '.join(given)}: it removes what the manifest lists")
         left = installer.uninstall(only)
+        if only is None and not opts.dry_run:
+            from oci_gpu_hook.host import devchar
+
+            for line in devchar.uninstall_lines(installer.disk):
+                print(line)
         if left:
             files = f"{len(left)} file{'s' if len(left) != 1 else ''}"
             raise HookError(f"install --uninstall: {files} left, so the node is still integrated (each 'left:' line "
@@ -655,6 +660,10 @@ def install_or_uninstall(opts: Options, only: set[str] | None, installer: Instal
         for item in items:
             if item.integration == "podman" and not any(e.startswith("podman:") for e in errors):
                 check_podman_hook(item.path, installer.disk, errors)
+    from oci_gpu_hook.host import devchar
+
+    for line in devchar.install_lines(config, installer.disk, opts.dry_run):  # runc under systemd needs them
+        print(line)
     for error in errors:
         print(f"skipped: {error}")
     if errors:
