@@ -32,6 +32,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import unavailable
 from tests.helpers import containerlib as cl
 from tests.helpers import systemdenv, wheellib
 
@@ -96,6 +97,8 @@ def venv() -> Iterator[tuple[Path, Path]]:
 def node(request: pytest.FixtureRequest, venv: tuple[Path, Path]) -> Iterator[Node]:
     base, _python = venv
     mode = request.param
+    if mode == "v1" and systemdenv.v1_problem():
+        unavailable(str(systemdenv.v1_problem()))
     log = base / f"hook-{mode}.log"
     with systemdenv.booted(mode, binds=(base,), base=Path(tempfile.mkdtemp(prefix=f"ogh-sd-{mode}-"))) as env:
         write = (f"mkdir -p /etc/oci-gpu-hook && cat > {CONFIG} <<'EOF'\nsysfs_root = \"{cl.SEED_SYSFS}\"\n"

@@ -106,6 +106,14 @@ def _v1_hierarchies() -> list[tuple[str, str]]:
     return found
 
 
+def v1_problem() -> str | None:
+    """Why the cgroup v1 environment cannot be built on this host (None: it can): it mounts the host's own v1
+    hierarchies, and a host whose controllers are all on cgroup2 has no devices hierarchy to give it."""
+    if not any("devices" in options.split(",") for _dir, options in _v1_hierarchies()):
+        return f"no cgroup v1 devices hierarchy under {HOST_CGROUP} on this host (cgroup2 only)"
+    return None
+
+
 def _own_path(controller: str) -> str:
     """This process's cgroup in the hierarchy of ``controller`` ('' for cgroup2)."""
     with open("/proc/self/cgroup") as handle:
@@ -138,6 +146,9 @@ class SystemdEnv:
     # --- start ---------------------------------------------------------------------------------------------
 
     def _make_cgroups(self) -> list[Path]:
+        problem = v1_problem() if self.cgroup == "v1" else None
+        if problem:
+            raise BootError(problem)
         """One directory per hierarchy (the environment's cgroup root), made before anything joins them."""
         dirs: list[tuple[str, Path]] = []
         if self.cgroup == "v1":
