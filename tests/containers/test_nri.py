@@ -235,9 +235,10 @@ def test_the_wheels_plugin(setup: dict[str, Path], tmp_path: Path) -> None:
         done = cl.run(argv, env=cl.hook_env())
         assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
         assert "pip install 'oci-gpu-hook[nri]'" in done.stderr
-        installed = subprocess.run([str(bare), "install", "-q", "--disable-pip-version-check", "-c",
-                                    str(tmp_path / "venv" / "constraints.txt"), "protobuf"], capture_output=True,
-                                   text=True, timeout=600)
+        from google.protobuf import __version__ as protobuf_version  # the suite's: no other version is fetched
+
+        installed = subprocess.run([str(bare), "install", "-q", "--disable-pip-version-check",
+                                    f"protobuf=={protobuf_version}"], capture_output=True, text=True, timeout=600)
         assert installed.returncode == 0, installed.stderr
         with (tmp_path / "plugin.log").open("ab") as out:
             plugin = subprocess.Popen(argv, stdout=out, stderr=out, env=cl.hook_env())
