@@ -81,7 +81,7 @@ def test_the_command_is_in_the_usage_and_lists_devices() -> None:
     seed = REPO / "examples" / "hosts" / "seed-8x-gfx1100" / "sys"
     done = cli("device-plugin", "--list", "--sysfs-root", str(seed))  # a global option, anywhere on the line
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[1] == "amd.com/gpu  0000:23:00.0  amd.com/gpu=0000:23:00.0  numa 0  hive -"
+    assert done.stdout.splitlines()[1] == "amd.com/gpu  0000:23:00.0  amd.com/gpu=0000:23:00.0  numa 0  hive -  Healthy"
     done = cli("device-plugin", "--resource-strategy", "odd")
     assert done.returncode != 0 and done.stderr.count("\n") == 1 and "invalid choice: 'odd'" in done.stderr
     done = cli("device-plugin", "--rescan-interval", "0")

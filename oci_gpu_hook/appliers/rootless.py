@@ -68,12 +68,14 @@ def can_open(path: str, st: os.stat_result, uid: int, gid: int) -> bool:
 def _host_id(number: int, kind: str) -> str:
     """An id as the host knows it: in a rootless user namespace, through its map (one the namespace does not map is
     the host's root or another user's, which it cannot tell apart); elsewhere as it is."""
-    from oci_gpu_hook.trust import id_ranges, parent_id, rootless
+    from oci_gpu_hook.trust import id_ranges, identity, parent_id, rootless
 
     if not rootless():
         return str(number)
     host = parent_id(number, id_ranges(kind))
-    return f"{number} here (a host {kind} this user namespace does not map)" if host is None else str(host)
+    if host is None or number == identity()[1]:  # the overflow id: what every id the namespace does not map reads as
+        return f"{number} here (a host {kind} this user namespace does not map, such as root's)"
+    return str(host)
 
 
 def node_problem(node: Node, uid: int, gid: int) -> str | None:
