@@ -18,6 +18,15 @@ The trusted owners depend on what the process could do with what it reads (:func
   In a user namespace that does not map the parent's root, the files of that root show as the kernel's
   overflow uid (``/proc/sys/kernel/overflowuid``, 65534), so that uid stands for root there.
 
+**Pins.**  In a user namespace that does not map the host's root, root's files and those of every other unmapped
+user read alike, as the overflow uid: a rootless hook cannot tell them apart by their owner.  So ``install``, as
+root and after checking every path with root's rule, pins the install's own entries (those of the virtual
+environment, the site-packages that hold the package, the config file): their inode and change time, which
+nobody but root can set back (a chown, a write, a rename into the place all change the change time), in a file
+beside the launchers (:func:`pins_of`, read by :func:`load_pins`).  There, an entry of those that reads as the
+overflow uid is trusted only while it is still the entry install saw (:func:`pin_problem`); root, whose files
+read as root's, needs no pin.  After a change of the config or the environment, ``install`` runs again.
+
 Code and config follow the same rule; they differ in one point only: code that is missing is refused (nothing
 runs in its place), while a missing config is "no config" and the open that follows says so.
 
@@ -105,20 +114,55 @@ def entry_problem(path: str, st: os.stat_result, owners: tuple[int, ...]) -> str
     if st.st_uid not in owners:
         return f"{path} is owned by uid {st.st_uid}, not by {_whom(owners)}"
     mode = st.st_mode
-    if not mode & 0o022 or stat.S_ISLNK(mode):  # a symlink's own mode means nothing
-        return None
-    if stat.S_ISDIR(mode) and mode & stat.S_ISVTX:
-        return None
-    if stat.S_ISCHR(mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) == _DEV_NULL:
-        return None
-    who = "group and others" if mode & 0o022 == 0o022 else "group" if mode & 0o020 else "others"
-    return f"{path} is writable by {who} (mode {stat.S_IMODE(mode):04o})"
+    writable = mode & 0o022 and not stat.S_ISLNK(mode)  # a symlink's own mode means nothing
+    if writable and not (stat.S_ISDIR(mode) and mode & stat.S_ISVTX) and not (
+            stat.S_ISCHR(mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) == _DEV_NULL):
+        who = "group and others" if mode & 0o022 == 0o022 else "group" if mode & 0o020 else "others"
+        return f"{path} is writable by {who} (mode {stat.S_IMODE(mode):04o})"
+    return pin_problem(path, st)
 
 
-def walk_problem(path: str, owners: tuple[int, ...], must_exist: bool) -> str | None:
+PINS: dict[str, tuple[int, int]] = {}  # path -> (inode, change time in ns) as `install` saw it; (0, 0): absent
+
+
+def read_pins(path: str) -> dict[str, tuple[int, int]]:
+    """The pins `install` wrote at ``path``: one "INODE CTIME_NS PATH" a line (inode 0: the path was absent)."""
+    pins = {}
+    for line in (_read_proc(path) or b"").decode("utf-8", "surrogateescape").splitlines():
+        fields = line.split(" ", 2)
+        if len(fields) == 3 and fields[0].isdigit() and fields[1].isdigit() and fields[2].startswith("/"):
+            pins[fields[2]] = (int(fields[0]), int(fields[1]))
+    return pins
+
+
+def load_pins(path: str) -> None:
+    """Where the parent's root shows as the overflow uid, :func:`read_pins` into :data:`PINS`.  Elsewhere nothing:
+    no pin is needed where root's files read as root's."""
+    if identity()[1] is not None:
+        PINS.update(read_pins(path))
+
+
+def pin_problem(path: str, st: os.stat_result | None) -> str | None:
+    """Why ``path`` (``st`` None: absent), one of the install's own paths that reads as the overflow uid here, is
+    no longer the entry `install` saw: the same inode, never changed since (a chown, a write, a rename into its
+    place all change it), or still absent.  Root's file and another unmapped user's read alike in here; the
+    pin is root's word on which one it is."""
+    pin = PINS.get(path)
+    overflow = identity()[1]
+    if pin is None or overflow is None or (st is not None and st.st_uid != overflow):
+        return None
+    if pin == ((st.st_ino, st.st_ctime_ns) if st is not None else (0, 0)):
+        return None
+    return (f"{path} changed after `oci-gpu-hook install` ran (in this user namespace root's files and other "
+            f"users' read alike, as uid {overflow}, so only what install saw is trusted); run install again")
+
+
+def walk_problem(path: str, owners: tuple[int, ...], must_exist: bool,
+                 seen: list[tuple[str, os.stat_result | None]] | None = None) -> str | None:
     """Why ``path`` cannot be trusted, or None: ``/`` down with lstat, each symlink followed by hand (its target's
     components go first), ``..`` from where the walk is.  A missing component (or a non-directory with more to
-    come) ends the walk: trusted when not ``must_exist`` (whoever opens the path next reports it)."""
+    come) ends the walk: trusted when not ``must_exist`` (whoever opens the path next reports it), unless it was
+    pinned present.  ``seen`` collects each entry met (None: missing), for :func:`pins_of`."""
     if not path.startswith("/"):
         path = os.path.join(os.getcwd(), path)
     todo = [p for p in reversed(path.split("/")) if p and p != "."]
@@ -128,6 +172,8 @@ def walk_problem(path: str, owners: tuple[int, ...], must_exist: bool) -> str | 
     except OSError as err:
         return f"cannot check /: {err.strerror}"
     bad = entry_problem("/", st, owners)
+    if seen is not None:
+        seen.append(("/", st))
     links = 0
     while todo and bad is None:
         name = todo.pop()
@@ -138,10 +184,14 @@ def walk_problem(path: str, owners: tuple[int, ...], must_exist: bool) -> str | 
         try:
             st = os.lstat(candidate)
         except FileNotFoundError:
-            return f"{path} is missing" if must_exist else None
+            if seen is not None:
+                seen.append((candidate, None))
+            return pin_problem(candidate, None) or (f"{path} is missing" if must_exist else None)
         except OSError as err:
             return f"cannot check {candidate}: {err.strerror}"
         bad = entry_problem(candidate, st, owners)
+        if seen is not None:
+            seen.append((candidate, st))
         if stat.S_ISLNK(st.st_mode):
             links += 1
             if links > MAX_SYMLINKS:
@@ -161,6 +211,42 @@ def code_problem(path: str) -> str | None:
     """Why the code at ``path`` (an interpreter, a launcher, a directory code is loaded from) may not run."""
     return walk_problem(path, trusted_owners(), True)
 # --- the rule ends
+
+
+def pins_of(paths: list[str], roots: list[str], skip: list[str]) -> dict[str, tuple[int, int]]:
+    """The pins of every entry that the walks of ``paths`` meet at or below one of ``roots``, except ``skip`` and
+    the directories above them (what install is about to write into), as :func:`load_pins` reads them back."""
+    def below(path: str, top: str) -> bool:
+        return path == top or path.startswith(top.rstrip("/") + "/")
+
+    seen: list[tuple[str, os.stat_result | None]] = []
+    for path in paths:
+        walk_problem(path, (0,), False, seen)
+    return {path: (0, 0) if st is None else (st.st_ino, st.st_ctime_ns) for path, st in seen
+            if any(below(path, top) for top in roots) and not any(below(s, path) for s in skip)}
+
+
+def unpinned(path: str) -> list[str]:
+    """The entries pinned in the pins file at ``path`` that are no longer what install pinned, whoever owns them
+    now: those a rootless hook refuses while they read as the overflow uid (``validate --rootless``)."""
+    changed = []
+    for entry, pin in read_pins(path).items():
+        try:
+            st = os.lstat(entry)
+        except FileNotFoundError:
+            now = (0, 0)
+        except OSError:
+            now = (-1, -1)
+        else:
+            now = (st.st_ino, st.st_ctime_ns)
+        if now != pin:
+            changed.append(entry)
+    return changed
+
+
+def pins_text(pins: dict[str, tuple[int, int]]) -> str:
+    """:func:`pins_of` as the file :func:`load_pins` reads (a path with a line break cannot be pinned: left out)."""
+    return "".join(f"{ino} {ctime} {path}\n" for path, (ino, ctime) in sorted(pins.items()) if "\n" not in path)
 
 
 def problem(path: str) -> str | None:

@@ -68,6 +68,32 @@ def _make(base: Path) -> dict[str, str]:
     cases["missing"] = base / "root" / "absent"
     cases["missing-under-other-dir"] = base / "otherdir" / "absent"
     cases["under-a-file"] = base / "root" / "f" / "more"
+    # the install's pins (trust.load_pins: "INODE CTIME_NS PATH"), which only a rootless context reads
+    pins: dict[Path, tuple[int, int]] = {}
+
+    def seen(path: Path) -> tuple[int, int]:
+        st = os.lstat(path)
+        return st.st_ino, st.st_ctime_ns
+
+    cases["pinned-kept"] = file(base / "pinned" / "kept")
+    pins[cases["pinned-kept"]] = seen(cases["pinned-kept"])
+    cases["pinned-changed"] = file(base / "pinned" / "changed")
+    pins[cases["pinned-changed"]] = (seen(cases["pinned-changed"])[0], seen(cases["pinned-changed"])[1] - 1)
+    cases["pinned-replaced"] = file(base / "pinned" / "replaced")
+    pins[cases["pinned-replaced"]] = (seen(cases["pinned-replaced"])[0] + 1, seen(cases["pinned-replaced"])[1])
+    cases["pinned-dir-changed/root-file"] = file(directory(base / "pinned" / "dir") / "f")
+    pins[base / "pinned" / "dir"] = (seen(base / "pinned" / "dir")[0], 1)
+    cases["pinned-absent-now-present"] = file(base / "pinned" / "appeared")
+    pins[cases["pinned-absent-now-present"]] = (0, 0)
+    cases["pinned-present-now-absent"] = base / "pinned" / "gone"
+    pins[cases["pinned-present-now-absent"]] = (123, 456)
+    cases["pinned-absent-still-absent"] = base / "pinned" / "never"
+    pins[cases["pinned-absent-still-absent"]] = (0, 0)
+    cases["pinned-callers-changed"] = file(base / "pinned" / "callers", CALLER)
+    pins[cases["pinned-callers-changed"]] = (1, 1)
+    cases["pinned-others-changed"] = file(base / "pinned" / "others", OTHER)
+    pins[cases["pinned-others-changed"]] = (1, 1)
+    (base / "pins").write_text("".join(f"{ino} {ctime} {path}\n" for path, (ino, ctime) in pins.items()))
     return {name: str(path) for name, path in cases.items()}
 
 
@@ -78,11 +104,16 @@ OWNED_BY = {"caller-file": CALLER, "other-file": OTHER, "caller-dir/root-file": 
             "other-dir/root-file": OTHER, "sticky/caller-file": CALLER, "sticky/other-file": OTHER,
             "link-owned-by-other": OTHER, "symlinked-parent-to-other-dir": OTHER, "missing-under-other-dir": OTHER}
 WRITABLE = {"file-g+w", "file-o+w", "dir-g+w/file", "dir-o+w/file", "link-loop"}  # a loop: too many links
-MISSING = {"missing", "missing-under-other-dir", "under-a-file"}
+MISSING = {"missing", "missing-under-other-dir", "under-a-file", "pinned-present-now-absent",
+           "pinned-absent-still-absent"}
+OWNED_BY |= {"pinned-callers-changed": CALLER, "pinned-others-changed": OTHER}
+# not what install pinned: refused where the host's root reads as the overflow uid (the rootless context) alone
+UNPINNED = {"pinned-changed", "pinned-replaced", "pinned-dir-changed/root-file", "pinned-absent-now-present",
+            "pinned-present-now-absent", "pinned-others-changed"}
 
 
 def expected(context: str, case: str, kind: str) -> bool:
-    if case in WRITABLE:
+    if case in WRITABLE or (context == "rootless" and case in UNPINNED):
         return False
     if OWNED_BY.get(case, 0) not in TRUSTED_OWNERS[context]:
         return False
@@ -97,6 +128,8 @@ launcher = {}
 exec("import os, stat", launcher)  # what a launcher has imported before the rule (LAUNCHER, TRUST)
 exec(compile(open(sys.argv[2]).read(), "launcher-rule", "exec"), launcher)
 paths = json.loads(sys.argv[3])
+trust.load_pins(sys.argv[4])
+launcher["load_pins"](sys.argv[4])
 out = {}
 for name, path in paths.items():
     out[name] = {"config": trust.problem(path) is None, "code": trust.code_problem(path) is None,
@@ -134,14 +167,14 @@ def corpus() -> Iterator[tuple[Path, dict[str, str], Path, Path]]:
 
 def _python(context: str, tools: Path, paths: dict[str, str]) -> dict[str, object]:
     cmd = [*CONTEXTS[context], "/usr/bin/python3", "-I", "-S", "-c", PYTHON_SIDE, str(tools), str(tools / "rule.py"),
-           json.dumps(paths)]
+           json.dumps(paths), str(tools.parent / "corpus" / "pins")]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd="/", timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
 
 def _c(context: str, probe: Path, paths: dict[str, str], kind: str) -> tuple[dict[str, bool], str]:
-    args = [x for path in paths.values() for x in (kind, path)]
+    args = ["pins", str(probe.parent.parent / "corpus" / "pins"), *(x for path in paths.values() for x in (kind, path))]
     done = subprocess.run([*CONTEXTS[context], str(probe), *args], capture_output=True, text=True, cwd="/",
                           timeout=60, check=False)
     assert done.returncode == 0, done.stderr

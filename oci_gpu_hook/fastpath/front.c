@@ -46,6 +46,7 @@
  *                       oci_gpu_hook/host/launchers.py baked_settings (the config bytes baked)
  *   trusted, read_identity  oci_gpu_hook/trust.py walk_problem, identity (the one trust rule: config.py
  *                       check_trusted, code_problem; tests/test_trust_rule.py holds them to each other)
+ *   load_pins, pin_kept oci_gpu_hook/trust.py load_pins, pin_problem (the install's pins, rootless only)
  *   json_object_ok      oci_gpu_hook/fastjson.py loads, oci_gpu_hook/oci_spec.py loads (_pairs, _check_case),
  *                       oci_spec.py ContainerSpec (process_env, annotations)
  *   clean, no_request   oci_gpu_hook/request.py requested (NO_GPU; oci_spec.py environ_of, annotation_names)
@@ -241,17 +242,99 @@ static int owner_trusted(uid_t uid)
     return uid == geteuid() || (g_overflow >= 0 && (long)uid == g_overflow);
 }
 
-/* trust.entry_problem: a trusted owner, and writable by group or others only when it is a symlink (its mode means
- * nothing), a sticky directory or /dev/null */
-static int entry_trusted(const struct stat *st)
+/* trust.load_pins and trust.pin_problem: where the parent's root shows as the overflow uid, the install's own
+ * entries that read as that uid must still be the ones install pinned (inode, change time in ns; inode 0: absent),
+ * read from the pins file beside the launchers ("INODE CTIME_NS PATH" a line) on first need. */
+struct pin {
+    unsigned long long ino, ctime;
+    const char *path;
+};
+static struct pin *g_pins;
+static size_t g_pin_count;
+static int g_pins_read;
+static const char *g_pins_path; /* NULL: OGH_PINS_NAME beside OGH_SELF */
+static int g_unpinned;           /* a walk met an entry that is no longer what install pinned */
+
+static void load_pins(void)
+{
+    static char text[65537];
+    char path[PATH_MAX], *line, *save = NULL;
+    const char *slash;
+    size_t most;
+    g_pins_read = 1;
+    if (g_overflow < 0)
+        return;
+    if (g_pins_path) {
+        snprintf(path, sizeof path, "%s", g_pins_path);
+    } else {
+        slash = strrchr(OGH_SELF, '/');
+        if (!slash || snprintf(path, sizeof path, "%.*s/%s", (int)(slash - OGH_SELF), OGH_SELF, OGH_PINS_NAME) >=
+                          (int)sizeof path)
+            return;
+    }
+    if (read_small(path, text, sizeof text) <= 0)
+        return;
+    most = 1;
+    for (line = text; *line; line++)
+        most += *line == '\n';
+    g_pins = calloc(most, sizeof *g_pins);
+    if (!g_pins)
+        return;
+    for (line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        char *end, *end2;
+        unsigned long long ino, ctime;
+        if (!isdigit((unsigned char)line[0]))
+            continue;
+        ino = strtoull(line, &end, 10);
+        if (*end != ' ' || !isdigit((unsigned char)end[1]))
+            continue;
+        ctime = strtoull(end + 1, &end2, 10);
+        if (*end2 != ' ' || end2[1] != '/')
+            continue;
+        g_pins[g_pin_count].ino = ino;
+        g_pins[g_pin_count].ctime = ctime;
+        g_pins[g_pin_count++].path = end2 + 1;
+    }
+}
+
+/* trust.pin_problem is None (``st`` NULL: the path is absent) */
+static int pin_kept(const char *path, const struct stat *st)
+{
+    size_t i;
+    read_identity();
+    if (g_overflow < 0)
+        return 1;
+    if (!g_pins_read)
+        load_pins();
+    if (st && (long)st->st_uid != g_overflow)
+        return 1;
+    for (i = 0; i < g_pin_count; i++) {
+        int kept;
+        if (strcmp(g_pins[i].path, path) != 0)
+            continue;
+        if (!st)
+            kept = g_pins[i].ino == 0 && g_pins[i].ctime == 0;
+        else
+            kept = g_pins[i].ino == (unsigned long long)st->st_ino &&
+                   g_pins[i].ctime == (unsigned long long)st->st_ctim.tv_sec * 1000000000ULL +
+                                          (unsigned long long)st->st_ctim.tv_nsec;
+        g_unpinned |= !kept;
+        return kept;
+    }
+    return 1;
+}
+
+/* trust.entry_problem: a trusted owner, writable by group or others only when it is a symlink (its mode means
+ * nothing), a sticky directory or /dev/null, and still what install pinned */
+static int entry_trusted(const char *path, const struct stat *st)
 {
     if (!owner_trusted(st->st_uid))
         return 0;
-    if (!(st->st_mode & (S_IWGRP | S_IWOTH)) || S_ISLNK(st->st_mode))
-        return 1;
-    if (S_ISDIR(st->st_mode) && (st->st_mode & S_ISVTX))
-        return 1;
-    return S_ISCHR(st->st_mode) && major(st->st_rdev) == 1 && minor(st->st_rdev) == 3;
+    if ((st->st_mode & (S_IWGRP | S_IWOTH)) && !S_ISLNK(st->st_mode) &&
+        !(S_ISDIR(st->st_mode) && (st->st_mode & S_ISVTX)) &&
+        !(S_ISCHR(st->st_mode) && major(st->st_rdev) == 1 && minor(st->st_rdev) == 3))
+        return 0;
+    return pin_kept(path, st);
 }
 
 /* the next component of the '/'-separated ``rest`` (skipping empty ones and "."), copied to ``name``; 0 at the end */
@@ -290,7 +373,7 @@ static int trusted(const char *path, int must_exist)
         return 0;
     strcpy(rest, path);
     strcpy(current, "/");
-    if (lstat("/", &st) != 0 || !entry_trusted(&st))
+    if (lstat("/", &st) != 0 || !entry_trusted("/", &st))
         return 0;
     cursor = rest;
     while ((got = next_component(&cursor, name, sizeof name)) == 1) {
@@ -305,8 +388,8 @@ static int trusted(const char *path, int must_exist)
             (int)sizeof candidate)
             return 0;
         if (lstat(candidate, &st) != 0)
-            return errno == ENOENT && !must_exist;
-        if (!entry_trusted(&st))
+            return errno == ENOENT && pin_kept(candidate, NULL) && !must_exist;
+        if (!entry_trusted(candidate, &st))
             return 0;
         if (S_ISLNK(st.st_mode)) {
             char joined[2 * PATH_MAX];
@@ -336,11 +419,17 @@ static int trusted(const char *path, int must_exist)
 #ifdef OGH_TRUST_PROBE
 /* A test build only, never a launcher (tests/test_trust_rule.py compiles it with -DOGH_TRUST_PROBE): for each
  * "code PATH" or "config PATH" pair of arguments, one line "trusted" or "untrusted" by the rule above, then the
- * identity it read ("privileged=N overflow=UID"), so the tests hold the C rule to trust.py case by case. */
+ * identity it read ("privileged=N overflow=UID"), so the tests hold the C rule to trust.py case by case.  A
+ * "pins FILE" pair names the pins file the rule reads, in place of the one beside OGH_SELF. */
 int main(int argc, char **argv)
 {
     for (int i = 1; i + 1 < argc; i += 2)
-        printf("%s\n", trusted(argv[i + 1], strcmp(argv[i], "code") == 0) ? "trusted" : "untrusted");
+        if (strcmp(argv[i], "pins") == 0)
+            g_pins_path = argv[i + 1];
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (strcmp(argv[i], "pins") != 0)
+            printf("%s\n", trusted(argv[i + 1], strcmp(argv[i], "code") == 0) ? "trusted" : "untrusted");
+    }
     read_identity();
     printf("privileged=%d overflow=%ld\n", g_privileged, g_overflow);
     return 0;
@@ -350,9 +439,14 @@ int main(int argc, char **argv)
 
 static void refuse(const char *what, const char *path)
 {
-    say_error("refusing to run %s %s: it is missing, or someone other than %s could change it or a directory "
-              "above it (install into a root-owned prefix, see docs/security.md)", what, path,
-              g_privileged ? "root" : "root or this user");
+    if (g_unpinned)
+        say_error("refusing to run %s %s: it, or a directory above it, changed after `oci-gpu-hook install` ran "
+                  "(in this user namespace root's files and other users' read alike, as uid %ld, so only what "
+                  "install saw is trusted); run install again", what, path, g_overflow);
+    else
+        say_error("refusing to run %s %s: it is missing, or someone other than %s could change it or a directory "
+                  "above it (install into a root-owned prefix, see docs/security.md)", what, path,
+                  g_privileged ? "root" : "root or this user");
     _exit(1);
 }
 
@@ -362,6 +456,7 @@ static const char *untrusted(const char **what)
     int i;
     if (!OGH_CHECK_TRUST)
         return NULL;
+    g_unpinned = 0;
     *what = "interpreter";
     if (!trusted(OGH_PYTHON, 1))
         return OGH_PYTHON;

@@ -60,7 +60,7 @@ import sys
 for key, value in {defaults!r}.items():
     os.environ.setdefault(key, value)
 {trust}sys.path[:0] = {paths!r}
-from oci_gpu_hook.{module} import main
+{pinned}from oci_gpu_hook.{module} import main
 sys.exit(main({main_args}))
 """
 
@@ -68,6 +68,7 @@ sys.exit(main({main_args}))
 # every path the launcher runs code from; os and stat only (no import beyond what -I -S loads anyway).
 TRUST = """import stat
 {rule}
+load_pins({pins!r})
 for _path in {checked!r}:
     _why = code_problem(_path)
     if _why:
@@ -81,6 +82,12 @@ for _path in {checked!r}:
                          "(install into a root-owned prefix, see docs/security.md)\\n")
         sys.exit(1)
 """
+# the package's own trust module then holds the same pins (its config checks)
+PINNED = """if PINS:
+    from oci_gpu_hook import trust as _trust
+    _trust.PINS.update(PINS)
+"""
+PINS_NAME = "install.pins"  # beside the launchers: trust.pins_of, written by `launchers` and `install`
 RULE_BEGINS = "# --- the rule begins"
 RULE_ENDS = "# --- the rule ends"
 
@@ -173,24 +180,25 @@ def editable_reason() -> str | None:
 
 
 def launcher_text(module: str, defaults: dict[str, str], *, trust: bool = False, runtime: str = "runc",
-                  argv0: str | None = None) -> str:
+                  argv0: str | None = None, pins: str = "") -> str:
     """The Python launcher that runs ``oci_gpu_hook.<module>.main`` (shared by `launchers` and `install`).
 
     ``trust``: refuse to run when the interpreter or a code path is missing or writable by a non-root
     user (the shim still execs ``runtime`` for a pass-through command).  ``argv0``: the native front
-    this launcher stands behind, so that the shim knows itself."""
+    this launcher stands behind, so that the shim knows itself.  ``pins``: the install's pins file
+    (:data:`PINS_NAME`), read where root shows as the overflow uid (:func:`oci_gpu_hook.trust.load_pins`)."""
     paths = [p for p in code_paths() if os.path.isdir(p)]
     trust_text = ""
     if trust:
         checked = [sys.executable, *paths, *stdlib_paths()]
         trust_text = TRUST.format(rule=rule_text(), checked=checked, passthrough=module == "entry.runtime",
-                                  runtime=runtime)
+                                  runtime=runtime, pins=pins)
     if argv0:
         trust_text += f"sys.argv[0] = {argv0!r}\n"
     # the shim's pass-through commands fall back to the runtime baked here when the config file is untrusted
     main_args = f"baked_runtime={runtime!r}" if module == "entry.runtime" else ""
     return LAUNCHER.format(python=sys.executable, paths=paths, module=module, defaults=defaults, trust=trust_text,
-                           main_args=main_args)
+                           main_args=main_args, pinned=PINNED if trust else "")
 
 
 def find_cc() -> str | None:
@@ -301,6 +309,7 @@ def front_contract() -> dict[str, str | list[str] | int]:
         "SYSLOG_PRI_ERR": log.SYSLOG_FACILITY * 8 + log.SEVERITY["error"],
         "SYSLOG_PRI_INFO": log.SYSLOG_FACILITY * 8 + log.SEVERITY["info"],
         "PROGRAM": log.PROGRAM,
+        "PINS_NAME": PINS_NAME,  # trust.load_pins: the install's pins, beside the launchers
     }
 
 
@@ -478,17 +487,36 @@ def launcher_files(directory: str, defaults: dict[str, str], *, native: bool | N
                          "which start Python on every container (install gcc and run again for the native front; "
                          "--no-native silences this)\n")
     files = []
+    pins = os.path.join(directory, PINS_NAME) if trust else ""
     for name, module in LAUNCHERS:
         if cc is None and prebuilt is None:
             files.append((os.path.join(directory, name), launcher_text(module, defaults, trust=trust,
-                                                                        runtime=_runtime(defaults)).encode()))
+                                                                        runtime=_runtime(defaults),
+                                                                        pins=pins).encode()))
             continue
         front = os.path.join(directory, name)
         files.append((front, prebuilt[name] if prebuilt else compile_front(name, directory, defaults, trust,
                                                                             str(cc))))
         files.append((front + ".py", launcher_text(module, defaults, trust=trust, runtime=_runtime(defaults),
-                                                   argv0=front).encode()))
+                                                   argv0=front, pins=pins).encode()))
+    if trust:
+        files.append((pins, install_pins(directory, defaults).encode()))
     return files
+
+
+def install_pins(directory: str, defaults: dict[str, str]) -> str:
+    """The pins file (:data:`PINS_NAME`) of launchers written into ``directory``: every entry of the install's own
+    that their trust checks walk (the virtual environment, the site-packages holding the package, the config
+    file), except ``directory`` and what lies above it, which the write itself changes (docs/security.md)."""
+    from oci_gpu_hook import trust
+
+    config = str(baked_settings(defaults)["path"])
+    prefix = os.path.dirname(os.path.dirname(sys.executable))
+    roots = [p for p in code_paths() if os.path.isdir(p)] + [config]
+    if os.path.isfile(os.path.join(prefix, "pyvenv.cfg")):
+        roots.append(prefix)
+    walked = [sys.executable, *code_paths(), *stdlib_paths(), config]
+    return trust.pins_text(trust.pins_of(walked, roots, [os.path.abspath(directory)]))
 
 
 def _runtime(defaults: dict[str, str]) -> str:

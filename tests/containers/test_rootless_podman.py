@@ -13,17 +13,18 @@ own, which takes each sender's credentials.  The cases of the issue:
 - ``AMD_VISIBLE_DEVICES=1`` and CDI's ``--device amd.com/gpu=1`` give exactly GPU 1's card and render nodes and
   /dev/kfd (the probe: open to the driver, ENXIO; no other GPU node; nothing can be mknod'ed);
 - a CUDA image's env on this AMD-only node starts as without the tool (as the product does for root);
-- a config with a typo: a container that asks is refused (never started without its GPU) with one journal line
-  that carries the user's uid (podman 4.3 drops a precreate hook's stderr: the journal is where the user looks);
-  one that asks for nothing starts untouched; a CDI device, which podman applies itself, is given as to root;
+- a config with a typo, written after install: a container that asks is refused (never started without its GPU)
+  with one journal line that carries the user's uid (podman 4.3 drops a precreate hook's stderr: the journal is
+  where the user looks) and says to run install again, which tells root the typo; one that asks for nothing
+  starts untouched; a CDI device, which podman applies itself, is given as to root;
 - a GPU node the user cannot open (mode 0600, root's): refused with one journal line naming it, never given; and
   one the user opens only through a group (udev's 0660 root:video): rootless runc drops supplementary groups, so
   the container could not open it either: refused the same way; one root's alone but for an ACL that gives the
   user rw (systemd-logind's uaccess): given;
 - config or code the user owns serves the user's own rootless containers and is refused for root's (one trust
   rule, both sides); config or code root gave another user is refused for root's containers and by ``install``,
-  while the user's rootless hook cannot tell it from root's (it reads as the overflow uid in the user's namespace,
-  as root's files do) and obeys it: a strict xfail, the limit docs/security.md states;
+  and by the user's rootless hook too: there it reads as the overflow uid, as root's files do, but it is no longer
+  the entry install pinned (docs/security.md);
 - ``validate --rootless USER`` agrees with the user's podman on each of those node states, and ``inspect --pid``
   of a running rootless container names the nodes it holds;
 - the planner (``serve``, root's, on its default socket) is not asked by a rootless front (nor reachable from the
@@ -133,6 +134,7 @@ def closed_venv(fresh_journal: rootless.Node) -> Iterator[rootless.Node]:
         yield fresh_journal
     finally:
         fresh_journal.must(["chmod", "0755", rootless.VENV])
+        fresh_journal.reinstall()
 
 
 def test_no_request_is_decided_natively(closed_venv: rootless.Node) -> None:
@@ -169,11 +171,23 @@ def broken_config(fresh_journal: rootless.Node) -> Iterator[rootless.Node]:
         yield fresh_journal
     finally:
         fresh_journal.set_config(rootless.CONFIG_TEXT)
+        fresh_journal.reinstall()
 
 
 def test_broken_config_refuses_a_request_with_a_line_the_user_sees(broken_config: rootless.Node) -> None:
+    """All a rootless hook can know of a config changed after install is that it changed (root's files and other
+    users' read alike in its namespace): refused with a line that says so and what to do; root, running install
+    again, is told the typo, and root's own container too."""
     node = broken_config
-    refused(node, node.podman("-e", "AMD_VISIBLE_DEVICES=1"), TYPO_LINE, rootless.CONFIG)
+    refused(node, node.podman("-e", "AMD_VISIBLE_DEVICES=1"), rootless.CONFIG, "changed after `oci-gpu-hook install`",
+            "run install again")
+    again = node.as_root(["oci-gpu-hook", "install", "--only", "podman,cdi"])
+    assert again.returncode != 0 and TYPO_LINE in again.stderr, again
+    node.journal_lines()  # whatever install sent
+    root = node.root_podman("-e", "AMD_VISIBLE_DEVICES=1")
+    assert root.returncode != 0 and "done" not in root.stdout.splitlines(), root.stdout
+    errors = [text for text, _sender in node.journal_lines() if severity(text) == 3]
+    assert len(errors) == 1 and TYPO_LINE in errors[0], errors
 
 
 def test_broken_config_leaves_cdi_to_podman(broken_config: rootless.Node) -> None:
@@ -353,6 +367,7 @@ def test_what_the_user_owns_serves_its_own_containers_never_roots(fresh_journal:
         cl.assert_isolated(root.stdout, [])
     finally:
         node.must(["chown", "-R", "root", path])
+        node.reinstall()
 
 
 STEERED = f"/home/{USER}/steered"  # what another user's change makes the user's own hook write, were it obeyed
@@ -387,6 +402,7 @@ def given_to_other(node: rootless.Node, owned: str) -> Iterator[str]:
         for real, text in saved.items():
             node.write(real, text)
         node.must(["chown", "-R", "root:root", path, rootless.CONFIG])  # the config that user may have replaced too
+        node.reinstall()
         node.must(["rm", "-f", STEERED])
 
 
@@ -407,20 +423,23 @@ def test_another_users_path_is_refused_for_root_and_by_install(fresh_journal: ro
         assert node.must(["sha256sum", rootless.HOOK, rootless.HOOK_FILE, rootless.CDI_SPEC]) == before
 
 
-@pytest.mark.xfail(strict=True, reason="docs/security.md: a rootless hook cannot tell root's files from another "
-                                       "unmapped user's (both read as the overflow uid); the hook obeys that user")
 @pytest.mark.parametrize("owned", list(STEERS))
 def test_what_another_user_owns_never_steers_a_users_containers(fresh_journal: rootless.Node, owned: str) -> None:
     """Inside the user's rootless namespace a file of another user reads as the overflow uid, as root's files do.
     That user changes what it owns (a log_file in the user's home; a line of code in the package): obeyed, the
-    user's hook writes where that user chose, or runs that user's code, as this user.  Known and documented (the
-    xfail above, strict: it fails the day the hook refuses, to be turned into a plain test then)."""
+    user's hook would write where that user chose, or run that user's code, as this user.  The chown root did and
+    the change that user made moved the entry's change time (or its inode) away from what install pinned: refused
+    with one line naming the path."""
     node = fresh_journal
     with given_to_other(node, owned) as path:
         ran = node.podman("-e", "AMD_VISIBLE_DEVICES=1")
         steered = node.as_root(["test", "-e", STEERED]).returncode == 0
         assert not steered, "the other user steered the user's hook"
-        refused(node, ran, path)
+        refused(node, ran, path, "changed after `oci-gpu-hook install`")
+        checked = node.as_root(["oci-gpu-hook", "validate", "--rootless", USER])  # what tells the operator
+        assert checked.returncode != 0 and path in checked.stderr and "until install runs again" in checked.stderr, (
+            checked)
+    assert "every pinned entry is as install saw it" in node.must(["oci-gpu-hook", "validate", "--rootless", USER])
 
 
 SERVING = re.compile(r"planner: serving ")

@@ -239,6 +239,12 @@ class Node:
     def set_config(self, text: str) -> None:
         self.write(CONFIG, text)
 
+    def reinstall(self) -> None:
+        """``install`` again, as root after a change to the config or the virtual environment: a rootless hook trusts
+        only the entries install pinned (docs/security.md), and the change moved their change times."""
+        self.must(["oci-gpu-hook", "install", "--only", "podman,cdi"])
+        self.journal_lines()  # whatever install sent
+
     def serve(self, log: Path) -> subprocess.Popen[bytes]:
         """``oci-gpu-hook serve --verbose`` as root in the namespace, on its default socket (as install's unit
         starts it; this machine's PID 1 is no systemd): the planner the front asks.  Stopped at teardown."""

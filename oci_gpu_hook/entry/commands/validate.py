@@ -41,12 +41,31 @@ def run(args: list[str], config: Config) -> int:
     if mask_ignored(mask):
         print(f"warning: {mask_ignored(mask)}")
     user = _user(opts.rootless) if opts.rootless is not None else None
+    if user is not None:
+        print(_check_pins())
     for target in opts.specs:
         path = config_file(target)
         spec = load_document(path)
         schemas.validate(spec, "oci-config.schema.json", path)
         print(f"ok: {path}: {_check_request(spec, path, config, user)}")
     return 0
+
+
+def _check_pins() -> str:
+    """What a rootless hook makes of the install's pins (docs/security.md): one line, or the error that every
+    rootless GPU request would meet."""
+    from oci_gpu_hook import trust
+    from oci_gpu_hook.host.install.paths import LAUNCHER_DIR
+    from oci_gpu_hook.host.launchers import PINS_NAME
+
+    path = os.path.join(LAUNCHER_DIR, PINS_NAME)
+    if not os.path.exists(path):
+        return f"warning: no {path}: rootless hooks here check no pins (run oci-gpu-hook install)"
+    changed = trust.unpinned(path)
+    if changed:
+        raise HookError(f"{changed[0]} changed after `oci-gpu-hook install` ran ({len(changed)} pinned entries in "
+                        f"all): a rootless hook refuses every GPU request until install runs again")
+    return f"ok: {path}: every pinned entry is as install saw it"
 
 
 def _user(text: str) -> tuple[int, int]:
