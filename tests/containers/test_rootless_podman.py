@@ -436,10 +436,38 @@ def test_what_another_user_owns_never_steers_a_users_containers(fresh_journal: r
         steered = node.as_root(["test", "-e", STEERED]).returncode == 0
         assert not steered, "the other user steered the user's hook"
         refused(node, ran, path, "changed after `oci-gpu-hook install`")
-        checked = node.as_root(["oci-gpu-hook", "validate", "--rootless", USER])  # what tells the operator
-        assert checked.returncode != 0 and path in checked.stderr and "until install runs again" in checked.stderr, (
-            checked)
+        checked = node.as_root(["oci-gpu-hook", "validate", "--rootless", USER])  # root's own rule says it first
+        assert checked.returncode != 0 and path in checked.stderr, checked
+
+
+@pytest.fixture
+def edited_config(fresh_journal: rootless.Node) -> Iterator[rootless.Node]:
+    """Root edits the config (a valid one, still root's) and does not run install again."""
+    fresh_journal.set_config(rootless.CONFIG_TEXT + "# edited by root after install\n")
+    try:
+        yield fresh_journal
+    finally:
+        fresh_journal.set_config(rootless.CONFIG_TEXT)
+        fresh_journal.reinstall()
+
+
+def test_a_config_root_edits_serves_rootless_requests_after_install_again(edited_config: rootless.Node) -> None:
+    """What a rootless hook cannot tell from another user's change (docs/security.md): refused with a line that says
+    what to do, and ``validate --rootless`` says the same to root; after install, served again.  A container that
+    asks for nothing starts meanwhile, and root's containers follow the edit at once."""
+    node = edited_config
+    refused(node, node.podman("-e", "AMD_VISIBLE_DEVICES=1"), rootless.CONFIG, "run install again")
+    without = started(node, node.podman(args=VIEW, hooks=False))
+    assert started(node, node.podman(args=VIEW)) == without
+    root = node.root_podman("-e", "AMD_VISIBLE_DEVICES=1")
+    assert root.returncode == 0, root.stderr
+    cl.assert_isolated(root.stdout, [1])
+    checked = node.as_root(["oci-gpu-hook", "validate", "--rootless", USER])
+    assert checked.returncode != 0 and rootless.CONFIG in checked.stderr, checked
+    assert "until install runs again" in checked.stderr and len(checked.stderr.splitlines()) == 1, checked.stderr
+    node.reinstall()
     assert "every pinned entry is as install saw it" in node.must(["oci-gpu-hook", "validate", "--rootless", USER])
+    rootless.assert_isolated(started(node, node.podman("-e", "AMD_VISIBLE_DEVICES=1")), [1])
 
 
 SERVING = re.compile(r"planner: serving ")
