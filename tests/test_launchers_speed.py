@@ -43,7 +43,7 @@ def test_no_compiler_falls_back_to_python_with_a_note(tmp_path: Path, monkeypatc
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(launchers, "find_cc", lambda: None)
     written = launchers.write_launchers(str(tmp_path), {})
-    assert sorted(os.path.basename(p) for p in written) == ["oci-gpu-hook", "oci-gpu-runtime"]
+    assert sorted(os.path.basename(p) for p in written) == ["install.pins", "oci-gpu-hook", "oci-gpu-runtime"]
     assert (tmp_path / "oci-gpu-hook").read_text().startswith(f"#!{sys.executable} -IS")
     err = capsys.readouterr().err
     assert err.startswith("oci-gpu-hook: note: no C compiler found") and err.count("\n") == 1, err
@@ -208,8 +208,8 @@ def test_launchers_and_install_through_an_installed_launcher(tmp_path: Path) -> 
                            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert first.returncode == 0, first.stderr
     names = sorted(os.listdir(bin_dir))
-    assert names == (["oci-gpu-hook", "oci-gpu-hook.py", "oci-gpu-runtime", "oci-gpu-runtime.py"]
-                     if launchers.find_cc() else ["oci-gpu-hook", "oci-gpu-runtime"])
+    assert names == ["install.pins", *(["oci-gpu-hook", "oci-gpu-hook.py", "oci-gpu-runtime", "oci-gpu-runtime.py"]
+                                       if launchers.find_cc() else ["oci-gpu-hook", "oci-gpu-runtime"])]
     before = {name: (bin_dir / name).read_bytes() for name in names}
     again = subprocess.run([str(bin_dir / "oci-gpu-hook"), "launchers", str(bin_dir)], capture_output=True,
                            text=True, env=env, cwd=tmp_path, timeout=300)
