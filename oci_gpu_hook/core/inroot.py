@@ -6,7 +6,8 @@ mounted in it must never take a write of ours (run as root) out of it.  One func
 
 ``FOLLOW``: resolved as runc resolves a mount destination (its filepath-securejoin), so that the live hook
     takes every image as the shim and the CDI path (where runc mounts) take it.  Used for a driver's files
-    (:mod:`oci_gpu_hook.appliers.mounts`: bind mounts, soname links, the ld cache).
+    (:mod:`oci_gpu_hook.appliers.mounts`: bind mounts, soname links, the ld cache) and to find them in a driver
+    container's root (:func:`real_path`, for :mod:`oci_gpu_hook.inventory.nvdriver`).
 
     * a symlink is followed by its text: an absolute one from the root, a relative one from the directory it
       sits in; never through the kernel, so its text can only name something inside the root;
@@ -237,13 +238,14 @@ def open_dir(root_fd: int, path: str, mode: str, make: bool = False, kernel: boo
     return walk(root_fd, path, mode, make)
 
 
-def open_leaf(root_fd: int, path: str) -> tuple[int, str, str]:
-    """FOLLOW mode for a path whose last component the caller makes or mounts on: its directory (an O_PATH fd,
-    missing ones made), a name in it that is no symlink (or missing), and the real path; a symlink in the last
-    place is followed by its text inside the root as the directories are (runc follows a mount destination so)."""
+def open_leaf(root_fd: int, path: str, make: bool = True) -> tuple[int, str, str]:
+    """FOLLOW mode for a path whose last component may be no directory (a file the caller makes, mounts on or
+    reads): its directory (an O_PATH fd, missing ones made where ``make``), a name in it that is no symlink (or
+    missing), and the real path; a symlink in the last place is followed by its text inside the root as the
+    directories are (runc follows a mount destination so)."""
     for _ in range(MAX_LINKS):
         directory, _, name = path.rpartition("/")
-        dir_fd, real = open_dir(root_fd, directory or "/", FOLLOW, make=True)
+        dir_fd, real = open_dir(root_fd, directory or "/", FOLLOW, make=make)
         try:
             target = os.readlink(name, dir_fd=dir_fd)
         except OSError:  # missing, or no symlink
@@ -253,3 +255,31 @@ def open_leaf(root_fd: int, path: str) -> tuple[int, str, str]:
         if path.rstrip("/").rpartition("/")[2] in ("", ".", ".."):
             raise HookError(f"refusing {path!r} in the container: a symlink there leads to a directory name")
     raise WalkError(f"cannot use {path} in the container: more than {MAX_LINKS} symlinks", ELOOP)
+
+
+def real_path(root: str, path: str) -> str | None:
+    """``path`` inside the directory tree ``root`` (a host path: a driver container's root, or ``/``) with every
+    symlink resolved inside it by FOLLOW mode, as that root's own processes see it; None where it does not exist
+    (or the walk refuses it).  Looks only: nothing is made."""
+    try:
+        root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        parts = [p for p in path.split("/") if p not in ("", ".")]
+        if not parts or parts[-1] == "..":
+            dir_fd, real = open_dir(root_fd, path, FOLLOW)
+            os.close(dir_fd)
+            return real
+        dir_fd, name, real = open_leaf(root_fd, path, make=False)
+        try:
+            os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except OSError:
+            return None
+        finally:
+            os.close(dir_fd)
+        return real
+    except HookError:
+        return None
+    finally:
+        os.close(root_fd)
