@@ -233,3 +233,25 @@ def test_the_corpus_reaches_every_kind_of_answer() -> None:
     answers = {c.want.split()[0] if c.want.startswith("ok") else c.want for c in CASES}
     assert answers == {"ok", "error ENOENT", "error ENOTDIR", "error ELOOP", "error EINVAL"}
     assert {c.mode for c in CASES if c.kernel} == {"follow", "refuse"}
+
+
+def test_the_walk_leaves_no_descriptor_open(tmp_path: Path) -> None:
+    """Every way out of the walk (an answer, each refusal, a directory made) closes what it opened but the answer."""
+    from oci_gpu_hook.core import inroot
+
+    root = tmp_path / "root"
+    _build(root, tmp_path, (("link", "loop", "loop"), ("link", "lib", "/usr/lib"), ("fifo", "fifo")), os.getpid())
+    fd = os.open(root, os.O_PATH | os.O_DIRECTORY)
+    before = sorted(os.listdir("/proc/self/fd"))
+    try:
+        for mode, path, make in [("follow", "/lib", False), ("follow", "/loop/x", False), ("follow", "/fifo", False),
+                                 ("follow", "/a/b/c", True), ("follow", "/missing/x", False),
+                                 ("refuse", "/lib/x", True), ("refuse", "/d/e", True), ("refuse", "/d/../e", True),
+                                 ("follow", "/usr/lib/libx.so.1/x", False)]:
+            try:
+                os.close(inroot.walk(fd, path, mode, make)[0])
+            except inroot.WalkError:
+                pass
+        assert sorted(os.listdir("/proc/self/fd")) == before
+    finally:
+        os.close(fd)

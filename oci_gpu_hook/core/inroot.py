@@ -113,7 +113,7 @@ def walk(root_fd: int, path: str, mode: str, make: bool = False) -> tuple[int, s
         raise WalkError(f"refusing path {path!r}: '.' and '..' are not allowed", EINVAL)
     stack = [os.dup(root_fd)]  # the directories walked, the root first
     names: list[str] = []
-    links = made = 0
+    links = raced = 0
     try:
         while todo:
             part = todo.pop(0)
@@ -128,25 +128,24 @@ def walk(root_fd: int, path: str, mode: str, make: bool = False) -> tuple[int, s
             try:
                 fd = os.open(part, _PATH_FLAGS, dir_fd=stack[-1])
             except FileNotFoundError:
-                made += 1
-                if not make or made > MAX_LINKS:  # made, then gone again, and again: someone removes it as we go
+                if not make or raced > MAX_LINKS:  # made by another, then gone again, and again, as we go
                     raise WalkError(f"{shown} is missing in the container", ENOENT) from None
                 try:
                     os.mkdir(part, 0o755, dir_fd=stack[-1])
                 except FileExistsError:
-                    pass  # made meanwhile: opened (without following) below
+                    raced += 1  # made meanwhile: opened (without following) below
                 except OSError as err:
                     raise WalkError(f"cannot make {shown} in the container: {err.strerror}", err.errno) from None
                 todo.insert(0, part)
                 continue
             except OSError as err:
                 raise WalkError(f"cannot use {shown} in the container: {err.strerror}", err.errno) from None
-            found = os.fstat(fd).st_mode
-            if stat.S_ISDIR(found):
-                stack.append(fd)
-                names.append(part)
-                continue
             try:
+                found = os.fstat(fd).st_mode
+                if stat.S_ISDIR(found):
+                    stack.append(fd)
+                    names.append(part)
+                    continue
                 if not stat.S_ISLNK(found):
                     raise _refused(mode, shown, describe(found), ENOTDIR)
                 if mode == REFUSE:
@@ -160,7 +159,8 @@ def walk(root_fd: int, path: str, mode: str, make: bool = False) -> tuple[int, s
                     raise WalkError(f"cannot read the symlink {shown} in the container: {err.strerror}",
                                     err.errno) from None
             finally:
-                os.close(fd)
+                if stack[-1] != fd:
+                    os.close(fd)
             if not target:
                 raise WalkError(f"cannot use {shown} in the container: an empty symlink", ENOENT)
             if target.startswith("/"):
