@@ -56,8 +56,9 @@
  *   link_ok             oci_gpu_hook/core/edits.py check_link
  *   root_path           oci_gpu_hook/oci_spec.py ContainerSpec.root (os.path.normpath of os.path.join)
  *   container_ok        oci_gpu_hook/appliers/live.py check_container (and what apply_in_container's setns needs)
- *   make_links          oci_gpu_hook/appliers/rootfs.py make_nodes for links (_walk, _open_dir, _make_symlink),
+ *   make_links          oci_gpu_hook/appliers/rootfs.py make_nodes for links (_walk, _make_symlink),
  *                       entered through /proc/PID/root with openat2 where Python enters by setns
+ *   in_root, dir_beneath  oci_gpu_hook/core/inroot.py open_dir, FOLLOW and REFUSE (tests/test_inroot.py)
  *   find_runtime        oci_gpu_hook/entry/runtime.py resolve_runtime
  *   common_config_path  oci_gpu_hook/oci_argv.py parse_argv and config_path, for runc and for crun
  *   ask_planner         oci_gpu_hook/host/planner/protocol.py read_request, encode_answer (the protocol),
