@@ -5,13 +5,13 @@ mount namespace before ``pivot_root``, where the host's tree is still the namesp
 container's root is ``root.path``).  Lessons of the NVIDIA toolkit's CVE-2024-0132 and CVE-2025-23359 (paths
 in the rootfs resolved as strings, so that an image's symlinks sent host paths into the container):
 
-* every path inside the rootfs is resolved here as runc resolves a mount destination, so that the live hook
-  takes every image exactly as the shim and the CDI specs (where runc mounts) take it: one component at a time
-  below a directory fd with ``O_NOFOLLOW``, a symlink followed by its text (absolute ones from the root, a
-  ``/proc/*/root`` magic link too, never through the kernel), ``..`` up the path walked and no further than the
-  root, missing directories made with ``mkdirat``; a symlink in the destination's own place is followed the
-  same way.  An image's ``/lib -> usr/lib``, ``/lib/firmware -> /proc/1/root/x`` or ``-> ../../../x`` thus
-  lead where they lead for runc, inside the rootfs, on all three paths alike; nothing outside it is opened;
+* every path inside the rootfs is resolved as runc resolves a mount destination, so that the live hook
+  takes every image exactly as the shim and the CDI specs (where runc mounts) take it: by the one walk's FOLLOW
+  mode (:mod:`oci_gpu_hook.core.inroot`, where the rule is written: symlinks by their text, a
+  ``/proc/*/root`` magic link too, ``..`` no further than the root, missing directories made with ``mkdirat``);
+  a symlink in the destination's own place is followed the same way.  An image's ``/lib -> usr/lib``,
+  ``/lib/firmware -> /proc/1/root/x`` or ``-> ../../../x`` thus lead where they lead for runc, inside the rootfs,
+  on all three paths alike; nothing outside it is opened;
 * a mount's source is cloned in the host's namespace before the helper enters the container's
   (``open_tree(OPEN_TREE_CLONE)``), made read-only, nosuid and nodev while still detached
   (``mount_setattr``), and attached onto the destination's file descriptor (``move_mount``): it is never
@@ -41,6 +41,7 @@ import os
 import stat
 
 from oci_gpu_hook.atomic import symlink_at, write_at
+from oci_gpu_hook.core import inroot
 from oci_gpu_hook.core.edits import check_container_path, check_symlink
 from oci_gpu_hook.errors import HookError
 
@@ -120,101 +121,17 @@ def clone_tree(mount: Mount) -> int:
     return fd
 
 
-MAX_LINKS = 255  # symlinks followed in one path, as runc (filepath-securejoin) allows
-
-
-def _resolve(root_fd: int, path: str, make: bool) -> tuple[int, str]:
-    """An O_PATH fd of the directory ``path`` inside the rootfs and its real path there, resolved as runc resolves
-    a mount destination (so that the live hook takes the image exactly as the shim and CDI paths, where runc
-    mounts): one component at a time, each opened with ``O_NOFOLLOW`` below the last; a symlink is followed by
-    its text (an absolute one from the root), also a ``/proc`` magic link, never through the kernel; ``..`` goes
-    up the path walked so far and stops at the root; a missing directory is made (mode 0755) where ``make``.
-    Nothing outside the rootfs is ever opened or made."""
-    stack = [os.dup(root_fd)]  # the directories walked, the root first
-    names: list[str] = []
-    todo = [p for p in path.split("/") if p]
-    links = 0
-    try:
-        while todo:
-            part = todo.pop(0)
-            if part == ".":
-                continue
-            if part == "..":
-                if len(stack) > 1:
-                    os.close(stack.pop())
-                    names.pop()
-                continue
-            shown = "/" + "/".join([*names, part])
-            try:
-                mode = os.stat(part, dir_fd=stack[-1], follow_symlinks=False).st_mode
-            except FileNotFoundError:
-                if not make:
-                    raise HookError(f"{shown} is missing in the container") from None
-                try:
-                    os.mkdir(part, 0o755, dir_fd=stack[-1])
-                except OSError as err:
-                    raise HookError(f"cannot make {shown} in the container: {err.strerror}") from None
-                mode = stat.S_IFDIR
-            except OSError as err:
-                raise HookError(f"cannot use {shown} in the container: {err.strerror}") from None
-            if stat.S_ISLNK(mode):
-                links += 1
-                if links > MAX_LINKS:
-                    raise HookError(f"cannot use {path} in the container: more than {MAX_LINKS} symlinks")
-                try:
-                    target = os.readlink(part, dir_fd=stack[-1])
-                except OSError as err:
-                    raise HookError(f"cannot read the symlink {shown} in the container: {err.strerror}") from None
-                if target.startswith("/"):
-                    while len(stack) > 1:
-                        os.close(stack.pop())
-                    names.clear()
-                todo[:0] = [p for p in target.split("/") if p]
-                continue
-            if not stat.S_ISDIR(mode):
-                raise HookError(f"cannot use {shown} in the container: it is not a directory")
-            try:
-                child = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=stack[-1])
-            except OSError as err:
-                raise HookError(f"cannot use {shown} in the container: {err.strerror}") from None
-            stack.append(child)
-            names.append(part)
-    except BaseException:
-        for fd in stack:
-            os.close(fd)
-        raise
-    for fd in stack[:-1]:
-        os.close(fd)
-    return stack[-1], "/" + "/".join(names)
-
-
 def dir_in_root(root_fd: int, directory: str) -> int:
-    """An O_PATH fd of ``directory`` resolved inside the rootfs (:func:`_resolve`), every missing one made."""
-    return _resolve(root_fd, directory, make=True)[0]
-
-
-def _leaf_in_root(root_fd: int, path: str) -> tuple[int, str, str]:
-    """``path``'s directory (an O_PATH fd, missing ones made) and a name in it that is no symlink (or missing),
-    a symlink in the last place followed inside the rootfs as runc follows it; the real path too."""
-    for _ in range(MAX_LINKS):
-        directory, _, name = path.rpartition("/")
-        dir_fd, real = _resolve(root_fd, directory or "/", make=True)
-        try:
-            target = os.readlink(name, dir_fd=dir_fd)
-        except OSError:  # missing, or no symlink
-            return dir_fd, name, f"{real.rstrip('/')}/{name}"
-        os.close(dir_fd)
-        path = target if target.startswith("/") else f"{real.rstrip('/')}/{target}"
-        if path.rstrip("/").rpartition("/")[2] in ("", ".", ".."):
-            raise HookError(f"refusing {path!r} in the container: a symlink there leads to a directory name")
-    raise HookError(f"cannot use {path} in the container: more than {MAX_LINKS} symlinks")
+    """An O_PATH fd of ``directory`` inside the rootfs by the one walk's FOLLOW mode (as runc resolves a mount
+    destination: :mod:`oci_gpu_hook.core.inroot`), every missing one made."""
+    return inroot.open_dir(root_fd, directory, inroot.FOLLOW, make=True)[0]
 
 
 def bind(root_fd: int, mount: Mount, tree_fd: int) -> str:
     """Attach the detached ``tree_fd`` at ``mount.destination`` inside the rootfs ('made' or 'present')."""
     check_container_path(mount.destination, "mount destination")
     is_dir = stat.S_ISDIR(os.fstat(tree_fd).st_mode)
-    dir_fd, name, _ = _leaf_in_root(root_fd, mount.destination)
+    dir_fd, name, _ = inroot.open_leaf(root_fd, mount.destination)
     try:
         try:
             mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
@@ -355,7 +272,7 @@ def update_ldcache(root_fd: int, rootfs: str, folders: tuple[str, ...]) -> str:
     real = []
     for folder in folders:
         check_container_path(folder, "ld cache directory")
-        fd, path = _resolve(root_fd, folder, make=True)
+        fd, path = inroot.open_dir(root_fd, folder, inroot.FOLLOW, make=True)
         os.close(fd)
         real.append(path)
     _write_in_root(root_fd, CONF_FILE, "".join(f"{f}\n" for f in real))

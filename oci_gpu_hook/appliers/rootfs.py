@@ -2,11 +2,12 @@
 
 Runs in a child process that enters the container's mount namespace
 (``/proc/<pid>/ns/mnt``), so the container's own ``/dev`` (a tmpfs that exists
-only there) is what gets the nodes.  Every path below the rootfs is walked one
-component at a time with ``O_NOFOLLOW`` and ``*at`` calls on directory file
-descriptors: a symlink anywhere (``/dev``, ``/dev/dri``, ``/dev/dri/by-path``,
-or the node itself) is refused, never followed, so nothing is ever written
-outside the container's root.  A node already there with the planned device
+only there) is what gets the nodes.  Every directory below the rootfs is opened
+by the one walk's REFUSE mode (:mod:`oci_gpu_hook.core.inroot`: one component
+at a time, ``O_NOFOLLOW``, ``*at`` calls on directory file descriptors): a
+symlink anywhere (``/dev``, ``/dev/dri``, ``/dev/dri/by-path``, or the node
+itself) is refused, never followed, so nothing is ever written outside the
+container's root.  A node already there with the planned device
 number is left alone; anything else in its place is an error.
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import os
 import stat
 
+from oci_gpu_hook.core import inroot
 from oci_gpu_hook.core.edits import check_link
 from oci_gpu_hook.errors import HookError
 
@@ -25,57 +27,12 @@ if TYPE_CHECKING:
     from oci_gpu_hook.core.edits import Edits
 
 CLONE_NEWNS = 0x00020000
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-def _open_dir(parent_fd: int, name: str, shown: str, create: bool) -> int:
-    """Open directory ``name`` under ``parent_fd`` without following a symlink; mkdir it if asked."""
-    for attempt in (0, 1):
-        try:
-            return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
-        except FileNotFoundError:
-            if not create or attempt:
-                raise HookError(f"{shown} is missing in the container") from None
-            try:
-                os.mkdir(name, 0o755, dir_fd=parent_fd)
-            except FileExistsError:
-                pass  # made meanwhile; open it (without following) on the next round
-        except OSError as err:
-            what = _describe(parent_fd, name)
-            raise HookError(f"refusing to use {shown} in the container's rootfs: it is {what} "
-                            f"({err.strerror}); only real directories are used") from None
-    raise HookError(f"cannot open {shown} in the container")
-
-
-def _describe(parent_fd: int, name: str) -> str:
-    try:
-        mode = os.stat(name, dir_fd=parent_fd, follow_symlinks=False).st_mode
-    except OSError:
-        return "not a directory"
-    if stat.S_ISLNK(mode):
-        return "a symlink"
-    if stat.S_ISFIFO(mode):
-        return "a fifo"
-    if stat.S_ISREG(mode):
-        return "a regular file"
-    return "not a directory"
 
 
 def _walk(root_fd: int, directory: str) -> int:
-    """fd of ``directory`` (absolute, inside the container), made where missing."""
-    fd = os.dup(root_fd)
-    shown = ""
-    for part in [p for p in directory.split("/") if p]:
-        if part in (".", ".."):
-            os.close(fd)
-            raise HookError(f"refusing path {directory!r}: '.' and '..' are not allowed")
-        shown += "/" + part
-        try:
-            child = _open_dir(fd, part, shown, create=True)
-        finally:
-            os.close(fd)
-        fd = child
-    return fd
+    """fd of ``directory`` (absolute, inside the container), made where missing: the one walk's REFUSE mode
+    (:mod:`oci_gpu_hook.core.inroot`: no symlink, no '.' or '..', every component a real directory)."""
+    return inroot.open_dir(root_fd, directory, inroot.REFUSE, make=True)[0]
 
 
 def _make_node(dir_fd: int, name: str, node: Node) -> str:
@@ -89,7 +46,7 @@ def _make_node(dir_fd: int, name: str, node: Node) -> str:
         if stat.S_IFMT(st.st_mode) == kind and st.st_rdev == rdev:
             return "present"
         found = f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(
-            st.st_mode) else _describe(dir_fd, name)
+            st.st_mode) else inroot.describe(st.st_mode)
         raise HookError(f"{node.path} already exists in the container as {found}, "
                         f"not {node.type} {node.major}:{node.minor}; refusing to replace it")
     os.mknod(name, kind | node.file_mode, rdev, dir_fd=dir_fd)

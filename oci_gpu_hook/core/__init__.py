@@ -1,4 +1,5 @@
-"""The leaf of the pipeline: device nodes, cgroup rules, their one semantics, and container edits.
+"""The leaf of the pipeline: device nodes, cgroup rules, their one semantics, container edits, and the one walk
+inside a container root (:mod:`oci_gpu_hook.core.inroot`).
 
 Nothing here imports anything else of the package but :mod:`oci_gpu_hook.errors`.
 """

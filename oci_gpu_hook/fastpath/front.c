@@ -57,8 +57,9 @@
  *   link_ok             oci_gpu_hook/core/edits.py check_link
  *   root_path           oci_gpu_hook/oci_spec.py ContainerSpec.root (os.path.normpath of os.path.join)
  *   container_ok        oci_gpu_hook/appliers/live.py check_container (and what apply_in_container's setns needs)
- *   make_links          oci_gpu_hook/appliers/rootfs.py make_nodes for links (_walk, _open_dir, _make_symlink),
+ *   make_links          oci_gpu_hook/appliers/rootfs.py make_nodes for links (_walk, _make_symlink),
  *                       entered through /proc/PID/root with openat2 where Python enters by setns
+ *   in_root, dir_beneath  oci_gpu_hook/core/inroot.py open_dir, FOLLOW and REFUSE (tests/test_inroot.py)
  *   find_runtime        oci_gpu_hook/entry/runtime.py resolve_runtime
  *   common_config_path  oci_gpu_hook/oci_argv.py parse_argv and config_path, for runc and for crun
  *   ask_planner         oci_gpu_hook/host/planner/protocol.py read_request, encode_answer (the protocol),
@@ -1938,14 +1939,91 @@ static int openat2_fd(int dirfd, const char *path, int flags, unsigned long long
     return (int)syscall(SYS_openat2, dirfd, path, &how, sizeof how);
 }
 
-/* rootfs.make_nodes for links alone: below the container's root (/proc/PID/root, where setns would land),
- * ``rootfs`` opened as Python opens it there (symlinks followed, but never out of that root), then every
- * component of the links' directory opened with RESOLVE_NO_SYMLINKS (made 0755 where missing, as _walk makes
- * it), each link made or found pointing at its target.  0 at the first thing that is not so (Python then
- * does it all again, and says what is wrong); errno ENOSYS where the kernel has no openat2. */
-static int make_links(long pid, const char *rootfs, char *const *links, int count)
+/* The one walk inside a container root (oci_gpu_hook/core/inroot.py holds the rule) as the kernel does it:
+ * FOLLOW mode, ``path`` below ``root`` with symlinks followed but never out of it (magic links, more than 40
+ * links: refused, where Python's walk decides); -1 with errno otherwise. */
+static int in_root(int root, const char *path)
+{
+    return openat2_fd(root, path, O_RDONLY | O_DIRECTORY | O_CLOEXEC, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS);
+}
+
+/* REFUSE mode: every component of ``dirs`` (changed in place) opened below ``root`` with RESOLVE_NO_SYMLINKS
+ * (made 0755 where missing, as inroot.walk makes it), no "." or ".." (EINVAL, before anything is made); the last
+ * one's fd, or -1 with errno. */
+static int dir_beneath(int root, char *dirs)
 {
     static const unsigned long long beneath = RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_BENEATH;
+    char *cursor, *part;
+    int fd;
+    for (const char *p = dirs; *p; p++) {
+        size_t len = strcspn(p, "/");
+        if ((len == 1 && p[0] == '.') || (len == 2 && p[0] == '.' && p[1] == '.')) {
+            errno = EINVAL;
+            return -1;
+        }
+        p += len - (len ? 1 : 0);
+    }
+    fd = dup(root);
+    for (cursor = dirs; fd >= 0 && (part = strsep(&cursor, "/")) != NULL;) {
+        int child;
+        if (!part[0])
+            continue;
+        child = openat2_fd(fd, part, O_RDONLY | O_DIRECTORY | O_CLOEXEC, beneath); /* a symlink: ELOOP */
+        if (child < 0 && errno == ENOENT && (mkdirat(fd, part, 0755) == 0 || errno == EEXIST))
+            child = openat2_fd(fd, part, O_RDONLY | O_DIRECTORY | O_CLOEXEC, beneath);
+        {
+            int saved = errno;
+            close(fd);
+            errno = saved;
+        }
+        fd = child;
+    }
+    return fd;
+}
+
+#ifdef OGH_WALK_PROBE
+/* A test build only, never a launcher (tests/test_inroot.py compiles it with -DOGH_WALK_PROBE): for each
+ * "follow PATH" or "refuse PATH" pair of arguments after ROOT, one line: "ok REAL" (the directory reached, from
+ * ROOT, read back from /proc/self/fd) or "error ERRNO", so the tests hold these two calls to inroot.py's walk. */
+int main(int argc, char **argv)
+{
+    char self[64], root_path[PATH_MAX], here[PATH_MAX], dirs[PATH_MAX];
+    int root = open(argv[1], O_PATH | O_DIRECTORY | O_CLOEXEC);
+    ssize_t n;
+    umask(0);
+    snprintf(self, sizeof self, "/proc/self/fd/%d", root);
+    n = root < 0 ? -1 : readlink(self, root_path, sizeof root_path - 1);
+    if (n < 0)
+        return 2;
+    root_path[n] = '\0';
+    for (int i = 2; i + 1 < argc; i += 2) {
+        int fd;
+        snprintf(dirs, sizeof dirs, "%s", argv[i + 1]);
+        fd = strcmp(argv[i], "follow") == 0 ? in_root(root, dirs) : dir_beneath(root, dirs);
+        if (fd < 0) {
+            printf("error %d\n", errno);
+            continue;
+        }
+        snprintf(self, sizeof self, "/proc/self/fd/%d", fd);
+        n = readlink(self, here, sizeof here - 1);
+        close(fd);
+        if (n < 0)
+            return 2;
+        here[n] = '\0';
+        printf("ok %s\n", strcmp(here, root_path) == 0 ? "/" : here + strlen(root_path));
+    }
+    return 0;
+}
+#define main ogh_role_main /* the role's own main below is then an unused function of this test build */
+#endif
+
+/* rootfs.make_nodes for links alone: below the container's root (/proc/PID/root, where setns would land),
+ * ``rootfs`` opened as Python opens it there (symlinks followed, but never out of that root: in_root), then the
+ * links' directory by dir_beneath (REFUSE mode), each link made or found pointing at its target.  0 at the first
+ * thing that is not so (Python then does it all again, and says what is wrong); errno ENOSYS where the kernel
+ * has no openat2. */
+static int make_links(long pid, const char *rootfs, char *const *links, int count)
+{
     char path[64], dirs[PATH_MAX], current[PATH_MAX];
     int proc_root, root, ok = 1;
     mode_t mask;
@@ -1953,30 +2031,20 @@ static int make_links(long pid, const char *rootfs, char *const *links, int coun
     proc_root = open(path, O_PATH | O_DIRECTORY | O_CLOEXEC);
     if (proc_root < 0)
         return 0;
-    root = openat2_fd(proc_root, rootfs, O_RDONLY | O_DIRECTORY | O_CLOEXEC, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS);
+    root = in_root(proc_root, rootfs);
     close(proc_root);
     if (root < 0)
         return 0;
     mask = umask(0); /* the modes exact, as in Python's namespace helper (which has its own umask 0) */
     for (int i = 0; i < count && ok; i++) {
         const char *target = strchr(links[i], '=') + 1, *name;
-        char *cursor, *part;
-        int fd = dup(root);
+        int fd;
         size_t path_len = (size_t)(target - 1 - links[i]);
         snprintf(dirs, sizeof dirs, "%.*s", (int)path_len, links[i]);
         *strrchr(dirs, '/') = '\0';
         name = links[i] + strlen(dirs) + 1;
         snprintf(current, sizeof current, "%.*s", (int)(target - 1 - name), name);
-        for (cursor = dirs; fd >= 0 && (part = strsep(&cursor, "/")) != NULL;) {
-            int child;
-            if (!part[0])
-                continue;
-            child = openat2_fd(fd, part, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, beneath);
-            if (child < 0 && errno == ENOENT && (mkdirat(fd, part, 0755) == 0 || errno == EEXIST))
-                child = openat2_fd(fd, part, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, beneath);
-            close(fd);
-            fd = child;
-        }
+        fd = dir_beneath(root, dirs);
         if (fd < 0) {
             ok = 0;
             break;

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 
+from oci_gpu_hook.core import inroot
 from oci_gpu_hook.core.edits import Edits, Mount
 from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.inventory import ldcache
@@ -74,33 +75,9 @@ def in_root(root: str, path: str) -> str:
 
 def resolve(root: str, path: str) -> str | None:
     """``path`` as seen from ``root`` with every symlink resolved inside ``root`` (absolute targets start at
-    ``root``, ``..`` stops there), as the root's own processes would see it; None when it does not exist."""
-    todo = [p for p in reversed(path.split("/")) if p]
-    done: list[str] = []
-    hops = 0
-    while todo:
-        part = todo.pop()
-        if part == ".":
-            continue
-        if part == "..":
-            if done:
-                done.pop()
-            continue
-        here = in_root(root, "/" + "/".join([*done, part]))
-        try:
-            target = os.readlink(here)
-        except OSError:
-            if not os.path.lexists(here):
-                return None
-            done.append(part)
-            continue
-        hops += 1
-        if hops > 40:
-            return None
-        if target.startswith("/"):
-            done = []
-        todo.extend(p for p in reversed(target.split("/")) if p)
-    return "/" + "/".join(done)
+    ``root``, ``..`` stops there: the one walk's FOLLOW mode, :mod:`oci_gpu_hook.core.inroot`), as the root's own
+    processes would see it; None when it does not exist."""
+    return inroot.real_path(root, path)
 
 
 def driver_files(proc_root: str, driver_root: str, caps: frozenset[str]) -> Edits:
