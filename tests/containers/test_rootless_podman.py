@@ -323,6 +323,7 @@ def test_inspect_pid_says_what_a_rootless_container_holds(fresh_journal: rootles
     node = fresh_journal
     done = node.podman("-d", "-e", "AMD_VISIBLE_DEVICES=1", args=("/bin/sleep", "300"))
     cid = started(node, done).strip()
+    pid = ""
     try:
         pid = node.podman_other("inspect", "--format", "{{.State.Pid}}", cid).stdout.strip()
         assert pid.isdigit(), pid
@@ -330,6 +331,8 @@ def test_inspect_pid_says_what_a_rootless_container_holds(fresh_journal: rootles
         assert shown.returncode == 0, shown.stderr
     finally:
         removed = node.podman_other("rm", "-f", "-t", "0", cid)
+        if pid.isdigit():  # once, on a loaded machine, the sleep outlived its removal: never leave it to the node
+            node.as_root(["sh", "-c", f"kill -9 {pid} 2>/dev/null; true"])
     assert removed.returncode == 0, removed.stderr
     lines = shown.stdout.splitlines()
     assert lines[0].startswith(f"rootless: process {pid} runs in a user namespace that maps its root to host uid "
