@@ -16,7 +16,7 @@ loaded -- the file is unreadable, not TOML, untrusted (:func:`check_trusted`), h
 (``mask_other_gpu``) or a bad value, or an ``OCI_GPU_HOOK_*`` variable has a bad value -- nothing in them is
 acted upon, and each per-container entry point (the precreate hook, the live prestart hook, the shim's
 create/run, the resident planner, which runs the same code) decides by the *default* request names alone
-(:func:`oci_gpu_hook.request.without_config`): a container whose spec carries no request under them (the
+(:func:`oci_gpu_hook.request.on_unusable_config`): a container whose spec carries no request under them (the
 default ``request_env`` variables of every kind, ``cdi.k8s.io/`` annotations naming a known kind; an empty,
 ``none`` or ``void`` value asks for nothing) passes through untouched, with one warning line
 (:func:`oci_gpu_hook.log.warn`); one that carries a request is refused with the config's one-line error.  The

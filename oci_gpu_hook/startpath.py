@@ -45,7 +45,8 @@ The economies, each one measured (costs are this machine's, a 2-core VM; ``pytho
 - Classes with ``__slots__`` and an ``__init__``, not :mod:`dataclasses` (which imports re and inspect).
 - The hook commands' names live in ``oci_gpu_hook/__init__.py``, which every entry imports anyway: one module
   less per start.
-- :mod:`ctypes` (~3 ms) only where a request needs it: ``setns`` in the live hook's child, bpf(2), NVML.
+- :mod:`ctypes` (~3 ms) only where a request needs it: ``setns`` (before Python 3.12) and ``mount`` in the live
+  hook's child, bpf(2), NVML.
 
 Outside Python: the launchers run ``python -IS`` (no ``site``: ~10 ms) and, where a C compiler was there at
 install, the native front (``oci_gpu_hook/fastpath/front.c``) answers "nothing requested" and pass-through

@@ -187,10 +187,10 @@ def prepare(args: list[str], baked_runtime: str | None = None) -> tuple[int, str
                     raise reading.refusal
                 if problem is not None:  # the rule of oci_gpu_hook.config: by the default request names alone
                     from oci_gpu_hook.oci_spec import ContainerSpec
-                    from oci_gpu_hook.request import without_config
+                    from oci_gpu_hook.request import on_unusable_config
 
-                    without_config(ContainerSpec.read(reading.config), problem, "oci-gpu-runtime",
-                                   reading.container_id)
+                    on_unusable_config(ContainerSpec.read(reading.config), problem, "oci-gpu-runtime",
+                                       reading.container_id)
                 else:
                     rewrite_bundle(reading.config, config, reading.container_id)
         else:
