@@ -43,7 +43,7 @@ def imports_of(root: Path, name: str) -> list[tuple[str, bool, int]]:
     here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     found: list[tuple[str, bool, int]] = []
 
-    def ours(target: str) -> str:
+    def module_of(target: str) -> str:
         while "." in target and module_path(root, target) is None:
             target = target.rsplit(".", 1)[0]  # a name inside a module: the module
         return target
@@ -57,21 +57,21 @@ def imports_of(root: Path, name: str) -> list[tuple[str, bool, int]]:
             top = False
         if isinstance(node, ast.Import):
             for alias in node.names:
-                found.append((ours(alias.name) if alias.name.split(".")[0] == package else alias.name, top,
+                found.append((module_of(alias.name) if alias.name.split(".")[0] == package else alias.name, top,
                               node.lineno))
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 base = ".".join([*here[:len(here) - node.level + 1], *([node.module] if node.module else [])])
             if base.split(".")[0] == package:
-                found.extend((ours(f"{base}.{alias.name}"), top, node.lineno) for alias in node.names)
+                found.extend((module_of(f"{base}.{alias.name}"), top, node.lineno) for alias in node.names)
             else:
                 found.append((base, top, node.lineno))
         elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
               and isinstance(node.args[0].value, str)
               and (getattr(node.func, "attr", None) in DYNAMIC or getattr(node.func, "id", None) in DYNAMIC)):
             target = node.args[0].value
-            found.append((ours(target) if target.split(".")[0] == package else target, top, node.lineno))
+            found.append((module_of(target) if target.split(".")[0] == package else target, top, node.lineno))
         for child in ast.iter_child_nodes(node):
             visit(child, top)
 
