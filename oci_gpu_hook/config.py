@@ -11,7 +11,9 @@ per-container path, so it imports nothing heavy: a config file is read with
 outside that subset.  The backends and their defaults are
 :data:`oci_gpu_hook.kinds.KINDS`.
 
-**A config that cannot be used never stops a container that asks for nothing.**  When the settings cannot be
+**A config that cannot be used never stops a container that asks for nothing.**  Most of a node's containers
+ask for no GPU, and one bad edit of this file must not stop them all; nor may a request be served by guessing
+what the file meant.  When the settings cannot be
 loaded -- the file is unreadable, not TOML, untrusted (:func:`check_trusted`), has an unknown key
 (``mask_other_gpu``) or a bad value, or an ``OCI_GPU_HOOK_*`` variable has a bad value -- nothing in them is
 acted upon, and each per-container entry point (the precreate hook, the live prestart hook, the shim's

@@ -1,4 +1,9 @@
-"""The installer: install, uninstall and their dry runs, for one prefix.
+"""The installer: install, uninstall and their dry runs, for one prefix (:mod:`run` is one run around it).
+
+Why so careful: install edits files the operator owns too (daemon.json, containerd's config) on a node whose
+containers keep running.  A clobbered edit, or a launcher taken out while a runtime's config still names it,
+would break containers that never asked for a GPU; so every change can be undone, and nothing is removed from
+under a file that names it.
 
 A file that was already there with other content (or a symlink) is first saved under
 :data:`~oci_gpu_hook.host.install.paths.BACKUP_DIR`, and put back by uninstall; one already exactly as
