@@ -11,12 +11,14 @@ per-container path, so it imports nothing heavy: a config file is read with
 outside that subset.  The backends and their defaults are
 :data:`oci_gpu_hook.kinds.KINDS`.
 
-**A config that cannot be used never stops a container that asks for nothing.**  When the settings cannot be
+**A config that cannot be used never stops a container that asks for nothing.**  Most of a node's containers
+ask for no GPU, and one bad edit of this file must not stop them all; nor may a request be served by guessing
+what the file meant.  When the settings cannot be
 loaded -- the file is unreadable, not TOML, untrusted (:func:`check_trusted`), has an unknown key
 (``mask_other_gpu``) or a bad value, or an ``OCI_GPU_HOOK_*`` variable has a bad value -- nothing in them is
 acted upon, and each per-container entry point (the precreate hook, the live prestart hook, the shim's
 create/run, the resident planner, which runs the same code) decides by the *default* request names alone
-(:func:`oci_gpu_hook.request.without_config`): a container whose spec carries no request under them (the
+(:func:`oci_gpu_hook.request.on_unusable_config`): a container whose spec carries no request under them (the
 default ``request_env`` variables of every kind, ``cdi.k8s.io/`` annotations naming a known kind; an empty,
 ``none`` or ``void`` value asks for nothing) passes through untouched, with one warning line
 (:func:`oci_gpu_hook.log.warn`); one that carries a request is refused with the config's one-line error.  The
@@ -35,7 +37,7 @@ import os
 from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.kinds import KINDS
 
-TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
+TYPE_CHECKING = False  # not typing's: see oci_gpu_hook/startpath.py
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

@@ -1,5 +1,12 @@
 """What a container asked for: qualified ``kind=name`` entries, parsed strictly, resolved per backend.
 
+Why one module: a container can ask in three places (the orchestrator's CDI annotations, the image's or the
+user's env variables, the operator's ``dry-run --devices``), and several parties may already have put devices in
+its spec.  Every path that plans a container (the shim, the hooks, the resident planner, the NRI plugin) asks this
+module, before and after sysfs is read, so the answer is the same whoever injects: nothing asked costs nothing,
+an image never widens what the operator granted, and a device the node lacks is refused in one line rather
+than half granted.  The rules:
+
 Sources, per kind (``amd``, ``intel``, ``nvidia``):
 
 1. CDI names in ``cdi.k8s.io/<key>`` annotations (``amd.com/gpu=1,intel.com/gpu=card0``), as the
@@ -45,7 +52,7 @@ from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.kinds import KINDS
 from oci_gpu_hook.oci_spec import environ_of
 
-TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
+TYPE_CHECKING = False  # not typing's: see oci_gpu_hook/startpath.py
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence, Set
@@ -61,7 +68,7 @@ OPTION_SOURCE = "--devices"
 BY_CDI_KIND = {cdi_kind: name for name, (cdi_kind, _env) in KINDS.items()}
 
 
-class Ask:
+class KindAsk:
     """An unresolved request of one kind: the source that decides and its entries (sysfs not read yet)."""
 
     __slots__ = ("kind", "note", "source", "values")
@@ -73,7 +80,7 @@ class Ask:
         self.note = note
 
     def __repr__(self) -> str:
-        return f"Ask({self.kind}: {self.source}={','.join(self.values)!r})"
+        return f"KindAsk({self.kind}: {self.source}={','.join(self.values)!r})"
 
 
 class Request:
@@ -82,7 +89,7 @@ class Request:
 
     __slots__ = ("asks", "devices", "notes")
 
-    def __init__(self, asks: list[Ask], devices: dict[str, tuple[Device, ...]] | None = None,
+    def __init__(self, asks: list[KindAsk], devices: dict[str, tuple[Device, ...]] | None = None,
                  notes: tuple[str, ...] = ()) -> None:
         self.asks = asks
         self.devices = devices or {}
@@ -128,12 +135,12 @@ def annotation_names(annotations: Mapping[str, object] | None, kinds: Sequence[s
     return names
 
 
-def requested(env: Sequence[str] | None, annotations: Mapping[str, object] | None, config: Config) -> list[Ask]:
+def requested(env: Sequence[str] | None, annotations: Mapping[str, object] | None, config: Config) -> list[KindAsk]:
     """Which source decides for each kind, without reading sysfs; [] when nothing is asked for."""
     return _requested(environ_of(env), annotations, config)
 
 
-def _requested(environ: Mapping[str, str], annotations: Mapping[str, object] | None, config: Config) -> list[Ask]:
+def _requested(environ: Mapping[str, str], annotations: Mapping[str, object] | None, config: Config) -> list[KindAsk]:
     from_annotations = annotation_names(annotations, config.backends)
     asks = []
     for kind in config.backends:
@@ -142,7 +149,7 @@ def _requested(environ: Mapping[str, str], annotations: Mapping[str, object] | N
         names = from_annotations.get(kind)
         if names:
             note = f"{asking[0][0]}={asking[0][1]} ignored: annotations decide" if asking else ""
-            asks.append(Ask(kind, CDI_SOURCE, names, note))
+            asks.append(KindAsk(kind, CDI_SOURCE, names, note))
             continue
         if len(asking) > 1:
             raise HookError(f"the container sets more than one {kind} GPU request "
@@ -151,10 +158,10 @@ def _requested(environ: Mapping[str, str], annotations: Mapping[str, object] | N
             continue
         name, value = asking[0]
         if not config.allow_env_requests:
-            asks.append(Ask(kind, name, [], f"{name}={value} ignored: allow_env_requests is off, "
-                                            "only annotations count"))
+            asks.append(KindAsk(kind, name, [], f"{name}={value} ignored: allow_env_requests is off, "
+                                                "only annotations count"))
         else:
-            asks.append(Ask(kind, name, [value]))
+            asks.append(KindAsk(kind, name, [value]))
     return asks
 
 
@@ -170,7 +177,7 @@ def asks_by_default(spec: ContainerSpec) -> bool:
         return True
 
 
-def without_config(spec: ContainerSpec, problem: HookError, entry: str, cid: str | None = None) -> None:
+def on_unusable_config(spec: ContainerSpec, problem: HookError, entry: str, cid: str | None = None) -> None:
     """The rule for a config that cannot be used (:mod:`oci_gpu_hook.config`): return after one warning line
     when ``spec`` asks for nothing under the default names (the caller then changes nothing), else raise
     ``problem``, the config's error."""
@@ -182,7 +189,7 @@ def without_config(spec: ContainerSpec, problem: HookError, entry: str, cid: str
          "config)", entry=entry, id=cid)
 
 
-def parse_devices_option(text: str, kinds: Sequence[str]) -> list[Ask]:
+def parse_devices_option(text: str, kinds: Sequence[str]) -> list[KindAsk]:
     """``dry-run --devices``: ``1,3`` (the first backend's kind), or qualified ``amd.com/gpu=1,intel.com/gpu=0``
     entries (a bare entry after a qualified one belongs to the same kind)."""
     values: dict[str, list[str]] = {}
@@ -196,18 +203,18 @@ def parse_devices_option(text: str, kinds: Sequence[str]) -> list[Ask]:
                 raise HookError(f"--devices: the {kind} backend is not in use (backends = {list(kinds)})")
             entry = rest.strip()
         values.setdefault(kind, []).append(entry)
-    return [Ask(k, OPTION_SOURCE, [",".join(v)]) for k, v in values.items()
+    return [KindAsk(k, OPTION_SOURCE, [",".join(v)]) for k, v in values.items()
             if ",".join(v).strip().lower() not in NO_GPU]
 
 
-def asks_for(spec: ContainerSpec, config: Config, devices: str | None = None) -> list[Ask]:
+def asks_for(spec: ContainerSpec, config: Config, devices: str | None = None) -> list[KindAsk]:
     """What the container of ``spec`` asks for (:func:`requested`), or ``devices`` (``dry-run --devices``)."""
     if devices is not None:
         return parse_devices_option(devices, config.backends)
     return _requested(spec.environ, spec.annotations, config)
 
 
-def resolve(asks: list[Ask], inventory: Inventory, present: Set[tuple[str, int, int]] = frozenset()) -> Request:
+def resolve(asks: list[KindAsk], inventory: Inventory, present: Set[tuple[str, int, int]] = frozenset()) -> Request:
     """The devices each ask names, per kind in index order.
 
     ``present``: (type, major, minor) of the device nodes the spec already carries.  Per kind with devices
@@ -216,7 +223,7 @@ def resolve(asks: list[Ask], inventory: Inventory, present: Set[tuple[str, int, 
     operator's ``--devices`` is not held back.
     """
     devices: dict[str, tuple[Device, ...]] = {}
-    counted: list[Ask] = []
+    counted: list[KindAsk] = []
     notes: list[str] = []
     for ask in asks:
         held = present and ask.values and ask.source != OPTION_SOURCE
@@ -227,7 +234,7 @@ def resolve(asks: list[Ask], inventory: Inventory, present: Set[tuple[str, int, 
             continue
         counted.append(ask)
         if not inventory.devices(ask.kind) and any(v.strip().lower() == "all" for v in ask.values):
-            notes.append(_nothing_of(ask, inventory.set_aside(ask.kind)))
+            notes.append(_all_of_an_absent_kind(ask, inventory.set_aside(ask.kind)))
         named: dict[int, Device] = {}
         for value in ask.values:
             for device in select(ask.kind, value, inventory.devices(ask.kind), ask.source):
@@ -244,7 +251,7 @@ def resolve(asks: list[Ask], inventory: Inventory, present: Set[tuple[str, int, 
     return Request(counted, devices, tuple(notes))
 
 
-def _nothing_of(ask: Ask, set_aside: Sequence[tuple[str, str]]) -> str:
+def _all_of_an_absent_kind(ask: KindAsk, set_aside: Sequence[tuple[str, str]]) -> str:
     """The note of an env's ``all`` of a kind the host has no device of; a HookError where it has some that cannot be
     granted (the node is not without the kind: its driver or partitions are not right), and for a CDI name in an
     annotation, which must name a device this node has (module docstring)."""

@@ -355,14 +355,14 @@ def test_asks_by_default(env: list[str], annotations: dict[str, str] | None, ask
 
 def test_without_config_raises_the_configs_own_error(capsys: pytest.CaptureFixture[str]) -> None:
     from oci_gpu_hook.oci_spec import ContainerSpec
-    from oci_gpu_hook.request import without_config
+    from oci_gpu_hook.request import on_unusable_config
 
     problem = HookError("config file /x: unknown key 'mask_other_gpu' (did you mean 'mask_other_gpus'?)")
     with pytest.raises(HookError) as info:
-        without_config(ContainerSpec({"process": {"env": ["AMD_VISIBLE_DEVICES=0"]}}), problem, "precreate")
+        on_unusable_config(ContainerSpec({"process": {"env": ["AMD_VISIBLE_DEVICES=0"]}}), problem, "precreate")
     assert info.value is problem
     assert capsys.readouterr().err == ""
-    without_config(ContainerSpec({"process": {"env": ["AMD_VISIBLE_DEVICES=none"]}}), problem, "precreate")
+    on_unusable_config(ContainerSpec({"process": {"env": ["AMD_VISIBLE_DEVICES=none"]}}), problem, "precreate")
     err = capsys.readouterr().err
     assert err.startswith(f"oci-gpu-hook: warning: {problem}; the container asks for no GPU") and err.count("\n") == 1
 

@@ -6,8 +6,9 @@
   modules) take nothing from the entry points; what they need of them is passed in (the planner's ``launch``).
 - Only ``entry/`` and ``host/`` import ``host/``.
 - No import cycle between the package's modules.
+- No hand-written module over 650 lines.
 
-The checks are tried first on a planted package with one break of each rule, so that they cannot pass by
+The import checks are tried first on a planted package with one break of each rule, so that they cannot pass by
 reading nothing."""
 
 from __future__ import annotations
@@ -173,3 +174,14 @@ def test_no_import_climbs_a_layer() -> None:
 
 def test_no_import_cycle() -> None:
     assert cycles(import_graph(PACKAGE)) == []
+
+
+MAX_LINES = 650  # a module a reader can hold; past it, split by responsibility (issue 33)
+
+
+def test_no_module_is_too_long() -> None:
+    """Every hand-written module is at most MAX_LINES lines (the grpcio-tools output, *_pb2*.py, aside)."""
+    lengths = {str(path.relative_to(PACKAGE)): len(path.read_text(encoding="utf-8").splitlines())
+               for path in module_names(PACKAGE).values() if "_pb2" not in path.name}
+    assert len(lengths) > 50
+    assert {name: n for name, n in lengths.items() if n > MAX_LINES} == {}

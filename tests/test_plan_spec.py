@@ -24,7 +24,7 @@ from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.inventory import Inventory, scan
 from oci_gpu_hook.oci_spec import ContainerSpec, process_env
 from oci_gpu_hook.plan import build_plan, plan_for_spec
-from oci_gpu_hook.request import Ask, Request
+from oci_gpu_hook.request import KindAsk, Request
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_SYSFS = REPO / "examples" / "hosts" / "seed-8x-gfx1100" / "sys"
@@ -61,7 +61,7 @@ def config(**values: Any) -> Config:
 
 def req(*indices: int) -> Request:
     amd = seed().devices("amd")
-    return Request([Ask("amd", NAME, [",".join(map(str, indices))])], {"amd": tuple(amd[i] for i in indices)})
+    return Request([KindAsk("amd", NAME, [",".join(map(str, indices))])], {"amd": tuple(amd[i] for i in indices)})
 
 
 def apply(spec: Any, plan: Any) -> bool:

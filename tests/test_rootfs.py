@@ -13,7 +13,7 @@ from oci_gpu_hook.config import Config
 from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.inventory import scan
 from oci_gpu_hook.plan import Plan, build_plan
-from oci_gpu_hook.request import Ask, Request
+from oci_gpu_hook.request import KindAsk, Request
 from tests.helpers.containerlib import SEED_SYSFS
 
 pytestmark = pytest.mark.root  # mknod
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.root  # mknod
 def _plan(indices: list[int], **config: object) -> Plan:
     inventory = scan(str(SEED_SYSFS))
     gpus = tuple(inventory.devices("amd")[i] for i in indices)
-    request = Request([Ask("amd", "test", [",".join(map(str, indices))])], {"amd": gpus})
+    request = Request([KindAsk("amd", "test", [",".join(map(str, indices))])], {"amd": gpus})
     return build_plan(inventory, request, Config(**config))
 
 

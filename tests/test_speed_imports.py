@@ -1,7 +1,7 @@
 """The per-container path's imports, pinned: every entry point, with a config file present, run under
 ``python -X importtime -I -S`` as the launchers run it; what it imports beyond the interpreter's own start
-must be on the allow-list.  A new import on this path costs every container its time: add it here only
-with a measurement."""
+must be in its set of :data:`oci_gpu_hook.startpath.ENTRIES`.  A new import on this path costs every container
+its time: add it there only with a measurement (tests/test_startpath.py holds each module's own imports)."""
 
 from __future__ import annotations
 
@@ -12,37 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from oci_gpu_hook import startpath
 from tests.helpers import containerlib as cl
 
 REPO = Path(__file__).resolve().parent.parent
-# what os and the package's first lines bring (with -S the interpreter itself has not imported os)
-COMMON = {"__future__", "os", "stat", "_stat", "posixpath", "genericpath", "_collections_abc", "time",
-          "oci_gpu_hook", "oci_gpu_hook.config", "oci_gpu_hook.kinds", "oci_gpu_hook.tomlsubset",
-          "oci_gpu_hook.entry", "oci_gpu_hook.errors", "oci_gpu_hook.trust"}
-PLAN = {"_json", "oci_gpu_hook.fastjson", "oci_gpu_hook.oci_spec", "oci_gpu_hook.log", "oci_gpu_hook.plan",
-        "oci_gpu_hook.request", "oci_gpu_hook.core", "oci_gpu_hook.core.edits", "oci_gpu_hook.appliers"}
-GRANT = {"oci_gpu_hook.core.devices", "oci_gpu_hook.core.rules", "oci_gpu_hook.inventory",
-         "oci_gpu_hook.inventory.sysfs", "oci_gpu_hook.inventory.amd", "oci_gpu_hook.appliers.ocispec",
-         "importlib", "warnings",
-         "oci_gpu_hook.appliers.bypath", "errno",  # the by-path directory; errno is built in (0.1 ms)
-         "_locale"}  # built in, 0.3 ms measured under load: sysfs.read decodes as open() would (saves ~4 ms)
-ALLOWED = {
-    "precreate": COMMON | PLAN | GRANT | {"oci_gpu_hook.entry.cli"},
-    "prestart": COMMON | PLAN | {"oci_gpu_hook.entry.cli", "oci_gpu_hook.appliers.live", "oci_gpu_hook.oci_state"},
-    "createRuntime": COMMON | PLAN | {"oci_gpu_hook.entry.cli", "oci_gpu_hook.appliers.live",
-                                      "oci_gpu_hook.oci_state"},
-    "links": COMMON | {"_json", "oci_gpu_hook.fastjson", "oci_gpu_hook.entry.cli", "oci_gpu_hook.appliers",
-                       "oci_gpu_hook.appliers.live", "oci_gpu_hook.appliers.rootfs",
-                       # the one walk inside a container root (rootfs.py's walk moved there): its body 0.15 ms
-                       # (marshal and exec of the cached bytecode, median of 2000), docs/development.md
-                       "oci_gpu_hook.core.inroot",
-                       "oci_gpu_hook.oci_spec", "oci_gpu_hook.oci_state", "oci_gpu_hook.core",
-                       "oci_gpu_hook.core.edits"},
-    "create": COMMON | PLAN | GRANT | {"oci_gpu_hook.entry.runtime", "oci_gpu_hook.oci_argv", "oci_gpu_hook.atomic"},
-    "run": COMMON | PLAN | GRANT | {"oci_gpu_hook.entry.runtime", "oci_gpu_hook.oci_argv", "oci_gpu_hook.atomic"},
-    "state": COMMON | {"oci_gpu_hook.entry.runtime", "oci_gpu_hook.oci_argv"},
-}
-NEVER = {"tomllib", "re", "typing", "enum", "datetime", "json", "argparse", "pydantic", "jsonschema", "yaml"}
+ALLOWED = startpath.ENTRIES
+NEVER = startpath.NEVER
 
 
 def imports(module: str, argv: list[str], env: dict[str, str], stdin: str = "") -> set[str]:
@@ -97,10 +72,11 @@ def test_per_container_imports_are_pinned(setup: dict[str, object]) -> None:
         assert f"oci_gpu_hook.{module}" in got, (entry, got)  # it really ran
         assert not got & NEVER, (entry, sorted(got & NEVER))
         assert got <= ALLOWED[entry], (entry, sorted(got - ALLOWED[entry]))
+        ours = {name for name in got if name.split(".")[0] == "oci_gpu_hook"}
+        assert ours <= set(startpath.MODULES), (entry, sorted(ours - set(startpath.MODULES)))
 
 
-NVIDIA = {"oci_gpu_hook.inventory.nvidia", "oci_gpu_hook.inventory.nvdriver", "oci_gpu_hook.inventory.ldcache",
-          "oci_gpu_hook.core.inroot"}  # nvdriver finds the driver's files in its root by the one walk (0.15 ms)
+NVIDIA = startpath.NVIDIA
 
 
 def test_nvidia_request_imports_are_pinned(setup: dict[str, object], tmp_path: Path) -> None:

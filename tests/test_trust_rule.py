@@ -222,17 +222,17 @@ def test_the_launcher_carries_the_rule_verbatim(tmp_path: Path) -> None:
 def test_install_refuses_code_that_fails_the_rule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """install says once what every container start would refuse (and what a rootless hook could not see)."""
     from oci_gpu_hook.errors import HookError
-    from oci_gpu_hook.host.install import installer
+    from oci_gpu_hook.host.install import run
 
     mine = tmp_path / "root-site-packages"
     mine.mkdir(mode=0o755)
     monkeypatch.setattr(launchers, "code_paths", lambda: [str(mine)])
-    installer.untrusted_code()  # root's alone: nothing to say
+    run.untrusted_code()  # root's alone: nothing to say
     writable = tmp_path / "site-packages"
     writable.mkdir()
     writable.chmod(0o777)
     monkeypatch.setattr(launchers, "code_paths", lambda: [str(mine), str(writable)])
     with pytest.raises(HookError) as err:
-        installer.untrusted_code()
+        run.untrusted_code()
     assert f"would run {writable}, which fails the trust rule: {writable} is writable by group and others" in str(
         err.value)

@@ -17,7 +17,7 @@ from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.oci_spec import ContainerSpec
 from oci_gpu_hook.oci_state import parse_state
 
-TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
+TYPE_CHECKING = False  # not typing's: see oci_gpu_hook/startpath.py
 
 if TYPE_CHECKING:
     from oci_gpu_hook.config import Config
@@ -64,7 +64,7 @@ def check_container(pid: int, rootfs: str, bundle: str) -> None:
 
 def run(stdin_text: str, config: Config | HookError) -> int:
     """Apply the plan of the container described by the state JSON ``stdin_text`` (``config`` an error: it cannot
-    be used, and :func:`oci_gpu_hook.request.without_config` decides)."""
+    be used, and :func:`oci_gpu_hook.request.on_unusable_config` decides)."""
     started = time.monotonic()
     cid, pid, bundle = parse_state(stdin_text)
     try:
@@ -79,9 +79,9 @@ def _apply(cid: str, pid: int, bundle: str, config: Config | HookError, started:
 
     spec = ContainerSpec.read(os.path.join(bundle, "config.json"))
     if isinstance(config, HookError):
-        from oci_gpu_hook.request import without_config
+        from oci_gpu_hook.request import on_unusable_config
 
-        without_config(spec, config, "prestart", cid)
+        on_unusable_config(spec, config, "prestart", cid)
         return 0
     plan = plan_for_spec(spec, config)
     if not plan:

@@ -14,7 +14,7 @@ import sys
 
 from oci_gpu_hook import CREATE_RUNTIME_HOOKS, LIVE_COMMANDS, PRECREATE
 
-TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
+TYPE_CHECKING = False  # not typing's: see oci_gpu_hook/startpath.py
 
 if TYPE_CHECKING:
     from typing import Any
@@ -206,7 +206,7 @@ def load(overrides: dict[str, Any]) -> Config:
 
 def load_for_container(overrides: dict[str, Any]) -> Config | HookError:
     """:func:`load` for a hook that a container's start runs: the config, or why it cannot be used (then
-    :func:`oci_gpu_hook.request.without_config` decides: the rule in :mod:`oci_gpu_hook.config`)."""
+    :func:`oci_gpu_hook.request.on_unusable_config` decides: the rule in :mod:`oci_gpu_hook.config`)."""
     from oci_gpu_hook.errors import HookError
 
     try:
@@ -268,9 +268,9 @@ def cmd_precreate(config: Config | HookError) -> int:
     spec = ContainerSpec.parse(text)
     try:
         if isinstance(config, Exception):
-            from oci_gpu_hook.request import without_config
+            from oci_gpu_hook.request import on_unusable_config
 
-            without_config(spec, config, "precreate", spec.name())
+            on_unusable_config(spec, config, "precreate", spec.name())
             sys.stdout.write(text)
             sys.stdout.flush()
             return 0

@@ -21,7 +21,7 @@ import time
 from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.oci_argv import CRUN, DEFAULT_PATH, REWRITE_COMMANDS, RUNC, VERSION_ARGS, Reading
 
-TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
+TYPE_CHECKING = False  # not typing's: see oci_gpu_hook/startpath.py
 
 if TYPE_CHECKING:
     from oci_gpu_hook.config import Config
@@ -187,10 +187,10 @@ def prepare(args: list[str], baked_runtime: str | None = None) -> tuple[int, str
                     raise reading.refusal
                 if problem is not None:  # the rule of oci_gpu_hook.config: by the default request names alone
                     from oci_gpu_hook.oci_spec import ContainerSpec
-                    from oci_gpu_hook.request import without_config
+                    from oci_gpu_hook.request import on_unusable_config
 
-                    without_config(ContainerSpec.read(reading.config), problem, "oci-gpu-runtime",
-                                   reading.container_id)
+                    on_unusable_config(ContainerSpec.read(reading.config), problem, "oci-gpu-runtime",
+                                       reading.container_id)
                 else:
                     rewrite_bundle(reading.config, config, reading.container_id)
         else:

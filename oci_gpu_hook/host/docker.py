@@ -68,14 +68,15 @@ def _parse(text: str, where: str) -> dict[str, Any]:
     return data
 
 
-def _line(path: str) -> str:
+def _runtimes_line(path: str) -> str:
+    """The ``runtimes`` entry install writes into daemon.json: the oci-gpu runtime at ``path``."""
     return f'"runtimes": {{{json.dumps(RUNTIME_NAME)}: {{"path": {json.dumps(path)}}}}}'
 
 
 def _insertions(path: str, default_runtime: bool) -> list[str]:
     """What install inserts after the opening brace of a file with neither key (without its trailing comma)."""
     default = f'\n  "default-runtime": {json.dumps(RUNTIME_NAME)},'
-    return [f"{default if default_runtime else ''}\n  {_line(path)}"]
+    return [f"{default if default_runtime else ''}\n  {_runtimes_line(path)}"]
 
 
 def _has(data: dict[str, Any], path: str, default_runtime: bool) -> bool:
@@ -151,7 +152,7 @@ def gpus_script(runtime: str) -> str:
             f'exec {runtime} "$@"\n')
 
 
-def ours(disk_path: str) -> bool:
+def written_by_install(disk_path: str) -> bool:
     """A file install wrote as :data:`GPUS_NAME` (never a symlink: whatever it points at is someone else's)."""
     try:
         if os.path.islink(disk_path):

@@ -24,7 +24,7 @@ from typing import Any
 from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.host.watch import RESYNC, EventSource, gpu_uevent
 
-TYPE_CHECKING = False
+TYPE_CHECKING = False  # not typing's: see oci_gpu_hook/startpath.py
 
 if TYPE_CHECKING:
     from oci_gpu_hook.host.metrics import DeviceRow, Endpoint

@@ -75,7 +75,7 @@ def test_install_writes_the_gpus_name_and_the_runtime(tmp_path: Path, capsys: py
     assert name.read_text() == docker.gpus_script(RUNTIME)
     assert name.stat().st_mode & 0o777 == 0o755
     assert name.read_text().splitlines()[-1] == f'exec {RUNTIME} "$@"'
-    assert docker.ours(str(name))
+    assert docker.written_by_install(str(name))
     data = json.loads(at(tmp_path, docker.DAEMON_JSON).read_text())
     assert data == {**json.loads(DAEMON_JSON), "runtimes": {"oci-gpu": {"path": RUNTIME}}}
     assert "default-runtime" not in data

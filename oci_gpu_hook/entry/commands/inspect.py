@@ -7,7 +7,7 @@ import os
 from oci_gpu_hook.cliparse import parser as _parser
 from oci_gpu_hook.errors import HookError
 
-TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
+TYPE_CHECKING = False  # not typing's: see oci_gpu_hook/startpath.py
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -129,14 +129,16 @@ def rootless_view(pid: int, names: dict[tuple[str, int, int], str]) -> list[str]
     its own) and those nodes.  Nothing for any other process."""
     import stat
 
+    from oci_gpu_hook.trust import parent_id
+
     try:
-        with open(f"/proc/{pid}/uid_map", encoding="ascii") as handle:
-            ranges = [[int(f) for f in line.split()] for line in handle if len(line.split()) == 3]
+        with open(f"/proc/{pid}/uid_map", encoding="ascii") as handle:  # trust.id_ranges reads /proc/self only
+            ranges = [(int(f[0]), int(f[1]), int(f[2])) for f in map(str.split, handle) if len(f) == 3]
     except (OSError, ValueError) as err:
         raise HookError(f"cannot read the user namespace of process {pid}: {getattr(err, 'strerror', err)}") from None
     if any(out == 0 for _inside, out, _count in ranges):
         return []
-    user = next((out - inside for inside, out, count in ranges if inside <= 0 < inside + count), None)
+    user = parent_id(0, ranges) if ranges else None  # its root on the host, as trust maps ids
     lines = [f"rootless: process {pid} runs in a user namespace that maps its root to host uid {user}: no device "
              "cgroup of its own isolates it; it can open the host's nodes bind-mounted into its /dev, as that uid "
              "may (the rules below are its runtime's, not a grant):"]

@@ -1,4 +1,4 @@
-"""``oci-gpu-hook install``: its command line (the work is :mod:`oci_gpu_hook.host.install.installer`'s)."""
+"""``oci-gpu-hook install``: its command line (the work is :mod:`oci_gpu_hook.host.install.run`'s)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import os
 from oci_gpu_hook.cliparse import parser as _parser
 from oci_gpu_hook.config import Config
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.host.install.installer import Installer, Options, install_or_uninstall, one_at_a_time
+from oci_gpu_hook.host.install.installer import Installer
 from oci_gpu_hook.host.install.paths import HOOK_STAGES, INTEGRATIONS, MANIFEST_PATH
+from oci_gpu_hook.host.install.run import Options, install_or_uninstall, one_at_a_time
 
 
 def parse_only(value: str | None) -> set[str] | None:

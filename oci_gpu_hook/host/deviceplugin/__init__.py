@@ -7,7 +7,7 @@ extra), which nothing on a container's start path imports.
 
 from __future__ import annotations
 
-TYPE_CHECKING = False
+TYPE_CHECKING = False  # not typing's: see oci_gpu_hook/startpath.py
 
 if TYPE_CHECKING:
     from oci_gpu_hook.config import Config

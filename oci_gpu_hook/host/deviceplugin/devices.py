@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from oci_gpu_hook.config import KINDS
 from oci_gpu_hook.errors import HookError
 
-TYPE_CHECKING = False
+TYPE_CHECKING = False  # not typing's: see oci_gpu_hook/startpath.py
 
 if TYPE_CHECKING:
     from oci_gpu_hook.core.devices import Node

@@ -19,7 +19,7 @@ import sys
 from oci_gpu_hook.config import Config
 from oci_gpu_hook.errors import HookError
 
-TYPE_CHECKING = False
+TYPE_CHECKING = False  # not typing's: see oci_gpu_hook/startpath.py
 
 if TYPE_CHECKING:
     from oci_gpu_hook.inventory import Inventory

@@ -45,6 +45,7 @@ moments leave nothing behind.  Tests kill a run at every one of its steps with
 
 The modules, one concern each: :mod:`paths` (where), :mod:`items` (what: one item per file, per
 integration), :mod:`manifest` (what is installed), :mod:`journal` (each run one transaction; every change
-one step, every file through :mod:`oci_gpu_hook.atomic`), :mod:`installer` (install and uninstall);
-its command line is :mod:`oci_gpu_hook.entry.commands.install`.
+one step, every file through :mod:`oci_gpu_hook.atomic`), :mod:`installer` (install and uninstall,
+file by file), :mod:`run` (one run: the checks before and after, the lock); its command line is
+:mod:`oci_gpu_hook.entry.commands.install`.
 """

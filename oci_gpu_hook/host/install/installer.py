@@ -1,4 +1,9 @@
-"""The installer: install, uninstall and their dry runs, for one prefix.
+"""The installer: install, uninstall and their dry runs, for one prefix (:mod:`run` is one run around it).
+
+Why so careful: install edits files the operator owns too (daemon.json, containerd's config) on a node whose
+containers keep running.  A clobbered edit, or a launcher taken out while a runtime's config still names it,
+would break containers that never asked for a GPU; so every change can be undone, and nothing is removed from
+under a file that names it.
 
 A file that was already there with other content (or a symlink) is first saved under
 :data:`~oci_gpu_hook.host.install.paths.BACKUP_DIR`, and put back by uninstall; one already exactly as
@@ -25,19 +30,15 @@ from __future__ import annotations
 
 import difflib
 import errno
-import json
 import os
 import re
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from oci_gpu_hook.atomic import fsync_dir
-from oci_gpu_hook.config import Config
 from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.host.install import journal
-from oci_gpu_hook.host.install.items import CONTAINERD_UNCHANGED, RESTART_CONTAINERD, Item, wanted
+from oci_gpu_hook.host.install.items import CONTAINERD_UNCHANGED, RESTART_CONTAINERD, Item
 from oci_gpu_hook.host.install.journal import Current, Journal, current_at
 from oci_gpu_hook.host.install.manifest import Manifest, load_manifest, mode_of, sha256
 from oci_gpu_hook.host.install.paths import (
@@ -52,21 +53,6 @@ from oci_gpu_hook.host.install.paths import (
 )
 
 SHOW_LIMIT = 4096  # --dry-run prints the content of new files up to this size, a diff for replaced ones
-
-
-@dataclass(frozen=True)
-class Options:
-    """What ``install`` was asked to do besides which integrations (see ``oci-gpu-hook install --help``)."""
-
-    uninstall: bool = False
-    dry_run: bool = False
-    hook: str | None = None
-    set: list[str] = field(default_factory=list)
-    native: bool | None = None
-    allow_editable: bool = False
-    docker_default_runtime: bool = False
-    containerd_version: str | None = None
-    host_root: str | None = None
 
 
 class Installer:
@@ -221,7 +207,7 @@ class Installer:
 
     def take_out(self, entry: dict[str, Any], why: str) -> None:
         """Remove (or restore) one installed file as uninstall does; one changed since loses only what install put
-        in it (:meth:`without_ours`) and is then the operator's (what must stay listed, :meth:`left_in_place`
+        in it (:meth:`without_install_part`) and is then the operator's (what must stay listed, :meth:`left_in_place`
         decides first)."""
         real = entry["path"]
         disk = self.disk(real)
@@ -242,14 +228,14 @@ class Installer:
             if backup:
                 self.restore(real, backup)
             return
-        rest = self.without_ours(entry, current) if current.kind == "file" else None
+        rest = self.without_install_part(entry, current) if current.kind == "file" else None
         if rest is not None and rest != current.data:
             if not self.dry_run:
                 assert current.st is not None
                 self.put(real, rest, current.mode, (current.st.st_uid, current.st.st_gid))  # the operator's owner
-            self.say("updated", real, f"changed since install: only {self.ours_in(entry)} taken out")
+            self.say("updated", real, f"changed since install: only {self.install_part_name(entry)} taken out")
         elif rest is not None and entry.get("merge") == "docker":
-            self.say("kept", real, f"changed since install; it no longer has {self.ours_in(entry)}")
+            self.say("kept", real, f"changed since install; it no longer has {self.install_part_name(entry)}")
         else:  # changed since install, and naming nothing this uninstall removes (left_in_place): the operator's
             self.say("kept", real, "changed since install, and names nothing of this install: kept as yours")
         if backup and "path" in backup and not self.dry_run and os.path.lexists(self.disk(backup["path"])):
@@ -257,10 +243,11 @@ class Installer:
             print(f"removed: {self.disk(backup['path'])} (what install replaced at {disk}: that file is yours now)")
 
     @staticmethod
-    def ours_in(entry: dict[str, Any]) -> str:
+    def install_part_name(entry: dict[str, Any]) -> str:
+        """What install put into a merged file (daemon.json, the containerd main config), in words."""
         return "the oci-gpu runtime" if entry.get("merge") == "docker" else "the imports line install added"
 
-    def without_ours(self, entry: dict[str, Any], current: Current) -> bytes | None:
+    def without_install_part(self, entry: dict[str, Any], current: Current) -> bytes | None:
         """A file changed since install with just what install put in it taken out: daemon.json without our
         runtime (as it is when it has none), the containerd main config without the ``imports`` line install
         added; None for any other file, or when that part cannot be found."""
@@ -428,8 +415,9 @@ class Installer:
     # uninstall
 
     def after_uninstall(self, entry: dict[str, Any]) -> bytes | None:
-        """What uninstall would leave at ``entry``'s path when it is changed since install (:meth:`without_ours`);
-        None when it is as installed, gone, or left anyway (it was there before install)."""
+        """What uninstall would leave at ``entry``'s path when it is changed since install
+        (:meth:`without_install_part`); None when it is as installed, gone, or left anyway (it was there before
+        install)."""
         if entry.get("existed"):
             return None
         current = current_at(self.disk(entry["path"]))
@@ -437,7 +425,7 @@ class Installer:
             return None  # gone, or a symlink: nothing of ours is read through it
         if sha256(current.data) == entry["sha256"]:
             return None
-        rest = self.without_ours(entry, current)
+        rest = self.without_install_part(entry, current)
         return current.data if rest is None else rest
 
     def left_in_place(self, mine: list[dict[str, Any]], every: list[dict[str, Any]]) -> dict[str, str]:
@@ -475,7 +463,7 @@ class Installer:
                 todo.append((real, current.data))
         return left
 
-    def say_left(self, entry: dict[str, Any], why: str) -> str:
+    def print_left_line(self, entry: dict[str, Any], why: str) -> str:
         """The line for a file uninstall leaves: what, why, what to do."""
         real = entry["path"]
         if why.startswith(("named by", "needed by")):
@@ -508,7 +496,7 @@ class Installer:
         lines = []
         for entry in mine:
             if entry["path"] in left:
-                lines.append(self.say_left(entry, left[entry["path"]]))
+                lines.append(self.print_left_line(entry, left[entry["path"]]))
                 continue  # stays in the manifest, with its backup
             self.take_out(entry, "installed")
             self.manifest.forget(entry["path"])
@@ -579,133 +567,3 @@ def named_in(real: str, data: bytes) -> bool:
 
     spellings = [real] + ([f"{containerd.DROP_IN_DIR}/*.toml"] if real == containerd.DROP_IN_PATH else [])
     return any(re.search(re.escape(s.encode()) + rb"(?![\w.-])", data) for s in spellings)
-
-
-def check_podman_hook(real: str, disk: Callable[[str], str], errors: list[str]) -> None:
-    """After install: the hook file is in a directory podman reads, and names an executable that is there."""
-    from oci_gpu_hook.host import podman
-
-    dirs, source = podman.hooks_dirs(disk)
-    try:
-        with open(disk(real), "rb") as handle:
-            path = json.loads(handle.read())["hook"]["path"]
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        errors.append(f"podman: the installed hook {disk(real)} cannot be read back ({err})")
-        return
-    if os.path.dirname(real) not in dirs:
-        errors.append(f"podman: {os.path.dirname(real)} is not a hooks directory podman reads ({source}: {dirs})")
-    elif not os.access(disk(path), os.X_OK):
-        errors.append(f"podman: the hook's path {disk(path)} is not an executable: podman refuses every container")
-    else:
-        print(f"checked: podman reads {os.path.dirname(disk(real))} ({source}) and runs {disk(path)}")
-
-
-def untrusted_code() -> None:
-    """Refuse an install whose launchers would run code that someone other than a trusted owner could change (the
-    rule every launcher checks at each start, :func:`oci_gpu_hook.trust.code_problem`): said now, once, rather than
-    by every container start; and a rootless user's hook, which cannot tell root's files from another user's, is
-    never installed over such code."""
-    import sys
-
-    from oci_gpu_hook.host.launchers import code_paths, stdlib_paths
-    from oci_gpu_hook.trust import code_problem
-
-    for path in [sys.executable, *code_paths(), *stdlib_paths()]:
-        why = code_problem(path) if os.path.exists(path) else None
-        if why:
-            raise HookError(f"install: the launchers would run {path}, which fails the trust rule: {why} (install "
-                            "into a root-owned prefix, see docs/security.md); nothing is written")
-
-
-def install_or_uninstall(opts: Options, only: set[str] | None, installer: Installer, config: Config) -> int:
-    """install or uninstall (``opts.uninstall``) the ``only`` integrations (None: all)."""
-    from oci_gpu_hook.host.launchers import launcher_defaults
-
-    if opts.uninstall:
-        given = [flag for flag, value in (("--hook", opts.hook is not None), ("--set", opts.set),
-                                          ("--docker-default-runtime", opts.docker_default_runtime),
-                                          ("--containerd-version", opts.containerd_version is not None),
-                                          ("--host-root", opts.host_root is not None)) if value]
-        if given:
-            raise HookError(f"install --uninstall takes no {', '.join(given)}: it removes what the manifest lists")
-        left = installer.uninstall(only)
-        if only is None and not opts.dry_run:
-            from oci_gpu_hook.host import devchar
-
-            for line in devchar.uninstall_lines(installer.disk):
-                print(line)
-        if left:
-            files = f"{len(left)} file{'s' if len(left) != 1 else ''}"
-            raise HookError(f"install --uninstall: {files} left, so the node is still integrated (each 'left:' line "
-                            "above says why and what to do); the manifest and backups are kept for the next "
-                            "install --uninstall")
-        return 0
-    from oci_gpu_hook.host.launchers import editable_reason
-
-    editable = editable_reason()
-    if editable and not opts.allow_editable:
-        raise HookError(f"install: {editable}")
-    if not editable:
-        untrusted_code()
-    notes: list[str] = []
-    errors: list[str] = []
-    items = wanted(config, opts.hook or "precreate", launcher_defaults(opts.set, "install"), notes, installer.disk,
-                   only, errors, native=opts.native, trust=not editable,
-                   docker_default_runtime=opts.docker_default_runtime, containerd_version=opts.containerd_version,
-                   host_root=os.path.abspath(opts.host_root) if opts.host_root else None)
-    failed = {e.split(":", 1)[0] for e in errors}
-    selected = None if only is None and not failed else (set(only or INTEGRATIONS) - failed) | {"core"}
-    installer.install(items, notes, selected, errors)
-    if not opts.dry_run:
-        for item in items:
-            if item.integration == "podman" and not any(e.startswith("podman:") for e in errors):
-                check_podman_hook(item.path, installer.disk, errors)
-    from oci_gpu_hook.host import devchar
-
-    for line in devchar.install_lines(config, installer.disk, opts.dry_run):  # runc under systemd needs them
-        print(line)
-    for error in errors:
-        print(f"skipped: {error}")
-    if errors:
-        raise HookError("; ".join(errors) + " (the other integrations are installed)")
-    return 0
-
-
-def one_at_a_time(installer: Installer, work: Callable[[], int]) -> int:
-    """Run ``work`` holding the install lock of the prefix: a second run would roll back the first's journal
-    as if it had died."""
-    import fcntl
-
-    lock = os.open(installer.prefix or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            print(f"waiting: another install or uninstall is running on {installer.prefix or '/'}"
-                  f"{lock_holder(lock)}", flush=True)
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        return work()
-    finally:
-        os.close(lock)
-
-
-def lock_holder(fd: int) -> str:
-    """Who holds the flock on ``fd`` (from /proc/locks): `` (pid N since HH:MM:SS UTC: COMMAND)``, or ``""``."""
-    import time
-
-    st = os.fstat(fd)
-    where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    try:
-        with open("/proc/locks") as handle:
-            pids = [f[4] for f in (line.split() for line in handle) if len(f) > 5 and f[1] == "FLOCK" and f[5] == where]
-        pid = next(p for p in pids if p.isdigit() and int(p) != os.getpid())
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            command = handle.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
-        with open(f"/proc/{pid}/stat") as handle:
-            ticks = int(handle.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime, in clock ticks
-        with open("/proc/stat") as handle:
-            boot = next(int(line.split()[1]) for line in handle if line.startswith("btime "))
-    except (OSError, StopIteration, ValueError, IndexError):
-        return ""
-    since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(boot + ticks / os.sysconf("SC_CLK_TCK")))
-    return f" (pid {pid} since {since}: {command[:200]})"

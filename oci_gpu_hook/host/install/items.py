@@ -239,7 +239,7 @@ def docker_items(disk: Callable[[str], str], notes: list[str], explicit: bool,
     assert data is not None
     what = "docker daemon.json (runtime oci-gpu" + (", default-runtime oci-gpu)" if default_runtime else ")")
     items = [Item(docker.DAEMON_JSON, data.encode(), mode, what, merge="docker")]
-    foreign = [p for p in docker.on_dockerd_path(disk, docker.GPUS_NAME) if not docker.ours(p)]
+    foreign = [p for p in docker.on_dockerd_path(disk, docker.GPUS_NAME) if not docker.written_by_install(p)]
     if foreign:
         notes.append(f"docker: {', '.join(foreign)} is not this install's (AMD's container toolkit?): left as it is, "
                      f"and {docker.GPUS_PATH} is not written; that file already makes Docker 28.3+ register its AMD "

@@ -24,7 +24,7 @@ import time
 from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.host.nri import ttrpc
 
-TYPE_CHECKING = False
+TYPE_CHECKING = False  # not typing's: see oci_gpu_hook/startpath.py
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -26,7 +26,7 @@ from collections import deque
 
 from oci_gpu_hook.errors import HookError
 
-TYPE_CHECKING = False
+TYPE_CHECKING = False  # not typing's: see oci_gpu_hook/startpath.py
 
 if TYPE_CHECKING:
     from google.protobuf.message import Message as ProtoMessage

@@ -31,7 +31,7 @@ import builtins
 import os
 import pickle
 
-TYPE_CHECKING = False
+TYPE_CHECKING = False  # not typing's: see oci_gpu_hook/startpath.py
 
 if TYPE_CHECKING:
     import socket as socket_module

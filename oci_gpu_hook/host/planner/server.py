@@ -21,7 +21,7 @@ from oci_gpu_hook.host.planner.worker import (
     serve_one,
 )
 
-TYPE_CHECKING = False  # not typing.TYPE_CHECKING: the launchers import this package's constants when they bake
+TYPE_CHECKING = False  # not typing's: see oci_gpu_hook/startpath.py
 
 if TYPE_CHECKING:
     import socket as socket_module

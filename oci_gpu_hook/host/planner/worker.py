@@ -27,7 +27,7 @@ from oci_gpu_hook.host.planner.protocol import (
     read_request,
 )
 
-TYPE_CHECKING = False  # not typing.TYPE_CHECKING: the launchers import this package's constants when they bake
+TYPE_CHECKING = False  # not typing's: see oci_gpu_hook/startpath.py
 
 if TYPE_CHECKING:
     import socket as socket_module
@@ -212,7 +212,7 @@ def exec_problem(own: Credentials) -> str:
 # --- becoming the launcher ----------------------------------------------------------------------------------
 
 
-def _same(fd: int, path: str) -> bool:
+def _same_file(fd: int, path: str) -> bool:
     a, b = os.fstat(fd), os.stat(path)
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
@@ -234,13 +234,13 @@ def enter(request: Request) -> None:
     the front.  BadRequest where that cannot be (another user namespace; a live hook from other pid or cgroup
     namespaces, whose pids and cgroup paths would read differently here)."""
     mnt, pid, cgroup, user, root, cwd = request.fds
-    if not _same(user, "/proc/self/ns/user"):
+    if not _same_file(user, "/proc/self/ns/user"):
         raise BadRequest("the front is in another user namespace")
-    if request.live and not (_same(pid, "/proc/self/ns/pid") and _same(cgroup, "/proc/self/ns/cgroup")):
+    if request.live and not (_same_file(pid, "/proc/self/ns/pid") and _same_file(cgroup, "/proc/self/ns/cgroup")):
         raise BadRequest("a live hook from another pid or cgroup namespace")
-    if not _same(mnt, "/proc/self/ns/mnt"):
+    if not _same_file(mnt, "/proc/self/ns/mnt"):
         _setns(mnt)
-    if not _same(root, "/"):
+    if not _same_file(root, "/"):
         os.fchdir(root)
         os.chroot(".")
     os.fchdir(cwd)
