@@ -54,10 +54,11 @@ def _read_proc(path: str) -> bytes | None:
         return None
 
 
-def id_ranges(kind: str = "uid") -> list[tuple[int, int, int]]:
-    """This user namespace's uid (or ``kind`` "gid") map: (first id here, first id in the parent, count) per line."""
+def id_ranges(kind: str = "uid", pid: str = "self") -> list[tuple[int, int, int]]:
+    """This user namespace's uid (or ``kind`` "gid") map, or process ``pid``'s: (first id here, first id in the
+    parent, count) per line."""
     ranges = []
-    for line in (_read_proc(f"/proc/self/{kind}_map") or b"").decode("ascii", "replace").splitlines():
+    for line in (_read_proc(f"/proc/{pid}/{kind}_map") or b"").decode("ascii", "replace").splitlines():
         fields = line.split()
         if len(fields) == 3 and all(f.isdigit() for f in fields):
             ranges.append((int(fields[0]), int(fields[1]), int(fields[2])))

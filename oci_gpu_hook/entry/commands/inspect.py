@@ -129,13 +129,11 @@ def rootless_view(pid: int, names: dict[tuple[str, int, int], str]) -> list[str]
     its own) and those nodes.  Nothing for any other process."""
     import stat
 
-    from oci_gpu_hook.trust import parent_id
+    from oci_gpu_hook.trust import id_ranges, parent_id
 
-    try:
-        with open(f"/proc/{pid}/uid_map", encoding="ascii") as handle:  # trust.id_ranges reads /proc/self only
-            ranges = [(int(f[0]), int(f[1]), int(f[2])) for f in map(str.split, handle) if len(f) == 3]
-    except (OSError, ValueError) as err:
-        raise HookError(f"cannot read the user namespace of process {pid}: {getattr(err, 'strerror', err)}") from None
+    if not os.access(f"/proc/{pid}/uid_map", os.R_OK):  # id_ranges reads an unreadable map as the host's own
+        raise HookError(f"cannot read the user namespace of process {pid}: no such process, or not readable")
+    ranges = id_ranges("uid", str(pid))
     if any(out == 0 for _inside, out, _count in ranges):
         return []
     user = parent_id(0, ranges) if ranges else None  # its root on the host, as trust maps ids
