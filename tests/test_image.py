@@ -1,10 +1,11 @@
 """image/: the container image's recipe (image/build.sh, image/stage-env.sh) and the manifests that name it.
 
-The build itself (two mmdebstrap roots, ~4 minutes) is not part of the suite: docs/image.md has the command, and
-tests/containers/test_image.py runs the DaemonSet's commands from a built image (OCI_GPU_HOOK_IMAGE).  Here: the
-scripts parse, the image reference and the environment's path follow the package version (its one definition,
-``oci_gpu_hook.__version__``), the fronts the build prebuilds are the DaemonSet's, and an install without a
-compiler writes a prebuilt front exactly when its baked header is the one it was built for.
+The build itself (two mmdebstrap roots, minutes) is .ci/run's, before the suite; tests/containers/test_image.py
+runs the DaemonSet's containers from the built images (OCI_GPU_HOOK_IMAGE, docs/image.md).  Here, without a build:
+the scripts parse, the image reference and the environment's path follow the package version (its one definition,
+``oci_gpu_hook.__version__``), the fronts the build prebuilds are the DaemonSet's, an install without a compiler
+writes a prebuilt front exactly when its baked header is the one it was built for, and the DaemonSet's shell
+commands (copy-environment, remove-old-environments, nri's wait for the runtime's socket) run as written.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -215,3 +217,34 @@ def test_remove_old_environments_takes_only_what_nothing_uses(tmp_path: Path) ->
                                                "env-0.0.6", "env-0.0.7", "oci-gpu-hook", "oci-gpu-hook.py"]), out
     assert "removed env-0.0.3" in out and "kept env-0.0.2: a planner runs from it" in out, out
     assert "kept env-0.0.7: a process runs from it" in out, out
+
+
+@pytest.mark.root("flock", "unshare")
+def test_the_nri_container_waits_for_the_runtimes_socket(tmp_path: Path) -> None:
+    """The nri container's command, run as written (a private mount namespace: the launchers' directory a tree made
+    here whose launcher prints its arguments, /run a tmpfs of its own): without the NRI socket (containerd 1.6) it
+    says so once and waits, holding its environment's lock; once the runtime's socket is there it runs the
+    launcher's ``nri``."""
+    from oci_gpu_hook.host.nri import plugin
+
+    script = _container("nri")["command"][2]
+    tree = tmp_path / "libexec"
+    (tree / f"env-{__version__}").mkdir(parents=True)
+    launcher = tree / "oci-gpu-hook"
+    launcher.write_text('#!/bin/sh\necho "launcher: $*"\n')
+    launcher.chmod(0o755)
+    fifo, out = tmp_path / "err", tmp_path / "out"
+    os.mkfifo(fifo)
+    lock = f"{LAUNCHER_DIR}/env-{__version__}/.in-use"
+    make_socket = f"import socket; socket.socket(socket.AF_UNIX).bind({plugin.DEFAULT_SOCKET!r})"
+    run = (f"mount -t tmpfs -o mode=755 tmpfs /usr/local && mkdir -p {LAUNCHER_DIR} && "
+           f"mount --bind {tree} {LAUNCHER_DIR} && mount -t tmpfs -o mode=755 tmpfs /run && mkdir -p /run/nri && "
+           f'{{ sh -c "$1" 2>{fifo} >{out} & }} && exec 3<{fifo} && read -r line <&3 && echo "$line" && '
+           # waiting: its environment's lock is held (an exclusive one is refused)
+           f"! flock -nx {lock} true && {sys.executable} -c \"$2\" && wait $!")
+    done = subprocess.run(["unshare", "-m", "sh", "-c", run, "sh", script, make_socket], capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout == ("nri: no NRI socket at /var/run/nri/nri.sock (NRI of containerd 2.x or CRI-O): waiting "
+                           "for one\n"), done.stdout
+    assert out.read_text() == f"launcher: nri --socket {plugin.DEFAULT_SOCKET}\n"

@@ -29,6 +29,7 @@ LAUNCHER_DIR = "/usr/local/libexec/oci-gpu-hook"
 CDI_KIND = KINDS["amd"][0]
 DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 PLANNER_DIR = "/run/oci-gpu-hook"
+NRI_DIR = "/var/run/nri"  # the NRI socket's directory (the plugin's default socket's)
 
 
 def _load(name: str) -> dict[str, Any]:
@@ -125,7 +126,8 @@ def test_daemon_set(usage: str) -> None:
     volumes = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
     # install reads the main config and replaces it (a rename in /etc/containerd): the whole directory.
     assert set(volumes.values()) == {"/etc/containers/oci/hooks.d", "/etc/containerd", "/var/run/cdi", "/sys",
-                                     LAUNCHER_DIR, "/var/lib/oci-gpu-hook", DEVICE_PLUGIN_DIR, "/", PLANNER_DIR}
+                                     LAUNCHER_DIR, "/var/lib/oci-gpu-hook", DEVICE_PLUGIN_DIR, "/", PLANNER_DIR,
+                                     NRI_DIR}
     types = {v["hostPath"]["path"]: v["hostPath"]["type"] for v in pod["volumes"]}
     assert types["/etc/containerd"] == "Directory"  # never create a containerd config on a node without one
     containers = {c["name"]: c for c in pod["initContainers"] + pod["containers"]}
@@ -148,16 +150,18 @@ def test_daemon_set(usage: str) -> None:
     (installer,) = (c for c in pod["initContainers"] if c["name"] == "install")
     installed = {volumes[m["name"]] for m in installer["volumeMounts"]}
     # everything install reads or writes, /etc/containerd included; the kubelet's directory is the plugin's, the
-    # socket's the planner's
-    assert installed == set(volumes.values()) - {DEVICE_PLUGIN_DIR, PLANNER_DIR}
+    # socket's the planner's, the NRI socket's the runtime's
+    assert installed == set(volumes.values()) - {DEVICE_PLUGIN_DIR, PLANNER_DIR, NRI_DIR}
     assert not any(m.get("readOnly") for m in installer["volumeMounts"] if volumes[m["name"]] not in ("/sys", "/"))
     shell = ("copy-environment", "remove-old-environments")  # sh from the image (tests/test_image.py)
     init_commands = [_hook_command(c["command"]) for c in pod["initContainers"] if c["name"] not in shell]
     main_commands = [_hook_command(_exec_tail(c["command"])) for c in pod["containers"]]
     assert init_commands == [("install", ["--only", "containerd,cdi", "--set", "OCI_GPU_HOOK_ALLOW_ENV_REQUESTS=false",
                                           "--host-root", "/host"])]  # no --prefix
-    # the plugin keeps the CDI spec current itself: no watch beside it (two writers of one file); the planner
-    assert main_commands == [("device-plugin", ["--resource-strategy=mixed"]), ("serve", [])]
+    # the plugin keeps the CDI spec current itself: no watch beside it (two writers of one file); the planner; the
+    # NRI plugin on the runtime's socket (tests/test_image.py)
+    assert main_commands == [("device-plugin", ["--resource-strategy=mixed"]), ("serve", []),
+                             ("nri", ["--socket", f"{NRI_DIR}/nri.sock"])]
     assert {"install", "device-plugin", "serve"} <= _commands(usage)
     for name, args in init_commands + main_commands:
         assert name in _commands(usage)
@@ -171,7 +175,7 @@ def test_daemon_set(usage: str) -> None:
                 field = next(f for f, spec in FIELDS.items() if spec.env == variable)
                 assert field == "allow_env_requests" and setting == "false"
     for container in containers.values():
-        if container["name"] not in (*shell, "device-plugin"):
+        if container["name"] not in (*shell, "device-plugin", "nri"):
             assert container["securityContext"]["privileged"] is True
     # The device plugin reads sysfs, writes its sockets where the kubelet looks and the CDI spec where
     # containerd reads it (--cdi-dir's default, cdi_dir): no privileges needed.
@@ -192,6 +196,19 @@ def test_daemon_set(usage: str) -> None:
     assert {volumes[m["name"]] for m in server["volumeMounts"]} == {LAUNCHER_DIR, PLANNER_DIR}
     assert os.path.dirname(planner.DEFAULT_SOCKET) == PLANNER_DIR and types[PLANNER_DIR] == "DirectoryOrCreate"
     assert server["securityContext"] == {"privileged": True}
+    # The NRI plugin: the launcher install wrote (the node's code and baked settings, as the planner), on the
+    # plugin's default socket, holding its environment as the planner does (tests/test_image.py runs its command);
+    # what the runtime reads by path is at that path (the loop above): the socket's directory and by_path_dir's
+    # (the runtime bind-mounts the by-path directories the plugin prepares); no privilege.
+    from oci_gpu_hook.host.nri import plugin as nri_plugin
+
+    nri = containers["nri"]
+    assert _exec_tail(nri["command"]) == [f"{LAUNCHER_DIR}/oci-gpu-hook", "nri", "--socket", nri_plugin.DEFAULT_SOCKET]
+    assert f"exec 9>>{LAUNCHER_DIR}/env-{__version__}/.in-use && flock -s 9 &&" in nri["command"][2]
+    assert {volumes[m["name"]] for m in nri["volumeMounts"]} == {LAUNCHER_DIR, PLANNER_DIR, NRI_DIR, "/sys"}
+    assert os.path.dirname(nri_plugin.DEFAULT_SOCKET) == NRI_DIR and types[NRI_DIR] == "DirectoryOrCreate"
+    assert os.path.dirname(FIELDS["by_path_dir"].default) == PLANNER_DIR
+    assert nri["securityContext"] == plugin["securityContext"]
 
 
 def test_partition_pod_example() -> None:

@@ -1,18 +1,18 @@
 """The DaemonSet's containers run from the built image (image/build.sh) against a private node root.
 
-Needs the image's archive: ``OCI_GPU_HOOK_IMAGE=image/out/oci-gpu-hook-VERSION.oci.tar`` (docs/image.md); without
-it every test here skips with that line (the build takes minutes, longer than the suite's budget for it); the
-upgrade's test also needs ``OCI_GPU_HOOK_IMAGE_NEXT``, a newer version's archive.  podman loads the archives into
-storage of its own (a temporary directory; the host's image store never changes), then runs the DaemonSet's
-containers exactly as examples/kubernetes/daemonset.yaml and dra-daemonset.yaml write them (command, env,
-security context, hostPID, hostNetwork, volume mounts: all read from the manifests), each volume's hostPath a
+Needs the image's archive: ``OCI_GPU_HOOK_IMAGE=image/out/oci-gpu-hook-VERSION.oci.tar`` (docs/image.md), and for
+the upgrade's test ``OCI_GPU_HOOK_IMAGE_NEXT``, a newer version's; .ci/run builds both (image/build.sh --also) and
+names them. Without them each test fails under ``CI=true``, and elsewhere skips with that line. podman loads the
+archives into storage of its own (a temporary directory; the host's image store never changes), then runs the
+DaemonSet's containers exactly as examples/kubernetes/daemonset.yaml and dra-daemonset.yaml write them (command,
+env, security context, hostPID, hostNetwork, volume mounts: all read from the manifests), each volume's hostPath a
 directory of a node tree in a temporary directory (the node's / is the tree, /sys the seed host's fake sysfs), with
-a fake kubelet and a fake API server for the cluster.  The tests run in order on one node: install, item 3's trust
+a fake kubelet and a fake API server for the cluster. The tests run in order on one node: install, item 3's trust
 (what the node runs is root's, none of it the image's), the pod's device plugin and planner, GPU containers through
-the node's runtime launcher (the isolation probe), a pod restart under them (the node tree compared by content,
-mode and owner), the DRA driver, the upgrade to the newer image (old planner, old environment's removal) and
-uninstall.  GPU containers and the launchers run on the host in private mount namespaces (the node's launchers'
-directory at its real path); nothing of the host changes.
+the node's runtime launcher (the isolation probe), the pod's NRI plugin against the NRI runtime double, a pod
+restart under them (the node tree compared by content, mode and owner), the DRA driver, the upgrade to the newer
+image (old planner, old environment's removal) and uninstall. GPU containers and the launchers run on the host in
+private mount namespaces (the node's launchers' directory at its real path); nothing of the host changes.
 """
 
 from __future__ import annotations
@@ -36,9 +36,11 @@ import yaml
 from oci_gpu_hook import __version__
 from oci_gpu_hook.host import planner as planner_module
 from oci_gpu_hook.host.containerd import RUNTIME_NAME
-from tests.conftest import need
+from oci_gpu_hook.host.nri import api_pb2
+from tests.conftest import need, unavailable
 from tests.helpers import containerdlib as ctrd
 from tests.helpers import containerlib as cl
+from tests.helpers import nriruntime as nr
 from tests.helpers.fakeapiserver import FakeApiServer
 from tests.helpers.fakekubelet import FakeKubelet
 from tests.helpers.installtrees import CONTAINERD_V2, containerd_binary, put
@@ -226,7 +228,7 @@ def _until(condition: Callable[[], object], what: str, timeout: float = 120) -> 
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     archive = os.environ.get("OCI_GPU_HOOK_IMAGE")
     if not archive:
-        pytest.skip("OCI_GPU_HOOK_IMAGE is not set: build the image (image/build.sh, docs/image.md), name its archive")
+        unavailable("OCI_GPU_HOOK_IMAGE is not set: build the image (image/build.sh, docs/image.md), name its archive")
     need("podman", "runc", "busybox", "flock")
     base = tmp_path_factory.mktemp("image-node")
     podman = [*cl.PODMAN, "--root", str(base / "storage"), "--runroot", str(base / "run"), "--runtime", "runc"]
@@ -350,9 +352,13 @@ def test_install_again_from_the_image_changes_nothing(installed: Node) -> None:
 
 JOURNAL = ("var/lib/oci-gpu-hook/journal.d",)
 PLANNER_LEFT = ("run/oci-gpu-hook/planner.sock.lock", "run/oci-gpu-hook/warm")  # serve's, after it stopped
-PLANNER_AT = "/usr/local/oci-gpu-hook-planner"  # the node's planner directory, on the host (a trusted path)
+BY_PATH_LEFT = "run/oci-gpu-hook/by-path"  # the GPU containers' by-path directories (bypath.py: none is removed)
+PLANNER_AT = "/usr/local/oci-gpu-hook-planner"  # the node's /run/oci-gpu-hook, on the host (a trusted path)
+# The node's launchers and planner, asked for a GPU container, prepare its by-path directory under by_path_dir
+# (the node's /run/oci-gpu-hook/by-path): here the node's, as the planner's socket is, never the host's.
 GPU_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "OCI_GPU_HOOK_SYSFS_ROOT": str(cl.SEED_SYSFS),
-           "OCI_GPU_HOOK_PLANNER_SOCKET": f"{PLANNER_AT}/planner.sock"}
+           "OCI_GPU_HOOK_PLANNER_SOCKET": f"{PLANNER_AT}/planner.sock",
+           "OCI_GPU_HOOK_BY_PATH_DIR": f"{PLANNER_AT}/by-path"}
 SEED_IDS = [f"0000:{bus}:00.0" for bus in cl.SEED_PCI]
 
 
@@ -386,15 +392,19 @@ class Running:
     def runc_root(self) -> Path:
         return self.node.base / "runc"
 
-    def on_node(self, argv: list[str]) -> list[str]:
+    def on_node(self, argv: list[str], *, own_run: bool = False) -> list[str]:
         """``argv`` on the host, in a private mount namespace with the node's launcher directory at its real path
-        and the node's planner directory at PLANNER_AT (a path the front trusts: root's all the way up)."""
+        and the node's /run/oci-gpu-hook (the planner's socket, the by-path directories: GPU_ENV) at PLANNER_AT (a
+        path the front trusts: root's all the way up); ``own_run``: at its real path too, on a /run of its own (a
+        tmpfs: the host's /run is not seen), for a runc that mounts what a runtime's NRI plugin prepared there."""
         launcher_dir = self.node.root / LAUNCHER_DIR.lstrip("/")
         planner_dir = self.node.root / "run/oci-gpu-hook"
+        run = (f"mount -t tmpfs -o mode=755 tmpfs /run && mkdir /run/oci-gpu-hook && "
+               f"mount --bind {planner_dir} /run/oci-gpu-hook && ") if own_run else ""
         script = (f"{_limited()} && mount -t tmpfs -o mode=755 tmpfs /usr/local && "
                   f"mkdir -p {LAUNCHER_DIR} {PLANNER_AT} && "
                   f"mount --bind {launcher_dir} {LAUNCHER_DIR} && mount --bind {planner_dir} {PLANNER_AT} && "
-                  'exec "$@"')
+                  f'{run}exec "$@"')
         return ["unshare", "-m", "sh", "-c", script, "sh", *argv]
 
     def allocate(self, ids: list[str]) -> dict[str, str]:
@@ -513,8 +523,58 @@ def test_a_gpu_container_through_what_install_wrote_gets_exactly_its_gpus(runnin
     assert running.gpu is not None
     running.gpu[cid] = gpus
     cl.assert_isolated(running.probe(cid), gpus)
+    assert any((running.node.root / BY_PATH_LEFT).iterdir())  # its by-path directory: the node's (GPU_ENV)
     state = (running.runc_root / cid / "state.json").read_text()
     assert IMAGE_ONLY not in state and "/env-" not in state  # hooks: the launchers' paths, no environment's
+
+
+NRI_SOCKET = "var/run/nri/nri.sock"  # the node's (the manifest's nri volume)
+NRI_POD = api_pb2.PodSandbox(id="pod-image", name="gpu-pod", namespace="default", uid="1111-2222")
+
+
+def test_the_nri_plugin_runs_from_the_image(running: Running) -> None:
+    """The pod's nri container (``nri`` through the launcher install wrote): while the node has no NRI socket it
+    waits, running, and says so; then it registers with the runtime's (the NRI double, tests/helpers/nriruntime.py,
+    at the node's socket) and answers CreateContainer by the node's settings.  A container with the device plugin's
+    Allocate answer as its annotations gets exactly its GPUs and their by-path links (the adjustment applied as
+    containerd applies it, then runc, the isolation probe), from a by-path directory of the node's; one that asks by
+    env gets nothing (the DaemonSet's install turns env requests off), nor does one that asks for nothing.  With
+    the runtime's socket closed, the plugin exits (the kubelet starts it again)."""
+    node = running.node
+    (name,) = [n for n in running.pod or [] if n.endswith("-nri")]
+    assert node.running(name), node.logs([name])
+    assert "waiting for one" in node.logs([name])
+    socket_path = node.root / NRI_SOCKET
+    double = nr.NRIRuntime(socket_path)
+    try:
+        plugin = double.accept()
+        assert (plugin.name, plugin.idx) == ("oci-gpu-hook", "10")
+        cases = [([], running.allocate([SEED_IDS[3]]), [3]), (["AMD_VISIBLE_DEVICES=1"], {}, []), ([], {}, [])]
+        for env, annotations, gpus in cases:
+            cid = cl.container_id()
+            bundle = cl.make_bundle(node.base / "bundles" / cid, running.rootfs, env)
+            spec = json.loads((bundle / "config.json").read_text())
+            spec["annotations"] = dict(annotations)
+            before = json.loads(json.dumps(spec))
+            nr.apply_adjustment(spec, double.create_container(NRI_POD, nr.container_of(spec, cid,
+                                                                                         annotations=annotations)))
+            (bundle / "config.json").write_text(json.dumps(spec))
+            by_path = [m["source"] for m in spec["mounts"] if m["destination"] == "/dev/dri/by-path"]
+            assert (spec == before) == (not gpus), (env, annotations, spec)
+            if gpus:
+                (source,) = by_path
+                assert source.startswith("/run/oci-gpu-hook/by-path/"), source
+                assert (node.root / source.lstrip("/")).is_dir(), source  # the node's, as the runtime mounts it
+            done = cl.run(running.on_node(["runc", "--root", str(running.runc_root), "run", "--bundle", str(bundle),
+                                           cid], own_run=True))
+            assert done.returncode == 0, done.stderr
+            result = cl.assert_isolated(done.stdout, gpus)
+            assert result.links == cl.expected_links(gpus)
+    finally:
+        double.close()
+        socket_path.unlink(missing_ok=True)
+    _until(lambda: not node.running(name), "the plugin's exit after the runtime closed its socket")
+    assert "Traceback" not in node.logs([name])
 
 
 def test_deleting_and_starting_the_pod_again_changes_nothing(running: Running) -> None:
@@ -665,7 +725,7 @@ def test_upgrade_from_a_newer_image(running: Running) -> None:
     GPU containers keep their devices throughout."""
     archive = os.environ.get("OCI_GPU_HOOK_IMAGE_NEXT")
     if not archive:
-        pytest.skip("OCI_GPU_HOOK_IMAGE_NEXT is not set: build a newer version's image (docs/image.md), name it")
+        unavailable("OCI_GPU_HOOK_IMAGE_NEXT is not set: build a newer version's image (docs/image.md), name it")
     node = running.node
     done = subprocess.run([*node.podman, "load", "-i", archive], capture_output=True, text=True, timeout=600,
                           check=False)
@@ -750,7 +810,12 @@ def test_uninstall_from_the_image_returns_the_node(running: Running) -> None:
     after = compared(_tree(node.root, (f"{LAUNCHER_DIR.lstrip('/')}/env-{running.version}", "var/lib/kubelet/")))
     assert node.pristine_tree is not None
     pristine = compared({k: v for k, v in node.pristine_tree.items() if not k.startswith("var/lib/kubelet/")})
-    # what the stopped planner leaves in its runtime directory (a tmpfs on a node: gone at the next boot)
-    left = {k for k in after.keys() - pristine.keys() if k.startswith(PLANNER_LEFT)}
-    assert left <= {f"{d}" for d in PLANNER_LEFT} | {f"{PLANNER_LEFT[1]}/config.toml"}, left
+    # what the stopped planner leaves in its runtime directory, and the by-path directories the GPU containers got
+    # (a tmpfs on a node: gone at the next boot)
+    left = {k for k in after.keys() - pristine.keys() if k.startswith((*PLANNER_LEFT, BY_PATH_LEFT))}
+    planner_left = {k for k in left if not k.startswith(BY_PATH_LEFT)}
+    assert planner_left <= {f"{d}" for d in PLANNER_LEFT} | {f"{PLANNER_LEFT[1]}/config.toml"}, left
+    by_path = {k: after[k] for k in left - planner_left}
+    assert by_path and all(kind == stat.S_IFDIR or (kind == stat.S_IFLNK and str(target).startswith("../"))
+                           for kind, _mode, _uid, _gid, target in by_path.values()), by_path
     assert _differences(pristine, {k: v for k, v in after.items() if k not in left}) == []
