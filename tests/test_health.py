@@ -1,6 +1,7 @@
 """A GPU's health from its drivers' own signals (oci_gpu_hook/host/health.py): the monitor on fake hosts whose RAS and
 AER counters change and whose uevents fire, with its clocks stepped by the test (never slept); `list`'s column; the
-device plugin marking those devices Unhealthy to a fake kubelet; the DRA driver's taints in the fake API server's
+device plugin marking those devices Unhealthy to a fake kubelet (and still after its restart, for a wedged GPU);
+the DRA driver's taints in the fake API server's
 ResourceSlices (appear, hold, go; at once after a restart beside a failing GPU; none where the server keeps none)
 and the same state and reason in the health stream.
 
