@@ -9,10 +9,12 @@ prometheus_client the option is one line."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -37,6 +39,7 @@ prometheus = pytest.importorskip("prometheus_client")  # the suite's; the wheel'
 
 STARTS = "oci_gpu_hook_planner_starts_total"
 ANSWER = "oci_gpu_hook_planner_answer_seconds"
+LOGS = itertools.count()
 
 
 @pytest.fixture(scope="module")
@@ -62,10 +65,13 @@ def install(wheel: tuple[Path, Path]) -> dict[str, Path]:
     return made
 
 
-def _planner(install: dict[str, Path], *extra: str) -> plannerlib.Planner:
+def _planner(install: dict[str, Path], *extra: str, socket_path: Path | None = None) -> plannerlib.Planner:
+    """``serve`` through the wheel's native launcher, with a log of its own."""
     env = {**cl.hook_env(), "OCI_GPU_HOOK_CONFIG": str(install["config"])}
     argv = [str(install["native"] / "oci-gpu-hook"), "serve", *extra]
-    return plannerlib.Planner(install["native"] / "oci-gpu-hook", install["socket"], env, 2, argv=argv)
+    made = plannerlib.Planner(install["native"] / "oci-gpu-hook", socket_path or install["socket"], env, 2, argv=argv)
+    made.log = install["base"] / f"planner-{next(LOGS)}.log"
+    return made
 
 
 def _said(running: plannerlib.Planner, pattern: str, timeout: float = 60) -> re.Match[str]:
@@ -95,7 +101,8 @@ def test_without_prometheus_client_the_option_is_one_line(install: dict[str, Pat
     bad = _planner(install, "--metrics-address", "nowhere").start(wait=False)
     assert bad.process is not None and bad.process.wait(timeout=120) == 1
     bad.stop()
-    assert "expected HOST:PORT" in bad.log.read_text().splitlines()[-1]
+    lines = bad.log.read_text().splitlines()
+    assert len(lines) == 1 and "expected HOST:PORT" in lines[0], lines
 
 
 # --- the starts -------------------------------------------------------------------------------------------------
@@ -230,6 +237,47 @@ def _buckets(samples: Samples, path: str) -> list[tuple[float, float]]:
                   if name == ANSWER + "_bucket" and dict(labels)["path"] == path)
 
 
+def test_an_endpoint_that_exits_is_started_again_and_a_port_in_use_is_one_line(install: dict[str, Path]) -> None:
+    """The endpoint's process killed: the planner says so, keeps answering, and starts it again (its counts from
+    0); a port another process holds stops ``serve`` at start with one line."""
+    running = _planner(install, "--metrics-address", "127.0.0.1:0").start()
+    try:
+        first = _said(running, r"metrics at (http://\S+/metrics) \(process (\d+)\)")
+        _said(running, r"planner: serving ")
+        os.kill(int(first.group(2)), signal.SIGKILL)
+        _said(running, r"the metrics endpoint exited \(wait status 9\); starting it again in 10 s")
+        spec = json.dumps({"ociVersion": "1.0.2", "process": {"env": ["AMD_VISIBLE_DEVICES=3"]},
+                           "root": {"path": "rootfs"}})
+        python_runs(install)
+        done = cl.run([str(install["native"] / "oci-gpu-hook"), "precreate"], env=cl.hook_env(), stdin=spec)
+        assert done.returncode == 0 and "renderD131" in done.stdout, done.stderr
+        assert python_runs(install) == 0  # answered meanwhile (its start line is dropped or waits for the next one)
+        again = _said(running, r"metrics at (http://\S+/metrics) \(process (\d+), started again", timeout=60)
+        assert again.group(2) != first.group(2)
+        done = cl.run([str(install["native"] / "oci-gpu-hook"), "precreate"], env=cl.hook_env(), stdin=spec)
+        assert done.returncode == 0, done.stderr
+        starts = {dict(labels)["outcome"]: value for (name, labels), value in scrape(again.group(1)).items()
+                  if name == STARTS}
+        assert starts.get("granted", 0) >= 1 and set(starts) == {"granted"}
+        held = socket.socket()
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
+        try:
+            port = held.getsockname()[1]
+            taken = _planner(install, "--metrics-address", f"127.0.0.1:{port}",
+                             socket_path=install["base"] / "second" / "planner.sock").start(wait=False)
+            assert taken.process is not None and taken.process.wait(timeout=120) == 1
+            taken.stop()
+            lines = taken.log.read_text().splitlines()
+            assert len(lines) == 1 and f"--metrics-address 127.0.0.1:{port}: cannot listen there: " in lines[0], lines
+        finally:
+            held.close()
+    finally:
+        code = running.stop()
+    assert code == 0, running.log.read_text()
+    assert "Traceback" not in running.log.read_text()
+
+
 # --- the pieces: what a worker says, how a refusal is named ----------------------------------------------------
 
 def test_a_refusal_is_named_by_where_it_was_raised(tmp_path: Path) -> None:
@@ -257,8 +305,10 @@ def test_a_refusal_is_named_by_where_it_was_raised(tmp_path: Path) -> None:
 
 
 def test_start_lines_outside_the_closed_sets_are_not_counted() -> None:
-    from oci_gpu_hook.host.metrics import StartCounts
+    from oci_gpu_hook import LIVE_COMMANDS, PRECREATE
+    from oci_gpu_hook.host.metrics import PATHS, StartCounts
 
+    assert {"shim", PRECREATE, *LIVE_COMMANDS} <= set(PATHS)  # every path a worker names (worker.request_path)
     counts = StartCounts()
     assert counts.add(start_line("shim", "granted", "", 0.004))
     assert counts.add(start_line("prestart", "refused", "apply", 0.2))

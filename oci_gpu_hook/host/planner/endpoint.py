@@ -191,7 +191,7 @@ class Metrics:
             self.due = time.monotonic() + RESTART_S
             self.say(f"{err}; trying again in {RESTART_S:g} s")
             return
-        self.say(f"metrics at http://{where}/metrics (started again; the counts start from 0)")
+        self.say(f"metrics at http://{where}/metrics (process {self.pid}, started again; the counts start from 0)")
 
     def stop(self) -> None:
         if self.pid:

@@ -133,7 +133,7 @@ class Planner:
 
         self.metrics = Metrics(address, config, _say)
         where = self.metrics.start(self.close_in_child)
-        _say(f"metrics at http://{where}/metrics")
+        _say(f"metrics at http://{where}/metrics (process {self.metrics.pid})")
 
     def close_in_child(self) -> None:
         """In a child that is not a worker (the metrics endpoint's): let go of the socket, its lock and the scan

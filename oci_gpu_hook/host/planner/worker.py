@@ -369,11 +369,11 @@ def request_path(request: Request) -> str:
     if request.role == "oci-gpu-runtime":
         return "shim"
     if request.role == "oci-gpu-hook" and len(request.args) == 1:
-        from oci_gpu_hook.host.metrics import PATHS
+        from oci_gpu_hook import LIVE_COMMANDS, PRECREATE
 
         command = os.fsdecode(request.args[0])
-        if command in PATHS:
-            return command
+        if command in (PRECREATE, *LIVE_COMMANDS):
+            return command  # each one of metrics.PATHS
     return "unknown"
 
 
