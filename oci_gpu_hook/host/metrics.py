@@ -120,8 +120,8 @@ def start_line(path: str, outcome: str, reason: str, seconds: float | None) -> b
 class StartCounts:
     """The planner's container starts by (path, outcome, reason) and its answer times by path, as its workers
     report them (:func:`start_line` datagrams on ``sock``).  The datagrams are taken under one lock, by the
-    metrics process's loop (:meth:`take` when ``sock`` is readable) and by each scrape before it counts: a
-    worker sends before it answers, so a scrape after a start's answer always counts that start."""
+    metrics process's loop (:meth:`take` every half second) and by each scrape before it counts: a worker sends
+    before it answers, so a scrape after a start's answer always counts that start."""
 
     def __init__(self, sock: Any = None) -> None:
         self.sock = sock  # a non-blocking datagram socket

@@ -8,7 +8,9 @@ stays one thread; a slow scrape, or the scan a scrape makes, never delays a star
 **What it counts.**  Each worker tells it its request's path, outcome and reason (the closed sets of
 :mod:`oci_gpu_hook.host.metrics`) and its time from accept to answer, as one datagram on a socket only the
 daemon's forks hold, sent (never blocking; dropped where the queue is full) just before the worker answers: a
-scrape after a start's answer counts that start (:class:`~oci_gpu_hook.host.metrics.StartCounts`).  The fronts and
+scrape after a start's answer counts that start (:class:`~oci_gpu_hook.host.metrics.StartCounts`).  This process
+takes the datagrams in every DRAIN_S and at each scrape, and never waits on the socket: a datagram wakes no process
+on its way (a woken reader can take the CPU from the worker before its answer: docs/health.md).  The fronts and
 hooks send nothing: what the planner sees of a request is all there is (a front that runs Python without asking,
 the planner absent or not root's, is not counted here; the journal has its line).
 
@@ -39,6 +41,8 @@ if TYPE_CHECKING:
 
 READY_TIMEOUT_S = 30.0  # for the child's first line: imported, listening
 RESTART_S = 10.0
+DRAIN_S = 0.5  # how often the endpoint's process takes the workers' datagrams in (and at each scrape)
+SEND_BUFFER = 4 << 20  # the datagrams waiting for it: thousands (each costs its buffer about 1 KiB)
 PR_SET_PDEATHSIG = 1
 
 
@@ -100,6 +104,12 @@ class Metrics:
         self.receive, self.send = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
         self.receive.setblocking(False)
         self.send.setblocking(False)
+        for option in (getattr(socket, "SO_SNDBUFFORCE", 32), socket.SO_SNDBUF):  # root may pass wmem_max
+            try:
+                self.send.setsockopt(socket.SOL_SOCKET, option, SEND_BUFFER)
+                break
+            except OSError:
+                continue
         self.pid = 0
         self.due = 0.0  # monotonic: when a process that exited is started again
 
@@ -203,8 +213,8 @@ def _serve(address: str, config: Config, receive: object, ready: int, parent: in
     """The endpoint's process (a child of ``parent``, the daemon): listen, say so on ``ready``, count what the
     workers send until killed."""
     import ctypes
-    import select
     import signal
+    import time
 
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -226,6 +236,6 @@ def _serve(address: str, config: Config, receive: object, ready: int, parent: in
         return 1
     os.write(ready, f"ok {endpoint.address}\n".encode())
     os.close(ready)
-    while True:
-        select.select([receive], [], [])
+    while True:  # never waiting on the socket: a worker's datagram wakes nothing on its way to its answer
+        time.sleep(DRAIN_S)
         counts.take()
