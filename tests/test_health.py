@@ -1,6 +1,7 @@
 """A GPU's health from its drivers' own signals (oci_gpu_hook/host/health.py): the monitor on fake hosts whose RAS and
 AER counters change and whose uevents fire, with its clocks stepped by the test (never slept); `list`'s column; the
-device plugin marking those devices Unhealthy to a fake kubelet; the DRA driver's taints in the fake API server's
+device plugin marking those devices Unhealthy to a fake kubelet (and still after its restart, for a wedged GPU);
+the DRA driver's taints in the fake API server's
 ResourceSlices (appear, hold, go; at once after a restart beside a failing GPU; none where the server keeps none)
 and the same state and reason in the health stream.
 
@@ -23,7 +24,7 @@ import pytest
 
 from oci_gpu_hook.config import Config
 from oci_gpu_hook.host.deviceplugin import server
-from oci_gpu_hook.host.health import Monitor, Settings, aer_fatal, event_gpu, ras_uncorrectable
+from oci_gpu_hook.host.health import Monitor, Settings, aer_fatal, event_gpu, ras_uncorrectable, resident_monitor
 from oci_gpu_hook.host.watch import QueueEvents
 from oci_gpu_hook.inventory import scan
 from tests.helpers import fakesysfs
@@ -288,6 +289,89 @@ def test_the_device_plugin_takes_a_wedged_uevent_from_its_listener(plugin: tuple
     kubelet.wait(lambda: not tracker.monitor.wedged, 10, "the monitor to take the rebind")
     tracker.rescan("test")
     kubelet.devices("amd.com/gpu", lambda d: d["0000:83:00.0"].health == "Healthy")
+
+
+def test_a_wedge_outlives_a_restart_of_the_device_plugin(tmp_path: Path) -> None:
+    """The wedge a uevent brought is kept in the plugin's state directory (the command's default, inside the
+    kubelet's directory, which a starting kubelet leaves): the restarted plugin, the real command that never saw the
+    uevent, advertises the GPU Unhealthy in its first list; the driver's recovery uevent makes it Healthy again,
+    under the same name, to a plugin restarted once more; one restarted after a rebind while it was down is
+    Healthy at once."""
+    sysfs, host = _seed(tmp_path)
+    plugins = tmp_path / "device-plugins"
+    state = plugins / "oci-gpu-hook"
+    kubelet = FakeKubelet(str(plugins))
+    kubelet.start()
+    config = Config(sysfs_root=str(sysfs))
+    logs: list[str] = []
+
+    def in_process() -> tuple[server.Manager, threading.Thread, QueueEvents]:
+        events = QueueEvents()
+        tracker = server.Tracker(str(sysfs), "single", log=logs.append,
+                                 monitor=resident_monitor(config, str(state), logs.append))
+        manager = server.Manager(str(plugins), tracker, rescan_interval=3600, poll_interval=0.05,
+                                 log=logs.append, events=events, uevent_delay=0.05)
+        thread = threading.Thread(target=manager.run, daemon=True)
+        thread.start()
+        return manager, thread, events
+
+    def stop(manager: server.Manager, thread: threading.Thread) -> None:
+        manager.stop()
+        thread.join(10)
+        assert not thread.is_alive()
+
+    def first_list(old: object) -> dict[str, object]:
+        """The first device list of the plugin that registered after ``old`` (the one before)."""
+        def new() -> object:
+            found = kubelet.plugins.get("amd.com/gpu")
+            return found if found is not None and found is not old else None
+
+        plugin = kubelet.wait(new, 30, "a new registration")
+        kubelet.wait(lambda: plugin.lists, 30, "its first list")  # type: ignore[attr-defined]
+        return {d.ID: d.health for d in plugin.lists[0]}  # type: ignore[attr-defined]
+
+    try:
+        manager, thread, events = in_process()
+        assert set(first_list(None).values()) == {"Healthy"}
+        events.put(_wedged("0000:83:00.0"))  # the manager's listener hands it to the monitor, and rescans soon
+        kubelet.devices("amd.com/gpu", lambda d: d["0000:83:00.0"].health == "Unhealthy")
+        assert json.loads((state / "health.json").read_text())["wedged"]["0000:83:00.0"]["methods"] == (
+            "rebind,bus-reset")
+        old = kubelet.plugins["amd.com/gpu"]
+        stop(manager, thread)
+        kubelet.restart()  # a kubelet starting meanwhile removes the sockets, not the state directory
+        process = subprocess.Popen(
+            [sys.executable, "-m", "oci_gpu_hook.entry.cli", "--sysfs-root", str(sysfs), "device-plugin",
+             "--kubelet-dir", str(plugins), "--no-uevents", "--no-cdi-specs"], cwd=REPO, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE, text=True, env={"PATH": "/usr/bin:/bin", "OCI_GPU_HOOK_CONFIG": "/dev/null"})
+        try:
+            health = first_list(old)
+            assert [i for i, h in health.items() if h != "Healthy"] == ["0000:83:00.0"]  # at once, no uevent
+            old = kubelet.plugins["amd.com/gpu"]
+        finally:
+            process.send_signal(signal.SIGTERM)
+            _out, err = process.communicate(timeout=30)
+        assert process.returncode == 0 and "Traceback" not in err, err
+        assert "amd.com/gpu 0000:83:00.0 (CDI amd.com/gpu=0000:83:00.0) Unhealthy (the driver declared it wedged" in err
+        manager, thread, events = in_process()
+        assert first_list(old)["0000:83:00.0"] == "Unhealthy"
+        events.put(_wedged("0000:83:00.0", "none"))  # the driver recovered it
+        kubelet.devices("amd.com/gpu", lambda d: d["0000:83:00.0"].health == "Healthy")
+        (answer,) = kubelet.allocate("amd.com/gpu", ["0000:83:00.0"]).container_responses
+        assert [c.name for c in answer.cdi_devices] == ["amd.com/gpu=0000:83:00.0"]  # the same name, in service
+        assert json.loads((state / "health.json").read_text()) == {"wedged": {}}
+        events.put(_wedged("0000:83:00.0"))  # wedged again; then rebound while no plugin runs
+        kubelet.devices("amd.com/gpu", lambda d: d["0000:83:00.0"].health == "Unhealthy")
+        old = kubelet.plugins["amd.com/gpu"]
+        stop(manager, thread)
+        shutil.rmtree(sysfs)
+        fakesysfs.build(str(sysfs), host)  # its drm directory is another one now
+        manager, thread, events = in_process()
+        assert set(first_list(old).values()) == {"Healthy"}
+        stop(manager, thread)
+    finally:
+        kubelet.stop()
+    assert not any("health state" in line for line in logs), logs
 
 
 # --- the DRA driver: taints and the health stream -----------------------------------------------------------------

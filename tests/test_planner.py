@@ -34,17 +34,26 @@ pytestmark = pytest.mark.skipif(launchers.find_cc() is None, reason="no C compil
 SEED_PCI = cl.SEED_PCI
 
 
-def make_install(base: Path, runtime: str = "/bin/true", extra: str = "") -> dict[str, Path]:
+def make_install(base: Path, runtime: str = "/bin/true", extra: str = "", hook: Path | None = None
+                 ) -> dict[str, Path]:
     """Native launchers that ask the planner at ``base/run/planner.sock`` (their Python launchers leave a marker),
-    Python-only launchers of the same settings, and a config (the seed host, a log file, the native links hook)."""
+    Python-only launchers of the same settings, and a config (the seed host, a log file, the native links hook).
+    ``hook``: the ``oci-gpu-hook`` command that writes them (``launchers DIR``: an installed wheel's), else this
+    checkout's :func:`launchers.write_launchers`."""
     base.mkdir(parents=True, exist_ok=True)
     config, log = base / "config.toml", base / "hook.log"
     socket_path = base / "run" / "planner.sock"
     config.write_text(f'sysfs_root = "{cl.SEED_SYSFS}"\nhook_path = "{base / "native" / "oci-gpu-hook"}"\n'
                       f'runtime = "{runtime}"\nlog_file = "{log}"\nby_path_dir = "{base / "by-path"}"\n{extra}')
     defaults = {"OCI_GPU_HOOK_CONFIG": str(config), "OCI_GPU_HOOK_PLANNER_SOCKET": str(socket_path)}
-    launchers.write_launchers(str(base / "native"), defaults, native=True)
-    launchers.write_launchers(str(base / "python"), defaults, native=False)
+    for kind, native in (("native", True), ("python", False)):
+        if hook is None:
+            launchers.write_launchers(str(base / kind), defaults, native=native)
+            continue
+        sets = [word for key, value in defaults.items() for word in ("--set", f"{key}={value}")]
+        done = subprocess.run([str(hook), "launchers", str(base / kind), "--native" if native else "--no-native",
+                               *sets], capture_output=True, text=True, env=cl.hook_env(), timeout=300)
+        assert done.returncode == 0, done.stderr
     marker = base / "python-ran"
     for name in ("oci-gpu-hook.py", "oci-gpu-runtime.py"):
         script = base / "native" / name

@@ -10,9 +10,10 @@ signals (docs/health.md says each one's kernel source, file and attribute, and w
 - ``wedged``: the DRM core's ``WEDGED=<recovery methods>`` change uevent on the GPU's card minor (amdgpu, i915,
   xe: a reset failed and the driver gave up on the device); held until the device recovers: ``WEDGED=none``
   (the driver says it recovered), the PCI device or its card added or bound again (a rebind), or the GPU gone
-  from the host (a new device when it comes back).  With a ``state_file`` (the DRA driver's state directory) it
-  outlives a restart of the process: kept with the identity of the GPU's ``drm`` directory in sysfs (kernfs
-  makes it anew when the driver binds again), so a rebind while the process was down ends it;
+  from the host (a new device when it comes back).  With a ``state_file`` (:func:`resident_monitor`: the DRA
+  driver's and the device plugin's ``--state-dir``) it outlives a restart of the process: kept with the identity
+  of the GPU's ``drm`` directory in sysfs (kernfs makes it anew when the driver binds again), so a rebind while
+  the process was down ends it;
 - ``vanished``: the GPU's devices are gone from the scan (AMD: its KFD topology node or DRM minors; NVIDIA: the
   driver no longer lists it, or excluded it) while its PCI device stays.
 
@@ -44,6 +45,7 @@ AER_TOTAL = "TOTAL_ERR_FATAL"
 WEDGED = "WEDGED"
 COUNTED = ("ras-uncorrectable", "pcie-fatal")  # the signals of counts: held after they clear
 RECOVERED = "none"  # WEDGED=none: the driver recovered the device itself (telemetry may be collected)
+HEALTH_STATE = "health.json"  # in a resident process's state directory: the wedged GPUs, across its restart
 
 
 @dataclass(frozen=True)
@@ -349,6 +351,12 @@ def _identity(path: str) -> list[int] | None:
     except OSError:
         return None
     return [st.st_ino, st.st_ctime_ns]
+
+
+def resident_monitor(config: Config, state_dir: str, log: Callable[[str], None]) -> Monitor:
+    """The monitor of a resident process (the device plugin, the DRA driver): the config's settings, the wedges it
+    sees kept in ``state_dir`` (:data:`HEALTH_STATE`), so that a restart of the process forgets none."""
+    return Monitor(Settings.of(config), config.sysfs_root, log=log, state_file=os.path.join(state_dir, HEALTH_STATE))
 
 
 def one_sample(config: Config, inventory: Inventory) -> dict[str, Verdict]:

@@ -53,10 +53,12 @@ class FakeKubelet(api_grpc.RegistrationServicer):
     # --- the kubelet's life ------------------------------------------------------------------
 
     def start(self) -> None:
-        """Empty the directory, as a starting kubelet does, and serve Registration on kubelet.sock."""
+        """Empty the directory of its files, as a starting kubelet does (older kubelets every file, newer ones the
+        sockets; a directory never), and serve Registration on kubelet.sock."""
         os.makedirs(self.directory, exist_ok=True)
         for name in os.listdir(self.directory):
-            os.unlink(os.path.join(self.directory, name))
+            if not os.path.isdir(os.path.join(self.directory, name)):
+                os.unlink(os.path.join(self.directory, name))
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         api_grpc.add_RegistrationServicer_to_server(self, server)
         assert server.add_insecure_port(f"unix://{os.path.join(self.directory, 'kubelet.sock')}")

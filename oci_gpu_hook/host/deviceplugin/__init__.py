@@ -12,6 +12,11 @@ TYPE_CHECKING = False  # not typing's: see oci_gpu_hook/startpath.py
 if TYPE_CHECKING:
     from oci_gpu_hook.config import Config
 
+# The health state's directory under the kubelet's device-plugins directory: a starting kubelet removes files there
+# (its plugins' sockets; older kubelets every file but their checkpoint), never a directory; and the DaemonSet
+# mounts that directory already.
+STATE_SUBDIR = "oci-gpu-hook"
+
 
 def _managed_dir(directory: str) -> None:
     """A CDI directory the plugin is to write: created when missing; one that cannot be, or that is not
@@ -63,6 +68,9 @@ def command(args: list[str], config: Config) -> int:
     parser.add_argument("--no-cdi-specs", action="store_true",
                         help="manage no CDI spec (then something else, e.g. `oci-gpu-hook watch`, must keep the "
                              "runtime's specs current)")
+    parser.add_argument("--state-dir", metavar="DIR", default=None,
+                        help=f"where the health state goes (wedged GPUs, across a restart of the plugin; default: "
+                             f"<kubelet dir>/{STATE_SUBDIR}, a directory, which a starting kubelet leaves in place)")
     parser.add_argument("--metrics-address", metavar="HOST:PORT", default=None,
                         help="serve Prometheus metrics at http://HOST:PORT/metrics (:PORT: every address; needs "
                              "prometheus_client; default: none)")
@@ -106,11 +114,14 @@ def command(args: list[str], config: Config) -> int:
         for directory in directories:
             _managed_dir(directory)
         specs = SpecKeeper(config, directories, server.log_line)
-    from oci_gpu_hook.host.health import Monitor, Settings
+    import os
 
+    from oci_gpu_hook.host.health import resident_monitor
+
+    state_dir = opts.state_dir or os.path.join(opts.kubelet_dir, STATE_SUBDIR)
     tracker = server.Tracker(config.sysfs_root, opts.resource_strategy, specs=specs, proc_root=config.proc_root,
                              driver_root=config.driver_root, kinds=kinds,
-                             monitor=Monitor(Settings.of(config), config.sysfs_root))
+                             monitor=resident_monitor(config, state_dir, server.log_line))
     events = uevents(not opts.no_uevents, interval, server.log_line)
     manager = server.Manager(opts.kubelet_dir, tracker, device_specs=opts.device_specs, rescan_interval=interval,
                              events=events)

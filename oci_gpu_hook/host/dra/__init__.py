@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     from oci_gpu_hook.inventory import Inventory
 
 DEFAULT_DRIVER = "gpu.oci-gpu-hook.io"
-HEALTH_STATE = "health.json"  # in the state directory: the wedged GPUs, across a restart
 DNS_SUBDOMAIN = re.compile(r"^(?=.{1,63}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
@@ -47,7 +46,8 @@ def command(args: list[str], config: Config) -> int:
     parser.add_argument("--cdi-dir", default=config.cdi_dir, metavar="DIR",
                         help="where the claims' CDI specs go (default: cdi_dir, %(default)s)")
     parser.add_argument("--state-dir", default=None, metavar="DIR",
-                        help="where the checkpoint goes (default: <kubelet plugins dir>/<driver>)")
+                        help="where the checkpoint and the health state (wedged GPUs, across a restart) go "
+                             "(default: <kubelet plugins dir>/<driver>)")
     parser.add_argument("--rescan-interval", metavar="SECONDS", default="10",
                         help="how often the devices are read again and the slices checked (default %(default)s)")
     parser.add_argument("--no-uevents", action="store_true", help="do not listen for GPU uevents")
@@ -121,12 +121,11 @@ def command(args: list[str], config: Config) -> int:
         return Claims(config, driver, node, opts.cdi_dir, state_dir, client, plugin.current, server.log_line,
                       version)
 
-    from oci_gpu_hook.host.health import Monitor, Settings
+    from oci_gpu_hook.host.health import resident_monitor
 
     events = uevents(not opts.no_uevents, interval, server.log_line)
     plugin = server.Driver(driver, scan, publisher, claims, registry_dir=opts.kubelet_registry_dir,
                            plugins_dir=opts.kubelet_plugins_dir, rescan_interval=interval, events=events,
-                           monitor=Monitor(Settings.of(config), config.sysfs_root, log=server.log_line,
-                                           state_file=os.path.join(state_dir, HEALTH_STATE)))
+                           monitor=resident_monitor(config, state_dir, server.log_line))
 
     return serve(plugin, events, opts.metrics_address)

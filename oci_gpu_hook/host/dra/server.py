@@ -56,7 +56,7 @@ from oci_gpu_hook.host.dra.devices import TAINT_NAME, DraDevice, Taint, build
 from oci_gpu_hook.host.dra.kube import ApiError
 from oci_gpu_hook.host.dra.slices import Publisher
 from oci_gpu_hook.host.health import Monitor, Verdict
-from oci_gpu_hook.host.metrics import DeviceRow
+from oci_gpu_hook.host.metrics import DRA_PREPARED_CLAIMS, DeviceRow
 from oci_gpu_hook.host.resident import Resident, log_writer
 from oci_gpu_hook.host.watch import EventSource
 from oci_gpu_hook.inventory import Inventory
@@ -433,7 +433,7 @@ class Driver(Resident):
     def gauges(self) -> dict[str, tuple[str, float]]:
         with self.claims.lock:
             claims = len(self.claims.prepared)
-        return {"oci_gpu_hook_dra_prepared_claims": ("Claims this driver has prepared on this node.", claims)}
+        return {DRA_PREPARED_CLAIMS: ("Claims this driver has prepared on this node.", claims)}
 
     def started(self) -> str:
         return (f"driver {self.driver}: registration {self.registration_path}, DRA {self.dra_path}, rescan every "

@@ -42,7 +42,8 @@ build's hash, the watch on its files), :mod:`.protocol` (the wire format: the re
 STARTED, the bounds, the version line), :mod:`.inventory` (the scan cache and its exact replay), :mod:`.worker`
 (what serves one request: the front's credentials, becoming the launcher, running its entry point, the answer),
 :mod:`.server` (the daemon: the socket, the pool of workers, the scan cache's priming, the preload, ``serve``'s
-command line).  This file keeps the names the rest of the package and the tests use.
+command line), :mod:`.endpoint` (``--metrics-address``: the Prometheus endpoint's process, which the workers tell
+each request's path, outcome and reason).  This file keeps the names the rest of the package and the tests use.
 """
 
 from oci_gpu_hook.host.planner.build import PackageWatch, build_id

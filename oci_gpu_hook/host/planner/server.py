@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     import socket as socket_module
 
     from oci_gpu_hook.config import Config
+    from oci_gpu_hook.host.planner.endpoint import Metrics
     from oci_gpu_hook.host.planner.worker import Launch
 
 DEFAULT_WORKERS = 8
@@ -108,6 +109,7 @@ class Planner:
         self.cache: ScanCache | None = None
         self.cache_in: socket_module.socket | None = None  # the daemon's end: entries workers scanned afresh
         self.cache_out: socket_module.socket | None = None  # the workers' end
+        self.metrics: Metrics | None = None  # --metrics-address: the endpoint's process and what workers tell it
 
     def keep_inventory(self, config: Config | None) -> None:
         """The scan cache (:mod:`.inventory`): primed with a strict scan of each backend the config serves, of all
@@ -123,6 +125,25 @@ class Planner:
             backends = list(config.backends)
             self.cache.prime(config.sysfs_root, [*([k] for k in backends), backends, None], config.proc_root,
                              config.driver_root)
+
+    def start_metrics(self, address: str, config: Config) -> None:
+        """The Prometheus endpoint's process (:mod:`.endpoint`), listening at ``address`` before the first worker
+        forks; HookError with its one line where it cannot."""
+        from oci_gpu_hook.host.planner.endpoint import Metrics
+
+        self.metrics = Metrics(address, config, _say)
+        where = self.metrics.start(self.close_in_child)
+        _say(f"metrics at http://{where}/metrics (process {self.metrics.pid})")
+
+    def close_in_child(self) -> None:
+        """In a child that is not a worker (the metrics endpoint's): let go of the socket, its lock and the scan
+        cache's sockets, so that nothing of the planner's outlives it there."""
+        for sock in (self.listener, self.cache_in, self.cache_out):
+            if sock is not None:
+                sock.close()
+        if self.lock_fd >= 0:
+            os.close(self.lock_fd)
+            self.lock_fd = -1
 
     def bind(self) -> None:
         import fcntl
@@ -205,8 +226,11 @@ class Planner:
 
         started = time.monotonic()
         self.listener.close()
+        if self.metrics is not None:
+            self.metrics.in_worker()
         with conn:
-            outcome = serve_one(conn, self.version, self.own, self.own_securebits, self.watch, launch=self.launch)
+            outcome = serve_one(conn, self.version, self.own, self.own_securebits, self.watch, launch=self.launch,
+                                report=self.metrics.report if self.metrics is not None else None)
         if self.cache is not None and self.cache_out is not None:
             self.cache.send_fresh(self.cache_out)  # after the answer: the next forks inherit it
         if outcome.startswith("refused: stale"):
@@ -279,9 +303,9 @@ class Planner:
                 pass
 
     def reap(self) -> None:
-        while self.children:
+        while self.children or (self.metrics is not None and self.metrics.pid):
             try:
-                pid, _status = os.waitpid(-1, os.WNOHANG)
+                pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 self.children.clear()
                 return
@@ -290,6 +314,8 @@ class Planner:
             if pid in self.children:
                 self.children.discard(pid)
                 self.served += 1
+            elif self.metrics is not None:
+                self.metrics.exited(pid, status)
 
     def run(self) -> int:
         import gc
@@ -319,6 +345,8 @@ class Planner:
                     self.stopping = "the package's files changed on disk; the unit starts the new build"
                     break
                 self.reap()
+                if self.metrics is not None:
+                    self.metrics.keep(self.close_in_child)
                 while len(self.children) < self.workers and not self.stopping:
                     self.spawn()
                 try:
@@ -330,6 +358,8 @@ class Planner:
                     pass
             _say(f"stopping ({self.stopping})")
             self.close_socket()
+            if self.metrics is not None:
+                self.metrics.stop()
             for pid in list(self.children):
                 try:
                     os.kill(pid, signal.SIGTERM)  # idle ones exit now, busy ones after their request
@@ -403,6 +433,10 @@ def command(args: list[str], config: Config, launch: Launch) -> int:
     parser.add_argument("--workers", metavar="N", default=str(DEFAULT_WORKERS),
                         help="requests served at once, each by a process forked ahead (default %(default)s)")
     parser.add_argument("--verbose", action="store_true", help="one line for every request, not only the refused")
+    parser.add_argument("--metrics-address", metavar="HOST:PORT", default=None,
+                        help="serve Prometheus metrics at http://HOST:PORT/metrics: the container starts it answered "
+                             "by path, outcome and reason, its answer time, the host's devices (:PORT: every "
+                             "address; needs prometheus_client; default: none)")
     opts = parser.parse_args(args)
     if not opts.workers.isdigit() or not 1 <= int(opts.workers) <= 256:
         raise HookError(f"--workers {opts.workers!r}: expected a number, 1 to 256 (default {DEFAULT_WORKERS})")
@@ -421,5 +455,11 @@ def command(args: list[str], config: Config, launch: Launch) -> int:
     planner = Planner(opts.socket, int(opts.workers), version, opts.verbose, own, watch, launch=launch)
     planner.keep_inventory(config)  # before the socket is there: a front that finds it finds workers soon
     planner.bind()
+    if opts.metrics_address is not None:
+        try:
+            planner.start_metrics(opts.metrics_address, config)
+        except HookError:
+            planner.close_socket()
+            raise
     planner.prepare_warm_up(config)
     return planner.run()

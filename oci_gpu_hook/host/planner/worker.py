@@ -32,12 +32,16 @@ TYPE_CHECKING = False  # not typing's: see oci_gpu_hook/startpath.py
 if TYPE_CHECKING:
     import socket as socket_module
     from collections.abc import Callable, Sequence
+    from typing import Any
 
     from oci_gpu_hook.host.planner.build import PackageWatch
 
     # a launcher's entry point, which the entry layer passes in (``serve``'s command): (role, argv, the runtime baked
     # into the shim's launcher) -> (exit status, the runtime to exec or None)
     Launch = Callable[[str, list[str], str], tuple[int, str | None]]
+    # what a worker tells the metrics (oci_gpu_hook.host.metrics): (path, outcome, reason, seconds from accept to
+    # answer or None where it did not answer), before it answers
+    Report = Callable[[str, str, str, float | None], None]
 
 SO_PEERPIDFD = 77  # Linux 6.5: a pidfd of the process that connected, which no pid reuse can redirect
 PR_GET_SECUREBITS = 27
@@ -314,14 +318,75 @@ def prepare_entry(request: Request) -> tuple[str, str]:
     return errors, coerced
 
 
-def run_entry(request: Request, prepared: tuple[str, str], launch: Launch) -> tuple[int, bytes, bytes, bytes, bytes]:
+class Seen:
+    """What an entry point did, as the worker running it sees it (for the metrics, :func:`run_entry` with ``seen``):
+    the error its one line reported (``log.report_failure``, which every refusal goes through), and whether a plan
+    it recorded (``Plan.record``, which every start that got this far goes through) granted GPUs or ignored a
+    request.  The worker wraps those two functions while the entry point runs: the launcher's code is the same
+    code, and costs nothing more where no planner with metrics runs it."""
+
+    __slots__ = ("error", "granted", "ignored")
+
+    def __init__(self) -> None:
+        self.error: BaseException | None = None
+        self.granted = self.ignored = False
+
+    def outcome(self, code: int) -> tuple[str, str]:
+        """(outcome, reason) in the metrics' closed sets."""
+        if code != 0 or self.error is not None:
+            from oci_gpu_hook.host.metrics import refusal_reason
+
+            return "refused", refusal_reason(self.error)
+        return ("granted", "") if self.granted else ("ignored", "") if self.ignored else ("untouched", "")
+
+    def watch(self) -> Callable[[], None]:
+        """Wrap the two functions; what puts them back."""
+        from oci_gpu_hook import log, plan
+
+        report_failure, record = log.report_failure, plan.Plan.record
+
+        def reported(err: BaseException, debug: bool) -> str:
+            self.error = err
+            return report_failure(err, debug)
+
+        def recorded(made: plan.Plan, *args: Any, **kwargs: Any) -> None:
+            self.granted = self.granted or bool(made)
+            self.ignored = self.ignored or bool(made.request.note)
+            record(made, *args, **kwargs)
+
+        log.report_failure = reported
+        plan.Plan.record = recorded  # type: ignore[method-assign]
+
+        def restore() -> None:
+            log.report_failure = report_failure
+            plan.Plan.record = record  # type: ignore[method-assign]
+
+        return restore
+
+
+def request_path(request: Request) -> str:
+    """How ``request`` reached the planner, as the metrics' ``path`` label says it."""
+    if request.role == "oci-gpu-runtime":
+        return "shim"
+    if request.role == "oci-gpu-hook" and len(request.args) == 1:
+        from oci_gpu_hook import LIVE_COMMANDS, PRECREATE
+
+        command = os.fsdecode(request.args[0])
+        if command in (PRECREATE, *LIVE_COMMANDS):
+            return command  # each one of metrics.PATHS
+    return "unknown"
+
+
+def run_entry(request: Request, prepared: tuple[str, str], launch: Launch,
+              seen: Seen | None = None) -> tuple[int, bytes, bytes, bytes, bytes]:
     """Run the launcher's entry point (``launch``) as the launcher process would: (exit status, runtime to exec,
-    LC_CTYPE entry for it, stdout, stderr)."""
+    LC_CTYPE entry for it, stdout, stderr); what it did into ``seen`` (None: not watched)."""
     import io
 
     errors, coerced = prepared
     real_ppid = os.getppid
     os.getppid = lambda: request.ppid  # live.check_container: the runtime that ran the hook is the front's parent
+    restore = seen.watch() if seen is not None else None
     out, err = io.BytesIO(), io.BytesIO()
     sys.stdin = io.TextIOWrapper(io.BytesIO(request.stdin or b""), encoding="utf-8", errors=errors)
     sys.stdout = io.TextIOWrapper(out, encoding="utf-8", errors=errors)
@@ -339,6 +404,8 @@ def run_entry(request: Request, prepared: tuple[str, str], launch: Launch) -> tu
             code = 1
     finally:
         os.getppid = real_ppid
+        if restore is not None:
+            restore()
     sys.stdout.flush()
     sys.stderr.flush()
     setenv = f"LC_CTYPE={coerced}".encode() if coerced and runtime else b""
@@ -353,14 +420,22 @@ def peer_uid(conn: socket_module.socket) -> int:
 
 
 def serve_one(conn: socket_module.socket, version: str, own: Credentials | None = None, own_securebits: int = 0,
-              watch: PackageWatch | None = None, *, launch: Launch) -> str:
+              watch: PackageWatch | None = None, *, launch: Launch, report: Report | None = None) -> str:
     """Read, check, run and answer one request on ``conn`` (see the protocol above); what happened, in a word (for
     the planner's log).  ``own``: the planner's credentials, which the front's must match; ``watch``: the
-    package's files, which must not have changed since the planner started; ``launch``: the entry points."""
+    package's files, which must not have changed since the planner started; ``launch``: the entry points;
+    ``report``: told each request's path, outcome and reason (the metrics' closed sets) before its answer."""
     import time
 
-    deadline = time.monotonic() + ANSWER_TIMEOUT_MS / 1000  # the front's bound, which began before our accept
+    accepted = time.monotonic()
+    deadline = accepted + ANSWER_TIMEOUT_MS / 1000  # the front's bound, which began before our accept
+
+    def tell(path: str, outcome: str, reason: str = "", answered: bool = True) -> None:
+        if report is not None:
+            report(path, outcome, reason, time.monotonic() - accepted if answered else None)
+
     if peer_uid(conn) != 0:
+        tell("unknown", "handed-back", "not-root", answered=False)
         return "refused a peer that is not root"
     peer = peer_credentials(conn) if own is not None else None  # at accept, before the peer can do more
     try:
@@ -368,14 +443,20 @@ def serve_one(conn: socket_module.socket, version: str, own: Credentials | None 
     except NoRequest:
         return "ok: no request"
     except (BadRequest, OSError, UnicodeDecodeError) as err:
+        tell("unknown", "handed-back", "malformed", answered=False)
         _answer(conn, encode_answer(version, "refused"))
         return f"bad request: {err}"
+    path = request_path(request) if report is not None else "unknown"
     started = False
+    stage = "version"  # the check under way: a hand-back's reason
+    seen = Seen() if report is not None else None
     try:
         if request.version != version:
             raise BadRequest(f"a front of another version ({request.version[:80]})")
+        stage = "stale"
         if watch is not None and watch.changed():
             raise BadRequest("stale: the package's files changed since the planner started")
+        stage = "credentials"
         if own is not None:
             if isinstance(peer, str):
                 raise BadRequest(peer)
@@ -383,7 +464,9 @@ def serve_one(conn: socket_module.socket, version: str, own: Credentials | None 
             why = credentials_problem(peer, own, request.securebits, own_securebits)
             if why:
                 raise BadRequest(f"credentials: {why}")
+        stage = "namespace"
         enter(request)
+        stage = "environment"
         prepared = prepare_entry(request)
         if own is not None and peer is not None and not isinstance(peer, str):
             take_limits(peer, own)
@@ -401,14 +484,21 @@ def serve_one(conn: socket_module.socket, version: str, own: Credentials | None 
         except OSError as err:
             raise GaveUp(str(err)) from None
         started = True
-        code, runtime, setenv, out, err = run_entry(request, prepared, launch)
+        code, runtime, setenv, out, err = run_entry(request, prepared, launch, seen)
     except GaveUp as gone:
+        tell(path, "handed-back", "gave-up", answered=False)
         return f"the front gave up before go ({gone}): nothing done"
     except (BadRequest, OSError, UnicodeDecodeError, HookError) as bad:
+        if started:
+            tell(path, "refused", "planner")
+        else:
+            tell(path, "handed-back", stage, answered=False)
         _answer(conn, encode_answer(version, "refused"))
         return f"{'failed after go' if started else 'refused'}: {bad}"
     finally:
         _close_all(request.fds)
+    if seen is not None:
+        tell(path, *seen.outcome(code))
     _answer(conn, encode_answer(version, "ok", code, runtime, setenv, out, err))
     return f"ok {code}"
 
