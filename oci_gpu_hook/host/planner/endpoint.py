@@ -31,7 +31,7 @@ import os
 
 from oci_gpu_hook.errors import HookError
 
-TYPE_CHECKING = False
+TYPE_CHECKING = False  # not typing's: see oci_gpu_hook/startpath.py
 
 if TYPE_CHECKING:
     from collections.abc import Callable
