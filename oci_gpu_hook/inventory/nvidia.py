@@ -38,6 +38,7 @@ from oci_gpu_hook.core.devices import Node
 from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.inventory import HALF_THERE, NOT_A_DEVICE, Device
 from oci_gpu_hook.inventory.sysfs import HEX_DIGITS, driver, follow, numa_node, parse_pci_address, read
+from oci_gpu_hook.inventory.vendor import Backend, check_strategy
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
 
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
     from oci_gpu_hook.core.edits import Edits
     from oci_gpu_hook.inventory import Inventory
     from oci_gpu_hook.inventory.sysfs import DrmDevice
+    from oci_gpu_hook.inventory.vendor import DraValue, PluginEntry
 
 NAME = "nvidia"
 VENDOR = "0x10de"
@@ -59,6 +61,49 @@ CAPABILITY_ENV = "NVIDIA_DRIVER_CAPABILITIES"
 CAPABILITIES = ("compute", "utility", "graphics", "video", "display", "ngx")
 DEFAULT_CAPABILITIES = frozenset({"utility", "compute"})
 DISPLAY_CAPABILITIES = frozenset({"graphics", "display"})
+
+
+class NvidiaDevice(Device):
+    """An NVIDIA GPU or MIG device: its UUID, the GPU's device minor, a MIG device's ids and GPU, the GPU's DRM nodes
+    (given only with graphics or display) and where the driver's user space (NVML) is."""
+
+    __slots__ = ("display_nodes", "driver_root", "mig", "minor", "parent", "uuid")
+
+    def __init__(self, *, kind: str, nodes: tuple[Node, ...], links: tuple[tuple[str, str], ...], pci_address: str,
+                 sysfs_dir: str, drm_name: str, numa_node: int | None = None, model: str = "", vendor_id: str = "",
+                 device_id: str = "", driver: str | None = None, partition: int | None = None,
+                 masks: tuple[str, ...] = (), uuid: str | None = None, minor: int | None = None,
+                 mig: tuple[int, int] | None = None, parent: int | None = None, display_nodes: tuple[Node, ...] = (),
+                 driver_root: str | None = None) -> None:
+        # every argument spelt out, never **common: packing them costs ~3 µs a device on every container start
+        Device.__init__(self, kind=kind, nodes=nodes, links=links, pci_address=pci_address, sysfs_dir=sysfs_dir,
+                        drm_name=drm_name, numa_node=numa_node, model=model, vendor_id=vendor_id, device_id=device_id,
+                        driver=driver, partition=partition, masks=masks)
+        self.uuid = uuid  # GPU-... or MIG-... (a MIG device's from NVML, when asked)
+        self.minor = minor  # the device minor of the GPU (of the parent GPU for a MIG device)
+        self.mig = mig  # a MIG device: (GPU instance id, compute instance id); partition = its index in the GPU
+        self.parent = parent  # a MIG device: the index of its GPU
+        self.display_nodes = display_nodes  # DRM nodes, given with graphics or display
+        self.driver_root = driver_root  # where the driver's user-space (NVML) is
+
+    @property
+    def all_nodes(self) -> tuple[Node, ...]:
+        return self.nodes + self.display_nodes
+
+    @property
+    def label(self) -> str:
+        """``3``, or ``1:0`` for MIG device 0 of GPU 1."""
+        return f"{self.parent}:{self.partition}" if self.mig is not None else str(self.index)
+
+    @property
+    def part(self) -> str:
+        return "" if self.mig is None else f"MIG {self.drm_name}"
+
+    def facts(self) -> dict[str, object]:
+        return {"uuid": self.uuid, "minor": self.minor, "mig": self.mig, "parent": self.parent}
+
+    def __repr__(self) -> str:
+        return f"Device({self.kind} {self.label}: {self.pci_address})"
 
 
 def char_majors(proc_root: str) -> dict[str, int]:
@@ -136,7 +181,7 @@ def _gpu_problem(sys_dir: str, address: str) -> str:
 
 
 def discover(root: str, drm: list[DrmDevice], proc_root: str = "/proc",
-             driver_root: str = "/") -> tuple[list[Device], tuple[Node, ...], dict[str, str]]:
+             driver_root: str = "/") -> tuple[list[NvidiaDevice], tuple[Node, ...], dict[str, str]]:
     """NVIDIA GPUs (PCI order) then MIG devices (by GPU, then GPU and compute instance id), the shared
     nodes, and what was looked at -> '' or why it is not a device."""
     gpus_dir = os.path.join(proc_root, "driver", "nvidia", "gpus")
@@ -151,7 +196,7 @@ def discover(root: str, drm: list[DrmDevice], proc_root: str = "/proc",
     frontend = next((majors[n] for n in FRONTEND_NAMES if n in majors), None)
     drm_loaded = os.path.isdir(os.path.join(root, "module", "nvidia_drm"))
     by_dir = {d.directory: d for d in drm if d.pci is not None}
-    found: list[tuple[tuple[int, int, int, int], Device, list[DrmDevice]]] = []
+    found: list[tuple[tuple[int, int, int, int], NvidiaDevice, list[DrmDevice]]] = []
     for name in sorted(names):
         info = information(os.path.join(gpus_dir, name, "information"))
         address = ((info or {}).get("Bus Location") or name).lower()
@@ -185,7 +230,7 @@ def discover(root: str, drm: list[DrmDevice], proc_root: str = "/proc",
             else:
                 display, links = card.nodes, card.links()
                 claimed.append(card)
-        found.append((pci, Device(
+        found.append((pci, NvidiaDevice(
             kind=NAME, nodes=(Node(f"/dev/nvidia{int(minor)}", "c", frontend, int(minor)),), links=links,
             pci_address=address, sysfs_dir=sys_dir, drm_name=address, numa_node=numa_node(sys_dir),
             model=info.get("Model") or "NVIDIA GPU", vendor_id=VENDOR,
@@ -213,7 +258,8 @@ def discover(root: str, drm: list[DrmDevice], proc_root: str = "/proc",
     return gpus + migs, tuple(shared), seen
 
 
-def _mig_devices(proc_root: str, gpus: list[Device], caps_major: int | None, seen: dict[str, str]) -> list[Device]:
+def _mig_devices(proc_root: str, gpus: list[NvidiaDevice], caps_major: int | None,
+                 seen: dict[str, str]) -> list[NvidiaDevice]:
     minors = None
     out = []
     for index, gpu in enumerate(gpus):
@@ -241,7 +287,7 @@ def _mig_devices(proc_root: str, gpus: list[Device], caps_major: int | None, see
                     seen[what] = why
                     continue
                 assert caps_major is not None and caps[0] is not None and caps[1] is not None
-                out.append(Device(
+                out.append(NvidiaDevice(
                     kind=NAME, nodes=(gpu.nodes[0], *(Node(f"/dev/nvidia-caps/nvidia-cap{m}", "c", caps_major, m)
                                                       for m in caps)),
                     links=(), pci_address=gpu.pci_address, sysfs_dir=gpu.sysfs_dir,
@@ -255,12 +301,12 @@ def _mig_devices(proc_root: str, gpus: list[Device], caps_major: int | None, see
 # --- requests ---------------------------------------------------------------------------------
 
 
-def indexed(devices: tuple[Device, ...]) -> tuple[Device, ...]:
+def indexed(devices: tuple[NvidiaDevice, ...]) -> tuple[NvidiaDevice, ...]:
     """The devices plain indices count: the whole GPUs (MIG devices are ``GPU:MIG``)."""
     return tuple(d for d in devices if d.mig is None)
 
 
-def _gpu_index(token: str, gpus: tuple[Device, ...]) -> Device | str:
+def _gpu_index(token: str, gpus: tuple[NvidiaDevice, ...]) -> NvidiaDevice | str:
     if not token.isdigit() or not token.isascii():
         return "is not an nvidia GPU index"
     digits = token.lstrip("0") or "0"
@@ -271,7 +317,7 @@ def _gpu_index(token: str, gpus: tuple[Device, ...]) -> Device | str:
     return gpus[int(digits)]
 
 
-def _uuids(devices: tuple[Device, ...], token: str) -> tuple[Device, ...] | str:
+def _uuids(devices: tuple[NvidiaDevice, ...], token: str) -> tuple[NvidiaDevice, ...] | str:
     from oci_gpu_hook.inventory import nvml
 
     lower = token.lower()
@@ -285,7 +331,7 @@ def _uuids(devices: tuple[Device, ...], token: str) -> tuple[Device, ...] | str:
     return chosen or "is not the UUID of an NVIDIA GPU on this host"
 
 
-def match(token: str, devices: tuple[Device, ...]) -> tuple[Device, ...] | str | None:
+def match(token: str, devices: tuple[NvidiaDevice, ...]) -> tuple[NvidiaDevice, ...] | str | None:
     """The devices an NVIDIA entry names; a str saying why when it names nothing; None: not an NVIDIA form."""
     lower = token.lower()
     gpus = indexed(devices)
@@ -328,14 +374,14 @@ def match(token: str, devices: tuple[Device, ...]) -> tuple[Device, ...] | str |
         for end, found in ((first, start), (last, stop)):
             if isinstance(found, str):
                 return f"is a range whose end '{end}' {found}"
-        assert isinstance(start, Device) and isinstance(stop, Device)
+        assert isinstance(start, NvidiaDevice) and isinstance(stop, NvidiaDevice)
         if start.index > stop.index:
             return "is a range that runs backwards"
         return gpus[start.index:stop.index + 1]
     return None
 
 
-def stable_name(device: Device) -> str:
+def stable_name(device: NvidiaDevice) -> str:
     """A GPU's UUID; a MIG device's UUID when NVML says it, else its ``GPU:MIG`` index (which moves when
     instances before it are destroyed: run where NVML works for stable MIG names)."""
     if device.mig is not None:
@@ -345,7 +391,7 @@ def stable_name(device: Device) -> str:
     return device.uuid or (device.label if device.mig is not None else device.pci_address)
 
 
-def present(devices: tuple[Device, ...], numbers: Set[tuple[str, int, int]]) -> tuple[Device, ...]:
+def present(devices: tuple[NvidiaDevice, ...], numbers: Set[tuple[str, int, int]]) -> tuple[NvidiaDevice, ...]:
     """The devices a spec already carries: a MIG device when all its nodes are there (its GPU's and both caps
     nodes), a whole GPU when its node is there and no MIG device of it is (a MIG grant carries the GPU's node)."""
     migs = [d for d in devices if d.mig is not None and all(n.number in numbers for n in d.nodes)]
@@ -354,12 +400,12 @@ def present(devices: tuple[Device, ...], numbers: Set[tuple[str, int, int]]) -> 
     return tuple(sorted(gpus + migs, key=lambda d: d.index))
 
 
-def aliases(devices: tuple[Device, ...]) -> list[tuple[str, tuple[Device, ...]]]:
+def aliases(devices: tuple[NvidiaDevice, ...]) -> list[tuple[str, tuple[NvidiaDevice, ...]]]:
     """CDI names besides the GPU indices: ``GPU:MIG`` and the UUIDs (MIG UUIDs when NVML can say them)."""
     from oci_gpu_hook.inventory import nvml
 
     nvml.fill_mig_uuids(devices)
-    out: list[tuple[str, tuple[Device, ...]]] = []
+    out: list[tuple[str, tuple[NvidiaDevice, ...]]] = []
     for device in devices:
         if device.mig is not None:
             out.append((device.label, (device,)))
@@ -371,7 +417,7 @@ def aliases(devices: tuple[Device, ...]) -> list[tuple[str, tuple[Device, ...]]]
     return out
 
 
-def examples(devices: tuple[Device, ...]) -> list[str]:
+def examples(devices: tuple[NvidiaDevice, ...]) -> list[str]:
     gpus = indexed(devices)
     out = [f"GPU UUIDs like {gpus[0].uuid}"] if gpus and gpus[0].uuid else []
     if gpus:
@@ -408,7 +454,7 @@ def container_options(env: Sequence[str] | None) -> frozenset[str]:
     return capabilities(env_value(env, CAPABILITY_ENV))
 
 
-def device_edits(device: Device, config: Config, options: frozenset[str] | None) -> Edits:
+def device_edits(device: NvidiaDevice, config: Config, options: frozenset[str] | None) -> Edits:
     """A device's nodes; its DRM nodes and by-path links only with graphics or display."""
     from oci_gpu_hook.core.edits import Edits
 
@@ -443,3 +489,224 @@ def kind_edits(inventory: Inventory, options: frozenset[str] | None, config: Con
     made = tuple(n.made(config.device_file_mode, config.device_uid, config.device_gid) for n in nodes)
     files = nvdriver.driver_files(inventory.proc_root, config.driver_root, caps)
     return Edits.merged([Edits(made), files])
+
+
+# --- the device plugin and the DRA driver -------------------------------------------------------------------
+
+
+def mig_resource(profile: str) -> str:
+    """Mixed strategy: ``1g.10gb`` -> ``nvidia.com/mig-1g.10gb``, ``1g.10gb+me`` -> ``nvidia.com/mig-1g.10gb.me``."""
+    return BACKEND.resource(f"mig-{profile.replace('+', '.')}")
+
+
+def _mig_name(device: NvidiaDevice) -> str:
+    assert device.mig is not None
+    return f"MIG device {device.label} ({device.pci_address} gi{device.mig[0]}/ci{device.mig[1]})"
+
+
+def plugin_devices(inventory: Inventory, strategy: str) -> tuple[list[PluginEntry], list[str]]:
+    """As NVIDIA's plugin: whole GPUs by UUID as ``nvidia.com/gpu`` (a GPU split into MIG devices is not advertised
+    whole); MIG devices by MIG UUID, as ``nvidia.com/mig-<profile>`` (mixed) or ``nvidia.com/gpu`` (single: when
+    every GPU is split into MIG devices of one profile, else not at all, and a line says why).  A MIG device's UUID
+    and profile come from NVML, read afresh: a MIG device NVML cannot name is left out."""
+    from oci_gpu_hook.inventory import nvml
+
+    check_strategy(strategy)
+    devices: tuple[NvidiaDevice, ...] = inventory.devices(NAME)  # type: ignore[assignment]
+    migs = [d for d in devices if d.mig is not None]
+    split = {d.parent for d in migs}
+    whole = [d for d in devices if d.mig is None and d.index not in split]
+    resource = BACKEND.resource()
+    entries: list[PluginEntry] = [(d, d.uuid or d.pci_address, resource) for d in whole]
+    notes: list[str] = []
+    problem = nvml.refresh(migs)  # fresh UUIDs and profiles: instances come and go
+    if problem:
+        notes.append(f"{len(migs)} MIG device(s) not advertised: their UUIDs and profiles are known only to NVML, "
+                     f"and {problem}")
+        return entries, notes
+    named: list[tuple[NvidiaDevice, str]] = []
+    for device in migs:
+        profile = nvml.profile(device)
+        if not device.uuid or not profile:
+            notes.append(f"{_mig_name(device)} not advertised: NVML names no {'profile' if device.uuid else 'UUID'} "
+                         "for it")
+        elif not all(c.isascii() and (c.isalnum() or c in "+-.") for c in profile):
+            notes.append(f"{_mig_name(device)} not advertised: its profile {profile!r} makes no resource name")
+        else:
+            named.append((device, profile))
+    if strategy == "mixed":
+        for device, profile in named:
+            if profile.split(".")[0].endswith("c"):
+                notes.append(f"{_mig_name(device)} not advertised: {profile} is a compute-instance profile (as "
+                             "NVIDIA's plugin, only profiles whose compute and GPU instance are one are resources)")
+            else:
+                entries.append((device, str(device.uuid), mig_resource(profile)))
+        return entries, notes
+    profiles = sorted({p for _d, p in named})
+    if named and (whole or len(profiles) > 1):
+        why = (f"GPUs {', '.join(d.pci_address for d in whole)} are not split into MIG devices" if whole
+               else f"the MIG devices have {len(profiles)} profiles ({', '.join(profiles)})")
+        notes.append(f"single strategy: {len(named)} MIG device(s) not advertised: MIG devices are {resource} only "
+                     f"when every NVIDIA GPU is split into MIG devices of one profile, and {why} "
+                     "(--resource-strategy mixed advertises them by profile)")
+    else:
+        entries += [(device, str(device.uuid), resource) for device, _p in named]
+    return entries, notes
+
+
+def dra_devices(inventory: Inventory) -> tuple[tuple[NvidiaDevice, ...], list[str]]:
+    """The GPUs not split into MIG devices and the MIG devices NVML names (their UUIDs and profiles read afresh);
+    the GPUs' memory and compute capability read from NVML (once per GPU)."""
+    from oci_gpu_hook.inventory import nvml
+
+    devices: tuple[NvidiaDevice, ...] = inventory.devices(NAME)  # type: ignore[assignment]
+    notes = []
+    migs = [d for d in devices if d.mig is not None]
+    problem = nvml.refresh(migs) if migs else ""
+    if problem:
+        notes.append(f"{len(migs)} MIG device(s) left out: only NVML names them, and {problem}")
+        migs = []
+    problem = nvml.gpu_facts([d for d in devices if d.mig is None])
+    if problem:
+        notes.append(f"nvidia GPUs' memory and compute capability left out: only NVML says them, and {problem}")
+    split = {d.parent for d in devices if d in migs}  # a split GPU is published as its MIG devices
+    return tuple(d for d in devices if (d.mig is None and d.index not in split) or d in migs), notes
+
+
+def _gpu_of(inventory: Inventory, device: NvidiaDevice) -> NvidiaDevice | None:
+    """A MIG device's GPU."""
+    return next((d for d in inventory.devices(NAME) if d.mig is None and d.index == device.parent), None)  # type: ignore[attr-defined]
+
+
+def driver_version(proc_root: str) -> str | None:
+    """``535.104.05`` from /proc/driver/nvidia/version (the first word that is a dotted number)."""
+    import re
+
+    text = read(os.path.join(proc_root, "driver", "nvidia", "version")) or ""
+    line = text.splitlines()[0] if text else ""
+    return next((w for w in line.split() if re.fullmatch(r"\d+(\.\d+)+", w)), None)
+
+
+def dra_describe(device: NvidiaDevice) -> tuple[dict[str, DraValue], dict[str, int]]:
+    """The UUID, the model as the product name, a MIG device's profile, and from NVML the compute capability (and
+    the architecture it names, ``sm_90``) and the memory (a MIG device's: its profile's)."""
+    import re
+
+    from oci_gpu_hook.inventory import nvml
+
+    attributes: dict[str, DraValue] = {"uuid": device.uuid, "productName": device.model}
+    if device.mig is not None:
+        attributes["migProfile"] = nvml.profile(device)
+    capability = nvml.compute_capability(device)
+    if re.fullmatch(r"\d+\.\d+", capability):
+        major, minor = capability.split(".")
+        attributes["computeCapability"] = ("version", f"{int(major)}.{int(minor)}.0")
+        attributes["architecture"] = ("string", f"sm_{int(major)}{int(minor)}")
+    memory = nvml.gpu_memory(device)
+    return attributes, ({"memory": memory} if memory > 0 else {})
+
+
+class Nvidia(Backend):
+    """NVIDIA GPUs and MIG devices, and the driver's files (module docstring)."""
+
+    name = NAME
+    forms = FORMS
+    part = "mig"
+    plugin = True
+    gone = "gone from the driver's /proc, sysfs or NVML"
+
+    def discover(self, root: str, drm: list[DrmDevice], proc_root: str,
+                 driver_root: str) -> tuple[list[NvidiaDevice], tuple[Node, ...], dict[str, str]]:
+        return discover(root, drm, proc_root, driver_root)
+
+    def unclaimed(self, device_dir: str, owner: str | None, proc_root: str) -> str:
+        if owner == DRIVER and not os.path.isdir(os.path.join(proc_root, "driver", "nvidia")):
+            return (f"the nvidia backend needs {proc_root}/driver/nvidia, missing under the proc root {proc_root} "
+                    "(try --proc-root HOST/proc)")
+        return ""
+
+    def missing(self, root: str, proc_root: str, listed: set[str]) -> list[tuple[str, str]]:
+        """The PCI devices bound to the nvidia driver (with no DRM node, so not listed yet) where the proc root has
+        no ``driver/nvidia``: a host's sysfs read with another proc root (``--proc-root``)."""
+        if os.path.isdir(os.path.join(proc_root, "driver", "nvidia")):
+            return []
+        devices = os.path.join(root, "bus", "pci", "devices")
+        try:
+            names = sorted(os.listdir(devices))
+        except OSError:
+            return []
+        return [(name, f"nvidia, {read(os.path.join(devices, name, 'vendor')) or 'no vendor'}: "
+                       f"{self.unclaimed('', DRIVER, proc_root)}")
+                for name in names if name not in listed and driver(os.path.join(devices, name)) == DRIVER]
+
+    def stable_name(self, device: Device) -> str:
+        return stable_name(device)  # type: ignore[arg-type]
+
+    def indexed(self, devices: tuple[Device, ...]) -> tuple[Device, ...]:
+        return indexed(devices)  # type: ignore[arg-type]
+
+    def match(self, token: str, devices: tuple[Device, ...]) -> tuple[Device, ...] | str | None:
+        return match(token, devices)  # type: ignore[arg-type]
+
+    def aliases(self, devices: tuple[Device, ...]) -> list[tuple[str, tuple[Device, ...]]]:
+        return aliases(devices)  # type: ignore[arg-type,return-value]
+
+    def examples(self, devices: tuple[Device, ...]) -> list[str]:
+        return examples(devices)  # type: ignore[arg-type]
+
+    def present(self, devices: tuple[Device, ...], numbers: Set[tuple[str, int, int]]) -> tuple[Device, ...]:
+        return present(devices, numbers)  # type: ignore[arg-type]
+
+    def container_options(self, env: Sequence[str] | None) -> frozenset[str]:
+        return container_options(env)
+
+    def device_edits(self, device: Device, config: Config, options: object) -> Edits:
+        return device_edits(device, config, options)  # type: ignore[arg-type]
+
+    def kind_nodes(self, inventory: Inventory, options: object = None) -> tuple[Node, ...]:
+        return kind_nodes(inventory, options)  # type: ignore[arg-type]
+
+    def kind_edits(self, inventory: Inventory, options: object, config: Config) -> Edits:
+        return kind_edits(inventory, options, config)  # type: ignore[arg-type]
+
+    def refresh(self, devices: tuple[Device, ...]) -> str:
+        from oci_gpu_hook.inventory import nvml
+
+        return nvml.refresh(devices) if devices else ""  # type: ignore[arg-type]
+
+    def plugin_devices(self, inventory: Inventory, strategy: str) -> tuple[list[PluginEntry], list[str]]:
+        return plugin_devices(inventory, strategy)
+
+    def dra_devices(self, inventory: Inventory) -> tuple[tuple[Device, ...], list[str]]:
+        return dra_devices(inventory)
+
+    def dra_left_out(self, device: Device) -> str:
+        assert isinstance(device, NvidiaDevice)
+        return f"nvidia MIG device {device.label} left out: NVML names no UUID for it" if (
+            device.mig is not None and not device.uuid) else ""
+
+    def split_gpu(self, inventory: Inventory, device: Device,
+                  devices: tuple[Device, ...]) -> tuple[str, Device | None, tuple[Device, ...]]:
+        """A MIG device's GPU: published whole as the GPU's own device."""
+        assert isinstance(device, NvidiaDevice)
+        parts = tuple(d for d in devices if isinstance(d, NvidiaDevice) and d.mig is not None
+                      and d.parent == device.parent)
+        return f"gpu {device.parent}", _gpu_of(inventory, device), parts
+
+    def parent_name(self, inventory: Inventory, device: Device) -> str | None:
+        assert isinstance(device, NvidiaDevice)
+        if device.mig is None:
+            return None
+        gpu = _gpu_of(inventory, device)
+        return stable_name(gpu) if gpu is not None else None
+
+    def driver_version(self, inventory: Inventory) -> str | None:
+        return driver_version(inventory.proc_root)
+
+    def dra_describe(self, inventory: Inventory, device: Device,
+                     whole: bool) -> tuple[dict[str, DraValue], dict[str, int]]:
+        assert isinstance(device, NvidiaDevice)
+        return dra_describe(device)
+
+
+BACKEND = Nvidia()
