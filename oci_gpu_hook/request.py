@@ -51,8 +51,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence, Set
 
     from oci_gpu_hook.config import Config
-    from oci_gpu_hook.inventory import Device, Inventory
-    from oci_gpu_hook.inventory.vendor import Backend
+    from oci_gpu_hook.inventory import Backend, Device, Inventory
     from oci_gpu_hook.oci_spec import ContainerSpec
 
 NO_GPU = frozenset({"", "none", "void"})

@@ -26,7 +26,7 @@ from oci_gpu_hook.host.deviceplugin.devices import plan, scan_served
 from oci_gpu_hook.host.deviceplugin.specs import SpecKeeper, mismatch
 from oci_gpu_hook.host.watch import QueueEvents
 from oci_gpu_hook.inventory import nvml
-from oci_gpu_hook.inventory.nvidia import mig_resource
+from oci_gpu_hook.inventory.nvcluster import mig_resource
 from tests.conftest import unavailable
 from tests.helpers import fakesysfs
 from tests.helpers.fakekubelet import FakeKubelet

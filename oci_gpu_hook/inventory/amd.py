@@ -40,16 +40,14 @@ from __future__ import annotations
 import os
 
 from oci_gpu_hook.core.devices import Node
-from oci_gpu_hook.inventory import Device
+from oci_gpu_hook.inventory import Backend, Device, check_strategy
 from oci_gpu_hook.inventory.sysfs import HEX_DIGITS, driver, numa_node, parse_pci_address, read, read_dev
-from oci_gpu_hook.inventory.vendor import Backend, check_strategy
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
 
 if TYPE_CHECKING:
-    from oci_gpu_hook.inventory import Inventory
+    from oci_gpu_hook.inventory import DraValue, Inventory, PluginEntry
     from oci_gpu_hook.inventory.sysfs import DrmDevice
-    from oci_gpu_hook.inventory.vendor import DraValue, PluginEntry
 
 NAME = "amd"
 DRIVER = "amdgpu"
@@ -320,23 +318,13 @@ class Amd(Backend):
     name = NAME
     forms = FORMS
     plugin = True
-    plugin_always = True  # amd.com/gpu is served with 0 devices too (AMD's plugin is replaced, not joined)
+    plugin_always = True  # amd.com/gpu is served before any AMD device is seen (the kubelet then shows 0)
 
-    def discover(self, root: str, drm: list[DrmDevice], proc_root: str,
-                 driver_root: str) -> tuple[list[AmdDevice], tuple[Node, ...], dict[str, str]]:
-        return discover(root, drm, proc_root, driver_root)
-
-    def stable_name(self, device: Device) -> str:
-        return stable_name(device)
-
-    def match(self, token: str, devices: tuple[Device, ...]) -> tuple[Device, ...] | str | None:
-        return match(token, devices)  # type: ignore[arg-type]
-
-    def aliases(self, devices: tuple[Device, ...]) -> list[tuple[str, tuple[Device, ...]]]:
-        return aliases(devices)  # type: ignore[arg-type]
-
-    def examples(self, devices: tuple[Device, ...]) -> list[str]:
-        return examples(devices)  # type: ignore[arg-type]
+    discover = staticmethod(discover)  # type: ignore[assignment]
+    stable_name = staticmethod(stable_name)  # type: ignore[assignment]
+    match = staticmethod(match)  # type: ignore[assignment]
+    aliases = staticmethod(aliases)  # type: ignore[assignment]
+    examples = staticmethod(examples)  # type: ignore[assignment]
 
     def plugin_devices(self, inventory: Inventory, strategy: str) -> tuple[list[PluginEntry], list[str]]:
         """By PCI address (``<pci>/p<N>``), the resource by partition mode with the mixed strategy."""

@@ -36,9 +36,8 @@ import os
 
 from oci_gpu_hook.core.devices import Node
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.inventory import HALF_THERE, NOT_A_DEVICE, Device
+from oci_gpu_hook.inventory import HALF_THERE, NOT_A_DEVICE, Backend, Device
 from oci_gpu_hook.inventory.sysfs import HEX_DIGITS, driver, follow, numa_node, parse_pci_address, read
-from oci_gpu_hook.inventory.vendor import Backend, check_strategy
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~15 ms per container start
 
@@ -47,9 +46,8 @@ if TYPE_CHECKING:
 
     from oci_gpu_hook.config import Config
     from oci_gpu_hook.core.edits import Edits
-    from oci_gpu_hook.inventory import Inventory
+    from oci_gpu_hook.inventory import DraValue, Inventory, PluginEntry
     from oci_gpu_hook.inventory.sysfs import DrmDevice
-    from oci_gpu_hook.inventory.vendor import DraValue, PluginEntry
 
 NAME = "nvidia"
 VENDOR = "0x10de"
@@ -491,123 +489,9 @@ def kind_edits(inventory: Inventory, options: frozenset[str] | None, config: Con
     return Edits.merged([Edits(made), files])
 
 
-# --- the device plugin and the DRA driver -------------------------------------------------------------------
-
-
-def mig_resource(profile: str) -> str:
-    """Mixed strategy: ``1g.10gb`` -> ``nvidia.com/mig-1g.10gb``, ``1g.10gb+me`` -> ``nvidia.com/mig-1g.10gb.me``."""
-    return BACKEND.resource(f"mig-{profile.replace('+', '.')}")
-
-
-def _mig_name(device: NvidiaDevice) -> str:
-    assert device.mig is not None
-    return f"MIG device {device.label} ({device.pci_address} gi{device.mig[0]}/ci{device.mig[1]})"
-
-
-def plugin_devices(inventory: Inventory, strategy: str) -> tuple[list[PluginEntry], list[str]]:
-    """As NVIDIA's plugin: whole GPUs by UUID as ``nvidia.com/gpu`` (a GPU split into MIG devices is not advertised
-    whole); MIG devices by MIG UUID, as ``nvidia.com/mig-<profile>`` (mixed) or ``nvidia.com/gpu`` (single: when
-    every GPU is split into MIG devices of one profile, else not at all, and a line says why).  A MIG device's UUID
-    and profile come from NVML, read afresh: a MIG device NVML cannot name is left out."""
-    from oci_gpu_hook.inventory import nvml
-
-    check_strategy(strategy)
-    devices: tuple[NvidiaDevice, ...] = inventory.devices(NAME)  # type: ignore[assignment]
-    migs = [d for d in devices if d.mig is not None]
-    split = {d.parent for d in migs}
-    whole = [d for d in devices if d.mig is None and d.index not in split]
-    resource = BACKEND.resource()
-    entries: list[PluginEntry] = [(d, d.uuid or d.pci_address, resource) for d in whole]
-    notes: list[str] = []
-    problem = nvml.refresh(migs)  # fresh UUIDs and profiles: instances come and go
-    if problem:
-        notes.append(f"{len(migs)} MIG device(s) not advertised: their UUIDs and profiles are known only to NVML, "
-                     f"and {problem}")
-        return entries, notes
-    named: list[tuple[NvidiaDevice, str]] = []
-    for device in migs:
-        profile = nvml.profile(device)
-        if not device.uuid or not profile:
-            notes.append(f"{_mig_name(device)} not advertised: NVML names no {'profile' if device.uuid else 'UUID'} "
-                         "for it")
-        elif not all(c.isascii() and (c.isalnum() or c in "+-.") for c in profile):
-            notes.append(f"{_mig_name(device)} not advertised: its profile {profile!r} makes no resource name")
-        else:
-            named.append((device, profile))
-    if strategy == "mixed":
-        for device, profile in named:
-            if profile.split(".")[0].endswith("c"):
-                notes.append(f"{_mig_name(device)} not advertised: {profile} is a compute-instance profile (as "
-                             "NVIDIA's plugin, only profiles whose compute and GPU instance are one are resources)")
-            else:
-                entries.append((device, str(device.uuid), mig_resource(profile)))
-        return entries, notes
-    profiles = sorted({p for _d, p in named})
-    if named and (whole or len(profiles) > 1):
-        why = (f"GPUs {', '.join(d.pci_address for d in whole)} are not split into MIG devices" if whole
-               else f"the MIG devices have {len(profiles)} profiles ({', '.join(profiles)})")
-        notes.append(f"single strategy: {len(named)} MIG device(s) not advertised: MIG devices are {resource} only "
-                     f"when every NVIDIA GPU is split into MIG devices of one profile, and {why} "
-                     "(--resource-strategy mixed advertises them by profile)")
-    else:
-        entries += [(device, str(device.uuid), resource) for device, _p in named]
-    return entries, notes
-
-
-def dra_devices(inventory: Inventory) -> tuple[tuple[NvidiaDevice, ...], list[str]]:
-    """The GPUs not split into MIG devices and the MIG devices NVML names (their UUIDs and profiles read afresh);
-    the GPUs' memory and compute capability read from NVML (once per GPU)."""
-    from oci_gpu_hook.inventory import nvml
-
-    devices: tuple[NvidiaDevice, ...] = inventory.devices(NAME)  # type: ignore[assignment]
-    notes = []
-    migs = [d for d in devices if d.mig is not None]
-    problem = nvml.refresh(migs) if migs else ""
-    if problem:
-        notes.append(f"{len(migs)} MIG device(s) left out: only NVML names them, and {problem}")
-        migs = []
-    problem = nvml.gpu_facts([d for d in devices if d.mig is None])
-    if problem:
-        notes.append(f"nvidia GPUs' memory and compute capability left out: only NVML says them, and {problem}")
-    split = {d.parent for d in devices if d in migs}  # a split GPU is published as its MIG devices
-    return tuple(d for d in devices if (d.mig is None and d.index not in split) or d in migs), notes
-
-
-def _gpu_of(inventory: Inventory, device: NvidiaDevice) -> NvidiaDevice | None:
-    """A MIG device's GPU."""
-    return next((d for d in inventory.devices(NAME) if d.mig is None and d.index == device.parent), None)  # type: ignore[attr-defined]
-
-
-def driver_version(proc_root: str) -> str | None:
-    """``535.104.05`` from /proc/driver/nvidia/version (the first word that is a dotted number)."""
-    import re
-
-    text = read(os.path.join(proc_root, "driver", "nvidia", "version")) or ""
-    line = text.splitlines()[0] if text else ""
-    return next((w for w in line.split() if re.fullmatch(r"\d+(\.\d+)+", w)), None)
-
-
-def dra_describe(device: NvidiaDevice) -> tuple[dict[str, DraValue], dict[str, int]]:
-    """The UUID, the model as the product name, a MIG device's profile, and from NVML the compute capability (and
-    the architecture it names, ``sm_90``) and the memory (a MIG device's: its profile's)."""
-    import re
-
-    from oci_gpu_hook.inventory import nvml
-
-    attributes: dict[str, DraValue] = {"uuid": device.uuid, "productName": device.model}
-    if device.mig is not None:
-        attributes["migProfile"] = nvml.profile(device)
-    capability = nvml.compute_capability(device)
-    if re.fullmatch(r"\d+\.\d+", capability):
-        major, minor = capability.split(".")
-        attributes["computeCapability"] = ("version", f"{int(major)}.{int(minor)}.0")
-        attributes["architecture"] = ("string", f"sm_{int(major)}{int(minor)}")
-    memory = nvml.gpu_memory(device)
-    return attributes, ({"memory": memory} if memory > 0 else {})
-
-
 class Nvidia(Backend):
-    """NVIDIA GPUs and MIG devices, and the driver's files (module docstring)."""
+    """NVIDIA GPUs and MIG devices, and the driver's files (module docstring); what the device plugin advertises and
+    the DRA driver publishes of them is :mod:`oci_gpu_hook.inventory.nvcluster` (off the start path)."""
 
     name = NAME
     forms = FORMS
@@ -615,9 +499,17 @@ class Nvidia(Backend):
     plugin = True
     gone = "gone from the driver's /proc, sysfs or NVML"
 
-    def discover(self, root: str, drm: list[DrmDevice], proc_root: str,
-                 driver_root: str) -> tuple[list[NvidiaDevice], tuple[Node, ...], dict[str, str]]:
-        return discover(root, drm, proc_root, driver_root)
+    discover = staticmethod(discover)  # type: ignore[assignment]
+    stable_name = staticmethod(stable_name)  # type: ignore[assignment]
+    indexed = staticmethod(indexed)  # type: ignore[assignment]
+    match = staticmethod(match)  # type: ignore[assignment]
+    aliases = staticmethod(aliases)  # type: ignore[assignment]
+    examples = staticmethod(examples)  # type: ignore[assignment]
+    present = staticmethod(present)  # type: ignore[assignment]
+    container_options = staticmethod(container_options)  # type: ignore[assignment]
+    device_edits = staticmethod(device_edits)  # type: ignore[assignment]
+    kind_nodes = staticmethod(kind_nodes)  # type: ignore[assignment]
+    kind_edits = staticmethod(kind_edits)  # type: ignore[assignment]
 
     def unclaimed(self, device_dir: str, owner: str | None, proc_root: str) -> str:
         if owner == DRIVER and not os.path.isdir(os.path.join(proc_root, "driver", "nvidia")):
@@ -639,46 +531,20 @@ class Nvidia(Backend):
                        f"{self.unclaimed('', DRIVER, proc_root)}")
                 for name in names if name not in listed and driver(os.path.join(devices, name)) == DRIVER]
 
-    def stable_name(self, device: Device) -> str:
-        return stable_name(device)  # type: ignore[arg-type]
-
-    def indexed(self, devices: tuple[Device, ...]) -> tuple[Device, ...]:
-        return indexed(devices)  # type: ignore[arg-type]
-
-    def match(self, token: str, devices: tuple[Device, ...]) -> tuple[Device, ...] | str | None:
-        return match(token, devices)  # type: ignore[arg-type]
-
-    def aliases(self, devices: tuple[Device, ...]) -> list[tuple[str, tuple[Device, ...]]]:
-        return aliases(devices)  # type: ignore[arg-type,return-value]
-
-    def examples(self, devices: tuple[Device, ...]) -> list[str]:
-        return examples(devices)  # type: ignore[arg-type]
-
-    def present(self, devices: tuple[Device, ...], numbers: Set[tuple[str, int, int]]) -> tuple[Device, ...]:
-        return present(devices, numbers)  # type: ignore[arg-type]
-
-    def container_options(self, env: Sequence[str] | None) -> frozenset[str]:
-        return container_options(env)
-
-    def device_edits(self, device: Device, config: Config, options: object) -> Edits:
-        return device_edits(device, config, options)  # type: ignore[arg-type]
-
-    def kind_nodes(self, inventory: Inventory, options: object = None) -> tuple[Node, ...]:
-        return kind_nodes(inventory, options)  # type: ignore[arg-type]
-
-    def kind_edits(self, inventory: Inventory, options: object, config: Config) -> Edits:
-        return kind_edits(inventory, options, config)  # type: ignore[arg-type]
-
     def refresh(self, devices: tuple[Device, ...]) -> str:
         from oci_gpu_hook.inventory import nvml
 
-        return nvml.refresh(devices) if devices else ""  # type: ignore[arg-type]
+        return nvml.refresh(devices) if devices else ""
 
     def plugin_devices(self, inventory: Inventory, strategy: str) -> tuple[list[PluginEntry], list[str]]:
-        return plugin_devices(inventory, strategy)
+        from oci_gpu_hook.inventory import nvcluster
+
+        return nvcluster.plugin_devices(inventory, strategy)
 
     def dra_devices(self, inventory: Inventory) -> tuple[tuple[Device, ...], list[str]]:
-        return dra_devices(inventory)
+        from oci_gpu_hook.inventory import nvcluster
+
+        return nvcluster.dra_devices(inventory)
 
     def dra_left_out(self, device: Device) -> str:
         assert isinstance(device, NvidiaDevice)
@@ -695,18 +561,25 @@ class Nvidia(Backend):
 
     def parent_name(self, inventory: Inventory, device: Device) -> str | None:
         assert isinstance(device, NvidiaDevice)
-        if device.mig is None:
-            return None
-        gpu = _gpu_of(inventory, device)
+        gpu = _gpu_of(inventory, device) if device.mig is not None else None
         return stable_name(gpu) if gpu is not None else None
 
     def driver_version(self, inventory: Inventory) -> str | None:
-        return driver_version(inventory.proc_root)
+        from oci_gpu_hook.inventory import nvcluster
+
+        return nvcluster.driver_version(inventory.proc_root)
 
     def dra_describe(self, inventory: Inventory, device: Device,
                      whole: bool) -> tuple[dict[str, DraValue], dict[str, int]]:
-        assert isinstance(device, NvidiaDevice)
-        return dra_describe(device)
+        from oci_gpu_hook.inventory import nvcluster
+
+        return nvcluster.dra_describe(device)
+
+
+def _gpu_of(inventory: Inventory, device: NvidiaDevice) -> NvidiaDevice | None:
+    """A MIG device's GPU."""
+    return next((d for d in inventory.devices(NAME) if isinstance(d, NvidiaDevice) and d.mig is None
+                 and d.index == device.parent), None)
 
 
 BACKEND = Nvidia()

@@ -2,9 +2,9 @@
 
 :func:`plan` is the only place that reads the inventory's API, so that a change
 there is a change here only.  It serves the kinds whose backend says so
-(:attr:`oci_gpu_hook.inventory.vendor.Backend.plugin`: AMD GPUs and compute
+(:attr:`oci_gpu_hook.inventory.Backend.plugin`: AMD GPUs and compute
 partitions, NVIDIA GPUs and MIG devices) through one code path: each backend's
-:meth:`~oci_gpu_hook.inventory.vendor.Backend.plugin_devices` says, for each of
+:meth:`~oci_gpu_hook.inventory.Backend.plugin_devices` says, for each of
 its devices, the plugin device ID and the resource, and which devices it leaves
 out; everything else (the stable CDI name, the CDI kind, NUMA node, the device
 numbers its spec entry must have) comes from the backend (``stable_name``,
@@ -19,7 +19,7 @@ go; resource names are those of the vendor's own plugin:
   ``0000:05:00.0/p3`` for partition 3; the stable CDI name ``0000:05:00.0`` /
   ``0000:05:00.0-p3`` (p0 included).  Resources: ``amd.com/gpu``; with the
   mixed strategy a partitioned GPU's devices by mode (``amd.com/cpx_nps1``).
-- NVIDIA (:func:`oci_gpu_hook.inventory.nvidia.plugin_devices`): the GPU's UUID
+- NVIDIA (:func:`oci_gpu_hook.inventory.nvcluster.plugin_devices`): the GPU's UUID
   (``GPU-...``) for a whole GPU, the MIG UUID (``MIG-...``) for a MIG device: ID
   and stable CDI name alike.  A MIG device's UUID and profile come from NVML
   (:func:`oci_gpu_hook.inventory.nvml.refresh`, read again at every scan); a MIG
@@ -38,8 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from oci_gpu_hook.config import KINDS
-from oci_gpu_hook.inventory import backend
-from oci_gpu_hook.inventory.vendor import STRATEGIES, check_strategy
+from oci_gpu_hook.inventory import STRATEGIES, backend, check_strategy
 
 TYPE_CHECKING = False
 

@@ -55,7 +55,7 @@ from oci_gpu_hook.inventory.sysfs import read
 TYPE_CHECKING = False
 
 if TYPE_CHECKING:
-    from oci_gpu_hook.inventory.vendor import DraValue
+    from oci_gpu_hook.inventory import DraValue
 
 Attribute = tuple[str, str | int | bool]  # (type: string|int|bool|version, value)
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
