@@ -23,7 +23,6 @@ PLAN = {"_json", "oci_gpu_hook.fastjson", "oci_gpu_hook.oci_spec", "oci_gpu_hook
         "oci_gpu_hook.request", "oci_gpu_hook.core", "oci_gpu_hook.core.edits", "oci_gpu_hook.appliers"}
 GRANT = {"oci_gpu_hook.core.devices", "oci_gpu_hook.core.rules", "oci_gpu_hook.inventory",
          "oci_gpu_hook.inventory.sysfs", "oci_gpu_hook.inventory.amd", "oci_gpu_hook.appliers.ocispec",
-         "oci_gpu_hook.inventory.vendor",  # the backends' base class and the device model: ~0.15 ms (docs/speed.md)
          "importlib", "warnings",
          "oci_gpu_hook.appliers.bypath", "errno",  # the by-path directory; errno is built in (0.1 ms)
          "_locale"}  # built in, 0.3 ms measured under load: sysfs.read decodes as open() would (saves ~4 ms)
