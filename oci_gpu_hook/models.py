@@ -99,16 +99,20 @@ class DeviceModel(BaseModel):
 
     @classmethod
     def of(cls, device: Device) -> DeviceModel:
+        vendor: dict[str, Any] = dict.fromkeys(VENDOR_FACTS)  # a vendor's facts, None where it has none
+        vendor.update(device.facts())
         return cls(
-            label=device.label, uuid=device.uuid, minor=device.minor, mig=device.mig, parent=device.parent,
-            display_nodes=[NodeModel.of(n) for n in device.display_nodes],
+            **vendor, label=device.label,
+            display_nodes=[NodeModel.of(n) for n in device.all_nodes if n not in device.nodes],
             kind=device.kind, index=device.index, name=stable_name(device), pci_address=device.pci_address,
-            partition=device.partition,
-            drm_name=device.drm_name, compute_mode=device.compute_mode, memory_mode=device.memory_mode,
+            partition=device.partition, drm_name=device.drm_name,
             vendor_id=device.vendor_id, device_id=device.device_id, driver=device.driver, model=device.model,
             numa_node=device.numa_node, nodes=[NodeModel.of(n) for n in device.nodes], links=list(device.links),
-            unique_id=device.unique_id_hex, hive_id=device.hive_id, kfd_gpu_id=device.kfd_gpu_id,
         )
+
+
+# The fields of DeviceModel that are one vendor's (Device.facts()): None for every other vendor's device.
+VENDOR_FACTS = ("compute_mode", "memory_mode", "unique_id", "hive_id", "kfd_gpu_id", "uuid", "minor", "mig", "parent")
 
 
 class InventoryModel(BaseModel):

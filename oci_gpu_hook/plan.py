@@ -48,8 +48,7 @@ class Plan:
             return ("no GPU granted" if asked else "no GPU requested") + note
         parts = []
         for device in self.devices:
-            part = "" if device.partition is None or device.mig else f" partition {device.partition}"
-            part += f" MIG {device.drm_name}" if device.mig else ""
+            part = f" {device.part}" if device.part else ""
             parts.append(f"{device.kind} {device.label} ({device.pci_address}{part})")
         mounts = f" + {len(self.edits.mounts)} driver files" if self.edits.mounts else ""
         return ", ".join(parts) + ": " + " ".join(n.path for n in self.edits.nodes) + mounts + note
@@ -77,30 +76,21 @@ def device_edits(device: Device, config: Config, options: object = None) -> Edit
     what the container asked of its kind besides devices (NVIDIA: driver capabilities; None: everything)."""
     from oci_gpu_hook.inventory import backend
 
-    own = getattr(backend(device.kind), "device_edits", None)
-    if own is not None:
-        return own(device, config, options)  # type: ignore[no-any-return]
-    made = tuple(n.made(config.device_file_mode, config.device_uid, config.device_gid) for n in device.nodes)
-    return Edits(made, device.links)
+    return backend(device.kind).device_edits(device, config, options)
 
 
 def shared_edits(inventory: Inventory, kind: str, config: Config, options: object = None) -> Edits:
     """What every device of ``kind`` needs (AMD: /dev/kfd; NVIDIA: its control nodes and driver files)."""
     from oci_gpu_hook.inventory import backend
 
-    own = getattr(backend(kind), "kind_edits", None)
-    if own is not None:
-        return own(inventory, options, config)  # type: ignore[no-any-return]
-    return Edits(tuple(n.made(config.device_file_mode, config.device_uid, config.device_gid)
-                       for n in inventory.shared(kind)))
+    return backend(kind).kind_edits(inventory, options, config)
 
 
 def container_options(kind: str, env: list[str] | None) -> object:
     """What a container's env asks of ``kind`` besides devices (NVIDIA_DRIVER_CAPABILITIES); None for none."""
     from oci_gpu_hook.inventory import backend
 
-    own = getattr(backend(kind), "container_options", None)
-    return None if own is None else own(env)
+    return backend(kind).container_options(env)
 
 
 def masked_paths(inventory: Inventory, granted: tuple[Device, ...]) -> tuple[str, ...]:

@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence, Set
 
     from oci_gpu_hook.config import Config
-    from oci_gpu_hook.inventory import Device, Inventory
+    from oci_gpu_hook.inventory import Backend, Device, Inventory
     from oci_gpu_hook.oci_spec import ContainerSpec
 
 NO_GPU = frozenset({"", "none", "void"})
@@ -270,10 +270,7 @@ def _present(kind: str, devices: tuple[Device, ...], present: Set[tuple[str, int
     ``present`` where its devices share nodes: an NVIDIA MIG device and its GPU)."""
     from oci_gpu_hook.inventory import backend
 
-    own = getattr(backend(kind), "present", None)
-    if own is not None:
-        return own(devices, present)  # type: ignore[no-any-return]
-    return tuple(d for d in devices if any(n.number in present for n in d.nodes))
+    return backend(kind).present(devices, present)
 
 
 def _listed(kind: str, devices: Sequence[Device]) -> str:
@@ -310,11 +307,11 @@ class _Bad(Exception):
     pass
 
 
-def _match(token: str, devices: tuple[Device, ...], module: object, kind: str) -> tuple[Device, ...]:
+def _match(token: str, devices: tuple[Device, ...], module: Backend, kind: str) -> tuple[Device, ...]:
     lower = token.lower()
     if lower in ("all", *NO_GPU) and token:
         raise _Bad(token, "cannot be combined with other entries")
-    found = module.match(token, devices)  # type: ignore[attr-defined]
+    found = module.match(token, devices)
     if isinstance(found, str):
         raise _Bad(token, found)
     if found is not None:
@@ -329,7 +326,7 @@ def _match(token: str, devices: tuple[Device, ...], module: object, kind: str) -
         if start > stop:
             raise _Bad(token, "is a range that runs backwards")
         return devices[start:stop + 1]
-    raise _Bad(token, f"is not a GPU index, range, {module.FORMS}")  # type: ignore[attr-defined]
+    raise _Bad(token, f"is not a GPU index, range, {module.forms}")
 
 
 def _index(token: str, devices: tuple[Device, ...], kind: str) -> int:
@@ -352,8 +349,7 @@ def valid_values(kind: str, devices: tuple[Device, ...], source: str = "request"
         if source == CDI_SOURCE:
             return f"valid: none, which grants no {kind} GPU; a CDI name must name a device this host has"
         return f"valid: all or none, which grant no {kind} GPU on this host"
-    indexed = getattr(backend(kind), "indexed", None)  # NVIDIA: indices count GPUs, not MIG devices
-    last = len(indexed(devices) if indexed else devices) - 1
+    last = len(backend(kind).indexed(devices)) - 1  # NVIDIA: indices count GPUs, not MIG devices
     parts = ["all", "none", f"indices 0-{last}" if last else "index 0"]
     if last:
         parts.append(f"ranges like 0-{last}")

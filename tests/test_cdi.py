@@ -104,7 +104,7 @@ def test_every_cdi_name_is_a_valid_request_for_the_same_gpu() -> None:
         spec = cdi.generate(inventory, kind, _config(host))
         for device in spec["devices"]:
             chosen = select(kind, device["name"], inventory.devices(kind), "cdi.k8s.io annotations")
-            paths = list(dict.fromkeys(n.path for d in chosen for n in (*d.nodes, *d.display_nodes)))
+            paths = list(dict.fromkeys(n.path for d in chosen for n in d.all_nodes))
             assert paths == [n["path"] for n in device["containerEdits"]["deviceNodes"]], (host, device["name"])
             links = [f"{p}={t}" for d in chosen for p, t in d.links]
             assert device["containerEdits"].get("hooks", [{"args": [0, 0]}])[0]["args"][2:] == links
@@ -123,7 +123,7 @@ def test_every_device_has_its_stable_name_in_the_spec() -> None:
         for device in inventory.devices(kind):
             nodes = by_name[stable_name(device)]
             assert [(n["path"], n["major"], n["minor"]) for n in nodes] == [
-                (n.path, n.major, n.minor) for n in (*device.nodes, *device.display_nodes)], (host.name,
+                (n.path, n.major, n.minor) for n in device.all_nodes], (host.name,
                                                                                            stable_name(device))
             seen.add(stable_name(device))
     assert {"0000:05:00.0-p0", "0000:26:00.0-p7", "0000:23:00.0", "0:3"} <= seen  # 0:3: a MIG device without NVML

@@ -8,7 +8,8 @@ import pytest
 
 from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.host.deviceplugin.allocation import preferred
-from oci_gpu_hook.host.deviceplugin.devices import PluginDevice, device_id, plugin_devices, resource_for
+from oci_gpu_hook.host.deviceplugin.devices import PluginDevice, plugin_devices
+from oci_gpu_hook.inventory.amd import device_id, resource_for
 from tests.helpers import fakesysfs
 
 

@@ -620,7 +620,7 @@ def test_a_claim_of_two_vendors_gets_each_kinds_shared_edits_once(tmp_path: Path
     spec = json.loads(Path(spec_file(str(tmp_path / "cdi"), DRIVER, "uid-2")).read_text())
     cdi.validate(spec, "the claim's spec")
     own = {d["name"]: [n["path"] for n in d["containerEdits"]["deviceNodes"]] for d in spec["devices"]}
-    assert own == {f"uid-2-{d.name}": [n.path for n in d.device.nodes + d.device.display_nodes]  # type: ignore[union-attr]
+    assert own == {f"uid-2-{d.name}": [n.path for n in d.device.all_nodes]  # type: ignore[union-attr]
                    for d in (amd, nvidia)}
     shared = [n["path"] for n in spec["containerEdits"]["deviceNodes"]]
     assert "/dev/kfd" in shared and "/dev/nvidiactl" in shared and len(shared) == len(set(shared))

@@ -212,7 +212,7 @@ def test_daemon_set(usage: str) -> None:
 
 
 def test_partition_pod_example() -> None:
-    from oci_gpu_hook.host.deviceplugin.devices import resource_for
+    from oci_gpu_hook.inventory.amd import resource_for
 
     pod = _load("pod-partition.yaml")
     assert (pod["apiVersion"], pod["kind"]) == ("v1", "Pod")

@@ -60,8 +60,9 @@ def container_edits(edits: Edits, config: Config) -> dict[str, Any]:
 def device_names(devices: tuple[Device, ...], kind: str) -> list[tuple[str, tuple[Device, ...]]]:
     """Every CDI name of ``kind`` on this host with the devices it stands for: indices, then the backend's
     other names (all valid request entries; NVIDIA MIG devices are named ``GPU:MIG`` there)."""
-    names = [(str(d.index), (d,)) for d in devices if d.mig is None]
-    names.extend(backend(kind).aliases(devices))
+    own = backend(kind)
+    names = [(str(d.index), (d,)) for d in own.indexed(devices)]
+    names.extend(own.aliases(devices))
     named = {name for name, chosen in names if len(chosen) == 1}
     missing = [stable_name(d) for d in devices if stable_name(d) not in named]
     if missing:  # a backend whose aliases leave a device without its stable name: never write such a spec

@@ -117,7 +117,7 @@ def check_given(spec: ContainerSpec, config: Config) -> None:
     from oci_gpu_hook.inventory import scan_host
 
     inventory = scan_host(config)
-    gpus = {node.number for device in inventory.all_devices for node in (*device.nodes, *device.display_nodes)}
+    gpus = {node.number for device in inventory.all_devices for node in device.all_nodes}
     gpus.update(node.number for kind in inventory.kinds for node in inventory.shared(kind))
     entries = (spec.raw.get("linux") or {}).get("devices") or []
     given = [Node(e["path"], e["type"], e["major"], e["minor"]) for e in entries

@@ -53,7 +53,7 @@ def grantable_nodes(inventory: Inventory) -> list[Node]:
     """Every char node a container can be given on this host, once each (by number)."""
     found: dict[tuple[int, int], Node] = {}
     for device in inventory.all_devices:
-        for node in (*device.nodes, *device.display_nodes):
+        for node in device.all_nodes:
             found.setdefault((node.major, node.minor), node)
     for kind in inventory.kinds:
         for node in inventory.shared(kind):

@@ -83,7 +83,7 @@ from typing import Any, NamedTuple, Protocol, TextIO
 from oci_gpu_hook.appliers import cdi
 from oci_gpu_hook.config import Config
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.inventory import Inventory
+from oci_gpu_hook.inventory import Inventory, backend
 from oci_gpu_hook.log import PROGRAM
 
 DEFAULT_SUBSYSTEMS = ("drm", "kfd", "pci")
@@ -333,7 +333,7 @@ def update_spec(inventory: Inventory, kind: str, path: str, fmt: str, config: Co
         return _no_gpus(inventory.sysfs_root, kind, path, config, name_kind)
     spec = cdi.generate(inventory, kind, config)
     cdi.validate(spec, f"generated CDI spec of {kind}")
-    modes = sorted({"/".join(m for m in (d.compute_mode, d.memory_mode) if m) for d in devices} - {""})
+    modes = sorted({d.mode for d in devices} - {""})
     counts = (f"({len(spec['devices'])} devices, {len(devices)} GPU{'s' if len(devices) != 1 else ''}"
               f"{', mode ' + ' '.join(modes) if modes else ''})")
     if cdi.write(path, cdi.render(spec, fmt)):
@@ -405,10 +405,8 @@ class Watcher:
         from oci_gpu_hook.inventory import scan_host
 
         inventory = scan_host(self.config, [kind for kind, _path, _fmt in self.targets])
-        if inventory.devices("nvidia"):  # MIG UUIDs afresh: a resident process outlives MIG instances
-            from oci_gpu_hook.inventory import nvml
-
-            nvml.refresh(inventory.devices("nvidia"))
+        for kind in inventory.kinds:  # NVIDIA's MIG UUIDs afresh: a resident process outlives MIG instances
+            backend(kind).refresh(inventory.devices(kind))
         outcomes = [self._one(inventory, kind, path, fmt) for kind, path, fmt in self.targets]
         links = self._dev_char_links(inventory)
         if len(outcomes) == 1:

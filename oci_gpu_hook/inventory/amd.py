@@ -40,18 +40,53 @@ from __future__ import annotations
 import os
 
 from oci_gpu_hook.core.devices import Node
-from oci_gpu_hook.inventory import Device
+from oci_gpu_hook.inventory import Backend, Device, check_strategy
 from oci_gpu_hook.inventory.sysfs import HEX_DIGITS, driver, numa_node, parse_pci_address, read, read_dev
 
 TYPE_CHECKING = False  # not typing's: see oci_gpu_hook/startpath.py
 
 if TYPE_CHECKING:
+    from oci_gpu_hook.inventory import DraValue, Inventory, PluginEntry
     from oci_gpu_hook.inventory.sysfs import DrmDevice
 
 NAME = "amd"
 DRIVER = "amdgpu"
 XCP_PREFIXES = ("amdgpu_xcp_", "amdgpu_xcp.")
 FORMS = "PCI address, partition name (PCI-pN) or unique id"  # request entries besides indices and ranges
+
+
+class AmdDevice(Device):
+    """An AMD GPU or compute partition: the GPU's partition modes (when it has them), its unique id, its XGMI hive
+    id and the KFD node's gpu_id."""
+
+    __slots__ = ("compute_mode", "hive_id", "kfd_gpu_id", "memory_mode", "unique_id")
+
+    def __init__(self, *, kind: str, nodes: tuple[Node, ...], links: tuple[tuple[str, str], ...], pci_address: str,
+                 sysfs_dir: str, drm_name: str, numa_node: int | None = None, model: str = "", vendor_id: str = "",
+                 device_id: str = "", driver: str | None = None, partition: int | None = None,
+                 unique_id: int | None = None, compute_mode: str | None = None, memory_mode: str | None = None,
+                 hive_id: int | None = None, kfd_gpu_id: int | None = None) -> None:
+        # every argument spelt out, never **common: packing them costs ~3 µs a device on every container start
+        Device.__init__(self, kind=kind, nodes=nodes, links=links, pci_address=pci_address, sysfs_dir=sysfs_dir,
+                        drm_name=drm_name, numa_node=numa_node, model=model, vendor_id=vendor_id, device_id=device_id,
+                        driver=driver, partition=partition)
+        self.unique_id = unique_id
+        self.compute_mode = compute_mode  # CPX, SPX, ... (a partitioned GPU only)
+        self.memory_mode = memory_mode  # NPS1, NPS4, ...
+        self.hive_id = hive_id
+        self.kfd_gpu_id = kfd_gpu_id
+
+    @property
+    def mode(self) -> str:
+        return "/".join(m for m in (self.compute_mode, self.memory_mode) if m)
+
+    @property
+    def unique_id_hex(self) -> str | None:
+        return None if self.unique_id is None else f"0x{self.unique_id:016x}"
+
+    def facts(self) -> dict[str, object]:
+        return {"compute_mode": self.compute_mode, "memory_mode": self.memory_mode, "unique_id": self.unique_id_hex,
+                "hive_id": self.hive_id, "kfd_gpu_id": self.kfd_gpu_id}
 
 
 def _properties(node_dir: str) -> dict[str, int]:
@@ -102,7 +137,7 @@ def _is_partition_device(device: DrmDevice) -> bool:
 
 
 def discover(root: str, drm: list[DrmDevice], _proc_root: str = "/proc",
-             _driver_root: str = "/") -> tuple[list[Device], tuple[Node, ...], dict[str, str]]:
+             _driver_root: str = "/") -> tuple[list[AmdDevice], tuple[Node, ...], dict[str, str]]:
     """AMD devices (unordered), the shared nodes, and every DRM device looked at -> '' or why it is not one."""
     seen: dict[str, str] = {}
     gpus = {}  # (domain, bus << 5 | device) -> the PCI DrmDevice of an amdgpu GPU
@@ -117,7 +152,7 @@ def discover(root: str, drm: list[DrmDevice], _proc_root: str = "/proc",
     if not candidates:
         return [], (), seen
     kfd, by_render = kfd_topology(root)
-    found: list[tuple[tuple[int, int, int, int], int, Device]] = []
+    found: list[tuple[tuple[int, int, int, int], int, AmdDevice]] = []
     for device in candidates:
         if device.problem:
             seen[device.directory] = device.problem
@@ -137,7 +172,7 @@ def discover(root: str, drm: list[DrmDevice], _proc_root: str = "/proc",
             continue
         partitioned = os.path.exists(os.path.join(parent.directory, "current_compute_partition"))
         unique_id = props.get("unique_id") or _pci_unique_id(parent.directory)
-        found.append((parent.pci, device.render.minor, Device(
+        found.append((parent.pci, device.render.minor, AmdDevice(
             kind=NAME, nodes=device.nodes, links=device.links(), pci_address=parent.name,
             sysfs_dir=device.directory, drm_name=device.name, numa_node=numa_node(parent.directory),
             model=gfx_name(props.get("gfx_target_version")) or "amdgpu",
@@ -164,7 +199,7 @@ def _whole_gpus(devices: tuple[Device, ...], chosen: list[Device]) -> tuple[Devi
     return tuple(d for d in devices if d.pci_address in addresses)
 
 
-def match(token: str, devices: tuple[Device, ...]) -> tuple[Device, ...] | str | None:
+def match(token: str, devices: tuple[AmdDevice, ...]) -> tuple[Device, ...] | str | None:
     """The devices an AMD-specific entry names; None when ``token`` is not of these forms; a str saying why
     when it is of one of them and names nothing."""
     lower = token.lower()
@@ -198,7 +233,7 @@ def stable_name(device: Device) -> str:
     return f"{device.pci_address}-p{device.partition}"
 
 
-def _match_partition(lower: str, devices: tuple[Device, ...]) -> tuple[Device, ...] | str:
+def _match_partition(lower: str, devices: tuple[AmdDevice, ...]) -> tuple[Device, ...] | str:
     """``0000:05:00.0-p3`` (or ``05:00.0-p3``): one partition of a partitioned GPU."""
     address, dash_p, number = lower.rpartition("-p")
     if address.count(":") == 1:
@@ -217,7 +252,7 @@ def _match_partition(lower: str, devices: tuple[Device, ...]) -> tuple[Device, .
     return chosen
 
 
-def aliases(devices: tuple[Device, ...]) -> list[tuple[str, tuple[Device, ...]]]:
+def aliases(devices: tuple[AmdDevice, ...]) -> list[tuple[str, tuple[Device, ...]]]:
     """CDI names besides the indices: each GPU by PCI address and by unique id (all its partitions), and
     each partition of a partitioned GPU by its stable name."""
     out: list[tuple[str, tuple[Device, ...]]] = []
@@ -231,7 +266,7 @@ def aliases(devices: tuple[Device, ...]) -> list[tuple[str, tuple[Device, ...]]]
     return out
 
 
-def examples(devices: tuple[Device, ...]) -> list[str]:
+def examples(devices: tuple[AmdDevice, ...]) -> list[str]:
     """What else is valid, for error messages."""
     if not devices:
         return []
@@ -243,3 +278,79 @@ def examples(devices: tuple[Device, ...]) -> list[str]:
     if first.unique_id is not None:
         out.append(f"unique ids like {first.unique_id_hex}")
     return out
+
+
+# --- the device plugin and the DRA driver -------------------------------------------------------------------
+
+
+def device_id(pci_address: str, partition: int | None) -> str:
+    """An AMD device's plugin device ID: the GPU's PCI address (partition 0 too), ``<pci>/p<N>`` for partition N."""
+    return pci_address if not partition else f"{pci_address}/p{partition}"
+
+
+def resource_for(strategy: str, compute_mode: str | None, memory_mode: str | None) -> str:
+    """single: everything is amd.com/gpu.  mixed: a partitioned GPU's devices by mode, as AMD's plugin names them
+    (amd.com/cpx_nps1, amd.com/spx_nps4), a GPU without partition modes amd.com/gpu."""
+    check_strategy(strategy)
+    if strategy == "single" or not compute_mode or not memory_mode:
+        return BACKEND.resource()
+    return BACKEND.resource(f"{compute_mode.strip().lower()}_{memory_mode.strip().lower()}")
+
+
+def _gpu_dir(inventory: Inventory, device: Device) -> str:
+    """The GPU's PCI directory (a partition's DRM device is a platform device: its GPU's is that of partition 0)."""
+    for other in inventory.devices(device.kind):
+        if other.pci_address == device.pci_address and os.path.basename(other.sysfs_dir) == device.pci_address:
+            return other.sysfs_dir
+    return os.path.join(inventory.sysfs_root, "bus", "pci", "devices", device.pci_address)
+
+
+def _nps(mode: str | None) -> int:
+    """``NPS4`` -> 4: how many memory partitions the GPU's memory is split into (1 for anything else)."""
+    text = (mode or "").strip().upper()
+    digits = text[3:]
+    return int(digits) if text.startswith("NPS") and digits.isdigit() and digits.isascii() and int(digits) > 0 else 1
+
+
+class Amd(Backend):
+    """AMD GPUs and compute partitions (module docstring)."""
+
+    name = NAME
+    forms = FORMS
+    plugin = True
+    plugin_always = True  # amd.com/gpu is served before any AMD device is seen (the kubelet then shows 0)
+
+    discover = staticmethod(discover)  # type: ignore[assignment]
+    stable_name = staticmethod(stable_name)  # type: ignore[assignment]
+    match = staticmethod(match)  # type: ignore[assignment]
+    aliases = staticmethod(aliases)  # type: ignore[assignment]
+    examples = staticmethod(examples)  # type: ignore[assignment]
+
+    def plugin_devices(self, inventory: Inventory, strategy: str) -> tuple[list[PluginEntry], list[str]]:
+        """By PCI address (``<pci>/p<N>``), the resource by partition mode with the mixed strategy."""
+        devices: tuple[AmdDevice, ...] = inventory.devices(NAME)  # type: ignore[assignment]
+        return [(d, device_id(d.pci_address, d.partition), resource_for(strategy, d.compute_mode, d.memory_mode))
+                for d in devices], []
+
+    def dra_describe(self, inventory: Inventory, device: Device,
+                     whole: bool) -> tuple[dict[str, DraValue], dict[str, int]]:
+        """The gfx target, the board's name, the partition modes, the XGMI hive and the VRAM of the device's memory
+        partition (the GPU's divided by its NPS count; a whole GPU's all of it)."""
+        assert isinstance(device, AmdDevice)
+        gpu = _gpu_dir(inventory, device)
+        attributes: dict[str, DraValue] = {
+            "architecture": device.model if device.model.startswith("gfx") else None,
+            "productName": read(os.path.join(gpu, "product_name")),
+            "computePartition": device.compute_mode,
+            "memoryPartition": device.memory_mode,
+            "hiveId": f"0x{device.hive_id:x}" if device.hive_id else None,  # a string: it may pass int64
+        }
+        vram = read(os.path.join(gpu, "mem_info_vram_total"))
+        capacity = {}
+        if vram and vram.isdigit() and int(vram) > 0:
+            share = int(vram) // _nps(device.memory_mode) if device.partition is not None and not whole else int(vram)
+            capacity["memory"] = share
+        return attributes, capacity
+
+
+BACKEND = Amd()

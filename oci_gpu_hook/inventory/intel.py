@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import os
 
-from oci_gpu_hook.inventory import Device
+from oci_gpu_hook.inventory import Backend, Device
 from oci_gpu_hook.inventory.sysfs import driver, numa_node, parse_pci_address, read
 
 TYPE_CHECKING = False  # not typing's: see oci_gpu_hook/startpath.py
 
 if TYPE_CHECKING:
     from oci_gpu_hook.core.devices import Node
+    from oci_gpu_hook.inventory import DraValue, Inventory
     from oci_gpu_hook.inventory.sysfs import DrmDevice
 
 NAME = "intel"
@@ -89,3 +90,49 @@ def examples(devices: tuple[Device, ...]) -> list[str]:
     if not devices:
         return []
     return [f"card names like {card_name(devices[0])}", f"PCI addresses like {devices[0].pci_address}"]
+
+
+def vram(device: Device) -> int:
+    """Bytes of VRAM where the driver says it: xe per tile (``tile<N>/physical_vram_size_bytes`` of the PCI device),
+    i915 (its DKMS backports) as the card's ``lmem_total_bytes``; 0 for none (an integrated GPU)."""
+    tiles = []
+    try:
+        tiles = sorted(n for n in os.listdir(device.sysfs_dir) if n.startswith("tile") and _decimal(n[4:]))
+    except OSError:
+        pass
+    sizes = [read(os.path.join(device.sysfs_dir, t, "physical_vram_size_bytes")) or "" for t in tiles]
+    total = sum(int(v, 0) for v in sizes if _decimal(v) or (v[:2] == "0x" and _hex(v[2:])))
+    card = device.card
+    if not total and card is not None:
+        lmem = read(os.path.join(device.sysfs_dir, "drm", os.path.basename(card.path), "lmem_total_bytes")) or ""
+        total = int(lmem) if lmem.isdigit() else 0
+    return total
+
+
+def _decimal(text: str) -> bool:
+    return text.isdigit() and text.isascii()
+
+
+def _hex(text: str) -> bool:
+    return bool(text) and text.isascii() and all(c in "0123456789abcdefABCDEF" for c in text)
+
+
+class Intel(Backend):
+    """Intel GPUs (module docstring)."""
+
+    name = NAME
+    forms = FORMS
+
+    discover = staticmethod(discover)  # type: ignore[assignment]
+    stable_name = staticmethod(stable_name)  # type: ignore[assignment]
+    match = staticmethod(match)  # type: ignore[assignment]
+    aliases = staticmethod(aliases)  # type: ignore[assignment]
+    examples = staticmethod(examples)  # type: ignore[assignment]
+
+    def dra_describe(self, inventory: Inventory, device: Device,
+                     whole: bool) -> tuple[dict[str, DraValue], dict[str, int]]:
+        memory = vram(device)
+        return {}, ({"memory": memory} if memory > 0 else {})
+
+
+BACKEND = Intel()

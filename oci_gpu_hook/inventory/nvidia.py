@@ -36,7 +36,7 @@ import os
 
 from oci_gpu_hook.core.devices import Node
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.inventory import HALF_THERE, NOT_A_DEVICE, Device
+from oci_gpu_hook.inventory import HALF_THERE, NOT_A_DEVICE, Backend, Device
 from oci_gpu_hook.inventory.sysfs import HEX_DIGITS, driver, follow, numa_node, parse_pci_address, read
 
 TYPE_CHECKING = False  # not typing's: see oci_gpu_hook/startpath.py
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
     from oci_gpu_hook.config import Config
     from oci_gpu_hook.core.edits import Edits
-    from oci_gpu_hook.inventory import Inventory
+    from oci_gpu_hook.inventory import DraValue, Inventory, PluginEntry
     from oci_gpu_hook.inventory.sysfs import DrmDevice
 
 NAME = "nvidia"
@@ -59,6 +59,49 @@ CAPABILITY_ENV = "NVIDIA_DRIVER_CAPABILITIES"
 CAPABILITIES = ("compute", "utility", "graphics", "video", "display", "ngx")
 DEFAULT_CAPABILITIES = frozenset({"utility", "compute"})
 DISPLAY_CAPABILITIES = frozenset({"graphics", "display"})
+
+
+class NvidiaDevice(Device):
+    """An NVIDIA GPU or MIG device: its UUID, the GPU's device minor, a MIG device's ids and GPU, the GPU's DRM nodes
+    (given only with graphics or display) and where the driver's user space (NVML) is."""
+
+    __slots__ = ("display_nodes", "driver_root", "mig", "minor", "parent", "uuid")
+
+    def __init__(self, *, kind: str, nodes: tuple[Node, ...], links: tuple[tuple[str, str], ...], pci_address: str,
+                 sysfs_dir: str, drm_name: str, numa_node: int | None = None, model: str = "", vendor_id: str = "",
+                 device_id: str = "", driver: str | None = None, partition: int | None = None,
+                 masks: tuple[str, ...] = (), uuid: str | None = None, minor: int | None = None,
+                 mig: tuple[int, int] | None = None, parent: int | None = None, display_nodes: tuple[Node, ...] = (),
+                 driver_root: str | None = None) -> None:
+        # every argument spelt out, never **common: packing them costs ~3 µs a device on every container start
+        Device.__init__(self, kind=kind, nodes=nodes, links=links, pci_address=pci_address, sysfs_dir=sysfs_dir,
+                        drm_name=drm_name, numa_node=numa_node, model=model, vendor_id=vendor_id, device_id=device_id,
+                        driver=driver, partition=partition, masks=masks)
+        self.uuid = uuid  # GPU-... or MIG-... (a MIG device's from NVML, when asked)
+        self.minor = minor  # the device minor of the GPU (of the parent GPU for a MIG device)
+        self.mig = mig  # a MIG device: (GPU instance id, compute instance id); partition = its index in the GPU
+        self.parent = parent  # a MIG device: the index of its GPU
+        self.display_nodes = display_nodes  # DRM nodes, given with graphics or display
+        self.driver_root = driver_root  # where the driver's user-space (NVML) is
+
+    @property
+    def all_nodes(self) -> tuple[Node, ...]:
+        return self.nodes + self.display_nodes
+
+    @property
+    def label(self) -> str:
+        """``3``, or ``1:0`` for MIG device 0 of GPU 1."""
+        return f"{self.parent}:{self.partition}" if self.mig is not None else str(self.index)
+
+    @property
+    def part(self) -> str:
+        return "" if self.mig is None else f"MIG {self.drm_name}"
+
+    def facts(self) -> dict[str, object]:
+        return {"uuid": self.uuid, "minor": self.minor, "mig": self.mig, "parent": self.parent}
+
+    def __repr__(self) -> str:
+        return f"Device({self.kind} {self.label}: {self.pci_address})"
 
 
 def char_majors(proc_root: str) -> dict[str, int]:
@@ -136,7 +179,7 @@ def _gpu_problem(sys_dir: str, address: str) -> str:
 
 
 def discover(root: str, drm: list[DrmDevice], proc_root: str = "/proc",
-             driver_root: str = "/") -> tuple[list[Device], tuple[Node, ...], dict[str, str]]:
+             driver_root: str = "/") -> tuple[list[NvidiaDevice], tuple[Node, ...], dict[str, str]]:
     """NVIDIA GPUs (PCI order) then MIG devices (by GPU, then GPU and compute instance id), the shared
     nodes, and what was looked at -> '' or why it is not a device."""
     gpus_dir = os.path.join(proc_root, "driver", "nvidia", "gpus")
@@ -151,7 +194,7 @@ def discover(root: str, drm: list[DrmDevice], proc_root: str = "/proc",
     frontend = next((majors[n] for n in FRONTEND_NAMES if n in majors), None)
     drm_loaded = os.path.isdir(os.path.join(root, "module", "nvidia_drm"))
     by_dir = {d.directory: d for d in drm if d.pci is not None}
-    found: list[tuple[tuple[int, int, int, int], Device, list[DrmDevice]]] = []
+    found: list[tuple[tuple[int, int, int, int], NvidiaDevice, list[DrmDevice]]] = []
     for name in sorted(names):
         info = information(os.path.join(gpus_dir, name, "information"))
         address = ((info or {}).get("Bus Location") or name).lower()
@@ -185,7 +228,7 @@ def discover(root: str, drm: list[DrmDevice], proc_root: str = "/proc",
             else:
                 display, links = card.nodes, card.links()
                 claimed.append(card)
-        found.append((pci, Device(
+        found.append((pci, NvidiaDevice(
             kind=NAME, nodes=(Node(f"/dev/nvidia{int(minor)}", "c", frontend, int(minor)),), links=links,
             pci_address=address, sysfs_dir=sys_dir, drm_name=address, numa_node=numa_node(sys_dir),
             model=info.get("Model") or "NVIDIA GPU", vendor_id=VENDOR,
@@ -213,7 +256,8 @@ def discover(root: str, drm: list[DrmDevice], proc_root: str = "/proc",
     return gpus + migs, tuple(shared), seen
 
 
-def _mig_devices(proc_root: str, gpus: list[Device], caps_major: int | None, seen: dict[str, str]) -> list[Device]:
+def _mig_devices(proc_root: str, gpus: list[NvidiaDevice], caps_major: int | None,
+                 seen: dict[str, str]) -> list[NvidiaDevice]:
     minors = None
     out = []
     for index, gpu in enumerate(gpus):
@@ -241,7 +285,7 @@ def _mig_devices(proc_root: str, gpus: list[Device], caps_major: int | None, see
                     seen[what] = why
                     continue
                 assert caps_major is not None and caps[0] is not None and caps[1] is not None
-                out.append(Device(
+                out.append(NvidiaDevice(
                     kind=NAME, nodes=(gpu.nodes[0], *(Node(f"/dev/nvidia-caps/nvidia-cap{m}", "c", caps_major, m)
                                                       for m in caps)),
                     links=(), pci_address=gpu.pci_address, sysfs_dir=gpu.sysfs_dir,
@@ -255,12 +299,12 @@ def _mig_devices(proc_root: str, gpus: list[Device], caps_major: int | None, see
 # --- requests ---------------------------------------------------------------------------------
 
 
-def indexed(devices: tuple[Device, ...]) -> tuple[Device, ...]:
+def indexed(devices: tuple[NvidiaDevice, ...]) -> tuple[NvidiaDevice, ...]:
     """The devices plain indices count: the whole GPUs (MIG devices are ``GPU:MIG``)."""
     return tuple(d for d in devices if d.mig is None)
 
 
-def _gpu_index(token: str, gpus: tuple[Device, ...]) -> Device | str:
+def _gpu_index(token: str, gpus: tuple[NvidiaDevice, ...]) -> NvidiaDevice | str:
     if not token.isdigit() or not token.isascii():
         return "is not an nvidia GPU index"
     digits = token.lstrip("0") or "0"
@@ -271,7 +315,7 @@ def _gpu_index(token: str, gpus: tuple[Device, ...]) -> Device | str:
     return gpus[int(digits)]
 
 
-def _uuids(devices: tuple[Device, ...], token: str) -> tuple[Device, ...] | str:
+def _uuids(devices: tuple[NvidiaDevice, ...], token: str) -> tuple[NvidiaDevice, ...] | str:
     from oci_gpu_hook.inventory import nvml
 
     lower = token.lower()
@@ -285,7 +329,7 @@ def _uuids(devices: tuple[Device, ...], token: str) -> tuple[Device, ...] | str:
     return chosen or "is not the UUID of an NVIDIA GPU on this host"
 
 
-def match(token: str, devices: tuple[Device, ...]) -> tuple[Device, ...] | str | None:
+def match(token: str, devices: tuple[NvidiaDevice, ...]) -> tuple[NvidiaDevice, ...] | str | None:
     """The devices an NVIDIA entry names; a str saying why when it names nothing; None: not an NVIDIA form."""
     lower = token.lower()
     gpus = indexed(devices)
@@ -328,14 +372,14 @@ def match(token: str, devices: tuple[Device, ...]) -> tuple[Device, ...] | str |
         for end, found in ((first, start), (last, stop)):
             if isinstance(found, str):
                 return f"is a range whose end '{end}' {found}"
-        assert isinstance(start, Device) and isinstance(stop, Device)
+        assert isinstance(start, NvidiaDevice) and isinstance(stop, NvidiaDevice)
         if start.index > stop.index:
             return "is a range that runs backwards"
         return gpus[start.index:stop.index + 1]
     return None
 
 
-def stable_name(device: Device) -> str:
+def stable_name(device: NvidiaDevice) -> str:
     """A GPU's UUID; a MIG device's UUID when NVML says it, else its ``GPU:MIG`` index (which moves when
     instances before it are destroyed: run where NVML works for stable MIG names)."""
     if device.mig is not None:
@@ -345,7 +389,7 @@ def stable_name(device: Device) -> str:
     return device.uuid or (device.label if device.mig is not None else device.pci_address)
 
 
-def present(devices: tuple[Device, ...], numbers: Set[tuple[str, int, int]]) -> tuple[Device, ...]:
+def present(devices: tuple[NvidiaDevice, ...], numbers: Set[tuple[str, int, int]]) -> tuple[NvidiaDevice, ...]:
     """The devices a spec already carries: a MIG device when all its nodes are there (its GPU's and both caps
     nodes), a whole GPU when its node is there and no MIG device of it is (a MIG grant carries the GPU's node)."""
     migs = [d for d in devices if d.mig is not None and all(n.number in numbers for n in d.nodes)]
@@ -354,12 +398,12 @@ def present(devices: tuple[Device, ...], numbers: Set[tuple[str, int, int]]) -> 
     return tuple(sorted(gpus + migs, key=lambda d: d.index))
 
 
-def aliases(devices: tuple[Device, ...]) -> list[tuple[str, tuple[Device, ...]]]:
+def aliases(devices: tuple[NvidiaDevice, ...]) -> list[tuple[str, tuple[NvidiaDevice, ...]]]:
     """CDI names besides the GPU indices: ``GPU:MIG`` and the UUIDs (MIG UUIDs when NVML can say them)."""
     from oci_gpu_hook.inventory import nvml
 
     nvml.fill_mig_uuids(devices)
-    out: list[tuple[str, tuple[Device, ...]]] = []
+    out: list[tuple[str, tuple[NvidiaDevice, ...]]] = []
     for device in devices:
         if device.mig is not None:
             out.append((device.label, (device,)))
@@ -371,7 +415,7 @@ def aliases(devices: tuple[Device, ...]) -> list[tuple[str, tuple[Device, ...]]]
     return out
 
 
-def examples(devices: tuple[Device, ...]) -> list[str]:
+def examples(devices: tuple[NvidiaDevice, ...]) -> list[str]:
     gpus = indexed(devices)
     out = [f"GPU UUIDs like {gpus[0].uuid}"] if gpus and gpus[0].uuid else []
     if gpus:
@@ -408,7 +452,7 @@ def container_options(env: Sequence[str] | None) -> frozenset[str]:
     return capabilities(env_value(env, CAPABILITY_ENV))
 
 
-def device_edits(device: Device, config: Config, options: frozenset[str] | None) -> Edits:
+def device_edits(device: NvidiaDevice, config: Config, options: frozenset[str] | None) -> Edits:
     """A device's nodes; its DRM nodes and by-path links only with graphics or display."""
     from oci_gpu_hook.core.edits import Edits
 
@@ -443,3 +487,99 @@ def kind_edits(inventory: Inventory, options: frozenset[str] | None, config: Con
     made = tuple(n.made(config.device_file_mode, config.device_uid, config.device_gid) for n in nodes)
     files = nvdriver.driver_files(inventory.proc_root, config.driver_root, caps)
     return Edits.merged([Edits(made), files])
+
+
+class Nvidia(Backend):
+    """NVIDIA GPUs and MIG devices, and the driver's files (module docstring); what the device plugin advertises and
+    the DRA driver publishes of them is :mod:`oci_gpu_hook.inventory.nvcluster` (off the start path)."""
+
+    name = NAME
+    forms = FORMS
+    part = "mig"
+    plugin = True
+    gone = "gone from the driver's /proc, sysfs or NVML"
+
+    discover = staticmethod(discover)  # type: ignore[assignment]
+    stable_name = staticmethod(stable_name)  # type: ignore[assignment]
+    indexed = staticmethod(indexed)  # type: ignore[assignment]
+    match = staticmethod(match)  # type: ignore[assignment]
+    aliases = staticmethod(aliases)  # type: ignore[assignment]
+    examples = staticmethod(examples)  # type: ignore[assignment]
+    present = staticmethod(present)  # type: ignore[assignment]
+    container_options = staticmethod(container_options)  # type: ignore[assignment]
+    device_edits = staticmethod(device_edits)  # type: ignore[assignment]
+    kind_nodes = staticmethod(kind_nodes)  # type: ignore[assignment]
+    kind_edits = staticmethod(kind_edits)  # type: ignore[assignment]
+
+    def unclaimed(self, device_dir: str, owner: str | None, proc_root: str) -> str:
+        if owner == DRIVER and not os.path.isdir(os.path.join(proc_root, "driver", "nvidia")):
+            return (f"the nvidia backend needs {proc_root}/driver/nvidia, missing under the proc root {proc_root} "
+                    "(try --proc-root HOST/proc)")
+        return ""
+
+    def missing(self, root: str, proc_root: str, listed: set[str]) -> list[tuple[str, str]]:
+        """The PCI devices bound to the nvidia driver (with no DRM node, so not listed yet) where the proc root has
+        no ``driver/nvidia``: a host's sysfs read with another proc root (``--proc-root``)."""
+        if os.path.isdir(os.path.join(proc_root, "driver", "nvidia")):
+            return []
+        devices = os.path.join(root, "bus", "pci", "devices")
+        try:
+            names = sorted(os.listdir(devices))
+        except OSError:
+            return []
+        return [(name, f"nvidia, {read(os.path.join(devices, name, 'vendor')) or 'no vendor'}: "
+                       f"{self.unclaimed('', DRIVER, proc_root)}")
+                for name in names if name not in listed and driver(os.path.join(devices, name)) == DRIVER]
+
+    def refresh(self, devices: tuple[Device, ...]) -> str:
+        from oci_gpu_hook.inventory import nvml
+
+        return nvml.refresh(devices) if devices else ""
+
+    def plugin_devices(self, inventory: Inventory, strategy: str) -> tuple[list[PluginEntry], list[str]]:
+        from oci_gpu_hook.inventory import nvcluster
+
+        return nvcluster.plugin_devices(inventory, strategy)
+
+    def dra_devices(self, inventory: Inventory) -> tuple[tuple[Device, ...], list[str]]:
+        from oci_gpu_hook.inventory import nvcluster
+
+        return nvcluster.dra_devices(inventory)
+
+    def dra_left_out(self, device: Device) -> str:
+        assert isinstance(device, NvidiaDevice)
+        return f"nvidia MIG device {device.label} left out: NVML names no UUID for it" if (
+            device.mig is not None and not device.uuid) else ""
+
+    def split_gpu(self, inventory: Inventory, device: Device,
+                  devices: tuple[Device, ...]) -> tuple[str, Device | None, tuple[Device, ...]]:
+        """A MIG device's GPU: published whole as the GPU's own device."""
+        assert isinstance(device, NvidiaDevice)
+        parts = tuple(d for d in devices if isinstance(d, NvidiaDevice) and d.mig is not None
+                      and d.parent == device.parent)
+        return f"gpu {device.parent}", _gpu_of(inventory, device), parts
+
+    def parent_name(self, inventory: Inventory, device: Device) -> str | None:
+        assert isinstance(device, NvidiaDevice)
+        gpu = _gpu_of(inventory, device) if device.mig is not None else None
+        return stable_name(gpu) if gpu is not None else None
+
+    def driver_version(self, inventory: Inventory) -> str | None:
+        from oci_gpu_hook.inventory import nvcluster
+
+        return nvcluster.driver_version(inventory.proc_root)
+
+    def dra_describe(self, inventory: Inventory, device: Device,
+                     whole: bool) -> tuple[dict[str, DraValue], dict[str, int]]:
+        from oci_gpu_hook.inventory import nvcluster
+
+        return nvcluster.dra_describe(device)
+
+
+def _gpu_of(inventory: Inventory, device: NvidiaDevice) -> NvidiaDevice | None:
+    """A MIG device's GPU."""
+    return next((d for d in inventory.devices(NAME) if isinstance(d, NvidiaDevice) and d.mig is None
+                 and d.index == device.parent), None)
+
+
+BACKEND = Nvidia()

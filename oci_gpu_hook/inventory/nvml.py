@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-    from oci_gpu_hook.inventory import Device
+    from oci_gpu_hook.inventory import Device  # nvidia.NvidiaDevice (nvidia imports this module: no cycle)
 
 SONAME = "libnvidia-ml.so.1"
 NOT_FOUND = 6  # NVML_ERROR_NOT_FOUND: no MIG device at this index

@@ -31,8 +31,8 @@ def device_names(config: Config) -> dict[tuple[str, int, int], str]:
         part = "" if device.partition is None else f" partition {device.partition}"
         verdict = verdicts.get(device.pci_address)
         health = f"; {verdict.text}" if verdict is not None and not verdict.healthy else ""
-        for node in (*device.nodes, *device.display_nodes):
-            if device.mig is None or node.number not in names:  # a MIG device shares its GPU's node
+        for node in device.all_nodes:
+            if device.partition is None or node.number not in names:  # a part never renames its GPU's node
                 names[node.number] = (f"{device.kind} {device.label} {node.path} ({device.pci_address}{part})"
                                       f"{health}")
     for kind, found in inventory.kinds.items():

@@ -40,12 +40,12 @@ def run(args: list[str], config: Config) -> int:
              "MODEL", "HEALTH")]
     for device in inventory.all_devices:
         card, render = device.card, device.render
-        mode = "/".join(m for m in (device.compute_mode, device.memory_mode) if m) or "-"
         rows.append((
             device.kind, device.label, stable_name(device), device.pci_address,
             "-" if device.partition is None else f"{device.partition} ({device.drm_name})",
-            mode, os.path.basename(card.path) if card else "-", os.path.basename(render.path) if render else "-",
-            "-" if device.numa_node is None else str(device.numa_node), device.unique_id_hex or "-",
+            device.mode or "-", os.path.basename(card.path) if card else "-",
+            os.path.basename(render.path) if render else "-",
+            "-" if device.numa_node is None else str(device.numa_node), str(device.facts().get("unique_id") or "-"),
             f"{device.model} ({device.vendor_id}:{device.device_id})", verdicts.get(device.pci_address, GOOD).text,
         ))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]

@@ -49,13 +49,17 @@ import os
 import re
 from dataclasses import dataclass, field, replace
 
-from oci_gpu_hook.inventory import Device, Inventory, stable_name
+from oci_gpu_hook.inventory import Device, Inventory, backend, stable_name
 from oci_gpu_hook.inventory.sysfs import read
+
+TYPE_CHECKING = False
+
+if TYPE_CHECKING:
+    from oci_gpu_hook.inventory import DraValue
 
 Attribute = tuple[str, str | int | bool]  # (type: string|int|bool|version, value)
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 SEMVER = re.compile(r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$")
-VENDORS = {"amd": "amd", "intel": "intel", "nvidia": "nvidia"}
 MAX_STRING = 64  # the API's limit on a string or version attribute
 # Every attribute this driver may publish (the module docstring says what each is): claims and DeviceClasses
 # select on these names.
@@ -144,92 +148,17 @@ def _version(value: str | None) -> Attribute | None:
     return _string(value)
 
 
-def _nvidia_driver_version(proc_root: str) -> str | None:
-    """``535.104.05`` from /proc/driver/nvidia/version (the first word that is a dotted number)."""
-    text = read(os.path.join(proc_root, "driver", "nvidia", "version")) or ""
-    line = text.splitlines()[0] if text else ""
-    return next((w for w in line.split() if re.fullmatch(r"\d+(\.\d+)+", w)), None)
-
-
 def _module_version(sysfs_root: str, driver: str | None) -> str | None:
     return read(os.path.join(sysfs_root, "module", driver, "version")) if driver else None
 
 
-def _gpu_dir(inventory: Inventory, device: Device) -> str:
-    """The GPU's PCI directory (a partition's DRM device is a platform device: its GPU's is that of partition 0)."""
-    for other in inventory.devices(device.kind):
-        if other.pci_address == device.pci_address and os.path.basename(other.sysfs_dir) == device.pci_address:
-            return other.sysfs_dir
-    return os.path.join(inventory.sysfs_root, "bus", "pci", "devices", device.pci_address)
-
-
-def _nps(mode: str | None) -> int:
-    match = re.fullmatch(r"NPS(\d+)", (mode or "").strip().upper())
-    return int(match.group(1)) if match and int(match.group(1)) > 0 else 1
-
-
-def _amd(inventory: Inventory, device: Device, attributes: dict[str, Attribute | None],
-         capacity: dict[str, str], whole: bool = False) -> None:
-    gpu = _gpu_dir(inventory, device)
-    attributes["architecture"] = _string(device.model if device.model.startswith("gfx") else None)
-    attributes["productName"] = _string(read(os.path.join(gpu, "product_name")))
-    attributes["computePartition"] = _string(device.compute_mode)
-    attributes["memoryPartition"] = _string(device.memory_mode)
-    attributes["hiveId"] = ("string", f"0x{device.hive_id:x}") if device.hive_id else None  # may pass int64
-    vram = read(os.path.join(gpu, "mem_info_vram_total"))
-    if vram and vram.isdigit() and int(vram) > 0:
-        share = int(vram) // _nps(device.memory_mode) if device.partition is not None and not whole else int(vram)
-        capacity["memory"] = quantity(share)
-
-
-def _nvidia(inventory: Inventory, device: Device, attributes: dict[str, Attribute | None],
-            capacity: dict[str, str]) -> None:
-    from oci_gpu_hook.inventory import nvml
-
-    attributes["uuid"] = _string(device.uuid)
-    attributes["productName"] = _string(device.model)
-    if device.mig is not None:
-        attributes["migProfile"] = _string(nvml.profile(device))
-    capability = nvml.compute_capability(device)
-    if re.fullmatch(r"\d+\.\d+", capability):
-        major, minor = capability.split(".")
-        attributes["computeCapability"] = ("version", f"{int(major)}.{int(minor)}.0")
-        attributes["architecture"] = ("string", f"sm_{int(major)}{int(minor)}")
-    memory = nvml.gpu_memory(device)
-    if memory > 0:
-        capacity["memory"] = quantity(memory)
-
-
-def _intel(device: Device, capacity: dict[str, str]) -> None:
-    """VRAM where the driver says it: xe per tile (``tile<N>/physical_vram_size_bytes`` of the PCI device), i915
-    (its DKMS backports) as the card's ``lmem_total_bytes``; an integrated GPU has none."""
-    tiles = []
-    try:
-        tiles = sorted(n for n in os.listdir(device.sysfs_dir) if re.fullmatch(r"tile\d+", n))
-    except OSError:
-        pass
-    sizes = [read(os.path.join(device.sysfs_dir, t, "physical_vram_size_bytes")) or "" for t in tiles]
-    total = sum(int(v, 0) for v in sizes if re.fullmatch(r"(0x[0-9a-fA-F]+|\d+)", v))
-    card = device.card
-    if not total and card is not None:
-        lmem = read(os.path.join(device.sysfs_dir, "drm", os.path.basename(card.path), "lmem_total_bytes")) or ""
-        total = int(lmem) if lmem.isdigit() else 0
-    if total > 0:
-        capacity["memory"] = quantity(total)
-
-
-def _parent(inventory: Inventory, device: Device) -> str | None:
-    """A part's GPU, by its stable name."""
-    if device.mig is not None:
-        gpu = next((d for d in inventory.devices(device.kind) if d.mig is None and d.index == device.parent), None)
-        return stable_name(gpu) if gpu is not None else None
-    return device.pci_address if device.partition is not None else None
-
-
-def _parts(device: Device) -> str:
-    if device.mig is not None:
-        return "mig"
-    return "partition" if device.partition is not None else "gpu"
+def _attribute(value: DraValue) -> Attribute | None:
+    """A backend's attribute value as published: a str a string attribute, an int an int one, a pair as it is."""
+    if isinstance(value, tuple):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return "int", value
+    return _string(value)
 
 
 def _described(inventory: Inventory, device: Device, driver_version: str | None, whole: tuple[Device, ...] = ()
@@ -237,29 +166,27 @@ def _described(inventory: Inventory, device: Device, driver_version: str | None,
     """A device's attributes and capacity; with ``whole``, those of the GPU that ``device`` (its first part, or
     the GPU itself) belongs to, split into the parts ``whole``."""
     kind = device.kind
-    stable = device.pci_address if whole and kind == "amd" else stable_name(device)
+    own = backend(kind)
+    # a split GPU's whole is named by its PCI address where the device standing for it is its first part (AMD)
+    stable = device.pci_address if whole and device.partition is not None else stable_name(device)
     part = device.partition is not None and not whole
     attributes: dict[str, Attribute | None] = {
-        "vendor": ("string", VENDORS.get(kind, kind)),
-        "type": ("string", "gpu" if whole else _parts(device)),
+        "vendor": ("string", kind),
+        "type": ("string", "gpu" if whole or device.partition is None else own.part),
         "model": _string(device.model),
         "pciAddress": ("string", device.pci_address),
         "pciDeviceId": _string(device.device_id),
         "stableName": ("string", stable),
-        "parent": None if whole else _string(_parent(inventory, device)),
+        "parent": None if whole else _string(own.parent_name(inventory, device)),
         "numaNode": ("int", device.numa_node) if device.numa_node is not None and device.numa_node >= 0 else None,
         "partitionIndex": ("int", device.partition) if part else None,
         "partitionCount": ("int", len(whole)) if whole else None,
         "driver": _string(device.driver),
         "driverVersion": _version(driver_version or _module_version(inventory.sysfs_root, device.driver)),
     }
-    capacity: dict[str, str] = {}
-    if kind == "amd":
-        _amd(inventory, device, attributes, capacity, whole=bool(whole))
-    elif kind == "nvidia":
-        _nvidia(inventory, device, attributes, capacity)
-    elif kind == "intel":
-        _intel(device, capacity)
+    vendor, size = own.dra_describe(inventory, device, bool(whole))
+    attributes.update((name, _attribute(value)) for name, value in vendor.items())
+    capacity = {name: quantity(value) for name, value in size.items()}
     assert set(attributes) <= set(ATTRIBUTES) and set(capacity) <= set(CAPACITIES)
     return {k: v for k, v in attributes.items() if v is not None}, capacity
 
@@ -270,17 +197,10 @@ def _groups(inventory: Inventory, kind: str, devices: tuple[Device, ...]) -> lis
     out: list[tuple[Device, tuple[Device, ...]]] = []
     done: set[str] = set()
     for device in devices:
-        if device.mig is None and device.partition is None:
+        if device.partition is None:
             out.append((device, (device,)))
             continue
-        if kind == "nvidia":
-            key = f"gpu {device.parent}"
-            parts = tuple(d for d in devices if d.mig is not None and d.parent == device.parent)
-            head = next((d for d in inventory.devices(kind) if d.mig is None and d.index == device.parent), None)
-        else:
-            key = device.pci_address
-            parts = tuple(d for d in devices if d.partition is not None and d.pci_address == device.pci_address)
-            head = parts[0]
+        key, head, parts = backend(kind).split_gpu(inventory, device, devices)
         if key not in done and head is not None and len(parts) > 1:
             done.add(key)
             out.append((head, parts))
@@ -293,26 +213,15 @@ def build(inventory: Inventory) -> tuple[list[DraDevice], list[str]]:
     and a line per device left out."""
     out: list[DraDevice] = []
     notes: list[str] = []
-    for kind, found in inventory.kinds.items():
-        devices = found.devices
-        if kind == "nvidia":
-            from oci_gpu_hook.inventory import nvml
-
-            migs = [d for d in devices if d.mig is not None]
-            problem = nvml.refresh(migs) if migs else ""
-            if problem:
-                notes.append(f"{len(migs)} MIG device(s) left out: only NVML names them, and {problem}")
-                migs = []
-            problem = nvml.gpu_facts([d for d in devices if d.mig is None])
-            if problem:
-                notes.append(f"nvidia GPUs' memory and compute capability left out: only NVML says them, and "
-                             f"{problem}")
-            split = {d.parent for d in devices if d in migs}  # a split GPU is published as its MIG devices
-            devices = tuple(d for d in devices if (d.mig is None and d.index not in split) or d in migs)
-        driver_version = (_nvidia_driver_version(inventory.proc_root) if kind == "nvidia" else None)
+    for kind in inventory.kinds:
+        own = backend(kind)
+        devices, left_out = own.dra_devices(inventory)
+        notes += left_out
+        driver_version = own.driver_version(inventory)
         for device, parts in _groups(inventory, kind, devices):
-            if device.mig is not None and not device.uuid:
-                notes.append(f"nvidia MIG device {device.label} left out: NVML names no UUID for it")
+            why = own.dra_left_out(device)
+            if why:
+                notes.append(why)
                 continue
             whole = parts if parts != (device,) else ()
             attributes, capacity = _described(inventory, device, driver_version, whole)
