@@ -155,4 +155,6 @@ MODULES: dict[str, frozenset[str]] = {
 # Modules of the package off the path that a start-path module may reach, each on a route no container start takes.
 OFF_PATH: dict[str, dict[str, str]] = {
     "oci_gpu_hook.entry.cli": {"oci_gpu_hook.cliparse": "a usage error (argparse), never a hook's"},
+    "oci_gpu_hook.inventory.nvidia": {"oci_gpu_hook.inventory.nvcluster": "the device plugin's and DRA driver's "
+                                      "side of the NVIDIA backend (resident processes), never a container start"},
 }

@@ -16,7 +16,7 @@ import re
 from oci_gpu_hook.inventory import backend, check_strategy
 from oci_gpu_hook.inventory.sysfs import read
 
-TYPE_CHECKING = False
+TYPE_CHECKING = False  # not typing's: see oci_gpu_hook/startpath.py
 
 if TYPE_CHECKING:
     from oci_gpu_hook.inventory import Device, DraValue, Inventory, PluginEntry

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field, replace
 from oci_gpu_hook.inventory import Device, Inventory, backend, stable_name
 from oci_gpu_hook.inventory.sysfs import read
 
-TYPE_CHECKING = False
+TYPE_CHECKING = False  # not typing's: see oci_gpu_hook/startpath.py
 
 if TYPE_CHECKING:
     from oci_gpu_hook.inventory import DraValue
