@@ -330,7 +330,8 @@ def systemd_items(disk: Callable[[str], str], notes: list[str], explicit: bool) 
 # The NRI plugin's unit (docs/nri.md): the plugin exits when the runtime closes its connection (a restart), and
 # systemd starts it again, as often as it takes: while the runtime is down each start fails at once, and with
 # systemd's default start limit (5 starts in 10 s) a runtime down for more than a few seconds would leave the plugin
-# stopped for good (seen with a real containerd 2.1.9 and systemd 252), hence StartLimitIntervalSec=0.
+# stopped for good (a real containerd 2.1.9 restart made each start fail; systemd 252 failed the unit after 5), hence
+# StartLimitIntervalSec=0.
 NRI_UNIT_TEXT = """# oci-gpu-hook nri: the NRI plugin for containerd 2.x and CRI-O (docs/nri.md in the source tree).
 [Unit]
 Description=oci-gpu-hook: the NRI plugin that gives each container the GPUs it asks for
