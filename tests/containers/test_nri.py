@@ -184,7 +184,6 @@ def test_plugin_down_then_back(setup: dict[str, Path], tmp_path: Path) -> None:
         peer.shutdown()
         assert plugin.wait(timeout=30) == 0, log.read_text()
         assert peer.closed()
-        double.plugin = None
         gpu_pod = api_pb2.PodSandbox(id="pod-2", name="gpu", namespace="default", annotations=REQUIRES_PLUGIN)
 
         bundle, before, after = _create(double, setup, [])
@@ -201,6 +200,31 @@ def test_plugin_down_then_back(setup: dict[str, Path], tmp_path: Path) -> None:
         done = _run(bundle)
         assert done.returncode == 0, done.stderr
         cl.assert_isolated(done.stdout, [1])
+    finally:
+        double.close()
+        _stop(plugin)
+
+
+def test_the_first_container_after_the_plugin_died_passes_the_validator(setup: dict[str, Path],
+                                                                        tmp_path: Path) -> None:
+    """What NRI does (seen on a real containerd 2.3.4, docs/nri.md): the plugin killed, the first container of a
+    pod that requires it is still created, without its GPU (NRI counts the dead plugin as present until a request
+    to it fails); the next one is refused."""
+    double = nr.NRIRuntime(tmp_path / "nri.sock")
+    plugin = _start(setup, double.path, tmp_path / "plugin.log")
+    try:
+        peer = double.accept()
+        plugin.kill()
+        plugin.wait(timeout=30)
+        assert peer.closed()
+        gpu_pod = api_pb2.PodSandbox(id="pod-3", name="gpu", namespace="default", annotations=REQUIRES_PLUGIN)
+        bundle, before, after = _create(double, setup, ["AMD_VISIBLE_DEVICES=1"], pod=gpu_pod)
+        assert after == before and double.plugin is None
+        done = _run(bundle)
+        assert done.returncode == 0, done.stderr
+        cl.assert_isolated(done.stdout, [])
+        with pytest.raises(nr.PluginError, match="required plugin 'oci-gpu-hook' not present"):
+            _create(double, setup, ["AMD_VISIBLE_DEVICES=1"], pod=gpu_pod)
     finally:
         double.close()
         _stop(plugin)
