@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.host import containerd, crio, docker, podman
 from oci_gpu_hook.host.install import items
 from oci_gpu_hook.host.install import paths as install_paths
@@ -154,6 +155,32 @@ def test_crio_drop_in_uses_documented_keys_only(tmp_path: Path, capsys: pytest.C
     assert crio.DROP_IN_PATH == "/etc/crio/crio.conf.d/99-oci-gpu-hook.conf"
 
 
+def test_no_precreate_hook_where_crio_reads_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """CRI-O reads OCI hooks from podman's default directory and refuses to start on a precreate hook there
+    ("unknown stage": seen with a real CRI-O 1.36.3, docs/nri.md): where /etc/crio is, install leaves podman's
+    precreate hook out with a note saying what that means and what to do (the rest installed); a prestart
+    hook goes in; and so does the precreate hook when CRI-O's hooks_dir (its config, then its drop-ins in name
+    order) does not hold podman's directory."""
+    hook_dir = "/usr/share/containers/oci/hooks.d"
+    (tmp_path / "etc/crio").mkdir(parents=True)
+    out, _ = run(capsys, tmp_path, "--only", "podman,crio")
+    assert (f"note: podman: no precreate hook: CRI-O is configured here and reads hooks from {hook_dir} too, where "
+            "it refuses to start on podman's precreate hook ('unknown stage'); podman containers get no GPU from a "
+            "hook until install --hook prestart") in out, out
+    assert not at(tmp_path, f"{hook_dir}/oci-gpu-hook-precreate.json").exists()
+    assert at(tmp_path, crio.DROP_IN_PATH).is_file()
+    run(capsys, tmp_path, "--only", "podman,crio", "--hook", "prestart")
+    assert at(tmp_path, f"{hook_dir}/oci-gpu-hook-prestart.json").is_file()
+    put(tmp_path, crio.MAIN_CONFIG, '[crio.runtime]\nhooks_dir = ["/etc/containers/oci/hooks.d"]\n')
+    put(tmp_path, f"{crio.DROP_IN_DIR}/50-site.conf", '[crio.runtime]\nhooks_dir = ["/srv/crio-hooks"]\n')
+    assert crio.hooks_dirs(lambda p: str(at(tmp_path, p))) == ["/srv/crio-hooks"]
+    run(capsys, tmp_path, "--only", "podman,crio")
+    assert at(tmp_path, f"{hook_dir}/oci-gpu-hook-precreate.json").is_file()
+    put(tmp_path, f"{crio.DROP_IN_DIR}/50-site.conf", '[crio.runtime]\nhooks_dir = "/srv"\n')
+    with pytest.raises(HookError, match=r"hooks_dir must be a list of absolute paths"):
+        crio.hooks_dirs(lambda p: str(at(tmp_path, p)))
+
+
 def test_systemd_unit_runs_the_installed_launcher(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run(capsys, tmp_path, "--only", "systemd")
     unit = at(tmp_path, install_paths.SYSTEMD_UNIT).read_text()
@@ -204,7 +231,7 @@ def test_the_nri_unit_for_crio_and_when_asked(tmp_path: Path, capsys: pytest.Cap
     """CRI-O (its /etc/crio) gets the unit; ``--only nri`` writes it wherever asked, saying no runtime was found."""
     (tmp_path / "crio" / "etc/crio").mkdir(parents=True)
     (tmp_path / "crio" / "etc/systemd/system").mkdir(parents=True)
-    out, _ = run(capsys, tmp_path / "crio")
+    out, _ = run(capsys, tmp_path / "crio", "--hook", "prestart")  # CRI-O reads podman's default hooks dir
     assert at(tmp_path / "crio", install_paths.NRI_UNIT).is_file() and "note: nri: CRI-O: " in out
     out, _ = run(capsys, tmp_path / "asked", "--only", "nri")
     assert at(tmp_path / "asked", install_paths.NRI_UNIT).is_file()

@@ -181,6 +181,14 @@ def podman_items(hook: str, disk: Callable[[str], str], notes: list[str]) -> lis
     if hook == "none":
         raise Skip("--hook none: no hooks.d file")
     directory, source = podman.hooks_dir(disk)
+    if hook == "precreate" and os.path.isdir(disk("/etc/crio")):
+        from oci_gpu_hook.host import crio
+
+        if directory in crio.hooks_dirs(disk):
+            raise Skip(f"no precreate hook: CRI-O is configured here and reads hooks from {directory} too, where "
+                       "it refuses to start on podman's precreate hook ('unknown stage'); podman containers get "
+                       "no GPU from a hook until install --hook prestart (a hook both run), or a hooks_dir of "
+                       "podman's own in containers.conf")
     notes.append(f"podman reads hooks from {directory} ({source})")
     return [Item(f"{directory}/oci-gpu-hook-{hook}.json", hook_file(hook, HOOK_LAUNCHER).encode(),
                  0o644, f"podman {hook} hook")]
