@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.host import containerd, crio, docker, podman
 from oci_gpu_hook.host.install import items
 from oci_gpu_hook.host.install import paths as install_paths
@@ -154,6 +155,32 @@ def test_crio_drop_in_uses_documented_keys_only(tmp_path: Path, capsys: pytest.C
     assert crio.DROP_IN_PATH == "/etc/crio/crio.conf.d/99-oci-gpu-hook.conf"
 
 
+def test_no_precreate_hook_where_crio_reads_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """CRI-O reads OCI hooks from podman's default directory and refuses to start on a precreate hook there
+    ("unknown stage": seen with a real CRI-O 1.36.3, docs/nri.md): where /etc/crio is, install leaves podman's
+    precreate hook out with a note saying what that means and what to do (the rest installed); a prestart
+    hook goes in; and so does the precreate hook when CRI-O's hooks_dir (its config, then its drop-ins in name
+    order) does not hold podman's directory."""
+    hook_dir = "/usr/share/containers/oci/hooks.d"
+    (tmp_path / "etc/crio").mkdir(parents=True)
+    out, _ = run(capsys, tmp_path, "--only", "podman,crio")
+    assert (f"note: podman: no precreate hook: CRI-O is configured here and reads hooks from {hook_dir} too, where "
+            "it refuses to start on podman's precreate hook ('unknown stage'); podman containers get no GPU from a "
+            "hook until install --hook prestart") in out, out
+    assert not at(tmp_path, f"{hook_dir}/oci-gpu-hook-precreate.json").exists()
+    assert at(tmp_path, crio.DROP_IN_PATH).is_file()
+    run(capsys, tmp_path, "--only", "podman,crio", "--hook", "prestart")
+    assert at(tmp_path, f"{hook_dir}/oci-gpu-hook-prestart.json").is_file()
+    put(tmp_path, crio.MAIN_CONFIG, '[crio.runtime]\nhooks_dir = ["/etc/containers/oci/hooks.d"]\n')
+    put(tmp_path, f"{crio.DROP_IN_DIR}/50-site.conf", '[crio.runtime]\nhooks_dir = ["/srv/crio-hooks"]\n')
+    assert crio.hooks_dirs(lambda p: str(at(tmp_path, p))) == ["/srv/crio-hooks"]
+    run(capsys, tmp_path, "--only", "podman,crio")
+    assert at(tmp_path, f"{hook_dir}/oci-gpu-hook-precreate.json").is_file()
+    put(tmp_path, f"{crio.DROP_IN_DIR}/50-site.conf", '[crio.runtime]\nhooks_dir = "/srv"\n')
+    with pytest.raises(HookError, match=r"hooks_dir must be a list of absolute paths"):
+        crio.hooks_dirs(lambda p: str(at(tmp_path, p)))
+
+
 def test_systemd_unit_runs_the_installed_launcher(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run(capsys, tmp_path, "--only", "systemd")
     unit = at(tmp_path, install_paths.SYSTEMD_UNIT).read_text()
@@ -171,11 +198,13 @@ def test_systemd_unit_runs_the_installed_launcher(tmp_path: Path, capsys: pytest
             x for x in fallback.splitlines() if x.startswith(line + "=")], line
 
 
-@pytest.mark.parametrize(("version", "unit"), [("v2.1.9", True), ("1.6.20", False)])
+@pytest.mark.parametrize(("version", "unit"), [("v2.1.9", True), ("v2.2.7", True), ("1.6.20", False)])
 def test_the_nri_unit_where_containerd_has_nri(tmp_path: Path, capsys: pytest.CaptureFixture[str], version: str,
                                               unit: bool) -> None:
     """containerd 2.x (found by its binary's version) has NRI: the plugin's unit is installed; 1.x has none:
-    skipped with a note.  Uninstall of the integration takes the unit out."""
+    skipped with a note.  containerd 2.0 and 2.1 (NRI v0.8.0) have no default validator: the note says what
+    that means while the plugin is down (seen on a real containerd 2.1.9, docs/nri.md), and 2.2's names the
+    validator.  Uninstall of the integration takes the unit out."""
     put(tmp_path, containerd.MAIN_CONFIG_PATH, CONTAINERD_V3 if unit else CONTAINERD_V2)
     containerd_binary(tmp_path, version)
     (tmp_path / "etc/systemd/system").mkdir(parents=True)
@@ -188,7 +217,12 @@ def test_the_nri_unit_where_containerd_has_nri(tmp_path: Path, capsys: pytest.Ca
     text = path.read_text()
     assert [line for line in text.splitlines() if line.startswith("ExecStart")] == [f"ExecStart={LAUNCHER} nri"]
     assert "Restart=always" in text.splitlines()
-    assert "note: nri: containerd 2.1.9: systemctl daemon-reload && systemctl enable --now oci-gpu-hook-nri" in out
+    shown = version[1:]
+    assert f"note: nri: containerd {shown}: systemctl daemon-reload && systemctl enable --now oci-gpu-hook-nri" in out
+    no_validator = f"containerd {shown} has no NRI default validator (containerd 2.2 and later have it): while the " \
+        "plugin is down, a container that asks by env starts without its GPU"
+    assert (no_validator in out) == (version == "v2.1.9"), out
+    assert ("needs NRI's default validator" in out) == (version == "v2.2.7"), out
     run(capsys, tmp_path, "--uninstall", "--only", "nri")
     assert not path.exists() and at(tmp_path, containerd.DROP_IN_PATH).exists()
 
@@ -197,7 +231,7 @@ def test_the_nri_unit_for_crio_and_when_asked(tmp_path: Path, capsys: pytest.Cap
     """CRI-O (its /etc/crio) gets the unit; ``--only nri`` writes it wherever asked, saying no runtime was found."""
     (tmp_path / "crio" / "etc/crio").mkdir(parents=True)
     (tmp_path / "crio" / "etc/systemd/system").mkdir(parents=True)
-    out, _ = run(capsys, tmp_path / "crio")
+    out, _ = run(capsys, tmp_path / "crio", "--hook", "prestart")  # CRI-O reads podman's default hooks dir
     assert at(tmp_path / "crio", install_paths.NRI_UNIT).is_file() and "note: nri: CRI-O: " in out
     out, _ = run(capsys, tmp_path / "asked", "--only", "nri")
     assert at(tmp_path / "asked", install_paths.NRI_UNIT).is_file()

@@ -304,6 +304,29 @@ def test_an_internal_error_fails_the_container_not_the_plugin(served: tuple[nr.P
 
 # --- the plan as an adjustment ------------------------------------------------------------------------------
 
+def test_after_the_warm_up_a_first_request_imports_nothing(tmp_path: Path) -> None:
+    """What the plugin does before it registers: the first container that asks (here GPU 1 and the masking of the
+    others, every kind scanned) imports no module the warm-up had not, and the warm-up writes nothing."""
+    by_path = tmp_path / "by-path"
+    script = f"""
+import sys
+from oci_gpu_hook.config import load_config
+from oci_gpu_hook.host.nri import adjust, api_pb2, plugin
+config = load_config(environ={{}}, overrides={{"sysfs_root": {str(SEED_SYSFS)!r}, "by_path_dir": {str(by_path)!r},
+                                              "mask_other_gpus": True, "log_file": ""}})
+adjust.warm_up(config)
+import os
+print("written" if os.path.exists({str(by_path)!r}) else "nothing written")
+before = set(sys.modules)
+adjustment, _ = adjust.create_container(api_pb2.Container(id="c", env=["AMD_VISIBLE_DEVICES=1"]), config)
+print(len(adjustment.linux.devices), sorted(set(sys.modules) - before))
+"""
+    done = subprocess.run([sys.executable, "-I", "-c", script], capture_output=True, text=True, timeout=120,
+                          cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["nothing written", "3 []"], done.stdout
+
+
 def test_the_adjustment_of_a_request(tmp_path: Path) -> None:
     """Devices with mode and owner, one rule each with the configured access, the by-path mount of the prepared
     directory; an existing rule that already grants a node is not given again."""

@@ -11,7 +11,10 @@ refused with NRI's default validator requiring it.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
+import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +23,7 @@ import pytest
 from oci_gpu_hook.host.nri import api_pb2
 from tests.helpers import containerlib as cl
 from tests.helpers import nriruntime as nr
-from tests.helpers import wheellib
+from tests.helpers import systemdenv, wheellib
 
 pytestmark = pytest.mark.containers
 POD = api_pb2.PodSandbox(id="pod-1", name="gpu-pod", namespace="default", uid="0000-1111")
@@ -181,7 +184,6 @@ def test_plugin_down_then_back(setup: dict[str, Path], tmp_path: Path) -> None:
         peer.shutdown()
         assert plugin.wait(timeout=30) == 0, log.read_text()
         assert peer.closed()
-        double.plugin = None
         gpu_pod = api_pb2.PodSandbox(id="pod-2", name="gpu", namespace="default", annotations=REQUIRES_PLUGIN)
 
         bundle, before, after = _create(double, setup, [])
@@ -198,6 +200,31 @@ def test_plugin_down_then_back(setup: dict[str, Path], tmp_path: Path) -> None:
         done = _run(bundle)
         assert done.returncode == 0, done.stderr
         cl.assert_isolated(done.stdout, [1])
+    finally:
+        double.close()
+        _stop(plugin)
+
+
+def test_the_first_container_after_the_plugin_died_passes_the_validator(setup: dict[str, Path],
+                                                                        tmp_path: Path) -> None:
+    """What NRI does (seen on a real containerd 2.3.4, docs/nri.md): the plugin killed, the first container of a
+    pod that requires it is still created, without its GPU (NRI counts the dead plugin as present until a request
+    to it fails); the next one is refused."""
+    double = nr.NRIRuntime(tmp_path / "nri.sock")
+    plugin = _start(setup, double.path, tmp_path / "plugin.log")
+    try:
+        peer = double.accept()
+        plugin.kill()
+        plugin.wait(timeout=30)
+        assert peer.closed()
+        gpu_pod = api_pb2.PodSandbox(id="pod-3", name="gpu", namespace="default", annotations=REQUIRES_PLUGIN)
+        bundle, before, after = _create(double, setup, ["AMD_VISIBLE_DEVICES=1"], pod=gpu_pod)
+        assert after == before and double.plugin is None
+        done = _run(bundle)
+        assert done.returncode == 0, done.stderr
+        cl.assert_isolated(done.stdout, [])
+        with pytest.raises(nr.PluginError, match="required plugin 'oci-gpu-hook' not present"):
+            _create(double, setup, ["AMD_VISIBLE_DEVICES=1"], pod=gpu_pod)
     finally:
         double.close()
         _stop(plugin)
@@ -220,6 +247,63 @@ def test_the_plugin_exits_when_the_runtime_goes(setup: dict[str, Path], tmp_path
 
 
 # --- what ships ---------------------------------------------------------------------------------------------
+
+def _wheel_venv(directory: Path) -> Path:
+    """The wheel in a venv of its own, with the protobuf of this suite (no other version is fetched)."""
+    from google.protobuf import __version__ as protobuf_version
+
+    python = wheellib.make_venv(directory, wheellib.built_wheel())
+    installed = subprocess.run([str(python.parent / "pip"), "install", "-q", "--disable-pip-version-check",
+                                f"protobuf=={protobuf_version}"], capture_output=True, text=True, timeout=600)
+    assert installed.returncode == 0, installed.stderr
+    return python
+
+
+def test_the_installed_unit_outlasts_a_long_runtime_restart() -> None:
+    """install's unit under a real systemd (tests/helpers/systemdenv.py): with the runtime's socket gone, each
+    start of the plugin fails at once; systemd keeps starting it past its default start limit (5 starts in 10 s,
+    after which a unit without ``StartLimitIntervalSec=0`` stays failed: seen with a real containerd 2.1.9 down
+    for a few seconds), and once the runtime listens again the plugin registers and serves a GPU container."""
+    cl.need("unshare", "nsenter", "setpriv", "/lib/systemd/systemd", "systemd-run")
+    base = Path(tempfile.mkdtemp(prefix="ogh-nri-sd-"))
+    try:
+        python = _wheel_venv(base / "venv")
+        (base / "nri").mkdir()
+        with systemdenv.booted(binds=(base,)) as env:
+            log, by_path = base / "hook.log", base / "by-path"
+            (base / "config.toml").write_text(f'sysfs_root = "{cl.SEED_SYSFS}"\nlog_file = "{log}"\n'
+                                              f'by_path_dir = "{by_path}"\n')
+            setup = (f"mkdir -p /etc/oci-gpu-hook /run/nri && mount --bind {base / 'nri'} /run/nri && "
+                     f"cp {base / 'config.toml'} /etc/oci-gpu-hook/config.toml")
+            done = env.run(["sh", "-c", setup], unit=False)
+            assert done.returncode == 0, done.stderr
+            done = env.run([str(python.parent / "oci-gpu-hook"), "install", "--only", "nri"], env=cl.hook_env(),
+                           unit=False, timeout=300)
+            assert done.returncode == 0, done.stdout + done.stderr
+            assert env.systemctl("daemon-reload").returncode == 0
+            assert env.systemctl("start", "oci-gpu-hook-nri").returncode == 0
+
+            def state() -> dict[str, str]:
+                out = env.systemctl("show", "-p", "ActiveState,NRestarts", "oci-gpu-hook-nri").stdout
+                return dict(line.split("=", 1) for line in out.split())
+
+            deadline = time.monotonic() + 120
+            while int((now := state())["NRestarts"]) < 7:  # past the default limit's 5
+                assert now["ActiveState"] != "failed", now
+                assert time.monotonic() < deadline, f"systemd restarted the plugin {now['NRestarts']} times"
+                time.sleep(0.5)
+            double = nr.NRIRuntime(base / "nri" / "nri.sock")
+            try:
+                double.accept()  # the next start registers (bounded by the double's wait)
+                container = api_pb2.Container(id="c-after-restarts", name="ctr", env=["AMD_VISIBLE_DEVICES=1"])
+                adjust = double.create_container(POD, container)
+                assert [d.path for d in adjust.linux.devices] == ["/dev/dri/card2", "/dev/dri/renderD129", "/dev/kfd"]
+            finally:
+                double.close()
+                env.systemctl("stop", "oci-gpu-hook-nri")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
 
 def test_the_wheels_plugin(setup: dict[str, Path], tmp_path: Path) -> None:
     """The plugin as an operator installs it: the wheel in a venv of its own.  Without protobuf it says which

@@ -142,7 +142,8 @@ def put(root: Path, real: str, text: str, mode: int = 0o644, owner: tuple[int, i
 
 def build(root: Path, tree: str) -> None:
     """``tree``: "empty"; "docker-v2" (daemon.json, a v2 containerd config, podman's default hooks dir with
-    another hook, /etc/crio and systemd); "v3-conf" (a v3 containerd config, containers.conf naming
+    another hook, /etc/crio whose crio.conf gives CRI-O a hooks directory of its own (CRI-O's default is podman's,
+    where install refuses a precreate hook), and systemd); "v3-conf" (a v3 containerd config, containers.conf naming
     /etc/containers/oci/hooks.d, our hook file there with other content, a symlink where a launcher goes)."""
     root.mkdir(parents=True, exist_ok=True)
     if tree == "docker-v2":
@@ -150,6 +151,7 @@ def build(root: Path, tree: str) -> None:
         put(root, "/etc/containerd/config.toml", CONTAINERD_V2, 0o640, (4321, 8765))
         put(root, "/usr/share/containers/oci/hooks.d/other-hook.json", '{"version": "1.0.0"}\n', 0o640)
         (root / "etc/crio/crio.conf.d").mkdir(parents=True)
+        put(root, "/etc/crio/crio.conf", '[crio.runtime]\nhooks_dir = ["/etc/crio/hooks.d"]\n')
         (root / "etc/systemd/system").mkdir(parents=True)
     elif tree == "v3-conf":
         put(root, "/etc/containerd/config.toml", CONTAINERD_V3, 0o600)

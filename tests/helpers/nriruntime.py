@@ -60,6 +60,10 @@ class PluginError(Exception):
         self.message = message
 
 
+class PluginGone(AssertionError):
+    """The plugin's connection closed under a call."""
+
+
 class Peer:
     """One plugin's connection."""
 
@@ -74,6 +78,7 @@ class Peer:
         self.idx = ""
         self.events = 0
         self.configure_request: api_pb2.ConfigureRequest | None = None
+        self.gone = False
 
     # --- framing ---------------------------------------------------------------------------------------------
 
@@ -86,11 +91,16 @@ class Peer:
         self.sock.sendall(out)
 
     def _read(self) -> bool:
+        """False when the plugin closed its end (or reset it) or stayed silent; :attr:`gone` tells which."""
         try:
             data = self.sock.recv(65536)
-        except (ConnectionResetError, TimeoutError):
+        except TimeoutError:
+            return False
+        except (ConnectionResetError, OSError):
+            self.gone = True
             return False
         if not data:
+            self.gone = True
             return False
         self.raw += data
         while len(self.raw) >= 8:
@@ -118,7 +128,9 @@ class Peer:
                 if want(message):
                     return self.inbox.pop(i)
             if time.monotonic() > deadline or not self._read():
-                raise AssertionError("the plugin closed the connection or did not answer")
+                if self.gone:
+                    raise PluginGone("the plugin closed the connection")
+                raise AssertionError("the plugin did not answer")
 
     def closed(self) -> bool:
         """Whether the plugin has closed its end (waits, bounded, for the close)."""
@@ -133,7 +145,11 @@ class Peer:
         self.next_stream += 2
         envelope = ttrpc_pb2.Request(service=PLUGIN_SERVICE, method=method, payload=request.SerializeToString(),
                                      timeout_nano=2_000_000_000)
-        self.send(PLUGIN_CONN, stream, T_REQUEST, 1, envelope.SerializeToString())
+        try:
+            self.send(PLUGIN_CONN, stream, T_REQUEST, 1, envelope.SerializeToString())
+        except OSError:
+            self.gone = True
+            raise PluginGone("the plugin closed the connection") from None
         _, _, _, _, payload = self.next_message(
             lambda m: m[0] == PLUGIN_CONN and m[1] == stream and m[2] == T_RESPONSE)
         response = ttrpc_pb2.Response.FromString(payload)
@@ -202,13 +218,20 @@ class NRIRuntime:
     def create_container(self, pod: api_pb2.PodSandbox, container: api_pb2.Container) -> api_pb2.ContainerAdjustment:
         """As NRI's CreateContainer: the connected plugin's adjustment (a PluginError refuses the container); a
         plugin that is not connected is skipped; then the required-plugins rule of the default validator (a
-        PluginError naming the missing plugin, as the validator's error)."""
+        PluginError naming the missing plugin, as the validator's error).  A plugin whose connection closed is
+        still counted as present for the request that finds it closed, which drops it and creates the container
+        without its adjustment (NRI's ``pkg/adaptation``: ``CreateContainer`` adds each plugin to the
+        validation request before calling it; seen on a real containerd 2.3.4, docs/nri.md)."""
         adjust = api_pb2.ContainerAdjustment()
         present = set()
         if self.plugin is not None:
             present.add(self.plugin.name)
             if self.plugin.subscribed(api_pb2.CREATE_CONTAINER):
-                adjust = self.plugin.create_container(pod, container).adjust
+                try:
+                    adjust = self.plugin.create_container(pod, container).adjust
+                except PluginGone:
+                    self.plugin.close()
+                    self.plugin = None
         required = list(self.required_plugins)
         keys = (f"{REQUIRED_PLUGINS}/container.{container.name}", f"{REQUIRED_PLUGINS}/pod", REQUIRED_PLUGINS)
         annotated = next((pod.annotations[k] for k in keys if k in pod.annotations), None)  # the first, as NRI

@@ -181,6 +181,14 @@ def podman_items(hook: str, disk: Callable[[str], str], notes: list[str]) -> lis
     if hook == "none":
         raise Skip("--hook none: no hooks.d file")
     directory, source = podman.hooks_dir(disk)
+    if hook == "precreate" and os.path.isdir(disk("/etc/crio")):
+        from oci_gpu_hook.host import crio
+
+        if directory in crio.hooks_dirs(disk):
+            raise Skip(f"no precreate hook: CRI-O is configured here and reads hooks from {directory} too, where "
+                       "it refuses to start on podman's precreate hook ('unknown stage'); podman containers get "
+                       "no GPU from a hook until install --hook prestart (a hook both run), or a hooks_dir of "
+                       "podman's own in containers.conf")
     notes.append(f"podman reads hooks from {directory} ({source})")
     return [Item(f"{directory}/oci-gpu-hook-{hook}.json", hook_file(hook, HOOK_LAUNCHER).encode(),
                  0o644, f"podman {hook} hook")]
@@ -328,11 +336,15 @@ def systemd_items(disk: Callable[[str], str], notes: list[str], explicit: bool) 
 
 
 # The NRI plugin's unit (docs/nri.md): the plugin exits when the runtime closes its connection (a restart), and
-# systemd starts it again.
+# systemd starts it again, as often as it takes: while the runtime is down each start fails at once, and with
+# systemd's default start limit (5 starts in 10 s) a runtime down for more than a few seconds would leave the plugin
+# stopped for good (a real containerd 2.1.9 restart made each start fail; systemd 252 failed the unit after 5), hence
+# StartLimitIntervalSec=0.
 NRI_UNIT_TEXT = """# oci-gpu-hook nri: the NRI plugin for containerd 2.x and CRI-O (docs/nri.md in the source tree).
 [Unit]
 Description=oci-gpu-hook: the NRI plugin that gives each container the GPUs it asks for
 After=containerd.service crio.service
+StartLimitIntervalSec=0
 
 [Service]
 ExecStart={launcher} nri
@@ -345,19 +357,23 @@ WantedBy=multi-user.target
 """
 
 
+# The first containerd whose NRI (containerd/nri v0.10.0) has the default validator: 2.0 and 2.1 vendor v0.8.0
+NRI_VALIDATOR_CONTAINERD = (2, 2)
+
+
 def nri_runtime(disk: Callable[[str], str], containerd_version: str | None = None,
-                host_root: str | None = None) -> str | None:
+                host_root: str | None = None) -> tuple[str, bool] | None:
     """The runtime here that has NRI, by its version (containerd 2.x; containerd 1.x has none), or CRI-O where
-    /etc/crio is; None when neither."""
+    /etc/crio is, and whether it is a containerd too old for NRI's default validator; None when neither."""
     from oci_gpu_hook.host import containerd_detect
 
     if containerd_version is not None or os.path.isdir(disk("/etc/containerd")):
         found = containerd_detect.detect(host_root or disk("/"), option=containerd_version,
                                          path_env=os.environ.get("PATH")).found
         if found is not None and found.version[0] >= 2:
-            return f"containerd {found.shown}"
+            return f"containerd {found.shown}", found.version < NRI_VALIDATOR_CONTAINERD
     if os.path.isdir(disk("/etc/crio")):
-        return "CRI-O"
+        return "CRI-O", False
     return None
 
 
@@ -381,7 +397,13 @@ def nri_items(disk: Callable[[str], str], notes: list[str], explicit: bool, *, c
         if explicit:
             raise HookError(why)
         raise Skip(why)
-    notes.append(f"nri: {runtime or 'no containerd 2.x or CRI-O found'}: systemctl daemon-reload && systemctl "
-                 "enable --now oci-gpu-hook-nri; NRI must be on in the runtime, and a pod that must never start "
-                 "without its GPU needs NRI's default validator (docs/nri.md)")
+    name, no_validator = runtime or ("no containerd 2.x or CRI-O found", False)
+    if no_validator:
+        closed = (f"{name} has no NRI default validator (containerd 2.2 and later have it): while the plugin is "
+                  "down, a container that asks by env starts without its GPU; where that must never happen, use the "
+                  "RuntimeClass shim or CDI (docs/nri.md)")
+    else:
+        closed = "a pod that must never start without its GPU needs NRI's default validator (docs/nri.md)"
+    notes.append(f"nri: {name}: systemctl daemon-reload && systemctl enable --now oci-gpu-hook-nri; NRI must be on "
+                 f"in the runtime, and {closed}")
     return [Item(NRI_UNIT, NRI_UNIT_TEXT.format(launcher=HOOK_LAUNCHER).encode(), 0o644, "systemd NRI plugin unit")]

@@ -220,6 +220,7 @@ def run(config: Config, socket_path: str, name: str, idx: str, log: Callable[[st
         raise HookError(f"nri needs protobuf 7.35.1 or later ({type(err).__name__}: {err}): "
                         "pip install 'oci-gpu-hook[nri]'") from None
     sock = connect(socket_path)
+    adjust.warm_up(config)  # connected: a runtime is there to serve
     try:
         plugin = Plugin(ttrpc.Channel(sock), config, name, idx, log)
         try:
