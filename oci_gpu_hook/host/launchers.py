@@ -190,7 +190,7 @@ def launcher_text(module: str, defaults: dict[str, str], *, trust: bool = False,
     paths = [p for p in code_paths() if os.path.isdir(p)]
     trust_text = ""
     if trust:
-        checked = [sys.executable, *paths, *stdlib_paths()]
+        checked = [sys.executable, *paths, *stdlib_paths(), *venv_config()]
         trust_text = TRUST.format(rule=rule_text(), checked=checked, passthrough=module == "entry.runtime",
                                   runtime=runtime, pins=pins)
     if argv0:
@@ -337,7 +337,7 @@ def front_header(name: str, directory: str, defaults: dict[str, str], trust: boo
         f"static const char OGH_PYTHON[] = {_c_string(sys.executable)};",
         f"static const char OGH_SCRIPT[] = {_c_string(os.path.join(directory, name + '.py'))};",
         f"static const char *const OGH_CODE_PATHS[] = "
-        f"{_c_list([p for p in code_paths() if os.path.isdir(p)] + stdlib_paths())};",
+        f"{_c_list([p for p in code_paths() if os.path.isdir(p)] + stdlib_paths() + venv_config())};",
         f"static const char *const OGH_DEFAULTS[] = {_c_list(pairs)};",
         f"static const char OGH_DEFAULT_CONFIG[] = {_c_string(DEFAULT_CONFIG_PATH)};",
         f"static const char OGH_CONFIG_PATH[] = {_c_string(str(baked['path']))};",
@@ -506,17 +506,26 @@ def launcher_files(directory: str, defaults: dict[str, str], *, native: bool | N
 
 def install_pins(directory: str, defaults: dict[str, str]) -> str:
     """The pins file (:data:`PINS_NAME`) of launchers written into ``directory``: every entry of the install's own
-    that their trust checks walk (the virtual environment, the site-packages holding the package, the config
-    file), except ``directory`` and what lies above it, which the write itself changes (docs/security.md)."""
+    that their trust checks walk (inside the virtual environment, the site-packages holding the package, the config
+    file), except ``directory`` and what lies above it, which the write itself changes, and the environment's own
+    directory, where locks come and go: what could replace an entry in it changes that entry (docs/security.md)."""
     from oci_gpu_hook import trust
 
     config = str(baked_settings(defaults)["path"])
     prefix = os.path.dirname(os.path.dirname(sys.executable))
-    roots = [p for p in code_paths() if os.path.isdir(p)] + [config]
-    if os.path.isfile(os.path.join(prefix, "pyvenv.cfg")):
-        roots.append(prefix)
-    walked = [sys.executable, *code_paths(), *stdlib_paths(), config]
-    return trust.pins_text(trust.pins_of(walked, roots, [os.path.abspath(directory)]))
+    paths = [p for p in code_paths() if os.path.isdir(p)]
+    roots = [*paths, config, *([prefix] if venv_config() else [])]
+    walked = [sys.executable, *paths, *stdlib_paths(), *venv_config(), config]
+    pins = trust.pins_of(walked, roots, [os.path.abspath(directory)])
+    pins.pop(prefix, None)
+    return trust.pins_text(pins)
+
+
+def venv_config() -> list[str]:
+    """The virtual environment's ``pyvenv.cfg`` (which names the interpreter's home, its standard library: read by
+    every start of the interpreter), or nothing outside a virtual environment."""
+    path = os.path.join(os.path.dirname(os.path.dirname(sys.executable)), "pyvenv.cfg")
+    return [path] if os.path.isfile(path) else []
 
 
 def _runtime(defaults: dict[str, str]) -> str:

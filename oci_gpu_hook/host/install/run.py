@@ -61,10 +61,10 @@ def untrusted_code() -> None:
     rule every launcher checks at each start, :func:`oci_gpu_hook.trust.code_problem`): said now, once, rather than
     by every container start; and a rootless user's hook, which cannot tell root's files from another user's, is
     never installed over such code."""
-    from oci_gpu_hook.host.launchers import code_paths, stdlib_paths
+    from oci_gpu_hook.host.launchers import code_paths, stdlib_paths, venv_config
     from oci_gpu_hook.trust import code_problem
 
-    for path in [sys.executable, *code_paths(), *stdlib_paths()]:
+    for path in [sys.executable, *code_paths(), *stdlib_paths(), *venv_config()]:
         why = code_problem(path) if os.path.exists(path) else None
         if why:
             raise HookError(f"install: the launchers would run {path}, which fails the trust rule: {why} (install "
