@@ -63,7 +63,7 @@ class Devices:
     def rows(self) -> list[DeviceRow]:
         from oci_gpu_hook.host.health import GOOD
         from oci_gpu_hook.host.metrics import DeviceRow
-        from oci_gpu_hook.inventory import scan_host, stable_name
+        from oci_gpu_hook.inventory import backend, scan_host, stable_name
 
         with self.lock:
             try:
@@ -73,7 +73,7 @@ class Devices:
                 return self.last  # sysfs changing under the scan: the last rows, until the next scrape
             present = {}
             for device in inventory.all_devices:
-                kind = "mig" if device.mig is not None else "partition" if device.partition is not None else "gpu"
+                kind = "gpu" if device.partition is None else backend(device.kind).part  # as the device plugin
                 present[stable_name(device)] = (device.kind, kind, device.pci_address)
             self.seen.update(present)
             rows = []
