@@ -306,3 +306,28 @@ def test_prefix_is_created(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert at(prefix, "/var/run/cdi/amd.com-gpu.json").is_file()
     run(capsys, prefix, "--uninstall")
     assert list(prefix.iterdir()) == []
+
+
+@pytest.mark.parametrize("release, writes", [("28.5.2", True), ("29.7.2", False), ("", True)])
+def test_docker_gpus_name_only_where_dockerd_has_no_cdi_gpus(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                              release: str, writes: bool) -> None:
+    """From Docker 29.3 dockerd serves ``--gpus`` from the amd.com CDI spec, and with ``amd-container-runtime`` on
+    its PATH it falls back to AMD_VISIBLE_DEVICES for an id the spec lacks, which runc ignores: seen on a real
+    dockerd 29.7.2 (docs/runtimes.md), ``--gpus device=8`` started a container without a GPU and no error.  So
+    install writes that name only for an older dockerd, or one that does not say its release (as before)."""
+    prefix = tmp_path / "root"
+    build(prefix, "docker-v2")
+    if release:
+        put(prefix, "/usr/bin/dockerd", f"#!/bin/sh\necho 'Docker version {release}, build 0123456'\n", 0o755)
+    out, _ = run(capsys, prefix, "--only", "docker")
+    manifest = json.loads(at(prefix, install_paths.MANIFEST_PATH).read_text())
+    assert (docker.GPUS_PATH in {e["path"] for e in manifest["files"]}) is writes
+    assert at(prefix, docker.GPUS_PATH).exists() is writes
+    assert ("is not written: with it, a --gpus id the spec lacks would fall back" in out) is not writes
+    if release == "29.7.2":  # an upgrade from 28: the name written then is taken out
+        put(prefix, "/usr/bin/dockerd", "#!/bin/sh\necho 'Docker version 28.5.2, build 0123456'\n", 0o755)
+        run(capsys, prefix, "--only", "docker")
+        assert at(prefix, docker.GPUS_PATH).exists()
+        put(prefix, "/usr/bin/dockerd", "#!/bin/sh\necho 'Docker version 29.7.2, build 0123456'\n", 0o755)
+        run(capsys, prefix, "--only", "docker")
+        assert not at(prefix, docker.GPUS_PATH).exists()

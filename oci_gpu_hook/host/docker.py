@@ -22,10 +22,12 @@ container's environment, after the image's and ``-e``'s (the last one wins, here
 ``void`` (no GPU).  It adds no runtime and no hook, and never runs ``amd-container-runtime``: the
 container's runtime (``--runtime`` or ``default-runtime``) does the rest, here the shim.  From 29.3 it
 first tries CDI: with an ``amd.com`` spec (and no ``nvidia.com`` one, which it prefers), dockerd itself
-injects ``amd.com/gpu=<id>`` from this project's CDI spec and sets no variable.  So install puts a small
-``amd-container-runtime`` script (:data:`GPUS_PATH`, on systemd's default PATH; run, it execs the shim)
-unless a file of that name that is not ours is on dockerd's PATH (AMD's toolkit): that one registers the
-same driver, and is left alone.
+injects ``amd.com/gpu=<id>`` from this project's CDI spec and sets no variable; but an id the spec lacks
+then falls back to the variable where ``amd-container-runtime`` is on its PATH, and runc ignores it (seen on
+a real 29.7.2: a container without its GPU, exit 0).  So install puts a small ``amd-container-runtime``
+script (:data:`GPUS_PATH`, on systemd's default PATH; run, it execs the shim) only for a dockerd older than
+29.3 (:func:`dockerd_version`), and unless a file of that name that is not ours is on dockerd's PATH (AMD's
+toolkit): that one registers the same driver, and is left alone.
 
 Docker 20.10 (Debian 12's docker.io) has no such driver (``--gpus`` fails: "could not select device
 driver") and no CDI; Docker 25+ has CDI (``docker run --device amd.com/gpu=1``; on by default from 28.2).
@@ -161,6 +163,27 @@ def written_by_install(disk_path: str) -> bool:
             return MARK.encode() in handle.read(256)
     except OSError:
         return False
+
+
+CDI_GPUS = (29, 3)  # from this release dockerd serves --gpus from an amd.com CDI spec (CDI on: the default)
+
+
+def dockerd_version(disk: Callable[[str], str]) -> tuple[int, int] | None:
+    """The (major, minor) release of the dockerd on dockerd's PATH (as seen through ``disk``), as its
+    ``--version`` prints it (moby's build info carries none); None when there is none or it does not say."""
+    import re
+    import subprocess
+
+    for path in on_dockerd_path(disk, "dockerd"):
+        try:
+            done = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=20, check=False,
+                                  env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        found = re.search(r"version v?(\d+)\.(\d+)", done.stdout)
+        if done.returncode == 0 and found:
+            return int(found.group(1)), int(found.group(2))
+    return None
 
 
 def on_dockerd_path(disk: Callable[[str], str], name: str) -> list[str]:

@@ -248,7 +248,14 @@ def docker_items(disk: Callable[[str], str], notes: list[str], explicit: bool,
     what = "docker daemon.json (runtime oci-gpu" + (", default-runtime oci-gpu)" if default_runtime else ")")
     items = [Item(docker.DAEMON_JSON, data.encode(), mode, what, merge="docker")]
     foreign = [p for p in docker.on_dockerd_path(disk, docker.GPUS_NAME) if not docker.written_by_install(p)]
-    if foreign:
+    version = docker.dockerd_version(disk)
+    if version is not None and version >= docker.CDI_GPUS:
+        notes.append(f"docker: dockerd {version[0]}.{version[1]} serves --gpus through CDI from the amd.com spec "
+                     f"(install --only cdi writes it), so {docker.GPUS_PATH} is not written: with it, a --gpus id "
+                     "the spec lacks would fall back to AMD_VISIBLE_DEVICES, which runc ignores (a container "
+                     "without its GPU, and no error)" + (f"; {', '.join(foreign)} (not this install's) does just "
+                                                         "that: remove it" if foreign else ""))
+    elif foreign:
         notes.append(f"docker: {', '.join(foreign)} is not this install's (AMD's container toolkit?): left as it is, "
                      f"and {docker.GPUS_PATH} is not written; that file already makes Docker 28.3+ register its AMD "
                      "driver, so `docker run --runtime oci-gpu --gpus ...` reaches this shim just the same")
