@@ -337,7 +337,8 @@ def _status(path: str) -> dict[str, str]:
     """The credential fields of a /proc status file, as /proc writes them (whitespace folded)."""
     with open(path, "rb") as handle:  # bytes: a process that dropped its privileges may not load a codec
         text = handle.read().decode()
-    fields = {key: " ".join(value.split()) for key, _colon, value in (line.partition(":") for line in text.splitlines())}
+    parts = (line.partition(":") for line in text.splitlines())
+    fields = {key: " ".join(value.split()) for key, _colon, value in parts}
     return {name: fields[name] for name in STATUS_FIELDS}
 
 
