@@ -7,6 +7,10 @@ As NRI's own plugin stub (containerd/nri ``pkg/stub``) does it: the plugin conne
 event it wants, CREATE_CONTAINER), ``Synchronize`` (nothing to change in running containers), ``CreateContainer``
 (:mod:`oci_gpu_hook.host.nri.adjust`) and ``Shutdown``.  One request at a time: NRI calls a plugin under one lock.
 
+The runtime must be root: the socket's peer credentials (``SO_PEERCRED``) are checked before anything is sent
+(:func:`check_peer`).  A CreateContainer that took more than half the runtime's request timeout (sent at
+Configure) is logged.
+
 A refusal answers CreateContainer with an error status whose message is the one line; the runtime fails that
 container's creation with it (``kubectl describe pod``, ``crictl create``).  An internal error (a bug) fails that
 container too, never the plugin.  The plugin ends when the runtime closes the connection or asks it to shut down
