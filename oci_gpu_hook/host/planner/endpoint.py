@@ -26,11 +26,11 @@ none of that once its socket is bound.  So the process, after it binds and befor
 (capabilities and no-new-privs are per thread: a thread started before would keep them), scans once (the modules a
 scan and a scrape import are loaded while it can still read them) and then drops what it does not need
 (:func:`drop_privileges`): no-new-privs, an empty capability bounding set, no ambient, inheritable, permitted or
-effective capability, no supplementary group, and uid and gid UNPRIVILEGED (the kernel's overflow ids, ``nobody``
-and ``nogroup`` on most distributions: ids that own no file here, so the process reads what everyone may read,
-sysfs included, and writes only where everyone may).  A daemon that is not root (only tests start one so) keeps its
-uid and drops the rest.  A drop that fails is the one line, and no endpoint: ``serve`` exits 1 at start, a restart
-says so and tries again.
+effective capability, no supplementary group, and uid and gid UNPRIVILEGED (65534, the kernel's default overflow ids,
+``nobody`` and ``nogroup`` on most distributions: ids that own no file here, so the process reads what everyone may
+read, sysfs included, and writes only where everyone may).  A daemon that is not root (only tests start one so) keeps
+its uid and drops the rest.  A drop that fails is the one line, and no endpoint: ``serve`` exits 1 at start, a
+restart says so and tries again.
 
 **Lifetime.**  It starts before the daemon serves (a bad address, a port in use, no ``prometheus_client``: the one
 line, and ``serve`` exits 1); it dies with the daemon (``PR_SET_PDEATHSIG``) and is stopped with it; one that exits
