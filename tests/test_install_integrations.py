@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from oci_gpu_hook.config import Config, load_config
 from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.host import containerd, crio, docker, podman
 from oci_gpu_hook.host.install import items
@@ -193,7 +194,8 @@ def test_systemd_unit_runs_the_installed_launcher(tmp_path: Path, capsys: pytest
     assert planner == (REPO / "examples/systemd/oci-gpu-hook-planner.service").read_text()
     assert [line for line in planner.splitlines() if line.startswith("ExecStart")] == [f"ExecStart={LAUNCHER} serve"]
     fallback = items.PLANNER_UNIT_FALLBACK.format(launcher=LAUNCHER)
-    for line in ("ExecStart", "Restart", "RuntimeDirectory", "RuntimeDirectoryMode", "User", "TimeoutStopSec"):
+    for line in ("ExecStart", "Restart", "RuntimeDirectory", "RuntimeDirectoryMode", "RuntimeDirectoryPreserve", "User",
+                 "TimeoutStopSec"):
         assert [x for x in planner.splitlines() if x.startswith(line + "=")] == [
             x for x in fallback.splitlines() if x.startswith(line + "=")], line
 
@@ -217,6 +219,7 @@ def test_the_nri_unit_where_containerd_has_nri(tmp_path: Path, capsys: pytest.Ca
     text = path.read_text()
     assert [line for line in text.splitlines() if line.startswith("ExecStart")] == [f"ExecStart={LAUNCHER} nri"]
     assert "Restart=always" in text.splitlines()
+    assert text == items.nri_unit(LAUNCHER, load_config(dict(os.environ)))  # the hardened unit, for this config
     shown = version[1:]
     assert f"note: nri: containerd {shown}: systemctl daemon-reload && systemctl enable --now oci-gpu-hook-nri" in out
     no_validator = f"containerd {shown} has no NRI default validator (containerd 2.2 and later have it): while the " \
@@ -225,6 +228,24 @@ def test_the_nri_unit_where_containerd_has_nri(tmp_path: Path, capsys: pytest.Ca
     assert ("needs NRI's default validator" in out) == (version == "v2.2.7"), out
     run(capsys, tmp_path, "--uninstall", "--only", "nri")
     assert not path.exists() and at(tmp_path, containerd.DROP_IN_PATH).exists()
+
+
+def test_the_nri_unit_is_hardened_and_writes_where_the_config_says() -> None:
+    """The NRI plugin's unit, as the DaemonSet's container runs it: no capability (an empty bounding set), no new
+    privileges, the system read-only but /run/oci-gpu-hook (its RuntimeDirectory, kept) and, for a config that
+    has the plugin write elsewhere, the by-path directory and the log file's directory (quoted for systemd).  It
+    starts and serves under a real systemd in tests/containers/test_nri.py."""
+    lines = items.nri_unit(LAUNCHER, Config()).splitlines()
+    for line in ("User=root", "CapabilityBoundingSet=", "AmbientCapabilities=", "NoNewPrivileges=yes",
+                 "ProtectSystem=strict", "RuntimeDirectory=oci-gpu-hook", "RuntimeDirectoryMode=0700",
+                 "RuntimeDirectoryPreserve=yes", "RestrictAddressFamilies=AF_UNIX"):
+        assert line in lines, line
+    assert not [line for line in lines if line.startswith("ReadWritePaths")]
+    inside = items.nri_unit(LAUNCHER, Config(by_path_dir="/run/oci-gpu-hook/links", log_file="/run/oci-gpu-hook/x.log"))
+    assert not [line for line in inside.splitlines() if line.startswith("ReadWritePaths")]
+    elsewhere = items.nri_unit(LAUNCHER, Config(by_path_dir="/srv/gpu links/", log_file="/var/log/ogh%1.log"))
+    assert [line for line in elsewhere.splitlines() if line.startswith("ReadWritePaths")] == [
+        'ReadWritePaths="-/srv/gpu links"', 'ReadWritePaths="-/var/log"']
 
 
 def test_the_nri_unit_for_crio_and_when_asked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -106,13 +106,42 @@ def test_the_dra_drivers_metrics_count_prepared_claims_and_unhealthy_devices(tmp
         rig.close()
 
 
-def test_an_address_is_host_and_port() -> None:
+def test_an_address_is_host_and_port_and_every_address_only_when_written_out() -> None:
     assert parse_address("127.0.0.1:9400") == ("127.0.0.1", 9400)
-    assert parse_address(":9400") == ("0.0.0.0", 9400)
+    assert parse_address(":9400") == ("127.0.0.1", 9400)  # loopback: every address only when written out
+    assert parse_address("0.0.0.0:9400") == ("0.0.0.0", 9400)
+    assert parse_address("[::]:9400") == ("::", 9400)
     assert parse_address("[::1]:9400") == ("::1", 9400)
     for bad in ("9400", "host:", "host:http", "host:70000"):
         with pytest.raises(HookError, match="expected HOST:PORT"):
             parse_address(bad)
+
+
+def test_the_endpoint_listens_where_the_address_says_and_calls_before_serving_first() -> None:
+    """``:0`` listens on loopback alone, ``0.0.0.0:0`` on every IPv4 address (the kernel's own answer, its socket's
+    name); ``before_serving`` runs with no serving thread yet, and its refusal closes the socket."""
+    import threading
+
+    threads: list[int] = []
+    endpoint = Endpoint(":0", Collector(lambda: []), before_serving=lambda _registry: threads.append(
+        threading.active_count()))
+    try:
+        assert endpoint.server.socket.getsockname()[0] == "127.0.0.1" and endpoint.address.startswith("127.0.0.1:")
+        assert threads == [threading.active_count() - 1]  # the serving thread came after it
+        assert devices(scrape(f"http://{endpoint.address}/metrics")) == {}
+    finally:
+        endpoint.close()
+    every = Endpoint("0.0.0.0:0", Collector(lambda: []))
+    try:
+        assert every.server.socket.getsockname()[0] == "0.0.0.0"
+    finally:
+        every.close()
+
+    def refuse(_registry: object) -> None:
+        raise HookError("no")
+
+    with pytest.raises(HookError, match="no"):
+        Endpoint("127.0.0.1:0", Collector(lambda: []), before_serving=refuse)
 
 
 def _line(stream: object, wanted: str, timeout: float = 30.0) -> str:

@@ -302,6 +302,103 @@ def test_an_internal_error_fails_the_container_not_the_plugin(served: tuple[nr.P
     assert [d.path for d in reply.adjust.linux.devices] == ["/dev/dri/card2", "/dev/dri/renderD129", "/dev/kfd"]
 
 
+def test_a_create_container_past_half_the_request_timeout_is_said(served: tuple[nr.Peer, list[str]],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runtime's request timeout (Configure: 1.5 s here) honoured in the log: a CreateContainer that took more
+    than half of it is one line, one past it says the runtime gave up; a quick one says nothing.  The plugin's
+    clock is stepped by the work itself, no sleep."""
+    peer, lines = served
+    now = [1000.0]
+    took = [0.0]
+    real = adjust.create_container
+
+    class Clock:
+        @staticmethod
+        def monotonic() -> float:
+            return now[0]
+
+    def slow(container: Any, config: Any) -> Any:
+        now[0] += took[0]
+        return real(container, config)
+
+    monkeypatch.setattr(plugin, "time", Clock)
+    monkeypatch.setattr(adjust, "create_container", slow)
+    pod = api_pb2.PodSandbox(name="p", namespace="ns")
+    for seconds in (0.75, 0.2):  # half, and below it: nothing said
+        took[0] = seconds
+        peer.create_container(pod, api_pb2.Container(id="c", name="quick", env=["AMD_VISIBLE_DEVICES=1"]))
+    assert not [line for line in lines if "CreateContainer took" in line], lines
+    took[0] = 0.9
+    peer.create_container(pod, api_pb2.Container(id="c", name="slow", env=["AMD_VISIBLE_DEVICES=1"]))
+    took[0] = 1.6
+    with pytest.raises(nr.PluginError):  # refused late: said all the same
+        peer.create_container(pod, api_pb2.Container(id="c", name="late", env=["AMD_VISIBLE_DEVICES=9"]))
+    said = [line for line in lines if "CreateContainer took" in line]
+    assert said == ["ns/p/slow: CreateContainer took 0.900 s of the runtime's request timeout of 1.5 s (more than "
+                    "half)",
+                    "ns/p/late: CreateContainer took 1.600 s of the runtime's request timeout of 1.5 s (past it: the "
+                    "runtime has failed the container)"], lines
+
+
+def test_a_peer_of_this_process_own_uid_passes(pair: tuple[socket.socket, socket.socket]) -> None:
+    """A socket pair of this process (root, or a test's own uid) passes the peer check; another uid: below."""
+    plugin.check_peer(pair[0], "the pair")
+
+
+@pytest.mark.root
+def test_a_runtime_socket_of_another_uid_is_refused_in_one_line(tmp_path: Path) -> None:
+    """The plugin (root) connects to a socket another uid listens on (SO_PEERCRED: the listener's credentials, as
+    of its listen): one line naming the peer's uid, exit 1, nothing sent; the same through ``NRI_PLUGIN_SOCKET``
+    (a socket pair the other uid made)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    path = tmp_path / "nri.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    mine, theirs = socket.socketpair()
+    ready_r, ready_w = os.pipe()
+    stop_r, stop_w = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the stand-in runtime: uid 1000 listens and makes a pair, then waits
+        try:
+            os.setresgid(1000, 1000, 1000)
+            os.setresuid(1000, 1000, 1000)
+            listener.listen(4)
+            _kept, given = socket.socketpair()
+            socket.send_fds(theirs, [b"x"], [given.fileno()])
+            os.write(ready_w, b"1")
+            os.read(stop_r, 1)
+        finally:
+            os._exit(0)
+    try:
+        assert os.read(ready_r, 1) == b"1"
+        _msg, fds, _flags, _addr = socket.recv_fds(mine, 1, 1)
+        done = _cli("--sysfs-root", str(SEED_SYSFS), "nri", "--socket", str(path))
+        assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+        assert (f"the NRI socket {path}: refused: its peer (pid {child}) is uid 1000, not root: only the runtime, "
+                "root, may send this plugin container specs") in done.stderr
+        listener.settimeout(0)
+        conn, _ = listener.accept()  # the plugin's connection waited in the backlog: nothing was sent on it
+        conn.settimeout(10)
+        assert conn.recv(1) == b""
+        conn.close()
+        inherited = subprocess.run([sys.executable, "-m", "oci_gpu_hook.entry.cli", "--sysfs-root", str(SEED_SYSFS),
+                                    "nri"], capture_output=True, text=True, timeout=60, cwd=REPO, pass_fds=fds,
+                                   env={"PATH": "/usr/bin:/bin", "OCI_GPU_HOOK_CONFIG": "/dev/null",
+                                        "NRI_PLUGIN_SOCKET": str(fds[0])})
+        assert inherited.returncode == 1 and inherited.stderr.count("\n") == 1, inherited.stderr
+        assert f"the NRI socket of NRI_PLUGIN_SOCKET={fds[0]}: refused: its peer (pid {child}) is uid 1000" in \
+            inherited.stderr
+    finally:
+        os.write(stop_w, b"1")
+        os.waitpid(child, 0)
+        for fd in (ready_r, ready_w, stop_r, stop_w):
+            os.close(fd)
+        listener.close()
+        mine.close()
+        theirs.close()
+
+
 # --- the plan as an adjustment ------------------------------------------------------------------------------
 
 def test_after_the_warm_up_a_first_request_imports_nothing(tmp_path: Path) -> None:

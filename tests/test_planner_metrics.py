@@ -126,10 +126,13 @@ def test_the_endpoint_counts_every_start_it_answered(install: dict[str, Path]) -
                            f"prometheus_client=={version('prometheus_client')}"],  # the suite's: no other is fetched
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
-    running = _planner(install, "--metrics-address", "127.0.0.1:0").start()
+    running = _planner(install, "--metrics-address", ":0").start()  # :PORT: loopback
     try:
-        url = _said(running, r"metrics at (http://\S+/metrics)").group(1)
+        said = _said(running, r"metrics at (http://\S+/metrics) \(process (\d+)\)")
+        url = said.group(1)
+        assert url.startswith("http://127.0.0.1:"), url
         _said(running, r"planner: serving ")
+        _assert_dropped(int(said.group(2)))  # and it still scans and serves, below
         before = scrape(url)
         assert devices(before) == {("amd", "gpu", "present", "Healthy"): 8}
         assert not [k for k in before if k[0].startswith(("oci_gpu_hook_planner_starts", ANSWER))]
@@ -244,6 +247,7 @@ def test_an_endpoint_that_exits_is_started_again_and_a_port_in_use_is_one_line(i
     try:
         first = _said(running, r"metrics at (http://\S+/metrics) \(process (\d+)\)")
         _said(running, r"planner: serving ")
+        _assert_dropped(int(first.group(2)))
         os.kill(int(first.group(2)), signal.SIGKILL)
         _said(running, r"the metrics endpoint exited \(wait status 9\); starting it again in 10 s")
         spec = json.dumps({"ociVersion": "1.0.2", "process": {"env": ["AMD_VISIBLE_DEVICES=3"]},
@@ -254,6 +258,7 @@ def test_an_endpoint_that_exits_is_started_again_and_a_port_in_use_is_one_line(i
         assert python_runs(install) == 0  # answered meanwhile (its start line is dropped or waits for the next one)
         again = _said(running, r"metrics at (http://\S+/metrics) \(process (\d+), started again", timeout=60)
         assert again.group(2) != first.group(2)
+        _assert_dropped(int(again.group(2)))  # a restarted endpoint drops as the first did
         done = cl.run([str(install["native"] / "oci-gpu-hook"), "precreate"], env=cl.hook_env(), stdin=spec)
         assert done.returncode == 0, done.stderr
         starts = {dict(labels)["outcome"]: value for (name, labels), value in scrape(again.group(1)).items()
@@ -321,3 +326,148 @@ def test_start_lines_outside_the_closed_sets_are_not_counted() -> None:
                                    ("unknown", "handed-back", "malformed"): 1}
     assert counts.answers["shim"][ANSWER_BUCKETS.index(0.005)] == 1 and sum(counts.answers["prestart"]) == 1
     assert "unknown" not in counts.answers  # not answered: no answer time
+
+
+# --- the endpoint's process: what it drops, what it rescans ----------------------------------------------------
+
+STATUS_FIELDS = ("Uid", "Gid", "Groups", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs")
+
+
+def _status(path: str) -> dict[str, str]:
+    """The credential fields of a /proc status file, as /proc writes them (whitespace folded)."""
+    with open(path, "rb") as handle:  # bytes: a process that dropped its privileges may not load a codec
+        text = handle.read().decode()
+    parts = (line.partition(":") for line in text.splitlines())
+    fields = {key: " ".join(value.split()) for key, _colon, value in parts}
+    return {name: fields[name] for name in STATUS_FIELDS}
+
+
+UNPRIVILEGED_STATUS = {"Uid": "65534 65534 65534 65534", "Gid": "65534 65534 65534 65534", "Groups": "",
+                       "CapInh": "0" * 16, "CapPrm": "0" * 16, "CapEff": "0" * 16, "CapBnd": "0" * 16,
+                       "CapAmb": "0" * 16, "NoNewPrivs": "1"}
+
+
+def _assert_dropped(pid: int) -> None:
+    """Every thread of the endpoint's process (its HTTP server's included): nobody, no capability in any set, not
+    even in the bounding set, no-new-privs."""
+    tasks = os.listdir(f"/proc/{pid}/task")
+    assert len(tasks) >= 2, tasks  # the main thread and the server's
+    for task in tasks:
+        assert _status(f"/proc/{pid}/task/{task}/status") == UNPRIVILEGED_STATUS, task
+
+
+def _in_child(work: object) -> dict[str, object]:
+    """``work()`` (a dict) in a forked child, its answer as JSON through a pipe (or the error it raised)."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 0
+        try:
+            os.close(read_end)
+            try:
+                answer = work()  # type: ignore[operator]
+            except Exception as err:
+                answer = {"error": f"{type(err).__name__}: {err}"}
+            os.write(write_end, json.dumps(answer).encode())
+        except BaseException:
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as handle:
+        data = handle.read()
+    _pid, status = os.waitpid(pid, 0)
+    assert status == 0 and data, status
+    return json.loads(data)  # type: ignore[no-any-return]
+
+
+def _rows(sysfs_root: str) -> list[list[object]]:
+    from oci_gpu_hook.config import Config
+    from oci_gpu_hook.host.planner.endpoint import Devices
+
+    return [[r.name, r.vendor, r.type, r.state, r.healthy, r.signal]
+            for r in Devices(Config(sysfs_root=sysfs_root)).rows()]
+
+
+@pytest.mark.root
+def test_the_drop_leaves_nothing_of_roots_and_the_scans_read_the_same_unprivileged() -> None:
+    """As root: after :func:`drop_privileges` the process is uid and gid 65534 with no capability in any set and
+    no-new-privs (each thread it starts after too), and a scan reads what root's reads: the seed host's sysfs and
+    this host's /sys."""
+    from oci_gpu_hook.host.planner.endpoint import drop_privileges
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+
+    def dropped() -> dict[str, object]:
+        import threading
+
+        drop_privileges()
+        later: dict[str, str] = {}
+        thread = threading.Thread(target=lambda: later.update(_status("/proc/thread-self/status")))
+        thread.start()
+        thread.join()
+        return {"status": _status("/proc/thread-self/status"), "thread": later,
+                "seed": _rows(str(cl.SEED_SYSFS)), "sys": _rows("/sys")}
+
+    answer = _in_child(dropped)
+    assert answer["status"] == UNPRIVILEGED_STATUS and answer["thread"] == UNPRIVILEGED_STATUS, answer
+    seed = answer["seed"]
+    assert isinstance(seed, list) and len(seed) == 8 and all(row[3:5] == ["present", True] for row in seed), seed
+    assert seed == _rows(str(cl.SEED_SYSFS)) and answer["sys"] == _rows("/sys")
+
+
+@pytest.mark.root
+def test_a_daemon_that_is_not_root_keeps_its_uid_and_a_drop_that_does_not_hold_is_one_line() -> None:
+    """Not root (a test's planner): the ids stay, every capability set but the bounding set (which takes a capability
+    to change) is emptied, no-new-privs is set.  A uid change the kernel leaves undone (-1: unchanged) is caught by
+    the check that reads /proc after the drop: the one line, naming what is still held."""
+    from oci_gpu_hook.host.planner.endpoint import drop_privileges
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+
+    def as_user() -> dict[str, object]:
+        import ctypes  # noqa: F401 (loaded while root: this interpreter's own files may be root's alone)
+
+        os.setgroups([])
+        os.setresgid(1000, 1000, 1000)
+        os.setresuid(1000, 1000, 1000)
+        drop_privileges()
+        return {"status": _status("/proc/thread-self/status")}
+
+    answer = _in_child(as_user)
+    status = answer.get("status")
+    assert isinstance(status, dict), answer
+    assert status["Uid"] == "1000 1000 1000 1000" and status["NoNewPrivs"] == "1", status
+    assert {status[name] for name in ("CapInh", "CapPrm", "CapEff", "CapAmb")} == {"0" * 16}, status
+
+    def undone() -> dict[str, object]:
+        drop_privileges(uid=-1)
+        return {}
+
+    error = _in_child(undone)["error"]
+    assert isinstance(error, str) and error.count("\n") == 0, error
+    assert error == ("HookError: the metrics endpoint still holds ids other than uid -1 gid 65534 after dropping "
+                     "its privileges"), error
+
+
+def test_a_scans_rows_serve_every_scrape_for_a_second() -> None:
+    """A storm of scrapes rescans sysfs once a second at most: the scans counted on a stepped clock."""
+    from oci_gpu_hook.config import Config
+    from oci_gpu_hook.host.planner.endpoint import ROWS_FRESH_S, Devices
+
+    now = [100.0]
+    made = Devices(Config(sysfs_root=str(cl.SEED_SYSFS)), clock=lambda: now[0])
+    first = made.rows()
+    assert len(first) == 8 and made.scans == 1
+    for _ in range(50):
+        assert made.rows() is first
+    now[0] += ROWS_FRESH_S - 0.001
+    assert made.rows() is first and made.scans == 1
+    now[0] += 0.002
+    assert made.rows() == first and made.scans == 2
+    now[0] -= 10  # a clock that went back: a scan, not rows held forever
+    made.rows()
+    assert made.scans == 3
+    assert ROWS_FRESH_S >= 1.0

@@ -48,6 +48,7 @@ REFUSED_IN = (  # (module prefix, reason): the first that matches the innermost 
 # reason, of a hand-back: the check the request did not pass (planner/worker.py serve_one's stages).
 HANDED_BACK_REASONS = ("malformed", "version", "stale", "credentials", "namespace", "environment", "gave-up",
                        "not-root")
+LOOPBACK = "127.0.0.1"  # what ``:PORT`` listens on: every address only when written out (0.0.0.0, ::)
 ANSWER_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)  # the front waits 2 s at most
 
 
@@ -193,33 +194,66 @@ class StartCounts:
 
 
 def parse_address(text: str) -> tuple[str, int]:
-    """``HOST:PORT``, ``[V6]:PORT`` or ``:PORT`` (every address) as (host, port); else the one line saying so."""
+    """``HOST:PORT``, ``[V6]:PORT`` or ``:PORT`` (loopback: 127.0.0.1) as (host, port); else the one line saying so.
+    Every address only when written out: ``0.0.0.0:PORT``, ``[::]:PORT``."""
     host, colon, port = text.rpartition(":")
     host = host.strip("[]")
     if not colon or not port.isdigit() or not port.isascii() or not 0 <= int(port) <= 65535:
-        raise HookError(f"--metrics-address {text!r}: expected HOST:PORT (127.0.0.1:9400, :9400 for every address)")
-    return host or "0.0.0.0", int(port)
+        raise HookError(f"--metrics-address {text!r}: expected HOST:PORT (127.0.0.1:9400; :9400 is loopback, "
+                        "0.0.0.0:9400 or [::]:9400 every address)")
+    return host or LOOPBACK, int(port)
 
 
 class Endpoint:
-    """The HTTP server of ``/metrics``, serving in a thread of its own until :meth:`close`."""
+    """The HTTP server of ``/metrics``, serving in a thread of its own until :meth:`close`.
 
-    def __init__(self, address: str, *collectors: Any) -> None:
+    ``before_serving``: called with the registry once the socket is bound and before any thread starts (a process
+    that drops its privileges there drops them for the threads that serve too: capabilities and no-new-privs are per
+    thread); a HookError from it closes the socket and is raised."""
+
+    def __init__(self, address: str, *collectors: Any, before_serving: Callable[[Any], None] | None = None) -> None:
+        import socket
+        import socketserver
+        from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
         host, port = parse_address(address)
         try:
-            from prometheus_client import CollectorRegistry, start_http_server
+            from prometheus_client import CollectorRegistry, make_wsgi_app
         except ImportError as err:
             raise HookError(f"--metrics-address needs prometheus_client ({err}): "
                             "pip install 'oci-gpu-hook[device-plugin]'") from None
-        registry = CollectorRegistry(auto_describe=False)
+        self.registry = CollectorRegistry(auto_describe=False)
         for collector in collectors:
-            registry.register(collector)
+            self.registry.register(collector)
+        try:  # the family of the address (IPv4, IPv6, a name), as prometheus_client's own server finds it
+            family, *_rest, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                          flags=socket.AI_PASSIVE)[0]
+        except (OSError, UnicodeError) as err:
+            raise HookError(f"--metrics-address {address}: no such address: {err}") from None
+
+        class Server(socketserver.ThreadingMixIn, WSGIServer):
+            address_family = family
+            daemon_threads = True
+
+        class Quiet(WSGIRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass  # one line per scrape is not the journal's business
+
         try:
-            self.server, self.thread = start_http_server(port, host, registry)
+            self.server = make_server(str(sockaddr[0]), port, make_wsgi_app(self.registry), Server, Quiet)
         except OSError as err:
             raise HookError(f"--metrics-address {address}: cannot listen there: {err.strerror}") from None
         self.port = int(self.server.server_address[1])
-        self.address = f"{host}:{self.port}"
+        self.host = str(self.server.server_address[0])
+        self.address = f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+        if before_serving is not None:
+            try:
+                before_serving(self.registry)
+            except BaseException:
+                self.server.server_close()
+                raise
+        self.thread = threading.Thread(target=self.server.serve_forever, name="metrics", daemon=True)
+        self.thread.start()
 
     def close(self) -> None:
         self.server.shutdown()

@@ -263,16 +263,19 @@ def test_the_installed_unit_outlasts_a_long_runtime_restart() -> None:
     """install's unit under a real systemd (tests/helpers/systemdenv.py): with the runtime's socket gone, each
     start of the plugin fails at once; systemd keeps starting it past its default start limit (5 starts in 10 s,
     after which a unit without ``StartLimitIntervalSec=0`` stays failed: seen with a real containerd 2.1.9 down
-    for a few seconds), and once the runtime listens again the plugin registers and serves a GPU container."""
+    for a few seconds), and once the runtime listens again the plugin registers and serves a GPU container.
+    Hardened as the DaemonSet's container: the serving plugin is root with no capability in any set (bounding set
+    included) and no-new-privs, in a read-only system where it still writes its by-path directory (under
+    /run/oci-gpu-hook) and the config's log file (its directory, a ReadWritePaths= install added)."""
     cl.need("unshare", "nsenter", "setpriv", "/lib/systemd/systemd", "systemd-run")
     base = Path(tempfile.mkdtemp(prefix="ogh-nri-sd-"))
     try:
         python = _wheel_venv(base / "venv")
         (base / "nri").mkdir()
         with systemdenv.booted(binds=(base,)) as env:
-            log, by_path = base / "hook.log", base / "by-path"
-            (base / "config.toml").write_text(f'sysfs_root = "{cl.SEED_SYSFS}"\nlog_file = "{log}"\n'
-                                              f'by_path_dir = "{by_path}"\n')
+            log = base / "hook.log"
+            (base / "config.toml").write_text(f'sysfs_root = "{cl.SEED_SYSFS}"\nlog_file = "{log}"\n')
+            by_path = Path("/run/oci-gpu-hook/by-path")  # the default: the unit's RuntimeDirectory
             setup = (f"mkdir -p /etc/oci-gpu-hook /run/nri && mount --bind {base / 'nri'} /run/nri && "
                      f"cp {base / 'config.toml'} /etc/oci-gpu-hook/config.toml")
             done = env.run(["sh", "-c", setup], unit=False)
@@ -298,11 +301,32 @@ def test_the_installed_unit_outlasts_a_long_runtime_restart() -> None:
                 container = api_pb2.Container(id="c-after-restarts", name="ctr", env=["AMD_VISIBLE_DEVICES=1"])
                 adjust = double.create_container(POD, container)
                 assert [d.path for d in adjust.linux.devices] == ["/dev/dri/card2", "/dev/dri/renderD129", "/dev/kfd"]
+                _assert_hardened(env, by_path, adjust, log)
             finally:
                 double.close()
                 env.systemctl("stop", "oci-gpu-hook-nri")
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def _assert_hardened(env: systemdenv.SystemdEnv, by_path: Path, adjust: api_pb2.ContainerAdjustment,
+                     log: Path) -> None:
+    """The serving plugin of the unit install wrote: what systemd says of it, what /proc says of its process, what it
+    wrote (the by-path directory it prepared, a log line) and what it cannot write (the system, read-only)."""
+    shown = dict(line.split("=", 1) for line in env.systemctl(
+        "show", "-p", "MainPID,NoNewPrivileges,CapabilityBoundingSet,ProtectSystem", "oci-gpu-hook-nri").stdout.split())
+    assert (shown["NoNewPrivileges"], shown["CapabilityBoundingSet"], shown["ProtectSystem"]) == ("yes", "", "strict")
+    status = env.run(["cat", f"/proc/{shown['MainPID']}/status"], unit=False).stdout
+    fields = {k: " ".join(v.split()) for k, _c, v in (line.partition(":") for line in status.splitlines())}
+    assert fields["Uid"] == "0 0 0 0" and fields["NoNewPrivs"] == "1", status
+    assert {fields[f] for f in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")} == {"0" * 16}, status
+    sources = [m.source for m in adjust.mounts if m.destination == "/dev/dri/by-path"]
+    assert len(sources) == 1 and Path(sources[0]).parent == by_path, list(adjust.mounts)
+    assert env.run(["test", "-d", sources[0]], unit=False).returncode == 0
+    assert '"c-after-restarts"' in log.read_text()
+    probe = env.run(["nsenter", "-t", shown["MainPID"], "-m", "touch", "/etc/oci-gpu-hook/written-by-the-plugin"],
+                    unit=False)
+    assert probe.returncode != 0 and "Read-only file system" in probe.stderr, probe.stderr
 
 
 def test_the_wheels_plugin(setup: dict[str, Path], tmp_path: Path) -> None:

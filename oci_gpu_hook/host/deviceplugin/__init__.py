@@ -72,8 +72,8 @@ def command(args: list[str], config: Config) -> int:
                         help=f"where the health state goes (wedged GPUs, across a restart of the plugin; default: "
                              f"<kubelet dir>/{STATE_SUBDIR}, a directory, which a starting kubelet leaves in place)")
     parser.add_argument("--metrics-address", metavar="HOST:PORT", default=None,
-                        help="serve Prometheus metrics at http://HOST:PORT/metrics (:PORT: every address; needs "
-                             "prometheus_client; default: none)")
+                        help="serve Prometheus metrics at http://HOST:PORT/metrics (:PORT: loopback, 127.0.0.1; "
+                             "0.0.0.0:PORT or [::]:PORT: every address; needs prometheus_client; default: none)")
     parser.add_argument("--list", action="store_true",
                         help="print the devices as they would be advertised, with their health; exit")
     opts = parser.parse_args(args)

@@ -65,8 +65,8 @@ def command(args: list[str], config: Config) -> int:
                              "only; off: always as its parts only (for a scheduler without the gate) (default "
                              "%(default)s)")
     parser.add_argument("--metrics-address", metavar="HOST:PORT", default=None,
-                        help="serve Prometheus metrics at http://HOST:PORT/metrics (:PORT: every address; needs "
-                             "prometheus_client; default: none)")
+                        help="serve Prometheus metrics at http://HOST:PORT/metrics (:PORT: loopback, 127.0.0.1; "
+                             "0.0.0.0:PORT or [::]:PORT: every address; needs prometheus_client; default: none)")
     parser.add_argument("--list", action="store_true",
                         help="print the devices as they would be published (JSON, the slices' devices, with their "
                              "counters unless --shared-counters off; what is left out on stderr); exit")

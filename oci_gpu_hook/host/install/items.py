@@ -104,6 +104,7 @@ TimeoutStopSec=15s
 User=root
 RuntimeDirectory=oci-gpu-hook
 RuntimeDirectoryMode=0700
+RuntimeDirectoryPreserve=yes
 
 [Install]
 WantedBy=multi-user.target
@@ -155,7 +156,7 @@ def wanted(config: Config, hook: str, defaults: dict[str, str], notes: list[str]
         "crio": lambda: crio_items(config, disk, only is not None),
         "systemd": lambda: systemd_items(disk, notes, only is not None),
         "nri": lambda: nri_items(disk, notes, only is not None, containerd_version=containerd_version,
-                                 host_root=host_root),
+                                 host_root=host_root, config=config),
     }
     for name in ("podman", "cdi", "docker", "containerd", "crio", "systemd", "nri"):
         if only is not None and name not in only:
@@ -346,7 +347,11 @@ def systemd_items(disk: Callable[[str], str], notes: list[str], explicit: bool) 
 # systemd starts it again, as often as it takes: while the runtime is down each start fails at once, and with
 # systemd's default start limit (5 starts in 10 s) a runtime down for more than a few seconds would leave the plugin
 # stopped for good (a real containerd 2.1.9 restart made each start fail; systemd 252 failed the unit after 5), hence
-# StartLimitIntervalSec=0.
+# StartLimitIntervalSec=0.  Hardened as the DaemonSet's container `nri` runs it (docs/security.md): root without a
+# capability (it connects to the runtime's root-owned socket, reads sysfs and the config, and writes root-owned
+# directories under /run/oci-gpu-hook: none of that takes one), no new privileges, and a read-only system but for
+# /run/oci-gpu-hook (RuntimeDirectory: made 0700 root's where missing, as the planner makes it, and kept when the
+# plugin stops) and the by-path directory and log file's directory the config names elsewhere ({writable}).
 NRI_UNIT_TEXT = """# oci-gpu-hook nri: the NRI plugin for containerd 2.x and CRI-O (docs/nri.md in the source tree).
 [Unit]
 Description=oci-gpu-hook: the NRI plugin that gives each container the GPUs it asks for
@@ -358,10 +363,33 @@ ExecStart={launcher} nri
 Restart=always
 RestartSec=1s
 User=root
+CapabilityBoundingSet=
+AmbientCapabilities=
+NoNewPrivileges=yes
+ProtectSystem=strict
+RuntimeDirectory=oci-gpu-hook
+RuntimeDirectoryMode=0700
+RuntimeDirectoryPreserve=yes
+{writable}RestrictAddressFamilies=AF_UNIX
 
 [Install]
 WantedBy=multi-user.target
 """
+NRI_RUNTIME_DIRECTORY = "/run/oci-gpu-hook"
+
+
+def nri_unit(launcher: str, config: Config) -> str:
+    """:data:`NRI_UNIT_TEXT` for ``launcher``, with a ``ReadWritePaths=`` line for each place ``config`` has the
+    plugin write outside /run/oci-gpu-hook (``by_path_dir``, ``log_file``'s directory; ``-``: one missing when the
+    unit starts is left out, and the plugin's write there is refused as before)."""
+    places = [config.by_path_dir, os.path.dirname(config.log_file) if config.log_file else ""]
+    writable = ""
+    for place in dict.fromkeys(os.path.normpath(p) for p in places if p):
+        if place == NRI_RUNTIME_DIRECTORY or place.startswith(NRI_RUNTIME_DIRECTORY + "/"):
+            continue
+        quoted = place.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
+        writable += f'ReadWritePaths="-{quoted}"\n'
+    return NRI_UNIT_TEXT.format(launcher=launcher, writable=writable)
 
 
 # The first containerd whose NRI (containerd/nri v0.10.0) has the default validator: 2.0 and 2.1 vendor v0.8.0
@@ -385,7 +413,7 @@ def nri_runtime(disk: Callable[[str], str], containerd_version: str | None = Non
 
 
 def nri_items(disk: Callable[[str], str], notes: list[str], explicit: bool, *, containerd_version: str | None = None,
-              host_root: str | None = None) -> list[Item]:
+              host_root: str | None = None, config: Config | None = None) -> list[Item]:
     """The NRI plugin's systemd unit, where a runtime with NRI is (``--only nri``: wherever asked)."""
     import importlib.util
 
@@ -413,4 +441,5 @@ def nri_items(disk: Callable[[str], str], notes: list[str], explicit: bool, *, c
         closed = "a pod that must never start without its GPU needs NRI's default validator (docs/nri.md)"
     notes.append(f"nri: {name}: systemctl daemon-reload && systemctl enable --now oci-gpu-hook-nri; NRI must be on "
                  f"in the runtime, and {closed}")
-    return [Item(NRI_UNIT, NRI_UNIT_TEXT.format(launcher=HOOK_LAUNCHER).encode(), 0o644, "systemd NRI plugin unit")]
+    unit = nri_unit(HOOK_LAUNCHER, config or Config())
+    return [Item(NRI_UNIT, unit.encode(), 0o644, "systemd NRI plugin unit")]

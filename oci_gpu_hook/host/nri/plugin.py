@@ -7,6 +7,10 @@ As NRI's own plugin stub (containerd/nri ``pkg/stub``) does it: the plugin conne
 event it wants, CREATE_CONTAINER), ``Synchronize`` (nothing to change in running containers), ``CreateContainer``
 (:mod:`oci_gpu_hook.host.nri.adjust`) and ``Shutdown``.  One request at a time: NRI calls a plugin under one lock.
 
+The runtime must be root: the socket's peer credentials (``SO_PEERCRED``) are checked before anything is sent
+(:func:`check_peer`).  A CreateContainer that took more than half the runtime's request timeout (sent at
+Configure) is logged.
+
 A refusal answers CreateContainer with an error status whose message is the one line; the runtime fails that
 container's creation with it (``kubectl describe pod``, ``crictl create``).  An internal error (a bug) fails that
 container too, never the plugin.  The plugin ends when the runtime closes the connection or asks it to shut down
@@ -76,20 +80,45 @@ def identity(name: str | None, idx: str | None, argv0: str) -> tuple[str, str]:
 
 
 def connect(path: str) -> socket.socket:
-    """The runtime's socket: the one ``NRI_PLUGIN_SOCKET`` holds (started by the runtime), else ``path``."""
+    """The runtime's socket: the one ``NRI_PLUGIN_SOCKET`` holds (started by the runtime), else ``path``; either
+    only with a peer :func:`check_peer` accepts."""
     inherited = os.environ.get(SOCKET_ENV)
     if inherited:
         if not inherited.isdigit():
             raise HookError(f"{SOCKET_ENV}={inherited!r} is not a file descriptor")
-        return socket.socket(fileno=int(inherited))
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        sock = socket.socket(fileno=int(inherited))
+        where = f"the NRI socket of {SOCKET_ENV}={inherited}"
+    else:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        where = f"the NRI socket {path}"
+        try:
+            sock.connect(path)
+        except OSError as err:
+            sock.close()
+            raise HookError(f"cannot connect to {where}: {err.strerror} (is NRI enabled in containerd 2.x or CRI-O, "
+                            "and is this its socket_path / nri_listen?)") from None
     try:
-        sock.connect(path)
-    except OSError as err:
+        check_peer(sock, where)
+    except HookError:
         sock.close()
-        raise HookError(f"cannot connect to the NRI socket {path}: {err.strerror} (is NRI enabled in containerd 2.x "
-                        "or CRI-O, and is this its socket_path / nri_listen?)") from None
+        raise
     return sock
+
+
+def check_peer(sock: socket.socket, where: str) -> None:
+    """The runtime at the other end must be root, as the native front asks only a planner whose peer credentials
+    (``SO_PEERCRED``: who listened, or who made the socket pair) are uid 0: the container specs it sends decide what
+    this process, root, grants.  A plugin that is not root (a test's) also takes a peer of its own uid, which could
+    do whatever it likes to this process anyway.  Else the one line, and nothing sent."""
+    import struct
+
+    try:
+        pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    except OSError as err:
+        raise HookError(f"{where}: cannot read its peer's credentials: {err.strerror} (not a unix socket?)") from None
+    if uid not in (0, os.geteuid()):
+        raise HookError(f"{where}: refused: its peer (pid {pid}) is uid {uid}, not root: only the runtime, root, "
+                        "may send this plugin container specs")
 
 
 class Plugin:
@@ -180,7 +209,7 @@ class Plugin:
                                  message=f"{envelope.service}/{envelope.method} is not served by {self.name}")
             return
         try:
-            reply = handler(envelope.payload)
+            reply = self._timed(handler, envelope.method, envelope.payload)
         except HookError as err:
             self.log(f"refused: {err}")
             self.channel.respond(message, code=ttrpc.UNKNOWN, message="oci-gpu-hook: " + " ".join(str(err).split()))
@@ -196,6 +225,29 @@ class Plugin:
                                  message=f"oci-gpu-hook: internal error: {type(err).__name__}: {first}")
             return
         self.channel.respond(message, reply.SerializeToString())
+
+    def _timed(self, handler: Callable[[bytes], ProtoMessage], method: str, payload: bytes) -> ProtoMessage:
+        """``handler(payload)``, and, for a CreateContainer that took more than half the runtime's request timeout
+        (answered or refused), one line before it is answered (past the timeout the runtime has failed that
+        container's creation already, and drops whatever the plugin answers)."""
+        started = time.monotonic()
+        try:
+            return handler(payload)
+        finally:
+            seconds = time.monotonic() - started
+            if method == "CreateContainer" and seconds > self.request_timeout / 2:
+                self._slow(payload, seconds)
+
+    def _slow(self, payload: bytes, seconds: float) -> None:
+        from oci_gpu_hook.host.nri import api_pb2
+
+        try:
+            label = self._label(api_pb2.CreateContainerRequest.FromString(payload))
+        except Exception:  # the request the handler could not read either
+            label = "a container"
+        past = "past it: the runtime has failed the container" if seconds > self.request_timeout else "more than half"
+        self.log(f"{label}: CreateContainer took {seconds:.3f} s of the runtime's request timeout of "
+                 f"{self.request_timeout:g} s ({past})")
 
     def serve(self) -> int:
         """Answer the runtime until it closes the connection (1) or asks the plugin to shut down (0)."""

@@ -435,8 +435,9 @@ def command(args: list[str], config: Config, launch: Launch) -> int:
     parser.add_argument("--verbose", action="store_true", help="one line for every request, not only the refused")
     parser.add_argument("--metrics-address", metavar="HOST:PORT", default=None,
                         help="serve Prometheus metrics at http://HOST:PORT/metrics: the container starts it answered "
-                             "by path, outcome and reason, its answer time, the host's devices (:PORT: every "
-                             "address; needs prometheus_client; default: none)")
+                             "by path, outcome and reason, its answer time, the host's devices (:PORT: loopback, "
+                             "127.0.0.1; 0.0.0.0:PORT or [::]:PORT: every address; served by a process of uid 65534 "
+                             "without capabilities; needs prometheus_client; default: none)")
     opts = parser.parse_args(args)
     if not opts.workers.isdigit() or not 1 <= int(opts.workers) <= 256:
         raise HookError(f"--workers {opts.workers!r}: expected a number, 1 to 256 (default {DEFAULT_WORKERS})")
