@@ -242,6 +242,18 @@ def test_a_scope_systemd_does_not_have_is_not_its_to_register(peer: tuple) -> No
     assert [fields[su.F_MEMBER] for fields, _body in seen] == ["GetUnit"]
 
 
+def test_a_unit_name_with_control_characters_is_shown_on_one_line(peer: tuple) -> None:  # type: ignore[type-arg]
+    """A cgroup name may hold a newline (anything but '/'): the log's line and the refusal stay one line."""
+    path, _seen, answers = peer
+    message = su.marshal("s", ["Unit not loaded."])
+    answers.append(lambda serial, _f, _b: reply(su.ERROR, 5, serial, "s", message, su.NO_SUCH_UNIT))
+    assert register(path, "a\nb-abc.scope") == "a?b-abc.scope: not a unit systemd has loaded: nothing registered"
+    answers += [unit_path]
+    with pytest.raises(HookError) as caught:
+        register(path, "a\nb-other.scope", cgroup="/x\n/a\nb-other.scope")
+    assert "\n" not in str(caught.value) and "lies in systemd unit a?b-other.scope" in str(caught.value)
+
+
 def test_no_systemd_socket_is_the_one_refusal_line(tmp_path: Path) -> None:
     with pytest.raises(HookError) as caught:
         register(str(tmp_path / "absent"), "libpod-abc.scope")

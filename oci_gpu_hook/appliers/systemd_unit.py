@@ -48,10 +48,10 @@ PRIVATE_SOCKET = "/run/systemd/private"
 BOOTED_MARKER = "/run/systemd/system"  # sd_booted(): systemd is the running manager
 # Seconds for one whole exchange with systemd (connect, authentication, every call and the Ping), however the peer
 # trickles its bytes.  The prestart hook install writes runs under the runtime's hook timeout of 10 s (hooks.d's
-# "timeout": 10), which must also cover the interpreter's start, the plan, the nodes and the cgroup grant (well
-# under a second on a loaded node); systemd answers nothing while a daemon-reload runs (about a second on a busy
-# host).  5 s leaves the rest of the 10 to the hook, so that a silent systemd gives this hook's one line, not the
-# runtime's kill.
+# "timeout": 10), which must also cover the interpreter's start, the plan, the nodes and the cgroup grant (tens of
+# milliseconds: docs/speed.md), and systemd answers nothing while a daemon-reload runs.  5 s waits out a long
+# reload and still leaves half of the 10 to the hook, so that a silent systemd gives this hook's one line, not the
+# runtime's kill (tests/test_systemd_unit.py holds it to half the installed timeout).
 TIMEOUT = 5.0
 # The most containers (arrays, structs, variants) one value may be nested in: the D-Bus specification's 64 (32
 # arrays and 32 structs in a signature; libdbus and GLib hold variants, whose signatures come with the data, to
@@ -119,6 +119,7 @@ def register(unit: str, rules: tuple[Rule, ...], cgroup: str, container_id: str,
     entries = [(device_path(rule), rule.access) for rule in rules if rule.allow]
     if not entries:
         return "nothing to register"
+    name = one_line(unit)  # a cgroup name may hold any character but '/'
     try:
         with Connection(socket_path) as bus:
             try:
@@ -128,7 +129,7 @@ def register(unit: str, rules: tuple[Rule, ...], cgroup: str, container_id: str,
                     raise
                 # A cgroup named like a scope that systemd does not have (a cgroupfs runtime's choice of name):
                 # systemd has no rules of its own to apply there, so there is nothing to register.
-                return f"{unit}: not a unit systemd has loaded: nothing registered"
+                return f"{name}: not a unit systemd has loaded: nothing registered"
             # Another container's unit is not this one's to extend (see the module's text).
             if not unit.endswith(f"-{container_id}.scope"):
                 raise NotTheContainers(f"its name does not end with '-{container_id}.scope' (the container's id)")
@@ -146,14 +147,14 @@ def register(unit: str, rules: tuple[Rule, ...], cgroup: str, container_id: str,
                      [unit, True, [("DeviceAllow", ("a(ss)", entries))]], "")
             bus.call(MANAGER_PATH, "org.freedesktop.DBus.Peer", "Ping", "", [], "")
     except NotTheContainers as err:
-        raise HookError(f"the container's cgroup {shown(cgroup)} lies in systemd unit {unit}, which is not the "
+        raise HookError(f"the container's cgroup {shown(cgroup)} lies in systemd unit {name}, which is not the "
                         f"container's own: {err}; registering its devices there would give them to that unit at "
                         "the next daemon-reload: refusing the live grant") from None
     except BusError as err:
-        raise HookError(f"the container's cgroup is systemd unit {unit}, but its devices cannot be registered with "
+        raise HookError(f"the container's cgroup is systemd unit {name}, but its devices cannot be registered with "
                         f"systemd ({err}), so the next daemon-reload would take them away: refusing the live "
                         f"grant; {DURABLE_PATHS}") from None
-    return f"{unit}: DeviceAllow {' '.join(path for path, _access in entries)}"
+    return f"{name}: DeviceAllow {' '.join(path for path, _access in entries)}"
 
 
 class NotTheContainers(Exception):
