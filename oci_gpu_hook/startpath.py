@@ -150,7 +150,7 @@ MODULES: dict[str, frozenset[str]] = {
     "oci_gpu_hook.appliers.bpf": frozenset({"ctypes", "os", "struct"}),
     "oci_gpu_hook.appliers.devicefilter": frozenset({"struct"}),
     "oci_gpu_hook.appliers.devicefilter_decode": frozenset({"struct", "sys"}),
-    "oci_gpu_hook.appliers.systemd_unit": frozenset({"os", "socket", "struct"}),  # only under systemd
+    "oci_gpu_hook.appliers.systemd_unit": frozenset({"os", "socket", "struct", "time"}),  # only under systemd
 }
 # Modules of the package off the path that a start-path module may reach, each on a route no container start takes.
 OFF_PATH: dict[str, dict[str, str]] = {

@@ -61,6 +61,13 @@ def mode(mounts: list[tuple[str, str, str, str]] | None = None) -> str:
 
 def container_cgroup(pid: int, cgroup_mode: str, mounts: list[tuple[str, str, str, str]] | None = None) -> str:
     """The directory of ``pid``'s device cgroup (v1 devices hierarchy, or its cgroup2 group)."""
+    return container_cgroup_paths(pid, cgroup_mode, mounts)[0]
+
+
+def container_cgroup_paths(pid: int, cgroup_mode: str,
+                           mounts: list[tuple[str, str, str, str]] | None = None) -> tuple[str, str]:
+    """(the directory of ``pid``'s device cgroup, that cgroup's path in its hierarchy as ``/proc/PID/cgroup``
+    names it: what systemd calls a unit's ``ControlGroup``)."""
     mounts = _mounts() if mounts is None else mounts
     try:
         with open(f"/proc/{pid}/cgroup") as handle:
@@ -77,7 +84,7 @@ def container_cgroup(pid: int, cgroup_mode: str, mounts: list[tuple[str, str, st
                 fstype == "cgroup" and "devices" in opts.split(","))
             if fits and (cgroup_mode == "v1" or point == CGROUP_ROOT or point.startswith(CGROUP_ROOT)) \
                     and (path == root or path.startswith(root.rstrip("/") + "/")):
-                return os.path.join(point, path[len(root.rstrip("/")):].lstrip("/"))
+                return os.path.join(point, path[len(root.rstrip("/")):].lstrip("/")), path
         raise HookError(f"process {pid} is in {cgroup_mode} cgroup {path}, but no such hierarchy is mounted here")
     raise HookError(f"process {pid} has no {'cgroup2' if cgroup_mode == 'v2' else 'devices'} cgroup "
                     "(rootless? without a device cgroup there is no isolation to extend)")

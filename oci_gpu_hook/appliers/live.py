@@ -104,8 +104,8 @@ def _apply(cid: str, pid: int, bundle: str, config: Config | HookError, started:
     try:
         made = rootfs_module.apply_in_container(pid, rootfs, plan.edits)
         mode = cgroups.mode()
-        directory = cgroups.container_cgroup(pid, mode)
-        unit_result = _register_with_systemd(directory, plan.rules, policy.default_allow)
+        directory, cgroup_path = cgroups.container_cgroup_paths(pid, mode)
+        unit_result = _register_with_systemd(directory, cgroup_path, cid, plan.rules, policy.default_allow)
         if mode == "v1":
             written = cgroups.v1_grant(directory, plan.rules, policy)
             cgroup_result = f"allowed {len(written)} rules" if written else "already allowed"
@@ -119,18 +119,20 @@ def _apply(cid: str, pid: int, bundle: str, config: Config | HookError, started:
     return 0
 
 
-def _register_with_systemd(directory: str, rules: tuple[Rule, ...], default_allow: bool) -> str | None:
+def _register_with_systemd(directory: str, cgroup_path: str, cid: str, rules: tuple[Rule, ...],
+                           default_allow: bool) -> str | None:
     """Under the systemd cgroup driver, the plan's devices added to the container's unit first (or the one-line
-    refusal), so that systemd's next application of the unit's rules keeps them (:mod:`systemd_unit`); None
-    elsewhere, at the cost of one substring test (cgroupfs names no ``.scope``).  A unit that restricts no device
-    (the container's own rules allow all: runc gives systemd ``DevicePolicy=auto`` and no list) gets nothing: a
-    DeviceAllow= entry would turn its restriction on."""
+    refusal), so that systemd's next application of the unit's rules keeps them (:mod:`systemd_unit`, which
+    first proves the unit to be container ``cid``'s own, at ``cgroup_path``); None elsewhere, at the cost of one
+    substring test (cgroupfs names no ``.scope``).  A unit that restricts no device (the container's own rules
+    allow all: runc gives systemd ``DevicePolicy=auto`` and no list) gets nothing: a DeviceAllow= entry would turn
+    its restriction on."""
     if ".scope" not in directory or default_allow:
         return None
     from oci_gpu_hook.appliers import systemd_unit
 
     unit = systemd_unit.unit_of(directory)
-    return systemd_unit.register(unit, rules) if unit else None
+    return systemd_unit.register(unit, rules, cgroup_path, cid) if unit else None
 
 
 def _lock(rootfs: str) -> int:

@@ -16,12 +16,16 @@ scope's device rules again from its DeviceAllow= list:
 - podman with ``cgroup_manager = "systemd"``, install's precreate hook and its CDI spec, with the links; and with
   ``install --hook prestart``, without them;
 - a container that asks for nothing starts untouched (no log line, no DeviceAllow of a GPU);
+- a cgroupsPath that names another container's scope (below it, or a cgroup elsewhere named like it) is refused
+  in one line and that scope's DeviceAllow is unchanged; crun's layout (the container in a ``container`` child of
+  its scope) still registers with the scope;
 - install's watch unit, started by this systemd under its own hardening, makes the missing links.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -194,16 +198,25 @@ def _start_cgroupfs(node: Node, bundle: Path) -> subprocess.CompletedProcess[str
                                      f"cat {out} >&2; exit $rc"], env=cl.hook_env(), unit=False)
 
 
-def test_prestart_refused_where_it_cannot_register(node: Node) -> None:
-    """A container whose cgroup lies in a scope that restricts no device (not its runtime's): registering would
-    restrict the whole scope, so the hook refuses in one line naming the durable paths, and changes nothing."""
-    hold = f"ogh-hold-{uuid.uuid4().hex[:8]}"
-    node.ok(["sh", "-c", f"systemd-run --scope --quiet --unit={hold} sleep 1000 </dev/null >/dev/null 2>&1 &"])
+def _hold_scope(node: Node, name: str, *properties: str) -> str:
+    """A transient scope ``NAME.scope`` made by ``systemd-run --scope`` around a sleep (DevicePolicy auto, no
+    DeviceAllow, unless ``properties`` say otherwise); its name."""
+    options = " ".join(shlex.quote(p) for p in properties)
+    node.ok(["sh", "-c", f"systemd-run --scope --quiet --unit={name} {options} sleep 1000 </dev/null >/dev/null "
+                         "2>&1 &"])
     # systemd-run --scope runs its command in the foreground: poll (bounded) until the scope is there
-    node.ok(["sh", "-c", f"i=0; until systemctl -q is-active {hold}.scope; do i=$((i+1)); [ $i -lt 300 ] || exit 1; "
+    node.ok(["sh", "-c", f"i=0; until systemctl -q is-active {name}.scope; do i=$((i+1)); [ $i -lt 300 ] || exit 1; "
                          "sleep 0.1; done"])
+    return f"{name}.scope"
+
+
+def test_prestart_refused_where_it_cannot_register(node: Node) -> None:
+    """A container in the ``container`` child of a scope that carries its id but restricts no device (not its
+    runtime's: made by systemd-run): registering would restrict the whole scope, so the hook refuses in one line
+    naming the durable paths, and changes nothing."""
+    bundle = _bundle(node, ["AMD_VISIBLE_DEVICES=1"], "/system.slice/ogh-hold-ID.scope/container", prestart=True)
+    hold = _hold_scope(node, f"ogh-hold-{bundle.name}").removesuffix(".scope")
     try:
-        bundle = _bundle(node, ["AMD_VISIBLE_DEVICES=1"], f"/system.slice/{hold}.scope/ID", prestart=True)
         done = _start_cgroupfs(node, bundle)
         assert done.returncode != 0
         assert (f"oci-gpu-hook: error: the container's cgroup is systemd unit {hold}.scope, but its devices cannot be "
@@ -231,6 +244,97 @@ def test_prestart_in_a_scope_named_cgroup_systemd_does_not_have(node: Node) -> N
         assert line["systemd_unit"] == f"ogh-cgroupfs-{cid}.scope: not a unit systemd has loaded: nothing registered"
     finally:
         node.env.run(["runc", "delete", "-f", cid], unit=False)
+
+
+def _gpu_entries(node: Node, scope: str) -> list[str]:
+    """The GPU entries (DRM, KFD) of ``scope``'s DeviceAllow."""
+    return [e for e in _device_allow(node, scope) if "226:" in e or "234:" in e or "/dri/" in e or "kfd" in e]
+
+
+def _assert_not_its_own(node: Node, bundle: Path, unit: str, why: str) -> None:
+    """``bundle`` (a container asking for GPU 1 under cgroupfs) is refused in one line: ``unit`` is not its own."""
+    cgroup = json.loads((bundle / "config.json").read_text())["linux"]["cgroupsPath"]
+    done = _start_cgroupfs(node, bundle)
+    assert done.returncode != 0
+    # runc quotes the hook's whole stderr ("stderr: ...\n" in its own message): that one line
+    assert (f"stderr: oci-gpu-hook: error: the container's cgroup {cgroup!r} lies in systemd unit {unit}, which is "
+            f"not the container's own: {why}; registering its devices there would give them to that unit at the next "
+            'daemon-reload: refusing the live grant\\n"') in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert node.env.run(["runc", "state", bundle.name], unit=False).returncode != 0  # not left running
+    (line,) = node.log_lines(bundle.name)
+    assert line["outcome"] != "ok" and "systemd_unit" not in line, line
+
+
+def test_prestart_never_registers_with_another_container_s_scope(node: Node) -> None:
+    """Container B's scope (runc's systemd driver), and containers whose cgroupsPath names it: one below B's scope,
+    one at ``/ogh-x/ogh-B.scope`` (each refused: the scope's name does not carry its id), and one at
+    ``/ogh-y/ogh-A.scope`` where a scope ``ogh-A.scope`` of another container X exists (refused: that unit's
+    ControlGroup is not its cgroup).  B's and X's DeviceAllow are unchanged, B still has no GPU after a
+    daemon-reload; then B's own scope still gets B's registration (B's twin asking for a GPU)."""
+    v2 = node.env.cgroup == "v2"
+    b = _start(node, _bundle(node, [], "system.slice:ogh:ID", prestart=True))
+    a = _bundle(node, ["AMD_VISIBLE_DEVICES=1"], "/ogh-y/ogh-ID.scope", prestart=True)
+    x = _bundle(node, [], f"system.slice:ogh:{a.name}", prestart=True)  # a scope named after a's id, not a's
+    x_id = _start(node, x)
+    started = [b, x_id]
+    try:
+        scope_b, scope_x = f"ogh-{b}.scope", f"ogh-{a.name}.scope"
+        before = {scope: _device_allow(node, scope) for scope in (scope_b, scope_x)}
+        assert "DevicePolicy=strict" in node.ok(["systemctl", "show", "-p", "DevicePolicy", scope_b])
+        for path in (f"/system.slice/{scope_b}/ID", f"/ogh-x/{scope_b}"):
+            bundle = _bundle(node, ["AMD_VISIBLE_DEVICES=1"], path, prestart=True)
+            _assert_not_its_own(node, bundle, scope_b,
+                                f"its name does not end with '-{bundle.name}.scope' (the container's id)")
+        _assert_not_its_own(node, a, scope_x, f"its ControlGroup is '/system.slice/{scope_x}', and the container's "
+                                              "cgroup is neither it nor its 'container' child (crun's)")
+        assert {scope: _device_allow(node, scope) for scope in (scope_b, scope_x)} == before
+        assert _gpu_entries(node, scope_b) == []
+        _disturb(node, "daemon-reload", scope_b)
+        cl.assert_isolated(node.env.run(["runc", "exec", b, *PROBE_AGAIN], unit=False).stdout, [], cgroup_v2=v2)
+        # the container's own scope is still registered with
+        own = _start(node, _bundle(node, ["AMD_VISIBLE_DEVICES=1"], "system.slice:ogh:ID", prestart=True))
+        started.append(own)
+        (line,) = node.log_lines(own)
+        assert line["outcome"] == "ok" and str(line["systemd_unit"]).startswith(f"ogh-{own}.scope: DeviceAllow "), line
+        assert _gpu_entries(node, f"ogh-{own}.scope") != []
+        _assert_kept(node, ["runc", "exec", own, *PROBE_AGAIN], [1], f"ogh-{own}.scope", v2)
+    finally:
+        for name in started:
+            node.env.run(["runc", "delete", "-f", name], unit=False)
+
+
+# What runc's spec (containerlib's bundle) allows besides a GPU, as runc's systemd driver lists it (``c *:* m`` is
+# ``char-* m``): the restricted scope below has it too.
+BASE_DEVICES = ("char-* m", "block-* m", *(f"{path} rwm" for path in (
+    "/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty", "char-pts")))
+
+
+def test_prestart_registers_with_the_scope_above_crun_s_container_child(node: Node) -> None:
+    """crun's layout under cgroup v2, a restricted scope named after the container (``PREFIX-ID.scope``,
+    DevicePolicy=strict) with the container in its ``container`` child: the hook proves the unit by that parent
+    and registers with it, and the grant survives a reload, a reexec and a set-property.  The layout is made here
+    by systemd-run (the scope) and runc under cgroupfs (the child), as crun 1.8 cannot run without
+    CAP_SYS_RESOURCE under a limited RLIMIT_MEMLOCK (it sets the limit to unlimited before loading its eBPF
+    filter), which test machines may lack."""
+    if node.env.cgroup == "v1":
+        pytest.skip("crun makes a container child only under cgroup v2 (and refuses the hybrid v1 layout)")
+    bundle = _bundle(node, ["AMD_VISIBLE_DEVICES=1"], "/system.slice/ogh-ID.scope/container", prestart=True)
+    cid = bundle.name
+    scope = _hold_scope(node, f"ogh-{cid}", "-p", "DevicePolicy=strict",
+                        *(f"--property=DeviceAllow={entry}" for entry in BASE_DEVICES))
+    try:
+        assert "DevicePolicy=strict" in node.ok(["systemctl", "show", "-p", "DevicePolicy", scope])
+        done = _start_cgroupfs(node, bundle)
+        assert done.returncode == 0, done.stderr
+        (line,) = node.log_lines(cid)
+        assert line["outcome"] == "ok" and str(line["systemd_unit"]).startswith(f"{scope}: DeviceAllow "), line
+        assert str(line["cgroup_dir"]).endswith(f"/{scope}/container"), line
+        assert _gpu_entries(node, scope) != []
+        _assert_kept(node, ["runc", "exec", cid, *PROBE_AGAIN], [1], scope, True)
+    finally:
+        node.env.run(["runc", "delete", "-f", cid], unit=False)
+        node.env.systemctl("stop", scope)
 
 
 @pytest.mark.parametrize("links", [True, False], ids=["dev-char-links", "no-dev-char-links"])
