@@ -485,7 +485,7 @@ def kind_edits(inventory: Inventory, options: frozenset[str] | None, config: Con
     if not nodes:  # no NVIDIA GPU: nothing of the driver either
         return Edits()
     made = tuple(n.made(config.device_file_mode, config.device_uid, config.device_gid) for n in nodes)
-    files = nvdriver.driver_files(inventory.proc_root, config.driver_root, caps)
+    files = nvdriver.driver_files(inventory.proc_root, config.driver_root, caps, inventory.sysfs_root)
     return Edits.merged([Edits(made), files])
 
 
