@@ -326,9 +326,9 @@ def layout_host(tmp_path: Path, layout: str) -> tuple[Path, Path, Path]:
     driver = tmp_path / ("run/nvidia/driver" if layout == "operator" else "driver")
     build_proc(str(tmp_path / "proc"), host)
     build_driver(str(driver), host, "distro" if layout == "operator" else layout)
-    sysfs = tmp_path / "sys"
+    sysfs = Path(build(str(tmp_path / "sys"), host))
     if layout == "gke":  # the kernel is told where the prefix keeps its firmware (firmware_class.path)
-        (sysfs / "module" / "firmware_class" / "parameters").mkdir(parents=True)
+        (sysfs / "module" / "firmware_class" / "parameters").mkdir(parents=True, exist_ok=True)
         (sysfs / "module" / "firmware_class" / "parameters" / "path").write_text("/usr/local/nvidia/firmware\n")
     return tmp_path / "proc", driver, sysfs
 
@@ -881,6 +881,48 @@ def test_list_shows_labels_uuids_and_what_is_ignored() -> None:
     listed = json.loads(cli("nvidia-mig", "list", "--json").stdout)
     assert [(d["label"], d["minor"], d["mig"]) for d in listed["devices"]][:3] == [("0", 1, None), ("1", 0, None),
                                                                                   ("0:0", 1, [1, 0])]
+
+
+def roots_cli(proc: Path, driver: Path, sysfs: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "oci_gpu_hook.entry.cli", "--sysfs-root", str(sysfs),
+                           "--proc-root", str(proc), "--driver-root", str(driver), *args], capture_output=True,
+                          text=True, env={"PATH": os.environ["PATH"], "OCI_GPU_HOOK_CONFIG": "/dev/null"})
+
+
+def test_validate_says_what_a_gpu_container_gets_and_what_it_does_not(tmp_path: Path) -> None:
+    done = cli("nvidia-h100", "validate")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    base = roots("nvidia-h100") / "driver"
+    assert lines[1] == (f"ok: nvidia driver 550.54.15, driver_root {base}: libraries in /usr/lib/x86_64-linux-gnu, "
+                        "/usr/lib/x86_64-linux-gnu/vdpau")
+    per_cap = {line.split(":")[1].strip(): line for line in lines[2:]}
+    assert "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15" in per_cap["compute"]
+    assert "/usr/bin/nvidia-smi" in per_cap["utility"] and "/etc/vulkan/icd.d/nvidia_icd.json" in per_cap["graphics"]
+    assert per_cap["firmware"].endswith(": 1 files: /lib/firmware/nvidia/550.54.15")
+    assert not any(line.startswith("warning") for line in lines)
+    # a GKE-style host whose wrapper scripts come first for one binary, and whose Vulkan ICD names a missing library
+    proc, driver, sysfs = layout_host(tmp_path, "gke")
+    (driver / "usr/local/nvidia/bin/nvidia-debugdump").unlink()
+    (driver / "usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json").write_text('{"ICD": {}}')
+    done = roots_cli(proc, driver, sysfs, "validate")
+    assert done.returncode == 0, done.stderr
+    warnings = [line for line in done.stdout.splitlines() if line.startswith("warning")]
+    assert warnings == [
+        f"warning: {driver}/usr/bin/nvidia-debugdump: a script (#!), not the driver's program; not given",
+        f"warning: {driver}/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json: names no library (not the "
+        "ICD.library_path its loader reads); not given"]
+    listed = roots_cli(proc, driver, sysfs, "list")
+    assert listed.returncode == 0, listed.stderr
+    assert f"driver of nvidia GPUs: 550.54.15, driver_root {driver}: libraries in /usr/local/nvidia/lib64; " in (
+        listed.stdout)
+    assert warnings[0] in listed.stdout
+    # a driver root without the running driver's libcuda: one line, before any container meets it
+    (proc / "driver/nvidia/version").write_text("NVRM version: NVIDIA UNIX Open Kernel Module  560.35.03  x\n")
+    done = roots_cli(proc, driver, sysfs, "validate")
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1].endswith(
+        f"the ld cache {driver}/etc/ld.so.cache; is its user-space installed under driver_root {driver}?")
 
 
 def test_watch_once_writes_the_nvidia_spec(tmp_path: Path) -> None:

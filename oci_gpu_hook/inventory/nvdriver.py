@@ -410,3 +410,24 @@ def _firmware(finder: _Finder, version: str, proc_root: str, sysfs_root: str) ->
         if real is not None and os.path.isdir(in_root(finder.root, real)):
             finder.give("", real, path)
             return
+
+
+def report(proc_root: str, driver_root: str, sysfs_root: str, detail: bool = True) -> list[str]:
+    """What a GPU container will get of the driver, for ``validate`` (``detail``: each file given, per capability)
+    and ``list`` (a count): ``ok:`` lines, then a ``warning:`` line per file left out with why; [] where the nvidia
+    module is not loaded; a HookError where the driver root cannot serve a container."""
+    if read(os.path.join(proc_root, "driver", "nvidia", "version")) is None:
+        return []
+    found = survey(proc_root, driver_root, frozenset(LIBRARY_CAPS) | {"display"}, sysfs_root)
+    head = (f"nvidia driver {found.version}, driver_root {driver_root}: libraries in "
+            f"{', '.join(found.folders) or 'no directory'}")
+    lines = [f"ok: {head}"]
+    if detail:
+        for cap in (*LIBRARY_CAPS, ""):
+            paths = [dest for given, dest, _source in found.given if given == cap]
+            if paths:
+                lines.append(f"ok:   {cap or 'firmware'}: {len(paths)} files: {', '.join(paths)}")
+    else:
+        lines[0] += f"; {len(found.given)} files for a container asking for every capability"
+    lines += [f"warning: {line}" for line in found.skipped]
+    return lines

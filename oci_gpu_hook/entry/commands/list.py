@@ -59,4 +59,9 @@ def run(args: list[str], config: Config) -> int:
             print(f"shared by {kind} GPUs: {shared}")
     for name, reason in inventory.ignored:
         print(f"ignored: {name}: {reason}")
+    if inventory.devices("nvidia"):  # the driver's files a container gets, and any left out (validate: each file)
+        from oci_gpu_hook.inventory import nvdriver
+
+        for line in nvdriver.report(config.proc_root, config.driver_root, config.sysfs_root, detail=False):
+            print(line.replace("ok: nvidia driver", "driver of nvidia GPUs:", 1))
     return 0
