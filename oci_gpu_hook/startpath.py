@@ -132,7 +132,7 @@ MODULES: dict[str, frozenset[str]] = {
     "oci_gpu_hook.inventory.amd": frozenset({"os"}),
     "oci_gpu_hook.inventory.intel": frozenset({"os"}),
     "oci_gpu_hook.inventory.nvidia": frozenset({"os"}),
-    "oci_gpu_hook.inventory.nvdriver": frozenset({"os"}),
+    "oci_gpu_hook.inventory.nvdriver": frozenset({"os", "stat"}),
     "oci_gpu_hook.inventory.ldcache": frozenset({"os"}),
     "oci_gpu_hook.inventory.elf": frozenset({"os"}),  # a driver file's ELF header and soname, read, never run
     # NVML only for a MIG UUID, in a child process (forked; or a fresh interpreter)

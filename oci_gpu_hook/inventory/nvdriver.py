@@ -40,6 +40,7 @@ libraries (``compat32``), the X server's driver files (``display`` gives the nod
 from __future__ import annotations
 
 import os
+import stat
 
 from oci_gpu_hook.core import inroot
 from oci_gpu_hook.core.edits import Edits, Mount
@@ -185,6 +186,13 @@ class _Finder:
         if self.mounts.setdefault(destination, Mount(source, destination)).source == source:
             self.given.append((cap, destination, source))
 
+    def locate(self, path: str) -> str | None:
+        """``path`` resolved inside the driver root (None: not there, or a symlink out of it, said).  On the host's
+        own root a path that does not exist costs one stat, not a walk."""
+        if self.root == "/":
+            return resolve("/", path) if os.path.exists(path) else None
+        return None if self.escapes(path) else resolve(self.root, path)
+
     def escapes(self, path: str) -> bool:
         """Whether the host's own resolution of ``path`` leaves the driver root (a symlink out of it): skipped,
         with one line, whatever the walk inside the root would find."""
@@ -264,7 +272,11 @@ def _libraries(finder: _Finder, version: str, caps: frozenset[str]) -> list[str]
             wanted = [cap for cap in library_caps(name) if cap in caps]
             if not wanted:
                 continue
-            real = resolve(finder.root, f"{folder}/{name}")
+            try:  # a file of the (resolved) directory is itself; a symlink is walked inside the root
+                plain = stat.S_ISREG(os.lstat(in_root(finder.root, f"{folder}/{name}")).st_mode)
+            except OSError:
+                plain = False
+            real = f"{folder}/{name}" if plain else resolve(finder.root, f"{folder}/{name}")
             kind, soname = (elf.inspect(in_root(finder.root, real), want_soname=True) if real is not None
                             and os.path.isfile(in_root(finder.root, real)) else (elf.MISSING, None))
             if real is None or kind != elf.NATIVE:
@@ -299,7 +311,7 @@ def _binaries(finder: _Finder, folders: list[str], caps: frozenset[str]) -> None
             met: set[str] = set()  # /bin/x is /usr/bin/x on a merged-/usr root: said once
             for directory in order:
                 path = f"{directory}/{name}"
-                real = None if finder.escapes(path) else resolve(finder.root, path)
+                real = finder.locate(path)
                 host = in_root(finder.root, real) if real is not None else ""
                 if real is None or real in met or not os.path.isfile(host) or not os.access(host, os.X_OK):
                     continue
@@ -342,7 +354,7 @@ def _config_files(finder: _Finder, folders: list[str], caps: frozenset[str]) -> 
             continue
         for directory in data_dirs:
             path = f"{directory}/{relative}"
-            real = None if finder.escapes(path) else resolve(finder.root, path)
+            real = finder.locate(path)
             if real is None or not os.path.isfile(in_root(finder.root, real)):
                 continue
             destination = config_destination(path, relative)
@@ -406,7 +418,7 @@ def _firmware(finder: _Finder, version: str, proc_root: str, sysfs_root: str) ->
     candidates += [d.format(release=release) for d in FIRMWARE_DIRS]
     for directory in dict.fromkeys(os.path.normpath(c) for c in candidates):
         path = f"{directory}/nvidia/{version}"
-        real = resolve(finder.root, path)
+        real = finder.locate(path)
         if real is not None and os.path.isdir(in_root(finder.root, real)):
             finder.give("", real, path)
             return
