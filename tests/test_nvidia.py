@@ -917,12 +917,17 @@ def test_validate_says_what_a_gpu_container_gets_and_what_it_does_not(tmp_path: 
     assert f"driver of nvidia GPUs: 550.54.15, driver_root {driver}: libraries in /usr/local/nvidia/lib64; " in (
         listed.stdout)
     assert warnings[0] in listed.stdout
-    # a driver root without the running driver's libcuda: one line, before any container meets it
+    # a driver root without the running driver's libcuda: one line, before any container meets it (list: the GPUs
+    # all the same, and that line as a warning)
     (proc / "driver/nvidia/version").write_text("NVRM version: NVIDIA UNIX Open Kernel Module  560.35.03  x\n")
     done = roots_cli(proc, driver, sysfs, "validate")
     assert done.returncode != 0 and "Traceback" not in done.stderr
-    assert done.stderr.strip().splitlines()[-1].endswith(
-        f"the ld cache {driver}/etc/ld.so.cache; is its user-space installed under driver_root {driver}?")
+    why = f"the ld cache {driver}/etc/ld.so.cache; is its user-space installed under driver_root {driver}?"
+    assert done.stderr.strip().splitlines()[-1].endswith(why)
+    listed = roots_cli(proc, driver, sysfs, "list")
+    assert listed.returncode == 0 and listed.stdout.splitlines()[-1].startswith(
+        "warning: driver of nvidia GPUs: compute: the NVIDIA driver's libcuda.so.560.35.03") and listed.stdout.endswith(
+        why + "\n"), listed.stdout
 
 
 def test_watch_once_writes_the_nvidia_spec(tmp_path: Path) -> None:
