@@ -440,6 +440,9 @@ def test_bad_driver_files_are_one_line_each_and_the_rest_is_given(tmp_path: Path
     assert any(line.startswith(f"{driver}/usr/bin/nvidia-debugdump: a symlink out of driver_root {driver}")
                for line in found.skipped), found.skipped
     assert len(found.skipped) == 2
+    (tmp_path / "driver-link").symlink_to(driver)  # a driver root that is itself a symlink: nothing more escapes
+    linked = nvdriver.survey(str(proc), str(tmp_path / "driver-link"), ALL, str(sysfs))
+    assert len(linked.skipped) == 2 and len(linked.edits.mounts) == len(found.edits.mounts)
     (tmp_path / "file").write_text("")
     for bad in (tmp_path / "file", tmp_path / "missing"):
         with pytest.raises(HookError, match=f"^driver_root {bad} is not a directory"):

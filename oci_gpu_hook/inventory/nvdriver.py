@@ -174,6 +174,8 @@ class _Finder:
 
     def __init__(self, driver_root: str) -> None:
         self.root = driver_root
+        self.real_root = os.path.realpath(driver_root)  # a driver root that is itself a symlink stays one root
+        self.cache: list[ldcache.Entry] = []  # the driver root's ld cache, read once
         self.mounts: dict[str, Mount] = {}
         self.links: dict[str, str] = {}
         self.folders: dict[str, None] = {}
@@ -199,7 +201,7 @@ class _Finder:
         if self.root == "/" or not os.path.lexists(in_root(self.root, path)):
             return False
         host = os.path.realpath(in_root(self.root, path))
-        if host == self.root or host.startswith(self.root.rstrip("/") + "/"):
+        if host == self.real_root or host.startswith(self.real_root.rstrip("/") + "/"):
             return False
         place = os.path.join(os.path.realpath(os.path.dirname(in_root(self.root, path))), os.path.basename(path))
         line = f"{place}: a symlink out of driver_root {self.root} (to {host}); not given"
@@ -233,8 +235,7 @@ def driver_files(proc_root: str, driver_root: str, caps: frozenset[str], sysfs_r
 def _library_folders(finder: _Finder, version: str) -> tuple[list[str], set[str]]:
     """The directories holding ``libcuda.so.<version>`` or ``libnvidia-ml.so.<version>`` by the driver root's ld
     cache (each with its ``vdpau/`` when there is one), and which of the two were found."""
-    cache_path = in_root(finder.root, LD_CACHE)
-    entries = ldcache.read(cache_path)
+    entries = finder.cache = ldcache.read(in_root(finder.root, LD_CACHE))
     native = ldcache.native_flags() if entries else 0
     folders: dict[str, None] = {}
     found: set[str] = set()
@@ -376,7 +377,7 @@ def _config_files(finder: _Finder, folders: list[str], caps: frozenset[str]) -> 
                         f"{os.path.dirname(destination)}/{library}")
                     ok = wanted in given_paths
                 else:  # a bare name: dlopen, through the container's ld cache
-                    ok = library in finder.names or _give_named(finder, folders, library)
+                    ok = library in finder.names or _give_named(finder, folders, library, cap)
                 if not ok:
                     finder.skipped.append(f"{in_root(finder.root, path)}: names {library}, which the container will "
                                           "not have; not given")
@@ -385,14 +386,11 @@ def _config_files(finder: _Finder, folders: list[str], caps: frozenset[str]) -> 
             break
 
 
-def _give_named(finder: _Finder, folders: list[str], name: str) -> bool:
+def _give_named(finder: _Finder, folders: list[str], name: str, cap: str) -> bool:
     """Give the library a vendor json names by soname when the driver root's ld cache resolves it into one of the
     driver's own library directories (``libnvidia-egl-gbm.so.1``, versioned apart from the driver)."""
-    if not folders:
-        return False
-    cache = ldcache.read(in_root(finder.root, LD_CACHE))
-    native = ldcache.native_flags() if cache else 0
-    for entry in cache:
+    native = ldcache.native_flags() if finder.cache else 0
+    for entry in finder.cache:
         if entry.soname != name or entry.flags != native or entry.hwcap:
             continue
         real = resolve(finder.root, entry.path)
@@ -401,7 +399,7 @@ def _give_named(finder: _Finder, folders: list[str], name: str) -> bool:
         if elf.inspect(in_root(finder.root, real))[0] != elf.NATIVE:
             continue
         folder, base = os.path.dirname(real), os.path.basename(real)
-        finder.give("graphics", real, real)
+        finder.give(cap, real, real)
         if base != name:
             finder.links[f"{folder}/{name}"] = base
         finder.folders[folder] = None
