@@ -412,6 +412,19 @@ def test_the_library_set_follows_the_version_suffix(tmp_path: Path) -> None:
     assert not any("future" in m.destination for m in display.edits.mounts)
 
 
+def test_a_library_without_a_soname_gets_the_ld_caches(tmp_path: Path) -> None:
+    """A library whose file names no DT_SONAME (a build without -soname) is linked by the name the host's ld cache
+    knows it by."""
+    proc, driver, sysfs = layout_host(tmp_path, "distro")
+    lib = driver / "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.550.54.15"
+    data = bytearray(lib.read_bytes())
+    data[data.index(b"\x0e\x00\x00\x00\x00\x00\x00\x00")] = 0x0f  # DT_SONAME -> DT_RPATH: the file says none
+    lib.write_bytes(bytes(data))
+    assert elf.inspect(str(lib), want_soname=True) == (elf.NATIVE, None)
+    found = nvdriver.survey(str(proc), str(driver), frozenset({"utility"}), str(sysfs))
+    assert dict(found.edits.symlinks)["/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"] == "libnvidia-ml.so.550.54.15"
+
+
 def test_firmware_in_the_kernels_search_order(tmp_path: Path) -> None:
     proc, driver, sysfs = layout_host(tmp_path, "distro")
     updates = driver / f"usr/lib/firmware/updates/{fakenvidia.KERNEL_RELEASE}/nvidia/550.54.15"

@@ -13,7 +13,8 @@ Found where NVIDIA's own toolkit (nvidia-container-toolkit v1.20.0, ``pkg/nvcdi/
 * libraries: every native ELF ``*.so.<version>`` in them, so a new driver's new library needs no change here;
   each is given with the capabilities :data:`LIBRARIES` names for it (one it does not name: with any
   capability but ``display``); leftovers of another version are never given.  Beside each, in the container:
-  its soname link (the ``DT_SONAME`` the file itself says, :mod:`~oci_gpu_hook.inventory.elf`), a ``.so``
+  its soname link (the ``DT_SONAME`` the file itself says, :mod:`~oci_gpu_hook.inventory.elf`; for a file that
+  says none, the soname the ld cache knows it by), a ``.so``
   link to that, ``libGLX_indirect.so.0`` to ``libGLX_nvidia`` and ``gbm/nvidia-drm_gbm.so`` to
   ``libnvidia-allocator``, as NVIDIA's ``create-symlinks`` makes them;
 * binaries (:data:`BINARIES`): looked for in the driver installation's own ``bin`` first (``<prefix>/bin`` of
@@ -284,11 +285,13 @@ def _libraries(finder: _Finder, version: str, caps: frozenset[str]) -> list[str]
                 finder.skipped.append(f"{in_root(finder.root, folder)}/{name}: "
                                       f"{elf.WHAT.get(kind, kind) if real else 'a dangling symlink'}; not given")
                 continue
+            stem = name[:-len(suffix)]
+            if soname is None:  # a file that names no soname: the one the host's ld cache knows it by, if any
+                soname = _cached_soname(finder, stem, real)
             destination = f"{folder}/{name}"
             finder.give(wanted[0], real, destination)
             finder.folders[folder] = None
             finder.names.add(name)
-            stem = name[:-len(suffix)]
             if soname and soname != name:
                 finder.links[f"{folder}/{soname}"] = name
                 finder.names.add(soname)
@@ -300,6 +303,13 @@ def _libraries(finder: _Finder, version: str, caps: frozenset[str]) -> list[str]
             if stem == "libnvidia-allocator" and "graphics" in caps:  # Mesa's GBM loads <dir>/gbm/<driver>_gbm.so
                 finder.links[f"{folder}/gbm/nvidia-drm_gbm.so"] = f"../{soname or name}"
     return folders
+
+
+def _cached_soname(finder: _Finder, stem: str, real: str) -> str | None:
+    """The soname of a native entry of the driver root's ld cache that resolves to ``real`` (``stem.so.N``)."""
+    native = ldcache.native_flags() if finder.cache else 0
+    return next((e.soname for e in finder.cache if e.flags == native and not e.hwcap
+                 and e.soname.startswith(stem + ".so.") and resolve(finder.root, e.path) == real), None)
 
 
 def _binaries(finder: _Finder, folders: list[str], caps: frozenset[str]) -> None:

@@ -434,3 +434,39 @@ def test_each_loader_finds_the_library_its_vendor_file_names(hosts: dict[str, An
         assert final is not None and final in mounted, (path, library, cache[library], final)
         assert os.path.basename(final).startswith(library.split(".so", 1)[0] + ".so."), final
     assert f"/usr/lib/x86_64-linux-gnu/libGLX_nvidia.so.{nv.version}" in mounted
+
+
+@pytest.mark.parametrize("layout", ["gke", "runfile"])
+@pytest.mark.parametrize("applier", ["shim-v1", "podman-cdi"])
+def test_nvidia_smi_runs_from_every_layout_on_every_path(tmp_path: Path, layout: str, applier: str) -> None:
+    """A GKE-style driver (ELF binaries in /usr/local/nvidia/bin, #!/bin/sh wrappers that exec them in /usr/bin) and
+    NVIDIA's .run layout: the container gets the ELF nvidia-smi, which runs from a plain image's PATH and from a
+    CUDA image's (/usr/local/nvidia/bin first), never the wrapper whose target it would lack."""
+    from tests.helpers.fakenvidia import build_driver
+
+    cl.need("runc", "podman", "busybox", "unshare")
+    nv = model("nvidia-h100")
+    driver = Path(build_driver(str(tmp_path / "driver"), HOSTS["nvidia-h100"](), layout))
+    mine = cl.host_home(tmp_path / "home", f'sysfs_root = "{nv.base / "sys"}"\nproc_root = "{nv.base / "proc"}"\n'
+                                           f'driver_root = "{driver}"\n')
+    rootfs = make_rootfs(tmp_path / "rootfs", nv)
+    cuda_path = "/usr/local/nvidia/bin:/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    (rootfs / "smi.sh").write_text(
+        'head -c 4 /usr/bin/nvidia-smi | grep -q ELF && echo "elf /usr/bin/nvidia-smi"\n'
+        'nvidia-smi -L | while read -r line; do echo "plain $line"; done\n'
+        f'PATH={cuda_path} nvidia-smi -L | while read -r line; do echo "cuda $line"; done\n')
+    if applier == "podman-cdi":
+        argv = [*cl.PODMAN, "--runtime=runc", f"--hooks-dir={tmp_path / 'no-hooks'}", *cl.PODMAN_RUN,
+                "--device", "nvidia.com/gpu=1", "--rootfs", str(rootfs), "/bin/sh", "/smi.sh"]
+        done = cl.run(cl.private_cdi(argv, mine["cdi"]), env=cl.hook_env())
+    else:
+        bundle = cl.make_bundle(tmp_path / cl.container_id(), rootfs, ["NVIDIA_VISIBLE_DEVICES=1"],
+                                ["/bin/sh", "/smi.sh"])
+        done = _runc(bundle, False, str(mine["runtime"]))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    uuid = nv.gpus[1].uuid
+    assert "elf /usr/bin/nvidia-smi" in lines, done.stdout
+    for where in ("plain", "cuda"):
+        assert [line for line in lines if line.startswith(where)] == [
+            f"{where} GPU 0: NVIDIA H100 80GB HBM3 (UUID: {uuid})"], done.stdout
