@@ -462,6 +462,21 @@ def test_bad_driver_files_are_one_line_each_and_the_rest_is_given(tmp_path: Path
             nvdriver.survey(str(proc), str(bad), ALL, str(sysfs))
 
 
+def test_a_container_start_says_each_file_left_out_in_one_line(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    proc, driver, sysfs = layout_host(tmp_path, "distro")
+    icd = driver / "usr/share/vulkan/icd.d/nvidia_icd.json"
+    icd.write_text('{"ICD": {"library_path": "/opt/elsewhere/libGLX_nvidia.so.0"}}')
+    inv = scan(str(sysfs), proc_root=str(proc), driver_root=str(driver))
+    cfg = Config(sysfs_root=str(sysfs), proc_root=str(proc), driver_root=str(driver), hook_path="/bin/sh")
+    edits = nvidia.kind_edits(inv, ALL, cfg)
+    assert "/usr/share/glvnd/egl_vendor.d/10_nvidia.json" in {m.destination for m in edits.mounts}
+    assert "/etc/vulkan/icd.d/nvidia_icd.json" not in {m.destination for m in edits.mounts}
+    assert capsys.readouterr().err == (f"oci-gpu-hook: warning: nvidia driver file left out: {icd}: names "
+                                       "/opt/elsewhere/libGLX_nvidia.so.0, which the container will not have; not "
+                                       "given\n")
+
+
 def test_elf_reader_on_the_fake_driver_files(tmp_path: Path) -> None:
     lib = tmp_path / "lib.so"
     lib.write_bytes(elf_shared_object("libnvidia-opencl.so.1"))
