@@ -88,7 +88,7 @@ ENTRIES: dict[str, frozenset[str]] = {
 # An NVIDIA request (the driver's files included): its backend, the driver-files reader and the ld cache reader
 # instead of the AMD backend; no NVML (ctypes) unless a MIG UUID is asked for.
 NVIDIA = frozenset({"oci_gpu_hook.inventory.nvidia", "oci_gpu_hook.inventory.nvdriver",
-                    "oci_gpu_hook.inventory.ldcache",
+                    "oci_gpu_hook.inventory.ldcache", "oci_gpu_hook.inventory.elf",
                     "oci_gpu_hook.core.inroot"})  # nvdriver finds the driver's files in its root by the one walk
 # Never imported by an entry above.  Each costs more than a start may spend: typing ~15 ms, json (re, enum) ~14 ms,
 # tomllib (re, typing, enum, datetime) ~20 ms, argparse (re, gettext) and the operator commands' libraries far more.
@@ -132,8 +132,9 @@ MODULES: dict[str, frozenset[str]] = {
     "oci_gpu_hook.inventory.amd": frozenset({"os"}),
     "oci_gpu_hook.inventory.intel": frozenset({"os"}),
     "oci_gpu_hook.inventory.nvidia": frozenset({"os"}),
-    "oci_gpu_hook.inventory.nvdriver": frozenset({"os"}),
+    "oci_gpu_hook.inventory.nvdriver": frozenset({"os", "stat"}),
     "oci_gpu_hook.inventory.ldcache": frozenset({"os"}),
+    "oci_gpu_hook.inventory.elf": frozenset({"os"}),  # a driver file's ELF header and soname, read, never run
     # NVML only for a MIG UUID, in a child process (forked; or a fresh interpreter)
     "oci_gpu_hook.inventory.nvml": frozenset({"os", "sys", "ctypes", "select", "subprocess", "resource"}),
     # the spec rewrite (shim, precreate)

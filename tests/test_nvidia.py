@@ -20,7 +20,7 @@ from oci_gpu_hook.config import Config
 from oci_gpu_hook.core.devices import Node
 from oci_gpu_hook.core.edits import Edits, Mount
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.inventory import Inventory, ldcache, nvdriver, nvidia, nvml, scan
+from oci_gpu_hook.inventory import Inventory, elf, ldcache, nvdriver, nvidia, nvml, scan
 from oci_gpu_hook.oci_spec import ContainerSpec
 from oci_gpu_hook.plan import build_plan, plan_for_spec
 from oci_gpu_hook.request import requested, resolve, select
@@ -295,10 +295,13 @@ def test_compute_and_utility_files() -> None:
     assert f"{lib}/libnvidia-ml.so.550.54.15" in by_dest and "/usr/bin/nvidia-cuda-mps-control" in by_dest
     assert not any("GLX" in d or "nvcuvid" in d or "ngx" in d for d in by_dest)  # graphics, video, ngx: not asked
     assert not any("i386" in s or "470.223.02" in s for s in by_dest.values())  # 32-bit and leftovers: never
-    assert not any("opencl" in d for d in by_dest)  # its soname link points at the leftover
     links = dict(files.symlinks)
     assert links[f"{lib}/libcuda.so.1"] == "libcuda.so.550.54.15" and links[f"{lib}/libcuda.so"] == "libcuda.so.1"
     assert links[f"{lib}/libnvidia-ml.so.1"] == "libnvidia-ml.so.550.54.15"
+    assert links[f"{lib}/libnvidia-ml.so"] == "libnvidia-ml.so.1"  # the .so link of every library
+    # the host's libnvidia-opencl.so.1 still points at a leftover: the container's follows the file's own DT_SONAME
+    assert links[f"{lib}/libnvidia-opencl.so.1"] == "libnvidia-opencl.so.550.54.15"
+    assert by_dest["/etc/OpenCL/vendors/nvidia.icd"] == f"{base}/etc/OpenCL/vendors/nvidia.icd"
     assert files.ldcache == (lib,)
     assert all(Path(m.source).exists() for m in files.mounts)
 
@@ -313,6 +316,184 @@ def test_files_per_capability() -> None:
     assert "libnvcuvid.so.550.54.15" in video and "libnvidia-encode.so.550.54.15" in video
     assert {m.destination for m in driver_files("nvidia-h100", {"display"}).mounts} == {
         "/lib/firmware/nvidia/550.54.15"}
+    assert "libvdpau_nvidia.so.550.54.15" in video  # from libcuda's directory's vdpau/
+
+
+def layout_host(tmp_path: Path, layout: str) -> tuple[Path, Path, Path]:
+    """(proc, driver root, sysfs) of the 4 x H100 host with its driver in ``layout``; the GPU operator's is the
+    distribution layout under a driver root of its own."""
+    host = HOSTS["nvidia-h100"]()
+    driver = tmp_path / ("run/nvidia/driver" if layout == "operator" else "driver")
+    build_proc(str(tmp_path / "proc"), host)
+    build_driver(str(driver), host, "distro" if layout == "operator" else layout)
+    sysfs = Path(build(str(tmp_path / "sys"), host))
+    if layout == "gke":  # the kernel is told where the prefix keeps its firmware (firmware_class.path)
+        (sysfs / "module" / "firmware_class" / "parameters").mkdir(parents=True, exist_ok=True)
+        (sysfs / "module" / "firmware_class" / "parameters" / "path").write_text("/usr/local/nvidia/firmware\n")
+    return tmp_path / "proc", driver, sysfs
+
+
+ALL = frozenset(nvidia.CAPABILITIES)
+
+
+@pytest.mark.parametrize("layout", ["distro", "runfile", "gke", "operator"])
+def test_every_layout_gives_elf_binaries_config_files_and_firmware(tmp_path: Path, layout: str) -> None:
+    """Distribution packages, NVIDIA's .run installer, a GKE-style prefix with wrapper scripts in /usr/bin, the GPU
+    operator's driver root: what each loader reads is where it reads it, binaries are ELF files on every PATH."""
+    proc, driver, sysfs = layout_host(tmp_path, layout)
+    found = nvdriver.survey(str(proc), str(driver), ALL, str(sysfs))
+    lib_dir, _cache, bin_dir, share, vulkan, firmware, wrappers = fakenvidia.LAYOUTS[
+        "distro" if layout == "operator" else layout]
+    by_dest = {m.destination: m.source for m in found.edits.mounts}
+    v = found.version
+    for name in fakenvidia.BINARIES:
+        assert elf.inspect(by_dest[f"/usr/bin/{name}"])[0] == elf.NATIVE, name  # never the wrapper script
+        assert by_dest[f"/usr/bin/{name}"] == f"{driver}{bin_dir}/{name}"
+        if bin_dir != "/usr/bin":  # also where a CUDA image's PATH looks first
+            assert by_dest[f"{bin_dir}/{name}"] == f"{driver}{bin_dir}/{name}"
+    libraries = {d for d in by_dest if d.endswith(f".so.{v}")}
+    assert {os.path.basename(d) for d in libraries} == {f"{lib}.{v}" for lib in fakenvidia.LIBRARIES}
+    assert all(os.path.dirname(d) in (lib_dir, f"{lib_dir}/vdpau") for d in libraries)
+    assert set(found.edits.ldcache) >= {lib_dir}
+    egl = "glvnd/egl_vendor.d/10_nvidia.json"
+    assert by_dest[f"/usr/share/{egl}"] == f"{driver}{share}/{egl}"
+    assert by_dest["/etc/vulkan/icd.d/nvidia_icd.json"] == f"{driver}{vulkan}/vulkan/icd.d/nvidia_icd.json"
+    assert by_dest["/usr/share/egl/egl_external_platform.d/15_nvidia_gbm.json"].startswith(f"{driver}{share}/")
+    assert by_dest["/usr/share/nvidia/nvoptix.bin"] == f"{driver}{share}/nvidia/nvoptix.bin"
+    assert by_dest["/etc/OpenCL/vendors/nvidia.icd"] == f"{driver}/etc/OpenCL/vendors/nvidia.icd"
+    assert by_dest[f"{lib_dir}/libnvidia-egl-gbm.so.1.1.2"].endswith("libnvidia-egl-gbm.so.1.1.2")
+    fw = "/usr/local/nvidia/firmware" if layout == "gke" else "/lib/firmware"
+    assert by_dest[f"{fw}/nvidia/{v}"] == f"{driver}{firmware}/nvidia/{v}"
+    links = dict(found.edits.symlinks)
+    assert links[f"{lib_dir}/libGLX_indirect.so.0"] == f"libGLX_nvidia.so.{v}"
+    assert links[f"{lib_dir}/gbm/nvidia-drm_gbm.so"] == "../libnvidia-allocator.so.1"
+    assert links[f"{lib_dir}/libnvidia-egl-gbm.so.1"] == "libnvidia-egl-gbm.so.1.1.2"
+    assert found.skipped == []  # a wrapper script on the way would be said; the installation's own bin comes first
+    if wrappers:
+        assert (driver / "usr/bin/nvidia-smi").read_bytes().startswith(b"#!/bin/sh")
+
+
+def test_a_wrapper_script_met_first_is_skipped_with_why(tmp_path: Path) -> None:
+    """The installation's own bin (/usr/bin, beside /usr/lib/x86_64-linux-gnu) holds scripts: each is said and
+    passed over; the ELF further down the search is given, on every PATH and at its own place."""
+    proc, driver, sysfs = layout_host(tmp_path, "distro")
+    (driver / "usr/local/bin").mkdir(parents=True)
+    (driver / "usr/bin/nvidia-smi").rename(driver / "usr/local/bin/nvidia-smi")
+    (driver / "usr/bin/nvidia-smi").write_text("#!/bin/sh\nexec /usr/local/bin/nvidia-smi \"$@\"\n")
+    (driver / "usr/bin/nvidia-smi").chmod(0o755)
+    (driver / "usr/bin/nvidia-debugdump").write_text("#!/bin/sh\nexec /opt/nvidia/nvidia-debugdump\n")
+    found = nvdriver.survey(str(proc), str(driver), frozenset({"utility"}), str(sysfs))
+    by_dest = {m.destination: m.source for m in found.edits.mounts}
+    assert by_dest["/usr/bin/nvidia-smi"] == by_dest["/usr/local/bin/nvidia-smi"] == (
+        f"{driver}/usr/local/bin/nvidia-smi")
+    assert "/usr/bin/nvidia-debugdump" not in by_dest
+    script = "a script (#!), not the driver's program; not given"
+    assert found.skipped == [f"{driver}/usr/bin/nvidia-smi: {script}", f"{driver}/usr/bin/nvidia-debugdump: {script}"]
+
+
+def test_the_library_set_follows_the_version_suffix(tmp_path: Path) -> None:
+    """A library the lists do not name is given anyway (with any capability but display); a 32-bit one beside the
+    others is said and left out; another version's file never counts."""
+    proc, driver, sysfs = layout_host(tmp_path, "distro")
+    lib = driver / "usr/lib/x86_64-linux-gnu"
+    (lib / "libnvidia-future.so.550.54.15").write_bytes(elf_shared_object("libnvidia-future.so.1"))
+    (lib / "libnvidia-thirtytwo.so.550.54.15").write_bytes(elf_shared_object("x", machine=3, elf64=False))
+    (lib / "libnvidia-future.so.560.35.03").write_bytes(elf_shared_object("libnvidia-future.so.1"))
+    for caps in ({"compute"}, {"video"}):
+        found = nvdriver.survey(str(proc), str(driver), frozenset(caps), str(sysfs))
+        dests = {m.destination for m in found.edits.mounts}
+        assert "/usr/lib/x86_64-linux-gnu/libnvidia-future.so.550.54.15" in dests
+        assert dict(found.edits.symlinks)["/usr/lib/x86_64-linux-gnu/libnvidia-future.so.1"] == (
+            "libnvidia-future.so.550.54.15")
+        assert not any("560.35.03" in d or "thirtytwo" in d for d in dests)
+        assert found.skipped == [f"{lib}/libnvidia-thirtytwo.so.550.54.15: an ELF file of another architecture or "
+                                 "class; not given"]
+    display = nvdriver.survey(str(proc), str(driver), frozenset({"display"}), str(sysfs))
+    assert not any("future" in m.destination for m in display.edits.mounts)
+
+
+def test_a_library_without_a_soname_gets_the_ld_caches(tmp_path: Path) -> None:
+    """A library whose file names no DT_SONAME (a build without -soname) is linked by the name the host's ld cache
+    knows it by."""
+    proc, driver, sysfs = layout_host(tmp_path, "distro")
+    lib = driver / "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.550.54.15"
+    data = bytearray(lib.read_bytes())
+    data[data.index(b"\x0e\x00\x00\x00\x00\x00\x00\x00")] = 0x0f  # DT_SONAME -> DT_RPATH: the file says none
+    lib.write_bytes(bytes(data))
+    assert elf.inspect(str(lib), want_soname=True) == (elf.NATIVE, None)
+    found = nvdriver.survey(str(proc), str(driver), frozenset({"utility"}), str(sysfs))
+    assert dict(found.edits.symlinks)["/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"] == "libnvidia-ml.so.550.54.15"
+
+
+def test_firmware_in_the_kernels_search_order(tmp_path: Path) -> None:
+    proc, driver, sysfs = layout_host(tmp_path, "distro")
+    updates = driver / f"usr/lib/firmware/updates/{fakenvidia.KERNEL_RELEASE}/nvidia/550.54.15"
+    updates.mkdir(parents=True)
+    found = nvdriver.survey(str(proc), str(driver), frozenset({"display"}), str(sysfs))
+    assert [m.destination for m in found.edits.mounts] == [
+        f"/lib/firmware/updates/{fakenvidia.KERNEL_RELEASE}/nvidia/550.54.15"]
+
+
+def test_bad_driver_files_are_one_line_each_and_the_rest_is_given(tmp_path: Path) -> None:
+    """A json naming a library the container will not have, a binary that is a symlink out of the driver root:
+    each said in one line and left out; a driver root that is not a directory: one error."""
+    proc, driver, sysfs = layout_host(tmp_path, "operator")
+    icd = driver / "usr/share/vulkan/icd.d/nvidia_icd.json"
+    icd.write_text('{"file_format_version": "1.0.1", "ICD": {"library_path": "libGLX_nvidia.so.9"}}')
+    (driver / "usr/bin/nvidia-debugdump").unlink()
+    outside = tmp_path / "outside-debugdump"
+    outside.write_bytes((driver / "usr/bin/nvidia-smi").read_bytes())
+    outside.chmod(0o755)
+    (driver / "usr/bin/nvidia-debugdump").symlink_to(os.path.relpath(outside, driver / "usr/bin"))
+    found = nvdriver.survey(str(proc), str(driver), ALL, str(sysfs))
+    dests = {m.destination for m in found.edits.mounts}
+    assert "/etc/vulkan/icd.d/nvidia_icd.json" not in dests and "/usr/bin/nvidia-debugdump" not in dests
+    assert "/usr/share/glvnd/egl_vendor.d/10_nvidia.json" in dests and "/usr/bin/nvidia-smi" in dests
+    assert f"{icd}: names libGLX_nvidia.so.9, which the container will not have; not given" in found.skipped
+    assert any(line.startswith(f"{driver}/usr/bin/nvidia-debugdump: a symlink out of driver_root {driver}")
+               for line in found.skipped), found.skipped
+    assert len(found.skipped) == 2
+    (tmp_path / "driver-link").symlink_to(driver)  # a driver root that is itself a symlink: nothing more escapes
+    linked = nvdriver.survey(str(proc), str(tmp_path / "driver-link"), ALL, str(sysfs))
+    assert len(linked.skipped) == 2 and len(linked.edits.mounts) == len(found.edits.mounts)
+    (tmp_path / "file").write_text("")
+    for bad in (tmp_path / "file", tmp_path / "missing"):
+        with pytest.raises(HookError, match=f"^driver_root {bad} is not a directory"):
+            nvdriver.survey(str(proc), str(bad), ALL, str(sysfs))
+
+
+def test_a_container_start_says_each_file_left_out_in_one_line(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    proc, driver, sysfs = layout_host(tmp_path, "distro")
+    icd = driver / "usr/share/vulkan/icd.d/nvidia_icd.json"
+    icd.write_text('{"ICD": {"library_path": "/opt/elsewhere/libGLX_nvidia.so.0"}}')
+    inv = scan(str(sysfs), proc_root=str(proc), driver_root=str(driver))
+    cfg = Config(sysfs_root=str(sysfs), proc_root=str(proc), driver_root=str(driver), hook_path="/bin/sh")
+    edits = nvidia.kind_edits(inv, ALL, cfg)
+    assert "/usr/share/glvnd/egl_vendor.d/10_nvidia.json" in {m.destination for m in edits.mounts}
+    assert "/etc/vulkan/icd.d/nvidia_icd.json" not in {m.destination for m in edits.mounts}
+    assert capsys.readouterr().err == (f"oci-gpu-hook: warning: nvidia driver file left out: {icd}: names "
+                                       "/opt/elsewhere/libGLX_nvidia.so.0, which the container will not have; not "
+                                       "given\n")
+
+
+def test_elf_reader_on_the_fake_driver_files(tmp_path: Path) -> None:
+    lib = tmp_path / "lib.so"
+    lib.write_bytes(elf_shared_object("libnvidia-opencl.so.1"))
+    assert elf.inspect(str(lib), want_soname=True) == (elf.NATIVE, "libnvidia-opencl.so.1")
+    lib.write_bytes(elf_shared_object("libcuda.so.1", machine=3, elf64=False))
+    assert elf.inspect(str(lib)) == (elf.FOREIGN, None)
+    lib.write_text("#!/bin/sh\n")
+    assert elf.inspect(str(lib)) == (elf.SCRIPT, None)
+    lib.write_bytes(b"\x7fELF" + bytes(10))
+    assert elf.inspect(str(lib)) == (elf.OTHER, None)
+    assert elf.inspect(str(tmp_path / "missing")) == (elf.MISSING, None)
+    program = tmp_path / "prog"
+    program.write_bytes(fakenvidia.elf_executable('echo "$0|$1|$2"; exit 3'))
+    program.chmod(0o755)
+    assert elf.inspect(str(program)) == (elf.NATIVE, None)
+    done = subprocess.run([str(program), "a", "b c"], capture_output=True, text=True)
+    assert (done.returncode, done.stdout) == (3, f"{program}|a|b c\n")
 
 
 def test_missing_driver_library_is_an_error(tmp_path: Path) -> None:
@@ -731,6 +912,53 @@ def test_list_shows_labels_uuids_and_what_is_ignored() -> None:
     listed = json.loads(cli("nvidia-mig", "list", "--json").stdout)
     assert [(d["label"], d["minor"], d["mig"]) for d in listed["devices"]][:3] == [("0", 1, None), ("1", 0, None),
                                                                                   ("0:0", 1, [1, 0])]
+
+
+def roots_cli(proc: Path, driver: Path, sysfs: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "oci_gpu_hook.entry.cli", "--sysfs-root", str(sysfs),
+                           "--proc-root", str(proc), "--driver-root", str(driver), *args], capture_output=True,
+                          text=True, env={"PATH": os.environ["PATH"], "OCI_GPU_HOOK_CONFIG": "/dev/null"})
+
+
+def test_validate_says_what_a_gpu_container_gets_and_what_it_does_not(tmp_path: Path) -> None:
+    done = cli("nvidia-h100", "validate")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    base = roots("nvidia-h100") / "driver"
+    assert lines[1] == (f"ok: nvidia driver 550.54.15, driver_root {base}: libraries in /usr/lib/x86_64-linux-gnu, "
+                        "/usr/lib/x86_64-linux-gnu/vdpau")
+    per_cap = {line.split(":")[1].strip(): line for line in lines[2:]}
+    assert "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15" in per_cap["compute"]
+    assert "/usr/bin/nvidia-smi" in per_cap["utility"] and "/etc/vulkan/icd.d/nvidia_icd.json" in per_cap["graphics"]
+    assert per_cap["firmware"].endswith(": 1 files: /lib/firmware/nvidia/550.54.15")
+    assert not any(line.startswith("warning") for line in lines)
+    # a GKE-style host whose wrapper scripts come first for one binary, and whose Vulkan ICD names a missing library
+    proc, driver, sysfs = layout_host(tmp_path, "gke")
+    (driver / "usr/local/nvidia/bin/nvidia-debugdump").unlink()
+    (driver / "usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json").write_text('{"ICD": {}}')
+    done = roots_cli(proc, driver, sysfs, "validate")
+    assert done.returncode == 0, done.stderr
+    warnings = [line for line in done.stdout.splitlines() if line.startswith("warning")]
+    assert warnings == [
+        f"warning: {driver}/usr/bin/nvidia-debugdump: a script (#!), not the driver's program; not given",
+        f"warning: {driver}/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json: names no library (not the "
+        "ICD.library_path its loader reads); not given"]
+    listed = roots_cli(proc, driver, sysfs, "list")
+    assert listed.returncode == 0, listed.stderr
+    assert f"driver of nvidia GPUs: 550.54.15, driver_root {driver}: libraries in /usr/local/nvidia/lib64; " in (
+        listed.stdout)
+    assert warnings[0] in listed.stdout
+    # a driver root without the running driver's libcuda: one line, before any container meets it (list: the GPUs
+    # all the same, and that line as a warning)
+    (proc / "driver/nvidia/version").write_text("NVRM version: NVIDIA UNIX Open Kernel Module  560.35.03  x\n")
+    done = roots_cli(proc, driver, sysfs, "validate")
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    why = f"the ld cache {driver}/etc/ld.so.cache; is its user-space installed under driver_root {driver}?"
+    assert done.stderr.strip().splitlines()[-1].endswith(why)
+    listed = roots_cli(proc, driver, sysfs, "list")
+    assert listed.returncode == 0 and listed.stdout.splitlines()[-1].startswith(
+        "warning: driver of nvidia GPUs: compute: the NVIDIA driver's libcuda.so.560.35.03") and listed.stdout.endswith(
+        why + "\n"), listed.stdout
 
 
 def test_watch_once_writes_the_nvidia_spec(tmp_path: Path) -> None:

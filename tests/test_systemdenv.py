@@ -62,3 +62,13 @@ def test_a_failing_test_still_stops_it(tmp_path: Path) -> None:
 def test_shared_directories_are_never_bound(shared: str, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="a test's own directory"):
         systemdenv.SystemdEnv(tmp_path, "v1", (Path(shared),))
+
+
+def test_a_checkout_under_a_fresh_tmpfs_is_bound_in() -> None:
+    """A clone under /tmp (or a venv there) would be invisible inside, where /tmp is a fresh tmpfs: it is bound."""
+    hidden = systemdenv.hidden_checkout
+    assert hidden((), (Path("/tmp/clone"), Path("/tmp/clone/.venv"))) == (Path("/tmp/clone"),)
+    assert hidden((), (Path("/tmp/clone"), Path("/tmp/venv"))) == (Path("/tmp/clone"), Path("/tmp/venv"))
+    assert hidden((Path("/tmp/clone"),), (Path("/tmp/clone"),)) == ()  # a test's own bind brings it already
+    assert hidden((), (Path("/work/main"), Path("/usr"))) == ()  # visible through the overlay
+    assert hidden((), (Path("/tmp"),)) == ()  # never a shared directory itself

@@ -63,7 +63,7 @@ class Edits:
         self.masked = masked
         self.env = env
         self.mounts = mounts
-        self.symlinks = symlinks  # a driver's soname links, PATH -> a file name in the same directory
+        self.symlinks = symlinks  # a driver's links, PATH -> a file name in the same directory (or ../NAME)
         self.ldcache = ldcache  # directories the container's ld cache must list
 
     def __bool__(self) -> bool:
@@ -134,8 +134,10 @@ def check_container_path(path: str, what: str) -> None:
 
 
 def check_symlink(path: str, target: str) -> None:
-    """A driver's soname link: ``/DIR/libcuda.so.1 -> libcuda.so.550.54.15`` (a file in the same directory)."""
+    """A driver's link: ``/DIR/libcuda.so.1 -> libcuda.so.550.54.15`` (a file in the same directory), or
+    ``/DIR/gbm/nvidia-drm_gbm.so -> ../libnvidia-allocator.so.1`` (one in the directory above)."""
     check_container_path(path, "symlink")
-    if not target or "/" in target or target in (".", "..") or "\0" in target or "\n" in target:
-        raise HookError(f"refusing the symlink {path} -> {target}: a soname link points at a file name in its "
-                        "own directory")
+    name = target[3:] if target.startswith("../") else target
+    if not name or "/" in name or name in (".", "..") or "\0" in name or "\n" in name:
+        raise HookError(f"refusing the symlink {path} -> {target}: a driver's link points at a file name in its "
+                        "own directory or, as ../NAME, in the one above")

@@ -485,8 +485,13 @@ def kind_edits(inventory: Inventory, options: frozenset[str] | None, config: Con
     if not nodes:  # no NVIDIA GPU: nothing of the driver either
         return Edits()
     made = tuple(n.made(config.device_file_mode, config.device_uid, config.device_gid) for n in nodes)
-    files = nvdriver.driver_files(inventory.proc_root, config.driver_root, caps)
-    return Edits.merged([Edits(made), files])
+    found = nvdriver.survey(inventory.proc_root, config.driver_root, caps, inventory.sysfs_root)
+    if found.skipped:  # one line each (a wrapper script, a json naming a library it will not have); the rest is given
+        from oci_gpu_hook.log import warn
+
+        for line in found.skipped:
+            warn(f"nvidia driver file left out: {line}", config=config)
+    return Edits.merged([Edits(made), found.edits])
 
 
 class Nvidia(Backend):

@@ -138,8 +138,10 @@ def test_a_hostile_image_gets_nothing_of_the_host_and_one_outcome(setup: dict[st
         assert HOST_SONAME not in sonames, (applier, [e for e in entries if e.soname == HOST_SONAME])
         assert not [e.path for e in entries if e.path.startswith("/proc/")], applier
         assert "libcuda.so.1" in sonames, (applier, entries)  # the driver's own libraries are still listed
-        # every library listed is a file of the rootfs or of a driver mount (gone now) in the driver's directory
-        driver_dirs = {os.path.dirname(e.path) for e in entries if e.soname == "libcuda.so.1"}
+        # every library listed is a file of the rootfs or of a driver mount (gone now) in the driver's directories
+        # (libcuda's, and its vdpau/)
+        driver_dirs = {d for e in entries if e.soname == "libcuda.so.1" for d in (os.path.dirname(e.path),
+                                                                                   os.path.dirname(e.path) + "/vdpau")}
         assert {os.path.dirname(e.path) for e in entries} <= driver_dirs, (applier, entries)
         outcomes[applier] = done.returncode
     assert len(set(outcomes.values())) == 1, outcomes

@@ -12,6 +12,7 @@ out is computed from the fixture definitions by the toolkit's rules, not by the 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from dataclasses import dataclass, field
@@ -84,7 +85,8 @@ def files(nv: NvModel) -> dict[str, str]:
     return {f"{LIB}/libcuda.so.{v}": "compute", f"{LIB}/libnvidia-ml.so.{v}": "utility",
             f"{LIB}/libGLX_nvidia.so.{v}": "graphics", f"{LIB}/libnvcuvid.so.{v}": "video",
             "/usr/bin/nvidia-smi": "utility", "/usr/bin/nvidia-cuda-mps-control": "compute",
-            f"/lib/firmware/nvidia/{v}": ""}
+            f"/lib/firmware/nvidia/{v}": "", "/usr/share/glvnd/egl_vendor.d/10_nvidia.json": "graphics",
+            "/etc/vulkan/icd.d/nvidia_icd.json": "graphics", "/etc/OpenCL/vendors/nvidia.icd": "compute"}
 
 
 SONAME_LINKS = {f"{LIB}/libcuda.so.1": "compute", f"{LIB}/libnvidia-ml.so.1": "utility",
@@ -351,3 +353,120 @@ def test_no_amd_request_opens_an_nvidia_minor_and_back(hosts: dict[str, Any]) ->
         if env[0].startswith("AMD"):
             assert {access[(195, m)] for m in range(256)} == {"EPERM"}
             assert access[(nv.uvm_major, 0)] == access[(nv.uvm_major, 1)] == "EPERM"
+
+
+# The vendor files of the driver, each read as its loader reads it: GLVND's libEGL (egl_vendor.d), libEGL_nvidia
+# (egl_external_platform.d), the Vulkan loader (icd.d, implicit_layer.d: ICD or layer .library_path) and the
+# OpenCL ICD loader (vendors/*.icd: the library on its one line); OptiX's libnvoptix reads nvoptix.bin.
+LOADER_FILES = {"/usr/share/glvnd/egl_vendor.d/10_nvidia.json": "ICD",
+                "/usr/share/egl/egl_external_platform.d/15_nvidia_gbm.json": "ICD",
+                "/usr/share/egl/egl_external_platform.d/10_nvidia_wayland.json": "ICD",
+                "/etc/vulkan/icd.d/nvidia_icd.json": "ICD", "/etc/vulkan/implicit_layer.d/nvidia_layers.json": "layer",
+                "/etc/OpenCL/vendors/nvidia.icd": "icd"}
+OPTIX = "/usr/share/nvidia/nvoptix.bin"
+LOADER_PROBE = "".join(f'if [ -f {f} ]; then echo "BEGIN {f}"; cat {f}; echo; echo "END {f}"; '
+                       f'else echo "MISSING {f}"; fi\n' for f in LOADER_FILES)
+LOADER_PROBE += f"""[ -s {OPTIX} ] && echo "optix present"
+while read -r a b c d point rest; do echo "mnt $point"; done < /proc/self/mountinfo
+"""
+
+
+def _loaded_library(text: str, how: str) -> str:
+    """The library a vendor file names, parsed as its loader parses it."""
+    import json
+
+    if how == "icd":
+        return text.strip().splitlines()[0].strip()
+    return str(json.loads(text)[how]["library_path"])
+
+
+def _ld_cache(rootfs: Path) -> dict[str, str]:
+    """soname -> path of the container's ld cache as ld.so reads it (the real ldconfig -p on the cache file)."""
+    ldconfig = next(p for p in ("/sbin/ldconfig.real", "/sbin/ldconfig", "/usr/sbin/ldconfig") if os.path.exists(p))
+    out = subprocess.run([ldconfig, "-p", "-C", str(rootfs / "etc" / "ld.so.cache")], capture_output=True, text=True,
+                         check=True).stdout
+    found: dict[str, str] = {}
+    for line in out.splitlines():
+        if "(libc6,x86-64" in line and " => " in line:
+            found.setdefault(line.split()[0], line.rsplit(" => ", 1)[1])
+    return found
+
+
+@pytest.mark.parametrize("applier", ["shim-v2", "prestart-v1", "podman-cdi"])
+def test_each_loader_finds_the_library_its_vendor_file_names(hosts: dict[str, Any], applier: str) -> None:
+    """EGL, Vulkan, OpenCL and OptiX in a container given every capability: each vendor file is where its loader
+    reads it, and the library it names resolves through the container's own ld cache (a bare soname: as dlopen
+    does) to a driver file mounted in the container.  The links and the cache stay in the rootfs after the run;
+    the container's mount table says which paths were the driver's files."""
+    from oci_gpu_hook.inventory.nvdriver import resolve
+
+    mine = hosts["nvidia-h100"]
+    nv = mine["model"]
+    env = ["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=all"]
+    if applier == "podman-cdi":
+        rootfs = make_rootfs(hosts["base"] / f"{cl.container_id()}-rootfs", nv)
+        (rootfs / "loaders.sh").write_text(LOADER_PROBE)
+        argv = [*cl.PODMAN, "--runtime=runc", f"--hooks-dir={hosts['base'] / 'no-hooks'}", *cl.PODMAN_RUN,
+                "--device", "nvidia.com/gpu=0", "--rootfs", str(rootfs), "/bin/sh", "/loaders.sh"]
+        done = cl.run(cl.private_cdi(argv, mine["cdi"]), env=cl.hook_env())
+    else:
+        bundle = _bundle(hosts, "nvidia-h100", env, {})
+        rootfs = Path(json.loads((bundle / "config.json").read_text())["root"]["path"])
+        (rootfs / "loaders.sh").write_text(LOADER_PROBE)
+        cl.edit_spec(bundle, lambda spec: spec["process"].update(args=["/bin/sh", "/loaders.sh"]))
+        if applier.startswith("prestart"):
+            cl.add_prestart(bundle, mine["hook"])
+            done = _runc(bundle, False)
+        else:
+            done = _runc(bundle, True, str(mine["runtime"]))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert not [line for line in lines if line.startswith("MISSING")], done.stdout
+    assert "optix present" in lines
+    mounted = {line[4:] for line in lines if line.startswith("mnt ")}
+    cache = _ld_cache(rootfs)
+    for path, how in LOADER_FILES.items():
+        text = done.stdout.split(f"BEGIN {path}\n", 1)[1].split(f"\nEND {path}", 1)[0]
+        library = _loaded_library(text, how)
+        assert "/" not in library, (path, library)  # the driver's files name bare sonames: dlopen's search
+        assert library in cache, f"{path} names {library}, which the container's ld cache lacks"
+        final = resolve(str(rootfs), cache[library])  # the soname links the hook left in the rootfs
+        assert final is not None and final in mounted, (path, library, cache[library], final)
+        assert os.path.basename(final).startswith(library.split(".so", 1)[0] + ".so."), final
+    assert f"/usr/lib/x86_64-linux-gnu/libGLX_nvidia.so.{nv.version}" in mounted
+
+
+@pytest.mark.parametrize("layout", ["gke", "runfile"])
+@pytest.mark.parametrize("applier", ["shim-v1", "podman-cdi"])
+def test_nvidia_smi_runs_from_every_layout_on_every_path(tmp_path: Path, layout: str, applier: str) -> None:
+    """A GKE-style driver (ELF binaries in /usr/local/nvidia/bin, #!/bin/sh wrappers that exec them in /usr/bin) and
+    NVIDIA's .run layout: the container gets the ELF nvidia-smi, which runs from a plain image's PATH and from a
+    CUDA image's (/usr/local/nvidia/bin first), never the wrapper whose target it would lack."""
+    from tests.helpers.fakenvidia import build_driver
+
+    cl.need("runc", "podman", "busybox", "unshare")
+    nv = model("nvidia-h100")
+    driver = Path(build_driver(str(tmp_path / "driver"), HOSTS["nvidia-h100"](), layout))
+    mine = cl.host_home(tmp_path / "home", f'sysfs_root = "{nv.base / "sys"}"\nproc_root = "{nv.base / "proc"}"\n'
+                                           f'driver_root = "{driver}"\n')
+    rootfs = make_rootfs(tmp_path / "rootfs", nv)
+    cuda_path = "/usr/local/nvidia/bin:/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    (rootfs / "smi.sh").write_text(
+        'head -c 4 /usr/bin/nvidia-smi | grep -q ELF && echo "elf /usr/bin/nvidia-smi"\n'
+        'nvidia-smi -L | while read -r line; do echo "plain $line"; done\n'
+        f'PATH={cuda_path} nvidia-smi -L | while read -r line; do echo "cuda $line"; done\n')
+    if applier == "podman-cdi":
+        argv = [*cl.PODMAN, "--runtime=runc", f"--hooks-dir={tmp_path / 'no-hooks'}", *cl.PODMAN_RUN,
+                "--device", "nvidia.com/gpu=1", "--rootfs", str(rootfs), "/bin/sh", "/smi.sh"]
+        done = cl.run(cl.private_cdi(argv, mine["cdi"]), env=cl.hook_env())
+    else:
+        bundle = cl.make_bundle(tmp_path / cl.container_id(), rootfs, ["NVIDIA_VISIBLE_DEVICES=1"],
+                                ["/bin/sh", "/smi.sh"])
+        done = _runc(bundle, False, str(mine["runtime"]))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    uuid = nv.gpus[1].uuid
+    assert "elf /usr/bin/nvidia-smi" in lines, done.stdout
+    for where in ("plain", "cuda"):
+        assert [line for line in lines if line.startswith(where)] == [
+            f"{where} GPU 0: NVIDIA H100 80GB HBM3 (UUID: {uuid})"], done.stdout

@@ -7,14 +7,20 @@ files of each MIG instance.  mig-minors numbers as observed on a real node: ``co
 then 9 minors per GPU instance (its ``access`` and ``ci0..ci7``) of 15 GPU instances per GPU minor, from 3.
 A real file lists every possible GPU minor; this one lists the host's minors only [A].
 
-The driver root is a merged-/usr Debian-like tree, as a host driver install leaves it: the libraries of
-each capability in ``/usr/lib/x86_64-linux-gnu`` (minimal real ELF shared objects with a ``DT_SONAME``, so
-that ``ldconfig`` reads them as it reads the real ones), their soname links, 32-bit copies in
-``/usr/lib/i386-linux-gnu``, one leftover of an older driver (``libnvidia-opencl.so.470.223.02``, its link
-still pointing at it), ``/etc/ld.so.cache`` in glibc's new format (written here; tests read it back with
-the real ``ldconfig -p``), binaries in ``/usr/bin`` (shell scripts; ``nvidia-smi -L`` lists the GPUs whose
-``/dev/nvidia<minor>`` the container has, with their UUIDs) and GSP firmware in
-``/lib/firmware/nvidia/<version>/``.
+The driver root is a merged-/usr tree, as a host driver install leaves it, in one of the layouts real installs
+use (:data:`LAYOUTS`): ``distro`` (Debian/Ubuntu packages, the default and the checked-in examples': libraries in
+``/usr/lib/x86_64-linux-gnu``, ``libvdpau_nvidia`` in its ``vdpau/``, binaries in ``/usr/bin``, the vendor jsons
+in ``/usr/share``, the OpenCL ICD in ``/etc/OpenCL/vendors``), ``runfile`` (NVIDIA's ``.run`` installer:
+``/usr/lib64``, the Vulkan ICD in ``/etc/vulkan/icd.d``) and ``gke`` (a GKE-style prefix ``/usr/local/nvidia``
+with ``lib64/``, ``bin/``, ``share/`` and ``firmware/``, and ``#!/bin/sh`` wrappers in ``/usr/bin`` that exec its
+binaries, as on a real H200 host).  The libraries of each capability are minimal real ELF shared objects with a
+``DT_SONAME``, so that ``ldconfig`` reads them as it reads the real ones, with their soname links; 32-bit copies
+in ``/usr/lib/i386-linux-gnu``; one leftover of an older driver (``libnvidia-opencl.so.470.223.02``, its link
+still pointing at it); ``libnvidia-egl-gbm`` and ``libnvidia-egl-wayland``, versioned apart from the driver as
+the real ones are; ``/etc/ld.so.cache`` in glibc's new format (written here; tests read it back with the real
+``ldconfig -p``); binaries that are tiny static ELF executables for x86-64 (:func:`elf_executable`: they exec
+``/bin/sh`` with a script of their own; ``nvidia-smi -L`` lists the GPUs whose ``/dev/nvidia<minor>`` the
+container has, with their UUIDs); GSP firmware in ``<firmware>/nvidia/<version>/``.
 """
 
 from __future__ import annotations
@@ -38,11 +44,43 @@ LIBRARIES = {
     "libEGL_nvidia.so": "0", "libGLESv2_nvidia.so": "2", "libGLESv1_CM_nvidia.so": "1",
     "libnvidia-glvkspirv.so": None, "libnvidia-ngx.so": "1",
 }
+# libraries versioned apart from the driver (real file version, soname), named by the EGL external platform jsons
+SIDE_LIBRARIES = {"libnvidia-egl-gbm.so": ("1.1.2", "1"), "libnvidia-egl-wayland.so": ("1.1.13", "1")}
 LIB32 = ("libcuda.so", "libnvidia-ml.so")  # 32-bit copies: never given (compat32 is not served)
 OLD_VERSION = "470.223.02"
 BINARIES = ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control",
             "nvidia-cuda-mps-server")
 FIRMWARE = ("gsp_ga10x.bin", "gsp_tu10x.bin")
+KERNEL_RELEASE = "6.8.0-1028-gcp"
+# layout -> (library directory, its ld cache path prefix, binary directory, data directory of the GLVND/EGL/OptiX
+# files, Vulkan's, firmware directory, wrapper script directory or None)
+LAYOUTS = {
+    "distro": ("/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/bin", "/usr/share", "/usr/share",
+               "/usr/lib/firmware", None),
+    "runfile": ("/usr/lib64", "/usr/lib64", "/usr/bin", "/usr/share", "/etc", "/usr/lib/firmware", None),
+    "gke": ("/usr/local/nvidia/lib64", "/usr/local/nvidia/lib64", "/usr/local/nvidia/bin", "/usr/local/nvidia/share",
+            "/usr/local/nvidia/share", "/usr/local/nvidia/firmware", "/usr/bin"),
+}
+# path below a data directory -> its text (what the real driver's files say, less the fields no loader here reads)
+def _icd_json(library: str, version: str = "1.0.0") -> str:
+    return (f'{{\n    "file_format_version" : "{version}",\n    "ICD" : {{\n        "library_path" : "{library}"\n'
+            '    }\n}\n')
+
+
+VENDOR_FILES = {
+    "glvnd/egl_vendor.d/10_nvidia.json": _icd_json("libEGL_nvidia.so.0"),
+    "egl/egl_external_platform.d/15_nvidia_gbm.json": _icd_json("libnvidia-egl-gbm.so.1"),
+    "egl/egl_external_platform.d/10_nvidia_wayland.json": _icd_json("libnvidia-egl-wayland.so.1"),
+    "vulkan/icd.d/nvidia_icd.json":
+        '{\n    "file_format_version" : "1.0.1",\n    "ICD": {\n        "library_path": "libGLX_nvidia.so.0",\n'
+        '        "api_version" : "1.4.312"\n    }\n}\n',
+    "vulkan/implicit_layer.d/nvidia_layers.json":
+        '{\n    "file_format_version" : "1.0.1",\n    "layer": {\n        "name": "VK_LAYER_NV_optimus",\n'
+        '        "type": "INSTANCE",\n        "library_path": "libGLX_nvidia.so.0",\n'
+        '        "api_version" : "1.4.312",\n        "implementation_version" : "1"\n    }\n}\n',
+    "nvidia/nvoptix.bin": "fake OptiX data\n",
+    "OpenCL/vendors/nvidia.icd": "libnvidia-opencl.so.1\n",
+}
 FRONTEND_MAJOR = 195
 
 
@@ -90,6 +128,7 @@ def build_proc(root: str, host: FakeHost) -> str:
            f"NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {host.driver_version}  Release Build  "
            "(dvs-builder@U16-I3-C03-4-3)  Tue Mar  5 22:16:22 UTC 2024\nGCC version:  gcc version 12.2.0 "
            "(Debian 12.2.0-14)\n")
+    _write(os.path.join(root, "sys", "kernel", "osrelease"), KERNEL_RELEASE + "\n")
     _write(os.path.join(nv, "params"), "ResmanDebugLevel: 4294967295\nModifyDeviceFiles: 1\nDeviceFileUID: 0\n"
                                        "DeviceFileGID: 0\nDeviceFileMode: 438\n")
     for gpu in host.nvidia:
@@ -160,6 +199,34 @@ def elf_shared_object(name: str, needed: tuple[str, ...] = ("libc.so.6",), machi
     return ehdr + phdrs + dynamic + tables + strings
 
 
+def elf_executable(script: str) -> bytes:
+    """A static x86-64 ELF executable (one PT_LOAD, no libraries) that execs ``/bin/sh -c SCRIPT ARGV0 ARGS...``:
+    a real program for the kernel and the loaders' checks (an ELF of this machine, not a ``#!`` script) that runs
+    wherever ``/bin/sh`` does.  Its code: argc from the stack, envp past argv; the three new argv entries written
+    below argv[0] (over argc); execve; exit 127 if that returns."""
+    base, code_at = 0x400000, 64 + 56
+    strings = [b"/bin/sh\0", b"-c\0", script.encode() + b"\0"]
+    size = 68  # the code below, in bytes
+
+    def lea(prefix: str, at: int, target: int) -> bytes:  # rip-relative: from the end of the 7-byte instruction
+        return bytes.fromhex(prefix) + struct.pack("<i", target - (at + 7))
+
+    sh = code_at + size
+    dash_c, body = sh + len(strings[0]), sh + len(strings[0]) + len(strings[1])
+    code = bytes.fromhex("488b0c24" "488d54cc10")  # mov rcx,[rsp]; lea rdx,[rsp+rcx*8+16]
+    code += lea("488d3d", code_at + len(code), sh) + bytes.fromhex("48897c24f0")  # lea rdi,sh; mov [rsp-16],rdi
+    code += lea("488d05", code_at + len(code), dash_c) + bytes.fromhex("48894424f8")  # lea rax,-c; mov [rsp-8],rax
+    code += lea("488d05", code_at + len(code), body) + bytes.fromhex("48890424")  # lea rax,script; mov [rsp],rax
+    # lea rsi,[rsp-16]; mov eax,59 (execve); syscall; mov edi,127; mov eax,60 (exit); syscall
+    code += bytes.fromhex("488d7424f0" "b83b000000" "0f05" "bf7f000000" "b83c000000" "0f05")
+    assert len(code) == size
+    total = sh + sum(map(len, strings))
+    ident = b"\x7fELF" + bytes([2, 1, 1, 0]) + bytes(8)
+    ehdr = ident + struct.pack("<HHIQQQIHHHHHH", 2, 62, 1, base + code_at, 64, 0, 0, 64, 56, 1, 64, 0, 0)
+    phdr = struct.pack("<IIQQQQQQ", 1, 5, 0, base, base, total, total, 0x1000)
+    return ehdr + phdr + code + b"".join(strings)
+
+
 def _libcmp(a: str, b: str) -> int:
     """glibc's _dl_cache_libcmp: runs of digits compare as numbers and sort after other characters."""
     i = j = 0
@@ -201,10 +268,10 @@ def ld_cache(entries: list[tuple[str, str, int]]) -> bytes:
 
 
 def nvidia_smi(host: FakeHost) -> str:
-    """A shell script: ``nvidia-smi -L`` lists the GPUs whose nodes the container has, as the real one would."""
+    """A shell script (run by the ELF :func:`elf_executable` makes): ``nvidia-smi -L`` lists the GPUs whose nodes
+    the container has, as the real one would."""
     cases = "".join(f"    {g.minor}) echo \"GPU $i: {g.model} (UUID: {g.uuid})\";;\n" for g in host.nvidia)
-    return f"""#!/bin/sh
-# oci-gpu-hook's fake nvidia-smi (driver {host.driver_version}): lists the GPUs this container has nodes of
+    return f"""# oci-gpu-hook's fake nvidia-smi (driver {host.driver_version}): the GPUs this container has nodes of
 if [ "$1" != "-L" ]; then echo "fake nvidia-smi {host.driver_version}"; exit 0; fi
 i=0
 for n in /dev/nvidia[0-9]*; do
@@ -218,41 +285,61 @@ done
 """
 
 
-def build_driver(root: str, host: FakeHost) -> str:
-    """Write ``host``'s NVIDIA driver files under ``root`` (a merged-/usr tree); return ``root``."""
+def build_driver(root: str, host: FakeHost, layout: str = "distro") -> str:
+    """Write ``host``'s NVIDIA driver files under ``root`` (a merged-/usr tree) in ``layout`` (:data:`LAYOUTS`);
+    return ``root``."""
     version = host.driver_version
+    lib_dir, cache_dir, bin_dir, share, vulkan_share, firmware, wrappers = LAYOUTS[layout]
     for name in ("lib", "bin", "sbin"):
         _link(f"usr/{name}", os.path.join(root, name))
     cache: list[tuple[str, str, int]] = []
     for lib in LIBRARIES:
         real = f"{lib}.{version}"
         name = soname(lib, version)
-        _write(os.path.join(root, LIB_DIR[1:], real), elf_shared_object(name))
-        cache.append((name, f"/lib/x86_64-linux-gnu/{name}", 0x0303))
+        folder = f"{lib_dir}/vdpau" if lib == "libvdpau_nvidia.so" and layout == "distro" else lib_dir
+        _write(os.path.join(root, folder[1:], real), elf_shared_object(name))
+        if folder == lib_dir:
+            cache.append((name, f"{cache_dir}/{name}", 0x0303))
         if name != real:
-            _link(real, os.path.join(root, LIB_DIR[1:], name))
-    _link("libcuda.so.1", os.path.join(root, LIB_DIR[1:], "libcuda.so"))
-    cache.append(("libcuda.so", "/lib/x86_64-linux-gnu/libcuda.so", 0x0303))
+            _link(real, os.path.join(root, folder[1:], name))
+    for lib, (real_version, short) in SIDE_LIBRARIES.items():
+        name = f"{lib}.{short}"
+        _write(os.path.join(root, lib_dir[1:], f"{lib}.{real_version}"), elf_shared_object(name))
+        _link(f"{lib}.{real_version}", os.path.join(root, lib_dir[1:], name))
+        cache.append((name, f"{cache_dir}/{name}", 0x0303))
+    _link("libcuda.so.1", os.path.join(root, lib_dir[1:], "libcuda.so"))
+    cache.append(("libcuda.so", f"{cache_dir}/libcuda.so", 0x0303))
     for lib in LIB32:
         name = soname(lib, version)
         _write(os.path.join(root, LIB32_DIR[1:], f"{lib}.{version}"), elf_shared_object(name, machine=3, elf64=False))
         _link(f"{lib}.{version}", os.path.join(root, LIB32_DIR[1:], name))
         cache.append((name, f"/lib/i386-linux-gnu/{name}", 0x0003))
-    old = os.path.join(root, LIB_DIR[1:], f"libnvidia-opencl.so.{OLD_VERSION}")
+    old = os.path.join(root, lib_dir[1:], f"libnvidia-opencl.so.{OLD_VERSION}")
     _write(old, elf_shared_object("libnvidia-opencl.so.1"))
-    os.remove(os.path.join(root, LIB_DIR[1:], "libnvidia-opencl.so.1"))
-    _link(f"libnvidia-opencl.so.{OLD_VERSION}", os.path.join(root, LIB_DIR[1:], "libnvidia-opencl.so.1"))
+    os.remove(os.path.join(root, lib_dir[1:], "libnvidia-opencl.so.1"))
+    _link(f"libnvidia-opencl.so.{OLD_VERSION}", os.path.join(root, lib_dir[1:], "libnvidia-opencl.so.1"))
     cache.append(("libc.so.6", "/lib/x86_64-linux-gnu/libc.so.6", 0x0303))  # the host's own libraries
     _write(os.path.join(root, LIB_DIR[1:], "libc.so.6"), elf_shared_object("libc.so.6", needed=()))
     _write(os.path.join(root, "etc", "ld.so.cache"), ld_cache(cache))
     _write(os.path.join(root, "etc", "ld.so.conf"), "include /etc/ld.so.conf.d/*.conf\n")
     _write(os.path.join(root, "etc", "ld.so.conf.d", "x86_64-linux-gnu.conf"),
            "/usr/local/lib/x86_64-linux-gnu\n/lib/x86_64-linux-gnu\n/usr/lib/x86_64-linux-gnu\n")
+    if lib_dir != LIB_DIR:
+        _write(os.path.join(root, "etc", "ld.so.conf.d", "nvidia.conf"), f"{lib_dir}\n")
     for name in BINARIES:
-        text = nvidia_smi(host) if name == "nvidia-smi" else f"#!/bin/sh\necho 'fake {name} {version}'\n"
-        _write(os.path.join(root, "usr", "bin", name), text, 0o755)
+        text = nvidia_smi(host) if name == "nvidia-smi" else f"echo 'fake {name} {version}'\n"
+        _write(os.path.join(root, bin_dir[1:], name), elf_executable(text), 0o755)
+        if wrappers:  # what a GKE-style install puts on the host's PATH: a script that runs the prefix's binary
+            prefix = os.path.dirname(bin_dir)
+            _write(os.path.join(root, wrappers[1:], name),
+                   f"#!/bin/sh\nLD_LIBRARY_PATH={prefix}/lib64:{prefix}/lib${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}} "
+                   f"exec {bin_dir}/{name} \"$@\"\n", 0o755)
+    for relative, text in VENDOR_FILES.items():
+        directory = "/etc" if relative.startswith("OpenCL/") else vulkan_share if relative.startswith(
+            "vulkan/") else share
+        _write(os.path.join(root, directory[1:], relative), text)
     for name in FIRMWARE:
-        _write(os.path.join(root, "usr", "lib", "firmware", "nvidia", version, name), f"fake GSP firmware {name}\n")
+        _write(os.path.join(root, firmware[1:], "nvidia", version, name), f"fake GSP firmware {name}\n")
     return root
 
 

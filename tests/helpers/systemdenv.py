@@ -10,7 +10,8 @@ capabilities a test has no business with (loading modules, the audit and kernel 
 starts into a minimal target (:data:`TARGET`).
 
 ``binds`` are host directories that appear at the same path inside (the test's own files: bundles, the installed
-wheel's venv, logs).  ``run(argv)`` runs a command as a transient unit (``systemd-run --wait --pipe``: in the
+wheel's venv, logs); the checkout and the running venv are bound in too when a fresh tmpfs inside would hide them
+(a clone under ``/tmp``).  ``run(argv)`` runs a command as a transient unit (``systemd-run --wait --pipe``: in the
 manager's cgroup tree, as a container runtime started by a unit is); ``enter(argv)`` runs it in the namespaces
 directly.  ``stop()`` kills the environment's init (the whole pid namespace goes with it) and removes its cgroups;
 a test that fails still stops it (use :func:`booted` as a context manager or a fixture).
@@ -125,6 +126,26 @@ def _own_path(controller: str) -> str:
     return "/"
 
 
+# Fresh inside (tmpfs): a checkout or venv below one would be invisible there, so it is bound in (never the directory
+# itself: see SHARED_DIRS)
+FRESH_DIRS = ("/tmp", "/run", "/dev", "/var/lib/containers")
+CHECKOUT = Path(__file__).resolve().parents[2]
+
+
+def hidden_checkout(binds: tuple[Path, ...], places: tuple[Path, ...] | None = None) -> tuple[Path, ...]:
+    """The checkout and the running venv (``places``) where a fresh tmpfs inside would hide them (a clone under
+    ``/tmp``, as the README allows), less those ``binds`` already bring in."""
+    import sys
+
+    out: list[Path] = []
+    for place in places if places is not None else (CHECKOUT, Path(sys.prefix).resolve()):
+        inside = any(str(place).startswith(fresh + "/") for fresh in FRESH_DIRS)
+        covered = any(place == b or b in place.parents for b in (*binds, *out))
+        if inside and not covered and str(place) not in SHARED_DIRS:
+            out = [o for o in out if place not in o.parents] + [place]
+    return tuple(out)
+
+
 class SystemdEnv:
     """One booted systemd (see the module's text)."""
 
@@ -137,6 +158,7 @@ class SystemdEnv:
         for bind in self.binds:
             if not bind.is_absolute() or str(bind.resolve()).rstrip("/") in SHARED_DIRS or str(bind) in SHARED_DIRS:
                 raise ValueError(f"{bind}: bind a test's own directory into the environment, not a shared one")
+        self.binds += hidden_checkout(self.binds)
         self.name = f"ogh-systemd-{uuid.uuid4().hex[:8]}"
         self.cgroup_dirs: list[Path] = []
         self.proc: subprocess.Popen[bytes] | None = None

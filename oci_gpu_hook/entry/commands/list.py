@@ -59,4 +59,14 @@ def run(args: list[str], config: Config) -> int:
             print(f"shared by {kind} GPUs: {shared}")
     for name, reason in inventory.ignored:
         print(f"ignored: {name}: {reason}")
+    if inventory.devices("nvidia"):  # the driver's files a container gets, and any left out (validate: each file)
+        from oci_gpu_hook.errors import HookError
+        from oci_gpu_hook.inventory import nvdriver
+
+        try:
+            lines = nvdriver.report(config.proc_root, config.driver_root, config.sysfs_root, detail=False)
+        except HookError as err:  # the GPUs are listed all the same; a container asking for them would stop here
+            lines = [f"warning: driver of nvidia GPUs: {err}"]
+        for line in lines:
+            print(line.replace("ok: nvidia driver", "driver of nvidia GPUs:", 1))
     return 0

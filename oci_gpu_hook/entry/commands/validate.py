@@ -40,6 +40,11 @@ def run(args: list[str], config: Config) -> int:
 
     if mask_ignored(mask):
         print(f"warning: {mask_ignored(mask)}")
+    if "nvidia" in config.backends:  # what a GPU container will get of the driver, and what it will not
+        from oci_gpu_hook.inventory import nvdriver
+
+        for line in nvdriver.report(config.proc_root, config.driver_root, config.sysfs_root):
+            print(line)
     user = _user(opts.rootless) if opts.rootless is not None else None
     if user is not None:
         print(_check_pins())
