@@ -64,6 +64,7 @@ REQUEST = "NVIDIA_VISIBLE_DEVICES=0"
 LIB_DIR = "/usr/lib/x86_64-linux-gnu"
 LOADER = "/lib64/ld-linux-x86-64.so.2"
 GLIBC = ("libc.so.6", "libm.so.6", "libpthread.so.0", "librt.so.1", "libdl.so.2")
+DRIVER_LIBS = ("libcuda", "libnvidia", "libnvcuvid", "libnvoptix")  # a driver's own: never in the image
 PATHS = ("shim", "precreate", "prestart", "cdi", "nri")
 IMAGES = ("small", "cuda")
 HOOK_TARGET_MS = 3.0  # a path's median over its floor (the hooks' own cost), on the fake NVIDIA host
@@ -183,8 +184,8 @@ class GpuCreate(su.Bench):
         self.lean_shim = os.path.join(su.LAUNCHER_DIR, "oci-gpu-runtime")
         self.lean_hook = os.path.join(su.LAUNCHER_DIR, "oci-gpu-hook")
         hooks_file = os.path.join(su.HOOKS_DIR, "oci-gpu-hook-precreate.json")
-        for path in (self.lean_shim, self.lean_hook, hooks_file):
-            if f"new: {path} (" not in installed:
+        for path in (self.lean_shim, self.lean_hook, hooks_file):  # new, or as an install already there had it
+            if not any(f"{what}: {path} (" in installed for what in ("new", "updated", "unchanged")):
                 raise su.BenchError(f"oci-gpu-hook install did not write {path}:\n{installed}")
         self.native = os.access(self.lean_shim + ".py", os.F_OK)
         with open(hooks_file, encoding="utf-8") as handle:
@@ -267,7 +268,8 @@ class GpuCreate(su.Bench):
     def make_image(self, name: str) -> str:
         """An image directory: busybox and glibc's bits; ``cuda`` also every library of this machine's LIB_DIR."""
         root = os.path.join(self.tmp, "images", name)
-        busybox = next((p for p in ("/bin/busybox", "/usr/bin/busybox") if os.access(p, os.X_OK)), None)
+        busybox = next((p for p in ("/bin/busybox", "/usr/bin/busybox") if os.access(p, os.X_OK)),
+                       shutil.which("busybox"))
         if busybox is None:
             raise su.BenchError("busybox not found (apt-get install busybox-static)")
         for folder in ("bin", "etc", "lib64", "usr/bin", LIB_DIR[1:], "dev", "proc", "sys", "tmp"):
@@ -279,7 +281,8 @@ class GpuCreate(su.Bench):
         shutil.copy2(os.path.realpath(LOADER), os.path.join(root, LOADER[1:]))
         names = list(GLIBC)
         if name == "cuda":
-            found = sorted(n for n in os.listdir(LIB_DIR) if ".so" in n and not os.path.isdir(os.path.join(LIB_DIR, n)))
+            found = sorted(n for n in os.listdir(LIB_DIR) if ".so" in n and not os.path.isdir(os.path.join(LIB_DIR, n))
+                           and not n.startswith(DRIVER_LIBS) and "_nvidia.so" not in n)
             files = [n for n in found if not os.path.islink(os.path.join(LIB_DIR, n))][:self.opts.cuda_libs]
             kept = set(files)  # and the links to them (a link to a file left out would dangle)
             names = sorted({*GLIBC, *files, *(n for n in found if os.path.islink(os.path.join(LIB_DIR, n))
