@@ -185,9 +185,23 @@ if [ -n "$CC" ] && "$CC" -O2 -o "$W/ogh-check" "$HERE/ogh-check.c" -ldl >"$RESUL
         [ -e "$deb" ] || continue
         if command -v dpkg-deb >/dev/null; then
             dpkg-deb -x "$deb" "$ROOTFS" && debs=$((debs + 1))
-        else  # ar + tar: a .deb is an ar archive with data.tar.*
-            (mkdir -p "$W/deb" && cd "$W/deb" && rm -f data.tar.* && ar x "$deb" && tar -xf data.tar.* -C "$ROOTFS") &&
-                debs=$((debs + 1))
+        elif "$PY" - "$deb" "$ROOTFS" <<'EOF'
+import io, sys, tarfile
+# a .deb is an ar archive ("!<arch>" and a newline, then per member a 60-byte header: name 16, mtime 12, uid 6,
+# gid 6, mode 8, size 10, magic 2; data padded to an even length) whose data.tar.* holds the files
+blob, at = open(sys.argv[1], "rb").read(), 8
+while at + 60 <= len(blob):
+    name, size = blob[at:at + 16].decode().strip(), int(blob[at + 48:at + 58])
+    if name.rstrip("/").startswith("data.tar"):
+        with tarfile.open(fileobj=io.BytesIO(blob[at + 60:at + 60 + size])) as tar:
+            tar.extractall(sys.argv[2], **({"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}))
+        break
+    at += 60 + size + size % 2
+else:
+    sys.exit(f"{sys.argv[1]}: no data.tar member")
+EOF
+        then
+            debs=$((debs + 1))
         fi
     done
     echo "unpacked $debs loader package(s) from $CARRY/debs"

@@ -6,7 +6,9 @@
 #   runc, lib/libseccomp.so.2   this machine's runc and the libseccomp it links (the GPU machine has no runc)
 #   busybox   a static busybox (a shell in the rootfs; the benchmark's images)
 #   debs/     Debian's libglvnd0, libegl1 and libvulkan1 (apt-get download): the EGL and Vulkan loaders that
-#             check.sh unpacks into the container's rootfs, never into the machine's /
+#             check.sh unpacks into the container's rootfs, never into the machine's /; and the X client
+#             libraries NVIDIA's libGLX_nvidia.so.0 (its Vulkan ICD) links, libx11-6 and what it needs, as a
+#             CUDA image with Vulkan installs them
 #
 #   device/prepare-carry.sh [WHEEL]     (root not needed; PyPI and Debian's archive reached; WHEEL: use that wheel)
 #
@@ -41,6 +43,7 @@ seccomp=$(ldd "$runc" | awk '$1 ~ /^libseccomp\.so/ {print $3}')
 busybox=$(command -v busybox)
 file -L "$busybox" 2>/dev/null | grep -q 'statically linked' || echo "note: $busybox is not static" >&2
 cp "$busybox" "$CARRY/busybox"
-(cd "$CARRY/debs" && apt-get download libglvnd0 libegl1 libvulkan1)
+(cd "$CARRY/debs" && apt-get download libglvnd0 libegl1 libvulkan1 libx11-6 libxext6 libxcb1 libxau6 libxdmcp6 libbsd0 \
+    libmd0)
 du -sh "$CARRY"
 ls "$CARRY" "$CARRY/wheels" "$CARRY/debs"
