@@ -46,7 +46,7 @@ if [ -z "${OGH_CHECK_INNER:-}" ]; then
     args=()
     [ -n "$FAKE" ] && args+=(--fake "$FAKE")
     [ -z "$LATENCY" ] && args+=(--no-latency)
-    OGH_CHECK_INNER=1 exec unshare -m --propagation private bash "$0" "${args[@]}"
+    OGH_CHECK_INNER=1 exec unshare -m --propagation private bash "$0" ${args[@]+"${args[@]}"}
 fi
 
 W=$(mktemp -d /tmp/ogh-check.XXXXXX)
@@ -56,7 +56,7 @@ MOUNTED=()
 CONTAINERS=()
 cleanup() {
     local cid i
-    for cid in "${CONTAINERS[@]}"; do runc delete --force "$cid" >/dev/null 2>&1; done
+    for cid in ${CONTAINERS[@]+"${CONTAINERS[@]}"}; do runc delete --force "$cid" >/dev/null 2>&1; done
     [ -n "${PLUGIN:-}" ] && kill "$PLUGIN" 2>/dev/null
     for ((i = ${#MOUNTED[@]} - 1; i >= 0; i--)); do umount "${MOUNTED[i]}" 2>/dev/null; done
     rm -rf "$W"
