@@ -361,11 +361,14 @@ class GpuCreate(su.Bench):
 
         # Untimed: what each path makes of the container; its final spec without hooks is its floor.
         floors: dict[str, str] = {}
+        shim_node = ""
         for path, made in list(cases.items()):
             if path == "bare":
                 continue
-            spec, seen = self.sanity(made)
-            if path == "prestart":
+            spec, seen = self.sanity(made, shim_node if path == "prestart" else None)
+            if path == "shim":
+                shim_node = seen
+            if path == "prestart":  # the same container as the shim's: its floor
                 made.floor = cases["shim"].floor
                 continue
             spec.pop("hooks", None)
@@ -379,7 +382,7 @@ class GpuCreate(su.Bench):
                 self.write_spec(floor_bundle, {**spec, "root": {"path": os.path.join(floor_bundle, "rootfs"),
                                                                 "readonly": False}}, pristine=True)
                 floors[text] = case(name, floor_bundle, [Step(create)]).key
-                self.sanity(cases[name], gpu_node=seen)
+                self.sanity(cases[name], seen)
             made.floor = floors[text]
         order = ["bare", *[p for p in cases if p.startswith("floor")], *[p for p in PATHS if p in cases]]
         self.cases += [cases[p] for p in order]
@@ -395,19 +398,14 @@ class GpuCreate(su.Bench):
         with open(os.path.join(bundle, "config.json"), "w", encoding="utf-8") as handle:
             json.dump(spec, handle)
 
-    def sanity(self, case: Case, gpu_node: str | None = None) -> tuple[dict[str, Any], str]:
-        """Create ``case``'s container once: its final spec, and the GPU node its /dev has (``gpu_node`` given: a
-        floor, whose /dev must have that node and whose ld cache must not name libcuda.so.1)."""
+    def sanity(self, case: Case, expect: str | None = None) -> tuple[dict[str, Any], str]:
+        """Create ``case``'s container once: its final spec, and the one GPU node its /dev has (``expect``: the node
+        it must be).  A floor's ld cache must not name libcuda.so.1 (a fresh image); a hooked path's should."""
         cid = self.next_id("sanity")
         self.once(case, cid, keep=True)
         try:
             with open(os.path.join(case.bundle, "config.json"), encoding="utf-8") as handle:
                 spec = json.load(handle)
-            if case.path == "prestart":  # the live hook leaves the spec as it is: the shim's tells the node
-                nodes = [gpu_node] if gpu_node else []
-            else:
-                nodes = [d["path"] for d in spec.get("linux", {}).get("devices", [])
-                         if d["path"].startswith("/dev/nvidia") and d["path"][11:].isdigit()]
             pid = json.loads(sh([self.runc, "state", cid], env=self.env))["pid"]
             root = f"/proc/{pid}/root"
             present = [n for n in os.listdir(f"{root}/dev") if n.startswith("nvidia") and n[6:].isdigit()]
@@ -416,18 +414,19 @@ class GpuCreate(su.Bench):
         finally:
             self.delete(case, cid)
         what = f"{case.image} image, {case.path}"
-        if case.path == "prestart":
-            nodes = [f"/dev/{n}" for n in present] if len(present) == 1 else []
-        if len(nodes) != 1 or os.path.basename(nodes[0]) not in present or len(present) != 1:
-            raise su.BenchError(f"{what}: the container's /dev has {present}, its spec {nodes}: not one GPU node")
-        if gpu_node is not None and nodes[0] != gpu_node:
-            raise su.BenchError(f"{what}: the floor has {nodes[0]}, its path {gpu_node}")
-        hooked = bool(spec.get("hooks")) or case.path in ("prestart", "shim")
+        if len(present) != 1 or (expect and f"/dev/{present[0]}" != expect):
+            raise su.BenchError(f"{what}: the container's /dev has the GPU nodes {present}, not one"
+                                f"{f' ({expect})' if expect else ''}")
+        node = f"/dev/{present[0]}"
+        in_spec = [d["path"] for d in spec.get("linux", {}).get("devices", [])
+                   if d["path"].startswith("/dev/nvidia") and d["path"][11:].isdigit()]
+        if case.path != "prestart" and in_spec != [node]:  # the live hook makes the node, the spec stays as it is
+            raise su.BenchError(f"{what}: the spec names {in_spec}, the container has {node}")
         if case.path.startswith("floor") and cached:
             raise su.BenchError(f"{what}: the floor's ld cache names libcuda.so.1 (the image's rootfs is not fresh)")
-        if hooked and not cached:
+        if (spec.get("hooks") or case.path in ("prestart", "shim")) and not cached:
             self.notes.append(f"{what}: the container's /etc/ld.so.cache does not name libcuda.so.1")
-        return spec, nodes[0]
+        return spec, node
 
     # ---------------------------------------------------------------- measure
 
