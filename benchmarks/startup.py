@@ -1246,9 +1246,10 @@ def build_wheel(tmp: str) -> str:
     return os.path.join(tmp, "dist", wheels[0])
 
 
-def prepare_venv(opts: argparse.Namespace, tmp: str) -> tuple[str, str]:
-    """The venv to measure, and how it was made: ``python3 -m venv`` + ``pip install`` of the wheel (its
-    dependencies from pip's index, pinned to what this interpreter has installed), or ``--venv``."""
+def prepare_venv(opts: argparse.Namespace, tmp: str, extras: str = "") -> tuple[str, str]:
+    """The venv to measure, and how it was made: ``python3 -m venv`` + ``pip install`` of the wheel (with
+    ``extras``, e.g. ``[nri]``; its dependencies from pip's index, pinned to what this interpreter has installed),
+    or ``--venv``."""
     if opts.venv:
         venv = os.path.abspath(opts.venv)
         if not os.access(os.path.join(venv, "bin", "oci-gpu-hook"), os.X_OK):
@@ -1262,19 +1263,22 @@ def prepare_venv(opts: argparse.Namespace, tmp: str) -> tuple[str, str]:
                             text=True, timeout=120, stdin=subprocess.DEVNULL)
     with open(constraints, "w", encoding="utf-8") as handle:
         handle.writelines(line + "\n" for line in frozen.stdout.splitlines() if "==" in line)
-    sh([os.path.join(venv, "bin", "pip"), "install", "-q", "--disable-pip-version-check", "-c", constraints, wheel],
-       timeout=900)
+    sh([os.path.join(venv, "bin", "pip"), "install", "-q", "--disable-pip-version-check", "-c", constraints,
+        wheel + extras], timeout=900)
     with open(wheel, "rb") as handle:
         digest = hashlib.sha256(handle.read()).hexdigest()[:12]
     origin = "as given (--wheel)" if opts.wheel else f"built by pip wheel from {REPO}"
     return venv, f"wheel {os.path.basename(wheel)} (sha256 {digest}, {origin}) pip-installed into the venv {venv}"
 
 
-def outside(opts: argparse.Namespace, argv: list[str]) -> int:
-    """Make the venv, then run this script again in a private mount namespace (see the module docstring)."""
+def outside(opts: argparse.Namespace, argv: list[str], script: str = os.path.abspath(__file__),
+            extras: str = "") -> int:
+    """Make the venv (the wheel with ``extras``), then run ``script`` (this one, or another benchmark built on
+    it) again in a private mount namespace (see the module docstring)."""
+    name = os.path.basename(script)
     unshare = shutil.which("unshare")
     if not unshare:
-        print("startup.py: error: unshare not found on PATH (util-linux): needed for the private root",
+        print(f"{name}: error: unshare not found on PATH (util-linux): needed for the private root",
               file=sys.stderr)
         return 1
     tmp = tempfile.mkdtemp(prefix=PREFIX)
@@ -1284,23 +1288,23 @@ def outside(opts: argparse.Namespace, argv: list[str]) -> int:
         os.mkdir(PLANNER_DIR, 0o700)
     try:
         print("# building and installing the wheel (untimed)", file=sys.stderr, flush=True)
-        venv, how = prepare_venv(opts, tmp)
+        venv, how = prepare_venv(opts, tmp, extras)
         check_signals()
         state = json.dumps({"tmp": tmp, "venv": venv, "install": how, "prefix": PREFIX})
-        code = subprocess.run([unshare, "-m", sys.executable, os.path.abspath(__file__), *argv],
+        code = subprocess.run([unshare, "-m", sys.executable, script, *argv],
                               env={**os.environ, PRIVATE_ENV: state}).returncode
     except BenchError as err:
-        print(f"startup.py: error: {err}", file=sys.stderr)
+        print(f"{name}: error: {err}", file=sys.stderr)
     finally:
         problem = remove_tree(tmp)
         if problem:
-            print(f"startup.py: cleanup: {problem}", file=sys.stderr)
+            print(f"{name}: cleanup: {problem}", file=sys.stderr)
             code = code or 1
         if made_planner_dir:
             try:
                 os.rmdir(PLANNER_DIR)  # empty outside the private root throughout
             except OSError as err:
-                print(f"startup.py: cleanup: {PLANNER_DIR}: {err.strerror}", file=sys.stderr)
+                print(f"{name}: cleanup: {PLANNER_DIR}: {err.strerror}", file=sys.stderr)
     if SIGNALS:
         return 128 + SIGNALS[0]
     return code
