@@ -308,6 +308,7 @@ def front_contract() -> dict[str, str | list[str] | int]:
         "SYSLOG_SOCKET": log.SYSLOG_SOCKET,  # the journal's line (log.py journal)
         "SYSLOG_PRI_ERR": log.SYSLOG_FACILITY * 8 + log.SEVERITY["error"],
         "SYSLOG_PRI_INFO": log.SYSLOG_FACILITY * 8 + log.SEVERITY["info"],
+        "SYSLOG_MAX": log.SYSLOG_MAX,  # log.py syslog_text: the bytes of MESSAGE kept
         "PROGRAM": log.PROGRAM,
         "PINS_NAME": PINS_NAME,  # trust.load_pins: the install's pins, beside the launchers
     }
