@@ -247,6 +247,19 @@ def test_counter_files_that_are_no_counters_count_nothing_and_are_said_once_each
                         "until it reads"]
 
 
+def test_list_says_a_counter_file_that_is_no_counter_on_stderr(tmp_path: Path) -> None:
+    sysfs, host = _seed(tmp_path)
+    fakesysfs.set_aer_fatal(str(sysfs), host, "0000:23:00.0", 0)
+    aer = next(sysfs.glob("devices/**/0000:23:00.0")) / "aer_dev_fatal"
+    aer.write_text("TOTAL_ERR_FATAL lots\n")
+    done = subprocess.run([sys.executable, "-m", "oci_gpu_hook.entry.cli", "--sysfs-root", str(sysfs), "list"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO,
+                          env={"PATH": "/usr/bin:/bin", "OCI_GPU_HOOK_CONFIG": "/dev/null"})
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == (f"warning: health: {aer} not read as a counter: no 'TOTAL_ERR_FATAL N' line in "
+                           "'TOTAL_ERR_FATAL lots'; it counts nothing until it reads\n")
+
+
 def test_a_gpu_directory_reached_through_a_symlink_is_read_inside_the_sysfs_root(tmp_path: Path) -> None:
     """``bus/pci/devices/<address>`` is a symlink: resolved inside the root (an absolute one too), never out of it."""
     sysfs, host = _seed(tmp_path)

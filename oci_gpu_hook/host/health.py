@@ -534,7 +534,8 @@ def resident_monitor(config: Config, state_dir: str, log: Callable[[str], None])
     return Monitor(Settings.of(config), config.sysfs_root, log=log, state_file=os.path.join(state_dir, HEALTH_STATE))
 
 
-def one_sample(config: Config, inventory: Inventory) -> dict[str, Verdict]:
-    """What a one-shot command (``list``) can say: one sample, no uevents, counts against ``health_ue_start``."""
-    return Monitor(Settings.of(config), inventory.sysfs_root).sample(inventory)
+def one_sample(config: Config, inventory: Inventory, log: Callable[[str], None] | None = None) -> dict[str, Verdict]:
+    """What a one-shot command (``list``) can say: one sample, no uevents, counts against ``health_ue_start``;
+    ``log``: where a counter file that is no counter is said."""
+    return Monitor(Settings.of(config), inventory.sysfs_root, log=log).sample(inventory)
 
