@@ -360,7 +360,7 @@ class Monitor:
 
     def _load(self, path: str) -> None:
         """The wedges a process before this one saw (unchecked until the first sample).  The file is read by the
-        config's trust rule (:func:`oci_gpu_hook.trust.problem`: only root or this process's user could have
+        config's trust rule (:func:`oci_gpu_hook.trust.config_problem`: only root or this process's user could have
         written it, every directory above it too) and as a regular file only; anything else is one line, and the
         process starts without the wedges."""
         import json
@@ -369,7 +369,7 @@ class Monitor:
 
         lost = "starting without the wedges it held"
         try:
-            why = trust.problem(path)
+            why = trust.config_problem(path)
             if why is not None:
                 self._said(f"health state {path} not read: {why}; {lost}")
                 return
