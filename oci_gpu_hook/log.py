@@ -3,7 +3,7 @@ system journal's line for each refusal and each hand-over to a slower path.
 
 A leaf: what a line holds is its caller's (:meth:`oci_gpu_hook.plan.Plan.record`); this module only writes it.
 
-**The journal line** (:func:`journal`) goes to the syslog socket :data:`SYSLOG_SOCKET` as one datagram, as
+**The journal line** (:func:`to_syslog`) goes to the syslog socket :data:`SYSLOG_SOCKET` as one datagram, as
 glibc's ``syslog()`` writes it: ``<PRI>Mmm dd hh:mm:ss oci-gpu-hook[PID]: MESSAGE``, facility daemon (the tool
 runs for the container daemons), the local time, no host name (journald and rsyslog add it).  MESSAGE is
 ``ENTRY: container ID: TEXT`` (``ENTRY: TEXT`` where the input names no container), TEXT an error line without
@@ -169,7 +169,7 @@ def syslog_message(entry: str, text: str, container: str | None = None) -> str:
     return f"{entry}: container {cut}: {text}"
 
 
-def journal(config: Config | None, severity: str, entry: str, text: str, container: str | None = None) -> None:
+def to_syslog(config: Config | None, severity: str, entry: str, text: str, container: str | None = None) -> None:
     """Send the journal's line (see the top) unless ``config.syslog`` is off; never block, never fail."""
     if config is not None and not config.syslog:
         return
@@ -189,7 +189,7 @@ def refused(config: Config | None, entry: str, container: str | None, line: str)
     """A container refused with the error line ``line`` (already on stderr): the log file's record and the
     journal's line, both naming ``container`` (its id, or what the input names it by) where known."""
     record(config, entry=entry, id=container, outcome="error", error=line)
-    journal(config, "error", entry, line, container)
+    to_syslog(config, "error", entry, line, container)
 
 
 def warn(message: str, **about: Any) -> None:
@@ -199,7 +199,7 @@ def warn(message: str, **about: Any) -> None:
     ``syslog`` decides, when there is one)."""
     line = " ".join(str(message).split())
     print(f"{PROGRAM}: warning: " + line, file=sys.stderr)
-    journal(about.get("config"), "warning", str(about.get("entry") or PROGRAM), "warning: " + line, about.get("id"))
+    to_syslog(about.get("config"), "warning", str(about.get("entry") or PROGRAM), "warning: " + line, about.get("id"))
 
 
 def report_failure(err: BaseException, debug: bool) -> str:

@@ -1,4 +1,4 @@
-"""The journal's line (oci_gpu_hook/log.py journal): its format, that it never blocks nor fails a container (a full
+"""The journal's line (oci_gpu_hook/log.py to_syslog): its format, that it never blocks nor fails a container (a full
 socket, none, a file, a directory, a stream socket at the path), ``syslog = false``, the container each entry
 point names (precreate: the hostname or an orchestrator's annotation; prestart: the state's id; the shim: argv's),
 that operator commands write none, and the native front's own lines (a planner that is there but does not
@@ -124,8 +124,8 @@ def test_the_front_and_python_agree_on_any_bytes(syslog_probe: Path, text: bytes
 
 
 def test_journal_sends_one_datagram(listener: Listener) -> None:
-    log.journal(None, "error", "precreate", "oci-gpu-hook: error: no such GPU", "b6326e1d7a5c")
-    log.journal(Config(), "info", "oci-gpu-runtime", "handed over")
+    log.to_syslog(None, "error", "precreate", "oci-gpu-hook: error: no such GPU", "b6326e1d7a5c")
+    log.to_syslog(Config(), "info", "oci-gpu-runtime", "handed over")
     first, second = listener.lines()
     assert first.split(b"]: ", 1)[1] == b"precreate: container b6326e1d7a5c: error: no such GPU"
     assert first.startswith(b"<27>") and f"oci-gpu-hook[{os.getpid()}]: ".encode() in first
@@ -133,7 +133,7 @@ def test_journal_sends_one_datagram(listener: Listener) -> None:
 
 
 def test_syslog_false_sends_nothing(listener: Listener, capsys: pytest.CaptureFixture[str]) -> None:
-    log.journal(Config(syslog=False), "error", "precreate", "no")
+    log.to_syslog(Config(syslog=False), "error", "precreate", "no")
     log.refused(Config(syslog=False), "precreate", "c1", "no")
     log.warn("no", entry="precreate", config=Config(syslog=False))
     assert listener.lines() == []
@@ -163,7 +163,7 @@ def test_nothing_at_the_path_that_takes_a_datagram_is_silently_no_line(tmp_path:
         keep.bind(str(path))
         keep.listen(1)
     monkeypatch.setattr(log, "SYSLOG_SOCKET", str(path))
-    log.journal(None, "error", "precreate", "no")
+    log.to_syslog(None, "error", "precreate", "no")
     log.refused(None, "precreate", "c1", "no")
     assert capfd.readouterr() == ("", "")
     if what == "file":
@@ -192,7 +192,7 @@ except BlockingIOError:
     pass
 log.SYSLOG_SOCKET = path
 for _ in range(3):
-    log.journal(None, "error", "precreate", "no")
+    log.to_syslog(None, "error", "precreate", "no")
     log.refused(None, "precreate", "c1", "no")
 print(sent)
 """

@@ -66,7 +66,7 @@
  *                       planner/worker.py run_entry
  *                       (what the answer holds); exec_path: entry/runtime.py main's execv (after prepare)
  *   untrusted           the TRUST check of oci_gpu_hook/host/launchers.py (trust.py code_problem)
- *   journal             oci_gpu_hook/log.py journal (syslog_message, syslog_text), with the config's syslog as baked
+ *   to_syslog           oci_gpu_hook/log.py to_syslog (syslog_message, syslog_text), with the config's syslog as baked
  */
 #define _GNU_SOURCE
 #include <ctype.h>
@@ -111,7 +111,7 @@ static int g_argc;
 static const char *g_slow; /* why every container goes to Python (settings_as_baked), for the journal's line */
 static char g_container[129]; /* the container the input names (the shim's argv, the state's id), for the journal */
 
-/* log.py journal's ``container``: the first 128 bytes of the name the input gives */
+/* log.py to_syslog's ``container``: the first 128 bytes of the name the input gives */
 static void note_container(const char *name, size_t n)
 {
     if (n >= sizeof g_container)
@@ -188,10 +188,10 @@ static size_t syslog_raw(char *raw, size_t size, const char *entry, const char *
     return n < 0 ? 0 : (size_t)n < size ? (size_t)n : size - 1;
 }
 
-/* oci_gpu_hook/log.py journal: "<PRI>Mmm dd hh:mm:ss oci-gpu-hook[PID]: MESSAGE" as one datagram to the syslog
+/* oci_gpu_hook/log.py to_syslog: "<PRI>Mmm dd hh:mm:ss oci-gpu-hook[PID]: MESSAGE" as one datagram to the syslog
  * socket, non-blocking; nothing when it cannot go, nor when the config baked says syslog = false.  ENTRY: the
  * hook's command or the shim's name, as Python writes it. */
-static void journal(int pri, const char *fmt, ...)
+static void to_syslog(int pri, const char *fmt, ...)
 {
     static const char months[12][4] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
                                        "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
@@ -223,7 +223,7 @@ static void journal(int pri, const char *fmt, ...)
 
 #ifdef OGH_SYSLOG_PROBE
 /* A test build only, never a launcher (tests/test_journal.py compiles it with -DOGH_SYSLOG_PROBE): for each
- * "ENTRY CONTAINER TEXT" triple of arguments, MESSAGE as journal() sends it, then a newline (MESSAGE never holds
+ * "ENTRY CONTAINER TEXT" triple of arguments, MESSAGE as to_syslog() sends it, then a newline (MESSAGE never holds
  * one), so the tests hold this code to log.py syslog_text byte for byte. */
 int main(int argc, char **argv)
 {
@@ -249,7 +249,7 @@ static void say_error(const char *fmt, ...)
     vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
     dprintf(2, "%s: error: %s\n", OGH_PROGRAM, text);
-    journal(OGH_SYSLOG_PRI_ERR, "error: %s", text);
+    to_syslog(OGH_SYSLOG_PRI_ERR, "error: %s", text);
 }
 
 /* ------------------------------------------------------------------ hand-over to Python */
@@ -565,7 +565,7 @@ static void to_python(const char *input, size_t len, int more)
     int i, n = 0;
     check_trust();
     if (g_slow)
-        journal(OGH_SYSLOG_PRI_INFO, "%s: every create, run and hook starts Python until `oci-gpu-hook launchers` "
+        to_syslog(OGH_SYSLOG_PRI_INFO, "%s: every create, run and hook starts Python until `oci-gpu-hook launchers` "
                 "(or install) is run again; handing over to Python", g_slow);
     if (input) {
         int fd = memfd_create("oci-gpu-hook-stdin", 0);
@@ -1468,7 +1468,7 @@ static void planner_handover(const char *socket_path, int sock, int answered, co
     if (sock < 0 || getpeername(sock, (struct sockaddr *)&peer, &peer_len) != 0) {
         if (err == ENOENT)
             return;
-        journal(OGH_SYSLOG_PRI_INFO, "the planner at %s cannot be reached (%s); handing over to Python",
+        to_syslog(OGH_SYSLOG_PRI_INFO, "the planner at %s cannot be reached (%s); handing over to Python",
                 socket_path, strerror(err));
         return;
     }
@@ -1478,7 +1478,7 @@ static void planner_handover(const char *socket_path, int sock, int answered, co
         why = "did not answer in time";
     else
         why = "broke the exchange off";
-    journal(OGH_SYSLOG_PRI_INFO, "the planner at %s %s; handing over to Python", socket_path, why);
+    to_syslog(OGH_SYSLOG_PRI_INFO, "the planner at %s %s; handing over to Python", socket_path, why);
 }
 
 /* Ask the planner (see above): returns only when the front is to fall back to the Python launcher. */
