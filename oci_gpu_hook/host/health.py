@@ -12,8 +12,9 @@ signals (docs/health.md says each one's kernel source, file and attribute, and w
   (the driver says it recovered), the PCI device or its card added or bound again (a rebind), or the GPU gone
   from the host (a new device when it comes back).  With a ``state_file`` (:func:`resident_monitor`: the DRA
   driver's and the device plugin's ``--state-dir``) it outlives a restart of the process: kept with the identity
-  of the GPU's ``drm`` directory in sysfs (kernfs makes it anew when the driver binds again), so a rebind while
-  the process was down ends it;
+  of its PCI device's ``drm`` directory in sysfs, taken when the uevent comes (kernfs makes the directory anew
+  when the driver binds again), so a rebind while the process was down ends it.  Only the GPU's own card minor
+  or PCI device speaks for it (:func:`event_gpu`); the state file is read by the config's trust rule;
 - ``vanished``: the GPU's devices are gone from the scan (AMD: its KFD topology node or DRM minors; NVIDIA: the
   driver no longer lists it, or excluded it) while its PCI device stays.
 
@@ -22,6 +23,10 @@ a failing GPU sees it at once), or risen by more than ``health_ue_rise`` since t
 signal is Unhealthy.  A count signal holds for ``health_hold`` seconds after the sample that saw it, so that a
 flapping counter does not flap a taint; the states (wedged, vanished) hold while they last and clear with the
 recovery that ends them (a rebind, the device back).  The clocks are parameters: tests step them, never sleep.
+
+The scan runs on the thread every Allocate and prepare waits for, so it never blocks nor reads without bound: each
+counter file is read within the sysfs root, as a regular file opened non-blocking, at most :data:`ATTRIBUTE_MAX`
+bytes (:class:`Reads`); one that is not so, or holds no count, counts nothing and is one log line.
 """
 
 from __future__ import annotations
