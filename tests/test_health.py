@@ -275,6 +275,11 @@ def test_a_gpu_directory_reached_through_a_symlink_is_read_inside_the_sysfs_root
     assert aer_fatal(str(escape), reads) is None and reads.bad == {}
     assert aer_fatal(str(tmp_path / "elsewhere"), reads) is None
     assert reads.bad == {str(tmp_path / "elsewhere"): f"it is outside the sysfs root {sysfs}"}
+    loop = sysfs / "bus" / "pci" / "devices" / "0000:63:00.0"
+    loop.symlink_to("0000:63:00.0")
+    assert aer_fatal(str(loop), reads) is None
+    assert reads.bad[str(loop)] == (f"it cannot be reached inside the sysfs root {sysfs} (Too many levels of "
+                                    "symbolic links)")
 
 
 def test_a_fifo_in_sysfs_never_blocks_the_device_plugins_scan(plugin: tuple) -> None:  # type: ignore[type-arg]

@@ -102,10 +102,11 @@ def open_device(sysfs_root: str, directory: str) -> int:
     root_fd = os.open(sysfs_root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         return inroot.open_dir(root_fd, relative, inroot.FOLLOW)[0]
-    except inroot.WalkError as err:
-        raise (FileNotFoundError if err.errno == errno.ENOENT else OSError)(err.errno, str(err)) from None
-    except HookError as err:
-        raise OSError(errno.ELOOP, str(err)) from None
+    except inroot.WalkError as err:  # its words are a container's: said here as the sysfs root's
+        raise (FileNotFoundError if err.errno == errno.ENOENT else OSError)(
+            err.errno, f"it cannot be reached inside the sysfs root {sysfs_root} ({os.strerror(err.errno)})") from None
+    except HookError:
+        raise OSError(errno.ELOOP, f"a symlink on its way leads nowhere inside the sysfs root {sysfs_root}") from None
     finally:
         os.close(root_fd)
 
