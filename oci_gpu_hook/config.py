@@ -243,9 +243,9 @@ def _meant(key: str) -> str:
 def check_trusted(path: str) -> None:
     """Refuse a config file that anyone but root (or the invoking user) could have changed: its
     ``runtime`` is exec'd as root (:mod:`oci_gpu_hook.trust` has the rule)."""
-    from oci_gpu_hook.trust import problem
+    from oci_gpu_hook.trust import config_problem
 
-    why = problem(path)
+    why = config_problem(path)
     if why:
         raise HookError(f"config file {path} is not trusted: {why}; refusing a config that others could change")
 

@@ -3,11 +3,12 @@ system journal's line for each refusal and each hand-over to a slower path.
 
 A leaf: what a line holds is its caller's (:meth:`oci_gpu_hook.plan.Plan.record`); this module only writes it.
 
-**The journal line** (:func:`journal`) goes to the syslog socket :data:`SYSLOG_SOCKET` as one datagram, as
+**The journal line** (:func:`to_syslog`) goes to the syslog socket :data:`SYSLOG_SOCKET` as one datagram, as
 glibc's ``syslog()`` writes it: ``<PRI>Mmm dd hh:mm:ss oci-gpu-hook[PID]: MESSAGE``, facility daemon (the tool
 runs for the container daemons), the local time, no host name (journald and rsyslog add it).  MESSAGE is
 ``ENTRY: container ID: TEXT`` (``ENTRY: TEXT`` where the input names no container), TEXT an error line without
-its ``oci-gpu-hook:`` prefix, control characters escaped, at most :data:`SYSLOG_MAX` bytes.  It is sent
+its ``oci-gpu-hook:`` prefix, escaped and cut by :func:`syslog_text` (the one rule, which the C front's
+``syslog_text`` follows byte for byte: tests/test_journal.py holds the two to one corpus).  It is sent
 non-blocking on a fresh socket: a missing socket, a full one, anything else at that path is silently no line;
 the container never waits for nor fails by it.  ``syslog = false`` in the config turns it off; with no config
 (it could not be read) it is on.  ``journalctl -t oci-gpu-hook`` shows the lines.
@@ -34,6 +35,7 @@ SYSLOG_SOCKET = "/dev/log"
 SYSLOG_FACILITY = 3  # LOG_DAEMON
 SEVERITY = {"error": 3, "warning": 4, "info": 6}  # LOG_ERR, LOG_WARNING, LOG_INFO
 SYSLOG_MAX = 4096  # bytes of MESSAGE; a longer one is cut (journald takes more, a classic syslogd 1024 or more)
+CONTAINER_MAX = 128  # bytes of the container's id or name in MESSAGE
 _MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 
 
@@ -114,31 +116,69 @@ def record(config: Config | None, **fields: Any) -> None:
         print(f"{PROGRAM}: warning: cannot write log file {path}: {err.strerror}", file=sys.stderr)
 
 
+def syslog_text(message: str) -> bytes:
+    """MESSAGE as the journal's line carries it: the reference of the one rule, which the C front's ``syslog_text``
+    (oci_gpu_hook/fastpath/front.c) follows byte for byte.  Over the message's bytes (UTF-8; a byte that
+    ``surrogateescape`` stands for is that byte):
+
+    - printable ASCII (``0x20``-``0x7e``, the space too) is kept, and so is every well-formed UTF-8 sequence of a
+      character from U+00A0 up;
+    - every other byte is written ``\\xNN`` (two lower-case hex digits): the controls (a newline, a tab, ESC),
+      DEL, the UTF-8 of a C1 control (U+0080-U+009F), and each byte of a sequence that is not well-formed UTF-8
+      (truncated, overlong, a surrogate, past U+10FFFF), so that no byte of a hostile text reaches a terminal
+      or a log parser as itself, and nothing is folded: two spaces stay two;
+    - at most :data:`SYSLOG_MAX` bytes are kept, whole pieces only (a character or an escape is never split),
+      then ``...``."""
+    try:
+        raw = message.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a lone surrogate that stands for no byte (JSON's "\\ud800"): its bytes, escaped
+        raw = b"".join(c.encode("utf-8", "surrogateescape" if "\udc80" <= c <= "\udcff" else "surrogatepass")
+                       for c in message[:SYSLOG_MAX + 4])
+    out, size = [], 0
+    for char in raw[:SYSLOG_MAX + 4].decode("utf-8", "surrogateescape"):  # more than that is cut anyway
+        if " " <= char <= "~" or (char >= "\xa0" and not "\udc80" <= char <= "\udcff"):
+            piece = char.encode()
+        else:
+            piece = "".join(f"\\x{b:02x}" for b in char.encode("utf-8", "surrogateescape")).encode()
+        if size + len(piece) > SYSLOG_MAX:
+            return b"".join(out) + b"..."
+        out.append(piece)
+        size += len(piece)
+    return b"".join(out)
+
+
 def syslog_line(severity: str, message: str, now: float | None = None, pid: int | None = None) -> bytes:
     """The datagram for ``message`` at ``severity`` (a key of :data:`SEVERITY`), as glibc's syslog() frames it."""
     t = time.localtime(now)
-    text = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in " ".join(str(message).split()))
-    data = text.encode("utf-8", "backslashreplace")
-    if len(data) > SYSLOG_MAX:
-        data = data[:SYSLOG_MAX].decode("utf-8", "ignore").encode() + b"..."
     head = (f"<{SYSLOG_FACILITY * 8 + SEVERITY[severity]}>{_MONTHS[t.tm_mon - 1]} {t.tm_mday:2d} "
             f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d} {PROGRAM}[{os.getpid() if pid is None else pid}]: ")
-    return head.encode() + data
+    return head.encode() + syslog_text(message)
 
 
-def journal(config: Config | None, severity: str, entry: str, text: str, container: str | None = None) -> None:
+def syslog_message(entry: str, text: str, container: str | None = None) -> str:
+    """MESSAGE before :func:`syslog_text`: ``ENTRY: container ID: TEXT``, the id cut to its first
+    :data:`CONTAINER_MAX` bytes (as the C front keeps it), ``ENTRY: TEXT`` without one."""
+    if text.startswith(PROGRAM + ": "):
+        text = text[len(PROGRAM) + 2:]
+    if not container:
+        return f"{entry}: {text}"
+    try:
+        cut = container.encode("utf-8", "surrogateescape")[:CONTAINER_MAX].decode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        cut = container[:CONTAINER_MAX]
+    return f"{entry}: container {cut}: {text}"
+
+
+def to_syslog(config: Config | None, severity: str, entry: str, text: str, container: str | None = None) -> None:
     """Send the journal's line (see the top) unless ``config.syslog`` is off; never block, never fail."""
     if config is not None and not config.syslog:
         return
-    if text.startswith(PROGRAM + ": "):
-        text = text[len(PROGRAM) + 2:]
-    where = f"container {container[:128]}: " if container else ""
     try:
         import _socket  # not socket: that one imports enum, selectors, ... (~5 ms); this is the C module alone
 
         sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_DGRAM | _socket.SOCK_NONBLOCK | _socket.SOCK_CLOEXEC)
         try:
-            sock.sendto(syslog_line(severity, f"{entry}: {where}{text}"), SYSLOG_SOCKET)
+            sock.sendto(syslog_line(severity, syslog_message(entry, text, container)), SYSLOG_SOCKET)
         finally:
             sock.close()
     except (OSError, ImportError):
@@ -149,7 +189,7 @@ def refused(config: Config | None, entry: str, container: str | None, line: str)
     """A container refused with the error line ``line`` (already on stderr): the log file's record and the
     journal's line, both naming ``container`` (its id, or what the input names it by) where known."""
     record(config, entry=entry, id=container, outcome="error", error=line)
-    journal(config, "error", entry, line, container)
+    to_syslog(config, "error", entry, line, container)
 
 
 def warn(message: str, **about: Any) -> None:
@@ -159,7 +199,7 @@ def warn(message: str, **about: Any) -> None:
     ``syslog`` decides, when there is one)."""
     line = " ".join(str(message).split())
     print(f"{PROGRAM}: warning: " + line, file=sys.stderr)
-    journal(about.get("config"), "warning", str(about.get("entry") or PROGRAM), "warning: " + line, about.get("id"))
+    to_syslog(about.get("config"), "warning", str(about.get("entry") or PROGRAM), "warning: " + line, about.get("id"))
 
 
 def report_failure(err: BaseException, debug: bool) -> str:

@@ -250,7 +250,7 @@ def pins_text(pins: dict[str, tuple[int, int]]) -> str:
     return "".join(f"{ino} {ctime} {path}\n" for path, (ino, ctime) in sorted(pins.items()) if "\n" not in path)
 
 
-def problem(path: str) -> str | None:
+def config_problem(path: str) -> str | None:
     """Why the config, log or output file at ``path`` cannot be trusted, or None (a missing one is trusted: the
     open that follows reports it)."""
     return walk_problem(path, trusted_owners(), False)

@@ -11,6 +11,7 @@ driver is stepped), so nothing waits on a clock; waits on the gRPC streams are b
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -24,7 +25,7 @@ import pytest
 
 from oci_gpu_hook.config import Config
 from oci_gpu_hook.host.deviceplugin import server
-from oci_gpu_hook.host.health import Monitor, Settings, aer_fatal, event_gpu, ras_uncorrectable, resident_monitor
+from oci_gpu_hook.host.health import Monitor, Reads, Settings, aer_fatal, event_gpu, ras_uncorrectable, resident_monitor
 from oci_gpu_hook.host.watch import QueueEvents
 from oci_gpu_hook.inventory import scan
 from tests.helpers import fakesysfs
@@ -34,6 +35,7 @@ from tests.helpers.fakekubelet import FakeKubelet
 from tests.test_dra import DRIVER, NODE, _driver, _sockets
 
 KEY = f"{DRIVER}/unhealthy"
+AER = "TOTAL_ERR_FATAL"
 
 
 class Clock:
@@ -66,11 +68,13 @@ def _wedged(pci: str, value: str = "rebind,bus-reset") -> dict[str, str]:
 def test_ras_counts_are_summed_over_the_blocks_and_aer_read_from_its_total(tmp_path: Path) -> None:
     sysfs, host = _seed(tmp_path)
     gpu = next(sysfs.glob("devices/**/0000:23:00.0"))
-    assert ras_uncorrectable(str(gpu)) is None and aer_fatal(str(gpu)) is None  # no RAS, no AER: no signal
+    reads = Reads(str(sysfs))
+    assert ras_uncorrectable(str(gpu), reads) is None and aer_fatal(str(gpu), reads) is None  # no RAS, no AER
     fakesysfs.set_ras(str(sysfs), host, "0000:23:00.0", ue={"umc": 3, "gfx": 1}, ce={"umc": 40})
     fakesysfs.set_aer_fatal(str(sysfs), host, "0000:23:00.0", 2)
-    assert ras_uncorrectable(str(gpu)) == (4, ["gfx 1", "umc 3"])
-    assert aer_fatal(str(gpu)) == 2
+    assert ras_uncorrectable(str(gpu), reads) == (4, ["gfx 1", "umc 3"])
+    assert aer_fatal(str(gpu), reads) == 2
+    assert reads.bad == {}
 
 
 def test_a_uevent_names_its_gpu_by_devpath_or_by_its_card() -> None:
@@ -78,6 +82,225 @@ def test_a_uevent_names_its_gpu_by_devpath_or_by_its_card() -> None:
     assert event_gpu(_wedged("0000:23:00.0"), root) == "0000:23:00.0"
     assert event_gpu({"SUBSYSTEM": "drm", "DEVNAME": "dri/card2"}, root) == "0000:23:00.0"
     assert event_gpu({"SUBSYSTEM": "drm", "DEVNAME": "dri/card99"}, root) is None
+
+
+def _card_event(sysfs: Path, pci: str, **fields: str) -> dict[str, str]:
+    """A uevent on the card minor of the GPU ``pci`` of a fake host, with its real DEVPATH there."""
+    card = next(sysfs.glob(f"devices/**/{pci}/drm/card*"))
+    return {"SUBSYSTEM": "drm", "DEVNAME": f"dri/{card.name}", "DEVPATH": "/" + str(card.relative_to(sysfs)),
+            **fields}
+
+
+def test_only_the_gpus_own_card_or_pci_device_speaks_for_it() -> None:
+    root = "/nonexistent"
+    gpu = "/devices/pci0000:00/0000:00:01.1/0000:03:00.0"
+    assert event_gpu({"SUBSYSTEM": "drm", "DEVPATH": f"{gpu}/drm/card1"}, root) == "0000:03:00.0"
+    assert event_gpu({"SUBSYSTEM": "pci", "DEVPATH": gpu}, root) == "0000:03:00.0"
+    for below in (f"{gpu}/drm/card1/card1-DP-3", f"{gpu}/drm/card1/card1-DP-3-1", f"{gpu}/drm/renderD128",
+                  f"{gpu}/drm/card1x", f"{gpu}/drm", f"{gpu}/i2c-4/drm/card1", f"{gpu}/0000:04:00.0/drm/card9/x"):
+        assert event_gpu({"SUBSYSTEM": "drm", "DEVPATH": below}, root) is None, below
+    assert event_gpu({"SUBSYSTEM": "pci", "DEVPATH": f"{gpu}/virtfn0"}, root) is None
+
+
+def test_a_connector_added_below_a_wedged_gpu_does_not_end_the_wedge(tmp_path: Path) -> None:
+    """DP-MST adds a connector (``card1-DP-3``) when a monitor is plugged into a hub: no rebind.  Only the card's own
+    add, or its PCI device's, ends a wedge."""
+    sysfs, _host = _seed(tmp_path)
+    inventory = scan(str(sysfs), strict=False)
+    monitor = _monitor(Clock())
+    monitor.sample(inventory)
+    wedge = _card_event(sysfs, "0000:43:00.0", ACTION="change", WEDGED="rebind")
+    assert monitor.event(wedge)
+    for name in ("card2-DP-3", "card2-DP-3-1"):
+        connector = {"ACTION": "add", "SUBSYSTEM": "drm", "DEVPATH": wedge["DEVPATH"] + "/" + name}
+        assert not monitor.event(connector)
+    render = {"ACTION": "add", "SUBSYSTEM": "drm", "DEVPATH": wedge["DEVPATH"].rpartition("/")[0] + "/renderD130"}
+    assert not monitor.event(render)
+    assert not monitor.sample(inventory)["0000:43:00.0"].healthy
+    assert monitor.event({k: v for k, v in wedge.items() if k != "WEDGED"} | {"ACTION": "add"})  # the card's own
+    assert monitor.sample(inventory)["0000:43:00.0"].healthy
+
+
+def test_a_wedge_seen_before_the_first_sample_is_marked_and_cleared_by_a_rebind_while_down(tmp_path: Path) -> None:
+    """The uevent may come before the monitor's first sample (a plugin just started): the mark comes from the PCI
+    device's drm directory all the same, so a restart keeps the wedge, and a restart after a rebind ends it."""
+    host = fakesysfs.seed_host()
+    sysfs = Path(fakesysfs.build(str(tmp_path / "sys"), host))
+    state = tmp_path / "state" / "health.json"
+    logs: list[str] = []
+
+    def monitor() -> Monitor:
+        return Monitor(Settings(), str(sysfs), clock=Clock(), state_file=str(state), log=logs.append)
+
+    first = monitor()
+    assert first.event(_card_event(sysfs, "0000:a3:00.0", ACTION="change", WEDGED="bus-reset"))
+    saved = json.loads(state.read_text())["wedged"]["0000:a3:00.0"]
+    assert saved["methods"] == "bus-reset" and isinstance(saved["drm"], list) and len(saved["drm"]) == 2
+    assert not monitor().sample(scan(str(sysfs), strict=False))["0000:a3:00.0"].healthy  # kept across a restart
+    shutil.rmtree(sysfs)
+    fakesysfs.build(str(sysfs), host)  # rebound while down: its drm directory is another one
+    assert monitor().sample(scan(str(sysfs), strict=False))["0000:a3:00.0"].healthy
+    assert json.loads(state.read_text()) == {"wedged": {}}
+    assert logs == []
+
+
+def test_a_saved_wedge_without_a_mark_is_dropped_with_one_line(tmp_path: Path) -> None:
+    """A state file from before the mark was always taken (``"drm": null``) would pin the GPU Unhealthy forever:
+    nothing could ever show the rebind that ends it.  Dropped, and said."""
+    sysfs, _host = _seed(tmp_path)
+    state = tmp_path / "state" / "health.json"
+    state.parent.mkdir(mode=0o700)
+    state.write_text(json.dumps({"wedged": {"0000:23:00.0": {"methods": "rebind", "drm": None},
+                                            "0000:43:00.0": {"methods": "rebind", "drm": [1, True]}}}))
+    logs: list[str] = []
+    monitor = Monitor(Settings(), str(sysfs), clock=Clock(), state_file=str(state), log=logs.append)
+    assert all(v.healthy for v in monitor.sample(scan(str(sysfs), strict=False)).values())
+    assert logs == [f"health state {state}: the wedge of 0000:23:00.0 has no mark of its drm directory, so a rebind "
+                    "meanwhile cannot be told: dropped",
+                    f"health state {state}: the wedge of 0000:43:00.0 has no mark of its drm directory, so a rebind "
+                    "meanwhile cannot be told: dropped"]
+
+
+@pytest.mark.parametrize("kind", ["others-writable", "dir-foreign", "fifo", "directory"])
+def test_a_state_file_that_could_steer_the_monitor_is_not_read(tmp_path: Path, kind: str) -> None:
+    """The state file is read by the config's trust rule and as a regular file: one written by someone else (or
+    that such a one could swap) pins no taint, a FIFO does not block the start; one line says which and why."""
+    sysfs, _host = _seed(tmp_path)
+    state_dir = tmp_path / "state"
+    state_dir.mkdir(mode=0o700)
+    state = state_dir / "health.json"
+    wedged = json.dumps({"wedged": {"0000:23:00.0": {"methods": "rebind", "drm": [1, 2]}}})
+    if kind == "fifo":
+        os.mkfifo(state, 0o600)
+    elif kind == "directory":
+        state.mkdir()
+    else:
+        state.write_text(wedged)
+        state.chmod(0o666 if kind == "others-writable" else 0o600)
+        if kind == "dir-foreign":
+            os.chown(state_dir, 4321, 4321)
+    logs: list[str] = []
+    made: list[Monitor] = []
+    thread = threading.Thread(target=lambda: made.append(Monitor(Settings(), str(sysfs), state_file=str(state),
+                                                                 log=logs.append)), daemon=True)
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive(), "the monitor blocked on its state file"
+    (monitor,) = made
+    assert monitor.wedged == {} and len(logs) == 1, logs
+    assert logs[0].startswith(f"health state {state} ") and logs[0].endswith("starting without the wedges it held")
+    why = {"others-writable": "writable by", "dir-foreign": "owned by", "fifo": "not a regular file",
+           "directory": "Is a directory"}[kind]
+    assert why in logs[0], logs
+
+
+# --- counter files that are no counters ------------------------------------------------------------------------
+
+def test_counter_files_that_are_no_counters_count_nothing_and_are_said_once_each(tmp_path: Path) -> None:
+    """Each is read within the sysfs root, non-blocking, as a regular file of at most a few KiB: a FIFO, a file of
+    256 MiB, a symlink out of the root, garbage.  None counts; one line each, said again only when it changes."""
+    sysfs, host = _seed(tmp_path)
+    inventory = scan(str(sysfs), strict=False)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "umc_err_count").write_text("ue: 99\nce: 0\n")
+    (outside / "aer_dev_fatal").write_text(f"{AER} 7\n")
+    gpus = {pci: next(sysfs.glob(f"devices/**/{pci}")) for pci in ("0000:03:00.0", "0000:23:00.0", "0000:43:00.0",
+                                                                   "0000:63:00.0", "0000:83:00.0")}
+    fakesysfs.set_ras(str(sysfs), host, "0000:03:00.0", ue={})
+    fifo = gpus["0000:03:00.0"] / "ras" / "umc_err_count"
+    fifo.unlink()
+    os.mkfifo(fifo)
+    big = gpus["0000:23:00.0"] / "aer_dev_fatal"
+    with big.open("wb") as handle:
+        handle.truncate(256 << 20)  # sparse: 256 MiB to read, none on disk
+    (gpus["0000:43:00.0"] / "aer_dev_fatal").symlink_to(outside / "aer_dev_fatal")
+    (gpus["0000:63:00.0"] / "ras").symlink_to(outside)
+    fakesysfs.set_ras(str(sysfs), host, "0000:83:00.0", ue={})
+    garbage = gpus["0000:83:00.0"] / "ras" / "gfx_err_count"
+    garbage.write_text("Query currently inaccessible\n")
+    logs: list[str] = []
+    monitor = Monitor(Settings(), str(sysfs), clock=Clock(), log=logs.append)
+    done: list[dict[str, object]] = []
+    thread = threading.Thread(target=lambda: done.append(monitor.sample(inventory)), daemon=True)
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive(), "the sample blocked"
+    assert all(v.healthy for v in done[0].values())  # type: ignore[attr-defined]
+    assert sorted(logs) == sorted([
+        f"health: {fifo} not read as a counter: it is a fifo, not a regular file; it counts nothing until it reads",
+        f"health: {big} not read as a counter: it holds more than 8192 bytes, more than any counter shows; it counts "
+        "nothing until it reads",
+        f"health: {gpus['0000:43:00.0']}/aer_dev_fatal not read as a counter: it is a symlink, not a regular file; it "
+        "counts nothing until it reads",
+        f"health: {gpus['0000:63:00.0']}/ras not read as a counter: it is a symlink; it counts nothing until it reads",
+        f"health: {garbage} not read as a counter: no 'ue: N' line in 'Query currently inaccessible'; it counts "
+        "nothing until it reads"]), logs
+    monitor.sample(inventory)
+    assert len(logs) == 5  # said once
+    garbage.write_text("ue: 0\nce: 0\n")
+    monitor.sample(inventory)
+    assert len(logs) == 5
+    garbage.write_text("ue: -1\n")
+    monitor.sample(inventory)
+    assert logs[5:] == [f"health: {garbage} not read as a counter: no 'ue: N' line in 'ue: -1'; it counts nothing "
+                        "until it reads"]
+
+
+def test_list_says_a_counter_file_that_is_no_counter_on_stderr(tmp_path: Path) -> None:
+    sysfs, host = _seed(tmp_path)
+    fakesysfs.set_aer_fatal(str(sysfs), host, "0000:23:00.0", 0)
+    aer = next(sysfs.glob("devices/**/0000:23:00.0")) / "aer_dev_fatal"
+    aer.write_text("TOTAL_ERR_FATAL lots\n")
+    done = subprocess.run([sys.executable, "-m", "oci_gpu_hook.entry.cli", "--sysfs-root", str(sysfs), "list"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO,
+                          env={"PATH": "/usr/bin:/bin", "OCI_GPU_HOOK_CONFIG": "/dev/null"})
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == (f"warning: health: {aer} not read as a counter: no 'TOTAL_ERR_FATAL N' line in "
+                           "'TOTAL_ERR_FATAL lots'; it counts nothing until it reads\n")
+
+
+def test_a_gpu_directory_reached_through_a_symlink_is_read_inside_the_sysfs_root(tmp_path: Path) -> None:
+    """``bus/pci/devices/<address>`` is a symlink: resolved inside the root (an absolute one too), never out of it."""
+    sysfs, host = _seed(tmp_path)
+    fakesysfs.set_aer_fatal(str(sysfs), host, "0000:23:00.0", 3)
+    gpu = next(sysfs.glob("devices/**/0000:23:00.0"))
+    (sysfs / "bus" / "pci" / "devices").mkdir(parents=True)
+    inside = sysfs / "bus" / "pci" / "devices" / "0000:23:00.0"
+    inside.symlink_to(os.path.relpath(gpu, inside.parent))
+    reads = Reads(str(sysfs))
+    assert aer_fatal(str(inside), reads) == 3
+    escape = sysfs / "bus" / "pci" / "devices" / "0000:43:00.0"
+    escape.symlink_to(gpu)  # absolute: taken as a path inside the root, where there is none
+    assert aer_fatal(str(escape), reads) is None and reads.bad == {}
+    assert aer_fatal(str(tmp_path / "elsewhere"), reads) is None
+    assert reads.bad == {str(tmp_path / "elsewhere"): f"it is outside the sysfs root {sysfs}"}
+    loop = sysfs / "bus" / "pci" / "devices" / "0000:63:00.0"
+    loop.symlink_to("0000:63:00.0")
+    assert aer_fatal(str(loop), reads) is None
+    assert reads.bad[str(loop)] == (f"it cannot be reached inside the sysfs root {sysfs} (Too many levels of "
+                                    "symbolic links)")
+
+
+def test_a_fifo_in_sysfs_never_blocks_the_device_plugins_scan(plugin: tuple) -> None:  # type: ignore[type-arg]
+    """The scanning thread reads every GPU's counters and nodes: a FIFO at one of them (held open by a writer, or
+    not) leaves its rescans, and so every Allocate, as quick as before."""
+    sysfs, _host, kubelet, tracker, _clock, _events = plugin
+    gpu = next(sysfs.glob("devices/**/0000:c3:00.0"))
+    os.mkfifo(gpu / "aer_dev_fatal")
+    dev = next(gpu.glob("drm/card*")) / "dev"
+    dev.unlink()
+    os.mkfifo(dev)
+    writer = os.open(dev, os.O_RDWR)  # a writer that never writes: a blocking read would wait forever
+    try:
+        thread = threading.Thread(target=tracker.rescan, args=("test",), daemon=True)
+        thread.start()
+        thread.join(30)
+        assert not thread.is_alive(), "the rescan blocked on a FIFO"
+        (answer,) = kubelet.allocate("amd.com/gpu", ["0000:03:00.0"]).container_responses
+        assert [c.name for c in answer.cdi_devices] == ["amd.com/gpu=0000:03:00.0"]
+    finally:
+        os.close(writer)
 
 
 # --- the monitor over time --------------------------------------------------------------------------------------

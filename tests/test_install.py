@@ -21,7 +21,7 @@ from oci_gpu_hook.config import Config
 from oci_gpu_hook.entry import cli
 from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.host import containerd
-from oci_gpu_hook.host.install import items, journal, paths
+from oci_gpu_hook.host.install import items, paths, undo
 from oci_gpu_hook.inventory import scan
 from tests.conftest import ROOT, unavailable
 from tests.helpers import clilib
@@ -598,18 +598,18 @@ def test_a_failed_install_leaves_a_manifest_of_what_it_wrote(prefix: Path, capsy
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     populate(prefix)
     original = snapshot(prefix)
-    real_write = journal.write_file
+    real_write = undo.write_file
 
     def failing_write(path: str, *args: Any, **kwargs: Any) -> None:
         if path == str(at(prefix, containerd.DROP_IN_PATH)):  # after its backup was made
             raise HookError(f"cannot write {path}: No space left on device")
         real_write(path, *args, **kwargs)
 
-    monkeypatch.setattr(journal, "write_file", failing_write)
+    monkeypatch.setattr(undo, "write_file", failing_write)
     code, _out, err = run(capsys, "--prefix", str(prefix))
     assert code == 1
     assert err == f"oci-gpu-hook: error: cannot write {at(prefix, containerd.DROP_IN_PATH)}: No space left on device\n"
-    monkeypatch.setattr(journal, "write_file", real_write)
+    monkeypatch.setattr(undo, "write_file", real_write)
     ok(capsys, "--prefix", str(prefix), "--uninstall")
     assert snapshot(prefix) == original
 

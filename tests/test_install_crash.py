@@ -23,8 +23,7 @@ import pytest
 
 from oci_gpu_hook.entry import cli
 from oci_gpu_hook.host import containerd
-from oci_gpu_hook.host.install import journal as install_journal
-from oci_gpu_hook.host.install import paths
+from oci_gpu_hook.host.install import paths, undo
 from tests.helpers import clilib
 from tests.helpers.containerlib import INSTALL_DEV
 from tests.helpers.installtrees import build, isolated_env, snapshot
@@ -54,7 +53,7 @@ def killed_at(prefix: Path, n: int, *args: str, code: int = 0) -> bool:
     pid = os.fork()
     if pid == 0:  # the child: never back into pytest
         try:
-            os.environ[install_journal.KILL_ENV] = str(n)
+            os.environ[undo.KILL_ENV] = str(n)
             null = os.open(os.devnull, os.O_WRONLY)
             os.dup2(null, 1)
             os.dup2(null, 2)

@@ -1,4 +1,4 @@
-"""The journal's line (oci_gpu_hook/log.py journal): its format, that it never blocks nor fails a container (a full
+"""The journal's line (oci_gpu_hook/log.py to_syslog): its format, that it never blocks nor fails a container (a full
 socket, none, a file, a directory, a stream socket at the path), ``syslog = false``, the container each entry
 point names (precreate: the hostname or an orchestrator's annotation; prestart: the state's id; the shim: argv's),
 that operator commands write none, and the native front's own lines (a planner that is there but does not
@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from oci_gpu_hook import log
 from oci_gpu_hook.config import Config
@@ -27,6 +29,7 @@ from oci_gpu_hook.host import planner as planner_module
 from tests.conftest import need
 from tests.helpers import containerlib as cl
 from tests.helpers import plannerlib
+from tests.helpers.hostiletexts import JOURNAL_CONTAINERS, journal_texts
 from tests.helpers.journallib import Listener, with_dev_log
 
 BAD = "AMD_VISIBLE_DEVICES=gpu1"
@@ -58,18 +61,71 @@ def test_the_line_is_framed_as_glibc_syslog_frames_it(utc: None) -> None:
     assert log.syslog_line("warning", "x", at, 7).startswith(b"<28>Mar  5 ")
 
 
-def test_the_line_is_one_line_of_printable_text() -> None:
-    line = log.syslog_line("error", "a\nb\tc  d\x1b[31m\x7fe\u00e9", pid=1)
-    assert line.endswith(b": a b c d\\x1b[31m\\x7fe\xc3\xa9")
+def test_the_line_is_one_line_with_every_byte_that_is_no_text_escaped() -> None:
+    line = log.syslog_line("error", "a\nb\tc  d\x1b[31m\x7fe\u00e9\u009b\x00", pid=1)
+    assert line.endswith(b": a\\x0ab\\x09c  d\\x1b[31m\\x7fe\xc3\xa9\\xc2\\x9b\\x00")  # nothing folded
+    assert log.syslog_text("\udcff \ud800") == b"\\xff \\xed\\xa0\\x80"  # argv's \xff; JSON's lone surrogate
     long = log.syslog_line("error", "\u00e9" * 5000, pid=1)
     text = long.split(b": ", 1)[1]
-    assert text.endswith(b"...") and len(text) <= log.SYSLOG_MAX + 3
+    assert text.endswith(b"...") and len(text) == log.SYSLOG_MAX + 3
     text[:-3].decode()  # cut on a character boundary
+    escapes = log.syslog_text("\x01" * 5000)
+    assert escapes == b"\\x01" * (log.SYSLOG_MAX // 4) + b"..."  # never inside an escape
+    assert log.syslog_text("a" * log.SYSLOG_MAX) == b"a" * log.SYSLOG_MAX  # cut only past the limit
+    assert log.syslog_text("a" * (log.SYSLOG_MAX + 1)) == b"a" * log.SYSLOG_MAX + b"..."
+
+
+@pytest.fixture(scope="module")
+def syslog_probe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The C front's journal text alone: front.c compiled with -DOGH_SYSLOG_PROBE and an install's baked header."""
+    if launchers.find_cc() is None:
+        pytest.skip("no C compiler")
+    tools = tmp_path_factory.mktemp("syslog-probe")
+    header = tools / "baked.h"
+    header.write_text(launchers.front_header("oci-gpu-hook", str(tools), {}, True))
+    probe = tools / "probe"
+    subprocess.run(["gcc", "-std=gnu11", "-O2", "-Wall", "-Werror", "-Wno-unused-function",
+                    f'-DOGH_BAKED="{header}"', "-DOGH_SYSLOG_PROBE", "-o", str(probe), launchers.FRONT_SOURCE],
+                   check=True, timeout=300)
+    return probe
+
+
+def _both_journal_texts(probe: Path, triples: list[tuple[bytes, bytes, bytes]]) -> tuple[list[bytes], list[bytes]]:
+    """MESSAGE for each (entry, container, text) as the C front writes it and as Python does (its argv decoded as
+    Python decodes argv)."""
+    out = subprocess.run([probe, *(arg for triple in triples for arg in triple)], capture_output=True, check=True,
+                         timeout=120).stdout
+    python = [log.syslog_text(log.syslog_message(os.fsdecode(entry), os.fsdecode(text), os.fsdecode(container)))
+              for entry, container, text in triples]
+    return out.split(b"\n")[:-1], python
+
+
+def test_the_front_and_python_write_the_same_journal_text(syslog_probe: Path) -> None:
+    """One rule, two writers: for every hostile text of the corpus (each byte, line breaks and runs of spaces,
+    ill-formed UTF-8 of each kind, texts cut at every kind of piece), in each kind of container name and entry,
+    the C front's MESSAGE is Python's byte for byte."""
+    triples = [(b"precreate", b"", text) for text in journal_texts(log.SYSLOG_MAX - len("precreate: "))]
+    triples += [(b"prestart", container, text) for container in JOURNAL_CONTAINERS
+                for text in (b"error: x", b"a\nb", b"\xff" * 10, b"e" * 5000)]
+    triples += [(entry, b"c1", b"error: no") for entry in (b"oci-gpu-runtime", b"x\x1by", b"\xe2\x82", b"")]
+    front, python = _both_journal_texts(syslog_probe, triples)
+    assert len(front) == len(triples)
+    for triple, c_text, py_text in zip(triples, front, python, strict=True):
+        assert c_text == py_text, triple
+    assert b"\n" not in b"".join(python) and all(len(t) <= log.SYSLOG_MAX + 3 for t in python)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.binary(min_size=0, max_size=6000).map(lambda b: b.replace(b"\0", b"")),
+       container=st.binary(max_size=200).map(lambda b: b.replace(b"\0", b"")))
+def test_the_front_and_python_agree_on_any_bytes(syslog_probe: Path, text: bytes, container: bytes) -> None:
+    front, python = _both_journal_texts(syslog_probe, [(b"precreate", container, text)])
+    assert front == python
 
 
 def test_journal_sends_one_datagram(listener: Listener) -> None:
-    log.journal(None, "error", "precreate", "oci-gpu-hook: error: no such GPU", "b6326e1d7a5c")
-    log.journal(Config(), "info", "oci-gpu-runtime", "handed over")
+    log.to_syslog(None, "error", "precreate", "oci-gpu-hook: error: no such GPU", "b6326e1d7a5c")
+    log.to_syslog(Config(), "info", "oci-gpu-runtime", "handed over")
     first, second = listener.lines()
     assert first.split(b"]: ", 1)[1] == b"precreate: container b6326e1d7a5c: error: no such GPU"
     assert first.startswith(b"<27>") and f"oci-gpu-hook[{os.getpid()}]: ".encode() in first
@@ -77,7 +133,7 @@ def test_journal_sends_one_datagram(listener: Listener) -> None:
 
 
 def test_syslog_false_sends_nothing(listener: Listener, capsys: pytest.CaptureFixture[str]) -> None:
-    log.journal(Config(syslog=False), "error", "precreate", "no")
+    log.to_syslog(Config(syslog=False), "error", "precreate", "no")
     log.refused(Config(syslog=False), "precreate", "c1", "no")
     log.warn("no", entry="precreate", config=Config(syslog=False))
     assert listener.lines() == []
@@ -107,7 +163,7 @@ def test_nothing_at_the_path_that_takes_a_datagram_is_silently_no_line(tmp_path:
         keep.bind(str(path))
         keep.listen(1)
     monkeypatch.setattr(log, "SYSLOG_SOCKET", str(path))
-    log.journal(None, "error", "precreate", "no")
+    log.to_syslog(None, "error", "precreate", "no")
     log.refused(None, "precreate", "c1", "no")
     assert capfd.readouterr() == ("", "")
     if what == "file":
@@ -136,7 +192,7 @@ except BlockingIOError:
     pass
 log.SYSLOG_SOCKET = path
 for _ in range(3):
-    log.journal(None, "error", "precreate", "no")
+    log.to_syslog(None, "error", "precreate", "no")
     log.refused(None, "precreate", "c1", "no")
 print(sent)
 """

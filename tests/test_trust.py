@@ -53,9 +53,9 @@ def _config(directory: Path, text: str = 'runtime = "/bin/true"\n') -> Path:
 
 
 def test_a_root_owned_path_is_trusted(tmp_path: Path) -> None:
-    assert trust.problem(str(_config(tmp_path / "etc"))) is None
-    assert trust.problem(os.devnull) is None  # 0666, but reads as empty whoever writes it
-    assert trust.problem(str(tmp_path / "absent" / "file")) is None  # the open that follows reports it
+    assert trust.config_problem(str(_config(tmp_path / "etc"))) is None
+    assert trust.config_problem(os.devnull) is None  # 0666, but reads as empty whoever writes it
+    assert trust.config_problem(str(tmp_path / "absent" / "file")) is None  # the open that follows reports it
 
 
 def spoil(path: Path, how: str | int) -> None:
@@ -101,18 +101,18 @@ def test_untrusted_paths(tmp_path: Path, case: str) -> None:
         path = sticky / "config.toml"
         path.write_text("")
         path.chmod(0o644)
-        assert trust.problem(str(path)) is None  # root's file in a sticky world-writable directory
+        assert trust.config_problem(str(path)) is None  # root's file in a sticky world-writable directory
         spoil(path, "owner" if case == "sticky-dir-nobody-file" else 0o666)
-    assert trust.problem(str(path)) is not None
+    assert trust.config_problem(str(path)) is not None
 
 
 def test_relative_links_and_dotdot_resolve_like_the_kernel(tmp_path: Path) -> None:
     _config(tmp_path / "etc" / "sub")
     (tmp_path / "etc" / "up").symlink_to("sub/../sub")
-    assert trust.problem(str(tmp_path / "etc" / "up" / "config.toml")) is None
+    assert trust.config_problem(str(tmp_path / "etc" / "up" / "config.toml")) is None
     if ROOT:
         spoil(tmp_path / "etc" / "sub", "owner")
-        assert "owned by uid 65534" in (trust.problem(str(tmp_path / "etc" / "up" / "config.toml")) or "")
+        assert "owned by uid 65534" in (trust.config_problem(str(tmp_path / "etc" / "up" / "config.toml")) or "")
 
 
 # --- every entry point refuses an untrusted config ---------------------------------

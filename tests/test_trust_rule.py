@@ -132,7 +132,7 @@ trust.load_pins(sys.argv[4])
 launcher["load_pins"](sys.argv[4])
 out = {}
 for name, path in paths.items():
-    out[name] = {"config": trust.problem(path) is None, "code": trust.code_problem(path) is None,
+    out[name] = {"config": trust.config_problem(path) is None, "code": trust.code_problem(path) is None,
                  "launcher": launcher["code_problem"](path) is None}
 print(json.dumps({"cases": out, "identity": list(trust.identity()), "owners": list(trust.trusted_owners())}))
 """

@@ -125,7 +125,7 @@ def write(path: str, text: str) -> bool:
 def make_dirs(directory: str, what: str) -> None:
     """Create ``directory`` and any missing parent, each mode 0755 whatever the umask, only below a directory
     nobody but root (or the invoking user) can change (:mod:`oci_gpu_hook.trust`); one line on failure."""
-    from oci_gpu_hook.trust import problem
+    from oci_gpu_hook.trust import config_problem
 
     missing = []
     path = os.path.abspath(directory)
@@ -134,7 +134,7 @@ def make_dirs(directory: str, what: str) -> None:
         path = os.path.dirname(path)
     if not os.path.isdir(path):
         raise HookError(f"{what} {directory}: {path} is not a directory")
-    why = problem(directory if not missing else path)
+    why = config_problem(directory if not missing else path)
     if why:
         raise HookError(f"{what} {directory} is not trusted: {why} (CDI consumers run as root and apply what "
                         "a spec there says)")
@@ -152,9 +152,9 @@ def make_dirs(directory: str, what: str) -> None:
 def check_output_dir(directory: str) -> None:
     """Refuse to write a spec where a non-root user could replace it: CDI consumers run as root and
     add its device nodes and hooks to containers (:mod:`oci_gpu_hook.trust`)."""
-    from oci_gpu_hook.trust import problem
+    from oci_gpu_hook.trust import config_problem
 
-    why = problem(directory)
+    why = config_problem(directory)
     if why:
         raise HookError(f"CDI output directory {directory} is not trusted: {why}")
 

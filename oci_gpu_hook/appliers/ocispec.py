@@ -69,7 +69,7 @@ def _stand_in_problem(candidate: str) -> str | None:
     """Why this installation's own ``oci-gpu-hook`` at ``candidate`` may not be named as the links hook, or
     None: it must be an executable file that nobody but root (or the invoking user) can have changed, and so
     must the interpreter of a script and the package it runs (:mod:`oci_gpu_hook.trust`)."""
-    from oci_gpu_hook.trust import problem
+    from oci_gpu_hook.trust import config_problem
 
     if not _executable(candidate):
         return f"{candidate} is not an executable file"
@@ -86,7 +86,7 @@ def _stand_in_problem(candidate: str) -> str | None:
         checked.append(os.fsdecode(words[0]))
         checked.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the package it imports
     for path in checked:
-        why = problem(path) if os.path.exists(path) else f"{path} is missing"
+        why = config_problem(path) if os.path.exists(path) else f"{path} is missing"
         if why:
             return why
     return None

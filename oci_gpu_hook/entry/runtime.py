@@ -116,9 +116,9 @@ def passthrough_runtime_name(baked: str | None = None) -> str:
     except Exception:
         pass
     path = os.environ.get("OCI_GPU_HOOK_CONFIG") or DEFAULT_CONFIG_PATH
-    from oci_gpu_hook.trust import problem
+    from oci_gpu_hook.trust import config_problem
 
-    if problem(path):  # a file others could change never names what root execs
+    if config_problem(path):  # a file others could change never names what root execs
         return baked or FIELDS["runtime"].default
     try:
         with open(path, "rb") as handle:

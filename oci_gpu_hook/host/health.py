@@ -12,8 +12,9 @@ signals (docs/health.md says each one's kernel source, file and attribute, and w
   (the driver says it recovered), the PCI device or its card added or bound again (a rebind), or the GPU gone
   from the host (a new device when it comes back).  With a ``state_file`` (:func:`resident_monitor`: the DRA
   driver's and the device plugin's ``--state-dir``) it outlives a restart of the process: kept with the identity
-  of the GPU's ``drm`` directory in sysfs (kernfs makes it anew when the driver binds again), so a rebind while
-  the process was down ends it;
+  of its PCI device's ``drm`` directory in sysfs, taken when the uevent comes (kernfs makes the directory anew
+  when the driver binds again), so a rebind while the process was down ends it.  Only the GPU's own card minor
+  or PCI device speaks for it (:func:`event_gpu`); the state file is read by the config's trust rule;
 - ``vanished``: the GPU's devices are gone from the scan (AMD: its KFD topology node or DRM minors; NVIDIA: the
   driver no longer lists it, or excluded it) while its PCI device stays.
 
@@ -22,11 +23,17 @@ a failing GPU sees it at once), or risen by more than ``health_ue_rise`` since t
 signal is Unhealthy.  A count signal holds for ``health_hold`` seconds after the sample that saw it, so that a
 flapping counter does not flap a taint; the states (wedged, vanished) hold while they last and clear with the
 recovery that ends them (a rebind, the device back).  The clocks are parameters: tests step them, never sleep.
+
+The scan runs on the thread every Allocate and prepare waits for, so it never blocks nor reads without bound: each
+counter file is read within the sysfs root, as a regular file opened non-blocking, at most :data:`ATTRIBUTE_MAX`
+bytes (:class:`Reads`); one that is not so, or holds no count, counts nothing and is one log line.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -35,7 +42,6 @@ from typing import Any
 
 from oci_gpu_hook.config import HEALTH_SIGNALS, Config
 from oci_gpu_hook.inventory import Device, Inventory, parse_pci_address
-from oci_gpu_hook.inventory.sysfs import read
 
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
 RAS_DIR = "ras"
@@ -45,6 +51,7 @@ AER_TOTAL = "TOTAL_ERR_FATAL"
 WEDGED = "WEDGED"
 COUNTED = ("ras-uncorrectable", "pcie-fatal")  # the signals of counts: held after they clear
 RECOVERED = "none"  # WEDGED=none: the driver recovered the device itself (telemetry may be collected)
+ATTRIBUTE_MAX = 8192  # bytes of a counter file read: sysfs shows an attribute in one page (4 KiB on x86_64)
 HEALTH_STATE = "health.json"  # in a resident process's state directory: the wedged GPUs, across its restart
 
 
@@ -81,34 +88,155 @@ class Settings:
         return "NoExecute" if signal in self.noexecute else "NoSchedule"
 
 
-def ras_uncorrectable(pci_dir: str) -> tuple[int, list[str]] | None:
-    """The sum of amdgpu's RAS ``ue`` counts of the GPU at ``pci_dir`` and the blocks that have any (None: no
-    ``ras`` directory, a GPU or kernel without RAS)."""
-    directory = os.path.join(pci_dir, RAS_DIR)
+def open_device(sysfs_root: str, directory: str) -> int:
+    """An ``O_PATH`` fd of the device directory ``directory`` below ``sysfs_root``, reached by the one walk inside a
+    root (:mod:`oci_gpu_hook.core.inroot`, FOLLOW: a symlink on the way, as ``bus/pci/devices/<address>``, is
+    resolved inside the root, never out of it).  OSError with a one-line ``strerror`` (FileNotFoundError where
+    it is missing)."""
+    from oci_gpu_hook.core import inroot
+    from oci_gpu_hook.errors import HookError
+
+    relative = os.path.relpath(directory, sysfs_root)
+    if relative == ".." or relative.startswith("../"):
+        raise OSError(errno.EXDEV, f"it is outside the sysfs root {sysfs_root}")
+    root_fd = os.open(sysfs_root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        names = sorted(os.listdir(directory))
-    except OSError:
+        return inroot.open_dir(root_fd, relative, inroot.FOLLOW)[0]
+    except inroot.WalkError as err:  # its words are a container's: said here as the sysfs root's
+        raise (FileNotFoundError if err.errno == errno.ENOENT else OSError)(
+            err.errno, f"it cannot be reached inside the sysfs root {sysfs_root} ({os.strerror(err.errno)})") from None
+    except HookError:
+        raise OSError(errno.ELOOP, f"a symlink on its way leads nowhere inside the sysfs root {sysfs_root}") from None
+    finally:
+        os.close(root_fd)
+
+
+def read_attribute(dir_fd: int, name: str, limit: int = ATTRIBUTE_MAX) -> str:
+    """The text of the sysfs attribute ``name`` in the directory ``dir_fd``: a regular file only (a symlink, a FIFO,
+    a socket or a device is refused unopened, and again on the fd: opened non-blocking, so a FIFO swapped in between
+    never blocks), at most ``limit`` bytes, UTF-8.  OSError with a one-line ``strerror`` otherwise
+    (FileNotFoundError where it is missing)."""
+    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    if not stat.S_ISREG(st.st_mode):
+        raise OSError(errno.EINVAL, f"it is {_kind(st.st_mode)}, not a regular file")
+    fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, f"it is {_kind(st.st_mode)}, not a regular file")
+        data = b""
+        while len(data) <= limit and (chunk := os.read(fd, limit + 1 - len(data))):
+            data += chunk
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise OSError(errno.EFBIG, f"it holds more than {limit} bytes, more than any counter shows")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise OSError(errno.EILSEQ, "it is not UTF-8 text") from None
+
+
+def _kind(mode: int) -> str:
+    from oci_gpu_hook.core.inroot import describe
+
+    return "a socket" if stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else (
+        "a directory" if stat.S_ISDIR(mode) else describe(mode))
+
+
+class Reads:
+    """The counter files of one sample, read within ``sysfs_root`` (:func:`open_device`, :func:`read_attribute`);
+    what could not be read, or read as no counter, is kept in :attr:`bad` (path -> why, one line), for the monitor
+    to say once per file."""
+
+    def __init__(self, sysfs_root: str) -> None:
+        self.sysfs_root = sysfs_root
+        self.bad: dict[str, str] = {}
+
+    def device(self, directory: str) -> int | None:
+        """``directory``'s fd; None where it is missing or refused (refused: kept in :attr:`bad`)."""
+        try:
+            return open_device(self.sysfs_root, directory)
+        except FileNotFoundError:
+            return None
+        except OSError as err:
+            self.bad[directory] = err.strerror or str(err)
+            return None
+
+    def text(self, dir_fd: int, name: str, path: str) -> str | None:
+        """The attribute ``name`` of ``dir_fd`` (shown as ``path``); None where it is missing or refused."""
+        try:
+            return read_attribute(dir_fd, name)
+        except FileNotFoundError:
+            return None
+        except OSError as err:
+            self.bad[path] = err.strerror or str(err)
+            return None
+
+
+def ras_uncorrectable(pci_dir: str, reads: Reads) -> tuple[int, list[str]] | None:
+    """The sum of amdgpu's RAS ``ue`` counts of the GPU at ``pci_dir`` and the blocks that have any (None: no
+    ``ras`` directory, a GPU or kernel without RAS).  A block's file that holds no ``ue: N`` line counts nothing and
+    is kept in ``reads.bad``."""
+    directory = os.path.join(pci_dir, RAS_DIR)
+    device = reads.device(pci_dir)
+    if device is None:
         return None
-    total, blocks = 0, []
-    for name in names:
-        if not name.endswith(RAS_SUFFIX):
-            continue
-        for line in (read(os.path.join(directory, name)) or "").splitlines():
-            key, _, value = line.partition(":")
-            value = value.strip()
-            if key.strip() == "ue" and value.isdigit() and value.isascii() and int(value) > 0:
-                total += int(value)
-                blocks.append(f"{name.removesuffix(RAS_SUFFIX)} {int(value)}")
-    return total, blocks
+    try:
+        try:
+            ras = os.open(RAS_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=device)
+        except FileNotFoundError:
+            return None
+        except OSError as err:
+            link = err.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(directory)
+            reads.bad[directory] = "it is a symlink" if link else (err.strerror or str(err))
+            return None
+    finally:
+        os.close(device)
+    try:
+        total, blocks = 0, []
+        for name in sorted(os.listdir(ras)):
+            if not name.endswith(RAS_SUFFIX):
+                continue
+            path = os.path.join(directory, name)
+            text = reads.text(ras, name, path)
+            if text is None:
+                continue
+            counts = [value.strip() for key, _, value in (line.partition(":") for line in text.splitlines())
+                      if key.strip() == "ue"]
+            if len(counts) != 1 or not (counts[0].isdigit() and counts[0].isascii()):
+                reads.bad[path] = f"no 'ue: N' line in {text.strip()[:80]!r}"
+                continue
+            if int(counts[0]) > 0:
+                total += int(counts[0])
+                blocks.append(f"{name.removesuffix(RAS_SUFFIX)} {int(counts[0])}")
+        return total, blocks
+    except OSError as err:
+        reads.bad[directory] = err.strerror or str(err)
+        return None
+    finally:
+        os.close(ras)
 
 
-def aer_fatal(pci_dir: str) -> int | None:
-    """``TOTAL_ERR_FATAL`` of the PCI device's AER counters (None: not AER capable, or a kernel before 4.19)."""
-    for line in (read(os.path.join(pci_dir, AER_FATAL)) or "").splitlines():
+def aer_fatal(pci_dir: str, reads: Reads) -> int | None:
+    """``TOTAL_ERR_FATAL`` of the PCI device's AER counters (None: not AER capable, or a kernel before 4.19; a file
+    without that line is kept in ``reads.bad``)."""
+    device = reads.device(pci_dir)
+    if device is None:
+        return None
+    path = os.path.join(pci_dir, AER_FATAL)
+    try:
+        text = reads.text(device, AER_FATAL, path)
+    finally:
+        os.close(device)
+    if text is None:
+        return None
+    for line in text.splitlines():
         key, _, value = line.strip().partition(" ")
         value = value.strip()
         if key == AER_TOTAL and value.isdigit() and value.isascii():
             return int(value)
+    reads.bad[path] = f"no '{AER_TOTAL} N' line in {text.strip()[:80]!r}"
     return None
 
 
@@ -125,20 +253,43 @@ def gpu_dirs(inventory: Inventory) -> dict[str, str]:
 
 
 def event_gpu(event: Mapping[str, Any], sysfs_root: str) -> str | None:
-    """The PCI address of the GPU a ``drm`` or ``pci`` uevent is about: the last PCI address in its ``DEVPATH``
-    (``/devices/pci0000:00/0000:00:01.0/0000:03:00.0/drm/card1``), else its ``DEVNAME``'s card in sysfs."""
+    """The PCI address of the GPU a ``drm`` or ``pci`` uevent is about, when it is about the GPU itself: a ``pci``
+    one on its PCI device (``DEVPATH`` ending in the address), a ``drm`` one on its card minor
+    (``/devices/pci0000:00/0000:00:01.0/0000:03:00.0/drm/card1``; without a ``DEVPATH``, its ``DEVNAME``'s card
+    in sysfs).  None for anything else: a render minor, a connector (``drm/card1/card1-DP-3``: DP-MST adds and
+    removes them as monitors come and go), a device below or beside the GPU."""
     path = str(event.get("DEVPATH") or "")
-    parts = [p for p in path.split("/") if parse_pci_address(p)]
+    parts = [p for p in path.split("/") if p]
+    if event.get("SUBSYSTEM") == "pci":
+        return parts[-1].lower() if parts and parse_pci_address(parts[-1]) else None
     if parts:
-        return parts[-1].lower()
+        if len(parts) >= 3 and parts[-2] == "drm" and _card(parts[-1]) and parse_pci_address(parts[-3]):
+            return parts[-3].lower()
+        return None
     name = str(event.get("DEVNAME") or "")
-    if name.startswith("dri/card"):
+    if name.startswith("dri/") and _card(name[4:]):
         from oci_gpu_hook.inventory.sysfs import follow
 
-        device = follow(os.path.join(follow(os.path.join(sysfs_root, "class", "drm", os.path.basename(name))),
-                                     "device"))
+        device = follow(os.path.join(follow(os.path.join(sysfs_root, "class", "drm", name[4:])), "device"))
         if parse_pci_address(os.path.basename(device)):
             return os.path.basename(device)
+    return None
+
+
+def _card(name: str) -> bool:
+    """Whether ``name`` is a card minor's (``cardN``)."""
+    return name.startswith("card") and name[4:].isdigit() and name[4:].isascii()
+
+
+def drm_mark(sysfs_root: str, pci: str, *directories: str) -> list[int] | None:
+    """The identity of the ``drm`` directory of the PCI device ``pci``: kernfs makes it anew when the driver binds
+    again, so a mark that differs means a rebind.  Read in the first of ``directories`` (the PCI device's directory
+    as the scan found it, the one a uevent's ``DEVPATH`` names) that has one, else ``bus/pci/devices/<pci>/drm``;
+    None where there is none."""
+    for directory in (*directories, os.path.join(sysfs_root, "bus", "pci", "devices", pci)):
+        mark = _identity(os.path.join(directory, "drm"))
+        if mark is not None:
+            return mark
     return None
 
 
@@ -174,6 +325,7 @@ class Monitor:
         self.log = log
         self.state_file = state_file
         self.state_problem = ""
+        self.bad_files: dict[str, str] = {}  # counter files that could not be read as counters, said once each
         if state_file is not None:
             self._load(state_file)
 
@@ -191,9 +343,11 @@ class Monitor:
             if subsystem == "drm" and value is not None:
                 methods = str(value).strip()
                 if methods and methods != RECOVERED:
-                    gpu = self.gpus.get(pci)
                     self.wedged[pci] = methods
-                    self.marks[pci] = _identity(os.path.join(gpu.directory, "drm")) if gpu is not None else None
+                    gpu, path = self.gpus.get(pci), str(event.get("DEVPATH") or "").strip("/")
+                    card = os.path.normpath(os.path.join(self.sysfs_root, path, "..", "..")) if path else ""
+                    self.marks[pci] = drm_mark(self.sysfs_root, pci, *([gpu.directory] if gpu else []),
+                                               *([card] if card else []))
                     self._save()
                     return True
                 return self._unwedge(pci)
@@ -211,28 +365,45 @@ class Monitor:
         return True
 
     def _load(self, path: str) -> None:
-        """The wedges a process before this one saw (unchecked until the first sample)."""
+        """The wedges a process before this one saw (unchecked until the first sample).  The file is read by the
+        config's trust rule (:func:`oci_gpu_hook.trust.config_problem`: only root or this process's user could have
+        written it, every directory above it too) and as a regular file only; anything else is one line, and the
+        process starts without the wedges."""
         import json
 
+        from oci_gpu_hook import trust
+
+        lost = "starting without the wedges it held"
         try:
-            with open(path, encoding="utf-8") as handle:
-                data = json.load(handle)
+            why = trust.config_problem(path)
+            if why is not None:
+                self._said(f"health state {path} not read: {why}; {lost}")
+                return
+            data = json.loads(trust.read_regular(path))
         except FileNotFoundError:
             return
-        except (OSError, ValueError) as err:
-            self._said(f"health state {path} cannot be read ({err}): starting without the wedges it held")
+        except OSError as err:
+            self._said(f"health state {path} cannot be read ({err.strerror or err}): {lost}")
+            return
+        except ValueError as err:
+            self._said(f"health state {path} cannot be read (not JSON: {err}): {lost}")
             return
         entries = data.get("wedged") if isinstance(data, dict) else None
         if not isinstance(entries, dict):
-            self._said(f"health state {path} is not one of this program's: starting without the wedges it held")
+            self._said(f"health state {path} is not one of this program's: {lost}")
             return
         for pci, entry in entries.items():
-            if (isinstance(pci, str) and parse_pci_address(pci) and isinstance(entry, dict)
+            if not (isinstance(pci, str) and parse_pci_address(pci) and isinstance(entry, dict)
                     and isinstance(entry.get("methods"), str) and entry["methods"]):
-                mark = entry.get("drm")
-                self.wedged[pci] = entry["methods"]
-                self.marks[pci] = mark if isinstance(mark, list) and all(isinstance(n, int) for n in mark) else None
-                self.unchecked.add(pci)
+                continue
+            mark = entry.get("drm")
+            if not (isinstance(mark, list) and len(mark) == 2 and all(type(n) is int for n in mark)):
+                self._said(f"health state {path}: the wedge of {pci} has no mark of its drm directory, so a rebind "
+                           "meanwhile cannot be told: dropped")
+                continue
+            self.wedged[pci] = entry["methods"]
+            self.marks[pci] = mark
+            self.unchecked.add(pci)
 
     def _save(self) -> None:
         """With the lock held: the wedges to the state file (a failure said once; they stay in memory)."""
@@ -285,27 +456,37 @@ class Monitor:
                     del self.gpus[pci]  # gone from the host: a new device if it comes back
                     self._unwedge(pci)
             for pci in sorted(self.unchecked):  # wedged before this process: still, unless rebound meanwhile
-                mark = self.marks.get(pci)
-                if pci not in present or (mark is not None and mark != _identity(os.path.join(present[pci], "drm"))):
+                if pci not in present or self.marks.get(pci) != drm_mark(self.sysfs_root, pci, present[pci]):
                     self._unwedge(pci)
             self.unchecked.clear()
+            reads = Reads(self.sysfs_root)
             for pci, gpu in self.gpus.items():
-                signals = self._signals(pci, gpu, pci in present, inventory)
+                signals = self._signals(pci, gpu, pci in present, inventory, reads)
                 self._judge(gpu, signals, now)
+            self._say_bad(reads.bad)
             return {pci: gpu.verdict for pci, gpu in self.gpus.items()}
 
-    def _signals(self, pci: str, gpu: _Gpu, present: bool, inventory: Inventory) -> list[tuple[str, str]]:
+    def _say_bad(self, bad: dict[str, str]) -> None:
+        """With the lock held: one log line for each counter file newly bad (or bad for another reason); one that
+        reads again is forgotten, so that it is said again if it goes bad again."""
+        for path, why in sorted(bad.items()):
+            if self.bad_files.get(path) != why and self.log is not None:
+                self.log(f"health: {path} not read as a counter: {why}; it counts nothing until it reads")
+        self.bad_files = dict(bad)
+
+    def _signals(self, pci: str, gpu: _Gpu, present: bool, inventory: Inventory,
+                 reads: Reads) -> list[tuple[str, str]]:
         """The signals that hold for ``gpu`` now, as (signal, reason), in :data:`HEALTH_SIGNALS` order."""
         found: dict[str, str] = {}
         if present:
-            ras = ras_uncorrectable(gpu.directory) if gpu.kind == "amd" else None
+            ras = ras_uncorrectable(gpu.directory, reads) if gpu.kind == "amd" else None
             if ras is not None:
                 count, blocks = ras
                 why = self._count(gpu, "ras-uncorrectable", count)
                 if why:
                     found["ras-uncorrectable"] = (f"amdgpu RAS: {why} uncorrectable errors ({', '.join(blocks)}; "
                                                   f"{gpu.directory}/{RAS_DIR}/*{RAS_SUFFIX})")
-            fatal = aer_fatal(gpu.directory)
+            fatal = aer_fatal(gpu.directory, reads)
             if fatal is not None:
                 why = self._count(gpu, "pcie-fatal", fatal)
                 if why:
@@ -359,7 +540,8 @@ def resident_monitor(config: Config, state_dir: str, log: Callable[[str], None])
     return Monitor(Settings.of(config), config.sysfs_root, log=log, state_file=os.path.join(state_dir, HEALTH_STATE))
 
 
-def one_sample(config: Config, inventory: Inventory) -> dict[str, Verdict]:
-    """What a one-shot command (``list``) can say: one sample, no uevents, counts against ``health_ue_start``."""
-    return Monitor(Settings.of(config), inventory.sysfs_root).sample(inventory)
+def one_sample(config: Config, inventory: Inventory, log: Callable[[str], None] | None = None) -> dict[str, Verdict]:
+    """What a one-shot command (``list``) can say: one sample, no uevents, counts against ``health_ue_start``;
+    ``log``: where a counter file that is no counter is said."""
+    return Monitor(Settings.of(config), inventory.sysfs_root, log=log).sample(inventory)
 

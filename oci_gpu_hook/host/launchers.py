@@ -305,9 +305,10 @@ def front_contract() -> dict[str, str | list[str] | int]:
         "PLANNER_ENV": planner.SOCKET_ENV,
         "PLANNER_SOCKET": planner.DEFAULT_SOCKET,
         "PLANNER_TIMEOUT_MS": planner.ANSWER_TIMEOUT_MS,
-        "SYSLOG_SOCKET": log.SYSLOG_SOCKET,  # the journal's line (log.py journal)
+        "SYSLOG_SOCKET": log.SYSLOG_SOCKET,  # the journal's line (log.py to_syslog)
         "SYSLOG_PRI_ERR": log.SYSLOG_FACILITY * 8 + log.SEVERITY["error"],
         "SYSLOG_PRI_INFO": log.SYSLOG_FACILITY * 8 + log.SEVERITY["info"],
+        "SYSLOG_MAX": log.SYSLOG_MAX,  # log.py syslog_text: the bytes of MESSAGE kept
         "PROGRAM": log.PROGRAM,
         "PINS_NAME": PINS_NAME,  # trust.load_pins: the install's pins, beside the launchers
     }

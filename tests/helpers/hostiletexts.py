@@ -66,3 +66,23 @@ hostile_text = st.one_of(
     st.builds(lambda a, b: "{" + a + "," + b + "}", _pieces, _pieces),
     st.text(max_size=40),
 )
+
+
+def journal_texts(limit: int) -> list[bytes]:
+    """Texts for the journal's line (log.py syslog_text, the C front's twin): every byte but NUL (which no C string
+    holds) alone and between letters, runs of spaces and line breaks, ill-formed UTF-8 of each kind, C1 controls
+    and characters that do pass, and long texts whose cut at ``limit`` bytes falls on each kind of piece."""
+    texts = [bytes([i]) for i in range(1, 256)] + [b"a" + bytes([i]) + b"b" for i in range(1, 256)]
+    texts += [b"a  b", b"  lead", b"trail  ", b"\t\n\r\x0b\x0c", b"line\nbreak\r\n", b"\x1b[31mred\x1b[0m",
+              b"\xff\xfe", b"\xe2\x82", b"\xe2\x82A", b"\xc0\xaf", b"\xc1\xbf", b"\xe0\x80\xaf", b"\xe0\xa0\x80",
+              b"\xed\xa0\x80", b"\xed\x9f\xbf", b"\xf4\x90\x80\x80", b"\xf4\x8f\xbf\xbf", b"\xf0\x80\x80\x80",
+              b"\xf0\x90\x80\x80", b"\xf8\x88\x80\x80\x80", b"\x80", b"\xc2", b"\xc2\x9b[31m", b"\xc2\xa0",
+              "\u00e9\u20ac\U0001f600\ufeff\u202e".encode(), b"\\x41 is not A", b"%s %n %%"]
+    texts += [b"a" * 5000, "\u00e9".encode() * 5000, b"\x01" * 5000, "\u20ac".encode() * 2000, b"\xff" * 3000]
+    for tail in (b"", b"\x01", "\u00e9".encode(), "\u20ac".encode(), "\U0001f600".encode(), b"\xe2\x82", b"\xff"):
+        texts += [b"a" * (limit - n) + tail + b"z" for n in range(-6, 40)]
+    return texts
+
+
+JOURNAL_CONTAINERS = [b"", b"c1", "\u00e9".encode() * 100, "\u20ac".encode() * 50, b"\xff" * 200, b"a\nb",
+                      b"x" * 300]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 from oci_gpu_hook.cliparse import parser as _parser
 
@@ -35,7 +36,7 @@ def run(args: list[str], config: Config) -> int:
         return 0
     from oci_gpu_hook.host.health import GOOD, one_sample
 
-    verdicts = one_sample(config, inventory)  # one read: counts against health_ue_start, no uevents
+    verdicts = one_sample(config, inventory, lambda line: print(f"warning: {line}", file=sys.stderr))  # one read
     rows = [("KIND", "INDEX", "NAME", "PCI ADDRESS", "PARTITION", "MODE", "CARD", "RENDER", "NUMA", "UNIQUE ID",
              "MODEL", "HEALTH")]
     for device in inventory.all_devices:

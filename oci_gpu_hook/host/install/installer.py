@@ -9,7 +9,7 @@ A file that was already there with other content (or a symlink) is first saved u
 :data:`~oci_gpu_hook.host.install.paths.BACKUP_DIR`, and put back by uninstall; one already exactly as
 wanted is adopted and left in place by uninstall.  Running install again is idempotent; a file install
 wrote that has been edited since is never overwritten.  Each change is recorded in the journal first
-(:mod:`journal`), and the manifest (:mod:`manifest`) says what is installed.
+(:mod:`undo`), and the manifest (:mod:`manifest`) says what is installed.
 
 **Uninstall is whole or says why not.**  Each file the manifest lists is removed (or the file it replaced put
 back) when it is as install wrote it, or gone.  One changed since install is never removed or overwritten:
@@ -37,9 +37,8 @@ from typing import Any
 
 from oci_gpu_hook.atomic import fsync_dir
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.host.install import journal
+from oci_gpu_hook.host.install import undo
 from oci_gpu_hook.host.install.items import CONTAINERD_UNCHANGED, RESTART_CONTAINERD, Item
-from oci_gpu_hook.host.install.journal import Current, Journal, current_at
 from oci_gpu_hook.host.install.manifest import Manifest, load_manifest, mode_of, sha256
 from oci_gpu_hook.host.install.paths import (
     BACKUP_DIR,
@@ -51,6 +50,7 @@ from oci_gpu_hook.host.install.paths import (
     RUNTIME_LAUNCHER,
     STATE_DIR,
 )
+from oci_gpu_hook.host.install.undo import Current, Journal, current_at
 
 SHOW_LIMIT = 4096  # --dry-run prints the content of new files up to this size, a diff for replaced ones
 
@@ -76,15 +76,15 @@ class Installer:
     def put(self, real: str, data: bytes, mode: int, owner: tuple[int, int] | None = None,
             mtime_ns: int | None = None) -> None:
         self.journal.note_path(real)
-        journal.write_file(self.disk(real), data, mode, owner, mtime_ns)
+        undo.write_file(self.disk(real), data, mode, owner, mtime_ns)
 
     def put_symlink(self, real: str, target: str) -> None:
         self.journal.note_path(real)
-        journal.symlink(self.disk(real), target)
+        undo.symlink(self.disk(real), target)
 
     def remove(self, real: str) -> None:
         self.journal.note_path(real)
-        journal.unlink(self.disk(real))
+        undo.unlink(self.disk(real))
 
     def start(self, op: str) -> None:
         """Roll back an interrupted run, then start this one's journal."""
@@ -116,7 +116,7 @@ class Installer:
             if path == STATE_DIR or STATE_DIR.startswith(path + "/"):
                 raise HookError(f"{disk}: the state directory is made with the journal")  # never: begin() made it
             self.journal.note_mkdir(path)
-            journal.step()
+            undo.step()
             try:
                 os.mkdir(disk, 0o755)
                 os.chmod(disk, 0o755)
@@ -525,7 +525,7 @@ class Installer:
                     print(f"kept: {disk}/ (created by install, not empty)")
                 continue
             self.journal.note_rmdir(real, os.stat(disk))
-            journal.step()
+            undo.step()
             try:
                 os.rmdir(disk)
             except OSError as err:

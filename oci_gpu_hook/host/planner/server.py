@@ -58,7 +58,7 @@ def _say(text: str) -> None:
 def prepare_directory(socket_path: str) -> str:
     """The socket's directory, made (0700) where missing and checked: a real directory, root's (the planner's
     user's), mode 0700 (a wider one of ours is narrowed), on a trusted path."""
-    from oci_gpu_hook.trust import problem
+    from oci_gpu_hook.trust import config_problem
 
     if not socket_path.startswith("/") or socket_path.endswith("/"):
         raise HookError(f"planner socket {socket_path!r}: expected an absolute file path")
@@ -77,7 +77,7 @@ def prepare_directory(socket_path: str) -> str:
                         "(it must be root's alone, mode 0700)")
     if st.st_mode & 0o077:
         os.chmod(directory, 0o700)
-    why = problem(directory)
+    why = config_problem(directory)
     if why:
         raise HookError(f"planner directory {directory} is not trusted: {why}")
     return directory

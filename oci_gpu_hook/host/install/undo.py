@@ -1,4 +1,5 @@
-"""The journal: each install or uninstall run is one transaction, recorded before each change, so that the next
+"""Install's undo record (its journal, ``journal.d`` on disk; not the system journal, which :mod:`oci_gpu_hook.log`
+writes): each install or uninstall run is one transaction, recorded before each change, so that the next
 run rolls a killed one back.
 
 Every change on disk is one step (:func:`step`): a directory made or removed, each temp file created, each
