@@ -58,6 +58,12 @@ def resolve_runtime(name: str) -> str:
     if me and os.path.realpath(path) == me:
         raise HookError(f"runtime '{path}' is this shim itself; "
                         "point OCI_GPU_HOOK_RUNTIME at the real runc or crun")
+    from oci_gpu_hook.trust import code_problem
+
+    why = code_problem(path)  # the shim execs it as root: code, by the one trust rule (the front checks it too)
+    if why:
+        raise HookError(f"refusing to run the runtime {path}: {why} (the shim runs it with its own privilege; "
+                        "install the runtime into a root-owned directory, see docs/security.md)")
     return path
 
 
@@ -116,13 +122,13 @@ def passthrough_runtime_name(baked: str | None = None) -> str:
     except Exception:
         pass
     path = os.environ.get("OCI_GPU_HOOK_CONFIG") or DEFAULT_CONFIG_PATH
-    from oci_gpu_hook.trust import problem
+    from oci_gpu_hook.trust import checked, read_regular
 
-    if problem(path):  # a file others could change never names what root execs
+    why, walked = checked(path)
+    if why:  # a file others could change never names what root execs
         return baked or FIELDS["runtime"].default
     try:
-        with open(path, "rb") as handle:
-            lines = handle.read(1 << 20).decode("utf-8", "replace").splitlines()
+        lines = read_regular(path, walked)[:1 << 20].decode("utf-8", "replace").splitlines()  # the file checked
     except OSError:
         lines = []
     for line in lines:

@@ -61,6 +61,9 @@ def _check_pins() -> str:
     path = os.path.join(LAUNCHER_DIR, PINS_NAME)
     if not os.path.exists(path):
         return f"warning: no {path}: rootless hooks here check no pins (run oci-gpu-hook install)"
+    if trust.read_pins(path).get("") == trust.TOO_LARGE:
+        raise HookError(f"{path} is larger than {trust.MAX_PINS} bytes, so a rootless hook reads none of it and "
+                        "refuses every GPU request: run oci-gpu-hook install again")
     changed = trust.unpinned(path)
     if changed:
         raise HookError(f"{changed[0]} changed after `oci-gpu-hook install` ran ({len(changed)} pinned entries in "
