@@ -265,6 +265,35 @@ def problem(path: str) -> str | None:
     return walk_problem(path, trusted_owners(), False)
 
 
+def tree_problem(top: str, owners: tuple[int, ...]) -> tuple[str | None, int]:
+    """Why ``top`` or some entry below it cannot be trusted (None), and how many entries were checked: ``top`` is
+    walked from ``/`` (:func:`walk_problem`), then every entry below it once, by lstat, and every symlink met there
+    as a path of its own (its target walked).  What install and ``validate`` say of the code the launchers only
+    walk down to (its site-packages): the package and what it requires, checked once rather than at each start."""
+    why = walk_problem(top, owners, False)
+    count = 1
+    todo = [top] if why is None and os.path.isdir(top) and not os.path.islink(top) else []
+    while todo and why is None:
+        try:
+            entries = list(os.scandir(todo.pop()))
+        except OSError as err:
+            return f"cannot check {err.filename}: {err.strerror}", count
+        for entry in entries:
+            count += 1
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError as err:
+                return f"cannot check {entry.path}: {err.strerror}", count
+            why = entry_problem(entry.path, st, owners)
+            if why is None and stat.S_ISLNK(st.st_mode):
+                why = walk_problem(entry.path, owners, False)
+            elif stat.S_ISDIR(st.st_mode):
+                todo.append(entry.path)
+            if why:
+                break
+    return why, count
+
+
 def checked(path: str) -> tuple[str | None, tuple[int, int]]:
     """:func:`problem` of ``path``, and the (device, inode) of the entry its walk ended on ((0, 0): missing): what
     :func:`read_regular` must then find on the descriptor it reads, so that the file read is the file checked."""

@@ -165,6 +165,31 @@ def code_paths() -> list[str]:
     return list(dict.fromkeys([_package_parent(), *site_packages()]))
 
 
+def package_trees() -> list[str]:
+    """What the package and every distribution it requires (recursively, its extras' too: whatever of them is
+    installed) put on disk: the top-level files and directories of each in its site-packages, and each file it put
+    elsewhere (a script in bin/), from their installed records (``RECORD``); and the package's own directory (an
+    editable install's records do not name it).  What install and ``validate`` walk
+    in full (:func:`oci_gpu_hook.trust.tree_problem`): a launcher walks only down to site-packages at each start."""
+    import importlib.metadata
+    import re
+
+    search = code_paths()
+    todo, seen, trees = ["oci-gpu-hook"], set(), {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    while todo:
+        name = re.sub(r"[-_.]+", "-", todo.pop()).lower()
+        found = next(iter(importlib.metadata.distributions(name=name, path=search)), None)
+        if name in seen or found is None:
+            continue
+        seen.add(name)
+        for file in found.files or []:
+            top = file.parts[0] if file.parts and file.parts[0] != ".." else file
+            trees.add(os.path.normpath(os.path.abspath(str(found.locate_file(top)))))
+        todo.extend(m.group() for m in (re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", r) for r in found.requires or [])
+                    if m)
+    return sorted(trees)
+
+
 def stdlib_paths() -> list[str]:
     return [p for p in dict.fromkeys(_startup_paths()[1]) if p and os.path.isdir(p)]
 

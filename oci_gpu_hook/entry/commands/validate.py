@@ -36,6 +36,11 @@ def run(args: list[str], config: Config) -> int:
         print(f"ok: config file {config_path}")
     else:
         print(f"ok: no config file at {config_path} (defaults apply)")
+    from oci_gpu_hook.host.install.run import package_problem
+
+    why = package_problem()  # every file once: the launchers walk only down to site-packages at each start
+    if why:
+        raise HookError(why)
     from oci_gpu_hook.appliers.cdi import mask_ignored
 
     if mask_ignored(mask):
