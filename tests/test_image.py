@@ -187,9 +187,9 @@ def test_remove_old_environments_takes_only_what_nothing_uses(tmp_path: Path) ->
     """The DaemonSet's remove-old-environments command, run as written (the manifest's, in a private mount namespace
     whose launchers' directory is a tree made here): of the environments of other versions it removes the one no
     launcher names, no process maps and no planner holds, keeps the one a launcher names, the one a running process
-    maps a file of, the one whose lock (.in-use-env-VERSION, beside it) a planner holds (a shared flock, as the manifest's planner command takes
-    it), its own, a half copy (.tmp) and a link; it clears
-    what an interrupted run left (.removing-*).  The planner's command takes the shared lock of its own version."""
+    maps a file of, the one whose lock (.in-use-env-VERSION, beside it) a planner holds (a shared flock, as the
+    manifest's planner command takes it), its own, a half copy (.tmp) and a link; it clears what an interrupted run
+    left (.removing-*).  The planner's command takes the shared lock of its own version."""
     planner = _container("planner")["command"]
     assert planner[:2] == ["/bin/sh", "-c"]
     assert f"{LAUNCHER_DIR}/.in-use-env-{__version__} && flock -s 9 &&" in planner[2]

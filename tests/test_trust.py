@@ -534,5 +534,5 @@ def test_install_and_validate_walk_every_file_of_the_package_and_what_it_require
     assert str(bad) in str(err.value) and str(err.value).endswith("nothing is written"), err.value
     assert "\n" not in str(err.value)
     assert cli.main(["validate", "--config-file", os.devnull]) == 1
-    out, errors = capsys.readouterr()
+    _out, errors = capsys.readouterr()
     assert errors.count("\n") == 1 and str(bad) in errors and "fails the trust rule" in errors, errors

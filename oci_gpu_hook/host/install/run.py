@@ -79,7 +79,7 @@ def package_problem() -> str | None:
     """Why some file of the package or of what it requires fails the trust rule (each walked once: a launcher only
     walks down to their site-packages at each start), or None: install and ``validate`` say it."""
     from oci_gpu_hook.host.launchers import package_trees
-    from oci_gpu_hook.trust import trusted_owners, tree_problem
+    from oci_gpu_hook.trust import tree_problem, trusted_owners
 
     for top in package_trees():
         why, _count = tree_problem(top, trusted_owners())
