@@ -171,6 +171,8 @@ def prepare(args: list[str], baked_runtime: str | None = None) -> tuple[int, str
     names the runtime of a create or run when the config cannot be used: :mod:`oci_gpu_hook.config`).  The
     resident planner runs this for the native front, which then execs the runtime itself
     (:mod:`oci_gpu_hook.host.planner`)."""
+    from oci_gpu_hook.entry import load_start_path
+
     runc = reading = Reading(args, RUNC)
     config = None
     try:
@@ -178,10 +180,12 @@ def prepare(args: list[str], baked_runtime: str | None = None) -> tuple[int, str
         # reading decides what is rewritten.
         crun = None if runc.command in REWRITE_COMMANDS else Reading(args, CRUN)
         if runc.command in REWRITE_COMMANDS or (crun is not None and crun.command in REWRITE_COMMANDS):
+            load_start_path("create")  # the code it will run, right after the launcher's trust walk
             from oci_gpu_hook.config import load_config
 
             try:
                 config = load_config()
+                load_start_path("create", config.backends)
                 problem = None
             except HookError as err:  # the config cannot be used: a container that asks for nothing still starts
                 problem = err
@@ -200,6 +204,7 @@ def prepare(args: list[str], baked_runtime: str | None = None) -> tuple[int, str
                 else:
                     rewrite_bundle(reading.config, config, reading.container_id)
         else:
+            load_start_path("state")
             runtime = resolve_runtime(passthrough_runtime_name(baked_runtime))
             if len(args) == 1 and args[0] in VERSION_ARGS:
                 from oci_gpu_hook import __version__
