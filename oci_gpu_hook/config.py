@@ -293,6 +293,8 @@ def load_config(environ: Mapping[str, str] | None = None, overrides: Mapping[str
     if env.get(CONFIG_ENV) or os.path.exists(path):
         values.update(load_file(path))
         sources.append(path)
+    else:  # absent: walked all the same, so that one pinned present, or a directory given away, is seen
+        check_trusted(path)
     for name, field in FIELDS.items():
         var = field.env
         if var and env.get(var) is not None and (env[var] != "" or field.type == "str"):

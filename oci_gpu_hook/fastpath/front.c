@@ -1206,10 +1206,11 @@ static int settings_as_baked(void)
     return 1;
 }
 
-/* config.check_trusted still passes for the config file (when there is one): else Python refuses it */
+/* config.check_trusted still passes for the config file, there or not (load_config walks an absent one too: a
+ * directory given away, a pinned file gone): else Python refuses it */
 static int config_still_trusted(void)
 {
-    return !OGH_CONFIG_EXISTS || trusted(OGH_CONFIG_PATH, 0);
+    return trusted(OGH_CONFIG_PATH, 0);
 }
 
 /* ------------------------------------------------------------------ the resident planner */
