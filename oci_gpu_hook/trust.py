@@ -267,17 +267,24 @@ def problem(path: str) -> str | None:
 
 def tree_problem(top: str, owners: tuple[int, ...]) -> tuple[str | None, int]:
     """Why ``top`` or some entry below it cannot be trusted (None), and how many entries were checked: ``top`` is
-    walked from ``/`` (:func:`walk_problem`), then every entry below it once, by lstat, and every symlink met there
-    as a path of its own (its target walked).  What install and ``validate`` say of the code the launchers only
-    walk down to (its site-packages): the package and what it requires, checked once rather than at each start."""
+    walked from ``/`` (:func:`walk_problem`), then every entry below it once, by lstat; a symlink met there is
+    walked as a path of its own (its target's every component), and a directory it names is gone through as well.
+    What install and ``validate`` say of the code the launchers only walk down to (its site-packages): the package
+    and what it requires, checked once rather than at each start."""
     why = walk_problem(top, owners, False)
     count = 1
-    todo = [top] if why is None and os.path.isdir(top) and not os.path.islink(top) else []
+    todo = [os.path.realpath(top)] if why is None and os.path.isdir(top) else []
+    done: set[tuple[int, int]] = set()
     while todo and why is None:
+        directory = todo.pop()
         try:
-            entries = list(os.scandir(todo.pop()))
+            st = os.stat(directory)
+            if (st.st_dev, st.st_ino) in done:
+                continue
+            done.add((st.st_dev, st.st_ino))
+            entries = list(os.scandir(directory))
         except OSError as err:
-            return f"cannot check {err.filename}: {err.strerror}", count
+            return f"cannot check {directory}: {err.strerror}", count
         for entry in entries:
             count += 1
             try:
@@ -287,6 +294,8 @@ def tree_problem(top: str, owners: tuple[int, ...]) -> tuple[str | None, int]:
             why = entry_problem(entry.path, st, owners)
             if why is None and stat.S_ISLNK(st.st_mode):
                 why = walk_problem(entry.path, owners, False)
+                if why is None and os.path.isdir(entry.path):
+                    todo.append(os.path.realpath(entry.path))
             elif stat.S_ISDIR(st.st_mode):
                 todo.append(entry.path)
             if why:

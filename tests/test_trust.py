@@ -499,7 +499,8 @@ def _site(base: Path) -> Path:
 
 
 @root_only
-@pytest.mark.parametrize("how", ["package-dir-g+w", "dependency-file-o+w", "dependency-owner", "link-out"])
+@pytest.mark.parametrize("how", ["package-dir-g+w", "dependency-file-o+w", "dependency-owner", "link-out",
+                                 "link-to-a-directory"])
 def test_install_and_validate_walk_every_file_of_the_package_and_what_it_requires(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], how: str) -> None:
     """A launcher walks only down to site-packages at each start; install and validate walk everything below, once:
@@ -515,13 +516,21 @@ def test_install_and_validate_walk_every_file_of_the_package_and_what_it_require
     assert str(site / "oci_gpu_hook") in launchers.package_trees() and str(site / "dep") in launchers.package_trees()
     install_run.untrusted_code()  # all root's: nothing to say
     bad = {"package-dir-g+w": site / "oci_gpu_hook", "dependency-file-o+w": site / "dep" / "__init__.py",
-           "dependency-owner": site / "dep" / "__init__.py", "link-out": site / "dep" / "mod.py"}[how]
+           "dependency-owner": site / "dep" / "__init__.py", "link-out": site / "dep" / "mod.py",
+           "link-to-a-directory": site / "dep" / "sub"}[how]
     if how == "package-dir-g+w":
         bad.chmod(0o775)
     elif how == "dependency-file-o+w":
         bad.chmod(0o646)
     elif how == "dependency-owner":
         os.chown(bad, NOBODY, NOBODY)
+    elif how == "link-to-a-directory":  # root's directory, and the way to it: what lies in it is walked too
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir(mode=0o755)
+        (elsewhere / "m.py").write_text("")
+        os.chown(elsewhere / "m.py", NOBODY, NOBODY)
+        (site / "dep" / "sub").symlink_to(elsewhere)
+        bad = elsewhere / "m.py"
     else:
         theirs = tmp_path / "theirs"
         theirs.mkdir()
