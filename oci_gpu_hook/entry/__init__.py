@@ -14,8 +14,9 @@ def load_start_path(entry: str, kinds: tuple[str, ...] = ()) -> None:
     those)."""
     from oci_gpu_hook.startpath import BACKEND_MODULES, ENTRIES, KIND_MODULES
 
-    names = {name for name in ENTRIES.get(entry, ()) if name.startswith("oci_gpu_hook.")} - BACKEND_MODULES
-    if "oci_gpu_hook.inventory" in names:  # it plans: the backends it may load by name
+    names = {name for name in ENTRIES.get(entry, ()) if name.startswith("oci_gpu_hook.")}
+    if "oci_gpu_hook.inventory" in names:  # it plans: the backends it may load by name, those of the config
+        names -= BACKEND_MODULES
         for kind in kinds:
             names |= KIND_MODULES.get(kind, frozenset())
     for name in sorted(names):
