@@ -21,9 +21,10 @@ The trusted owners depend on what the process could do with what it reads (:func
 **Pins.**  In a user namespace that does not map the host's root, root's files and those of every other unmapped
 user read alike, as the overflow uid: a rootless hook cannot tell them apart by their owner.  So ``install``, as
 root and after checking every path with root's rule, pins the install's own entries (those of the virtual
-environment, the site-packages that hold the package, the config file): their inode and change time, which
-nobody but root can set back (a chown, a write, a rename into the place all change the change time), in a file
-beside the launchers (:func:`pins_of`, read by :func:`load_pins`).  There, an entry of those that reads as the
+environment and its own directory, the site-packages that hold the package, the config file and its directory):
+their inode and change time, which nobody but root can set back (a chown, a write, a rename into the place or out
+of it all change the change time), in a file beside the launchers (:func:`pins_of`, read by :func:`load_pins`),
+which is read whole or not at all (:data:`MAX_PINS`).  There, an entry of those that reads as the
 overflow uid is trusted only while it is still the entry install saw (:func:`pin_problem`); root, whose files
 read as root's, needs no pin.  After a change of the config or the environment, ``install`` runs again.
 
