@@ -545,3 +545,22 @@ def test_install_and_validate_walk_every_file_of_the_package_and_what_it_require
     assert cli.main(["validate", "--config-file", os.devnull]) == 1
     _out, errors = capsys.readouterr()
     assert errors.count("\n") == 1 and str(bad) in errors and "fails the trust rule" in errors, errors
+
+
+def test_validate_rootless_says_a_pins_file_over_the_limit_is_not_read(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """What every rootless hook would do with a pins file over the limit (refuse every GPU request: none of it is
+    read), validate --rootless says to root in one line; at the limit, the file is checked entry by entry."""
+    from oci_gpu_hook.entry.commands import validate
+    from oci_gpu_hook.errors import HookError
+    from oci_gpu_hook.host.install import paths
+
+    monkeypatch.setattr(paths, "LAUNCHER_DIR", str(tmp_path))
+    pins = tmp_path / "install.pins"
+    pins.write_text("#" * (trust.MAX_PINS - 1) + "\n")
+    assert validate._check_pins().startswith("ok: ")
+    pins.write_text("#" * trust.MAX_PINS + "\n")
+    with pytest.raises(HookError) as err:
+        validate._check_pins()
+    assert str(err.value) == (f"{pins} is larger than 65536 bytes, so a rootless hook reads none of it and refuses "
+                              "every GPU request: run oci-gpu-hook install again")
