@@ -240,25 +240,28 @@ def _meant(key: str) -> str:
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
-def check_trusted(path: str) -> None:
+def check_trusted(path: str) -> tuple[int, int]:
     """Refuse a config file that anyone but root (or the invoking user) could have changed: its
-    ``runtime`` is exec'd as root (:mod:`oci_gpu_hook.trust` has the rule)."""
-    from oci_gpu_hook.trust import config_problem
+    ``runtime`` is exec'd as root (:mod:`oci_gpu_hook.trust` has the rule).  The (device, inode) the check ended
+    on, which the read that follows must find (:func:`oci_gpu_hook.trust.checked`)."""
+    from oci_gpu_hook.trust import checked
 
-    why = config_problem(path)
+    why, entry = checked(path)
     if why:
         raise HookError(f"config file {path} is not trusted: {why}; refusing a config that others could change")
+    return entry
 
 
 def load_file(path: str) -> dict[str, Any]:
-    """Read and check the TOML file."""
-    check_trusted(path)
+    """Read and check the TOML file: the bytes of the very file the trust check walked to (read through its
+    descriptor; a file renamed over it after the check is refused, not read)."""
+    walked = check_trusted(path)
     where = f"config file {path}"
     from oci_gpu_hook.trust import read_regular
 
     try:
         # a FIFO, socket or device never blocks a container's start; /dev/null is the empty config, as it is written
-        raw = b"" if path == os.devnull else read_regular(path)
+        raw = b"" if path == os.devnull else read_regular(path, walked)
     except OSError as err:
         raise HookError(f"{where}: cannot read ({err.strerror})") from None
     return parse_bytes(raw, where)
@@ -290,6 +293,8 @@ def load_config(environ: Mapping[str, str] | None = None, overrides: Mapping[str
     if env.get(CONFIG_ENV) or os.path.exists(path):
         values.update(load_file(path))
         sources.append(path)
+    else:  # absent: walked all the same, so that one pinned present, or a directory given away, is seen
+        check_trusted(path)
     for name, field in FIELDS.items():
         var = field.env
         if var and env.get(var) is not None and (env[var] != "" or field.type == "str"):

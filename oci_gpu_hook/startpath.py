@@ -59,12 +59,25 @@ measurements of the whole start.
 # What os and the package's first lines bring (with -S the interpreter itself has not imported os).
 COMMON = frozenset({"__future__", "os", "stat", "_stat", "posixpath", "genericpath", "_collections_abc", "time",
                     "oci_gpu_hook", "oci_gpu_hook.config", "oci_gpu_hook.kinds", "oci_gpu_hook.tomlsubset",
-                    "oci_gpu_hook.entry", "oci_gpu_hook.errors", "oci_gpu_hook.trust"})
+                    "oci_gpu_hook.entry", "oci_gpu_hook.errors", "oci_gpu_hook.trust",
+                    # this file: what entry.load_start_path imports as a start begins (its sets, ~0.1 ms)
+                    "oci_gpu_hook.startpath"})
 # Reading the spec and planning.
 PLAN = frozenset({"_json", "oci_gpu_hook.fastjson", "oci_gpu_hook.oci_spec", "oci_gpu_hook.log", "oci_gpu_hook.plan",
                   "oci_gpu_hook.request", "oci_gpu_hook.core", "oci_gpu_hook.core.edits", "oci_gpu_hook.appliers"})
-# A spec rewrite that grants a device (the AMD seed host; an NVIDIA host: NVIDIA below).
-GRANT = frozenset({"oci_gpu_hook.core.devices", "oci_gpu_hook.core.rules", "oci_gpu_hook.inventory",
+# An NVIDIA request (the driver's files included): its backend, the driver-files reader and the ld cache reader
+# instead of the AMD backend; no NVML (ctypes) unless a MIG UUID is asked for.
+NVIDIA = frozenset({"oci_gpu_hook.inventory.nvidia", "oci_gpu_hook.inventory.nvdriver",
+                    "oci_gpu_hook.inventory.ldcache", "oci_gpu_hook.inventory.elf",
+                    "oci_gpu_hook.core.inroot"})  # nvdriver finds the driver's files in its root by the one walk
+# Each backend's modules (loaded by name, oci_gpu_hook.inventory.backend): a start that plans imports those of the
+# config's backends as it begins (oci_gpu_hook.entry.load_start_path), whichever kind the container asks for;
+# ~1.3 ms for the two of the three default backends that an AMD request would not load (docs/security.md).
+KIND_MODULES: dict[str, frozenset[str]] = {"amd": frozenset({"oci_gpu_hook.inventory.amd"}),
+                                           "intel": frozenset({"oci_gpu_hook.inventory.intel"}), "nvidia": NVIDIA}
+BACKEND_MODULES = frozenset(name for names in KIND_MODULES.values() for name in names)
+# A spec rewrite that grants a device: the AMD seed host, with the config's backends (all three by default).
+GRANT = BACKEND_MODULES | frozenset({"oci_gpu_hook.core.devices", "oci_gpu_hook.core.rules", "oci_gpu_hook.inventory",
                    "oci_gpu_hook.inventory.sysfs", "oci_gpu_hook.inventory.amd", "oci_gpu_hook.appliers.ocispec",
                    "importlib", "warnings",  # pinned when inventory.backend used importlib; it no longer does
                    "oci_gpu_hook.appliers.bypath", "errno",  # the by-path directory; errno is built in (0.1 ms)
@@ -85,11 +98,6 @@ ENTRIES: dict[str, frozenset[str]] = {
     "run": COMMON | PLAN | GRANT | {"oci_gpu_hook.entry.runtime", "oci_gpu_hook.oci_argv", "oci_gpu_hook.atomic"},
     "state": COMMON | {"oci_gpu_hook.entry.runtime", "oci_gpu_hook.oci_argv"},
 }
-# An NVIDIA request (the driver's files included): its backend, the driver-files reader and the ld cache reader
-# instead of the AMD backend; no NVML (ctypes) unless a MIG UUID is asked for.
-NVIDIA = frozenset({"oci_gpu_hook.inventory.nvidia", "oci_gpu_hook.inventory.nvdriver",
-                    "oci_gpu_hook.inventory.ldcache", "oci_gpu_hook.inventory.elf",
-                    "oci_gpu_hook.core.inroot"})  # nvdriver finds the driver's files in its root by the one walk
 # Never imported by an entry above.  Each costs more than a start may spend: typing ~15 ms, json (re, enum) ~14 ms,
 # tomllib (re, typing, enum, datetime) ~20 ms, argparse (re, gettext) and the operator commands' libraries far more.
 NEVER = frozenset({"tomllib", "re", "typing", "enum", "datetime", "json", "argparse", "pydantic", "jsonschema",
@@ -106,6 +114,7 @@ MODULES: dict[str, frozenset[str]] = {
     "oci_gpu_hook.kinds": _NONE,
     "oci_gpu_hook.trust": frozenset({"os", "stat"}),  # its rule block runs in the launchers too: os and stat only
     "oci_gpu_hook.tomlsubset": _NONE,
+    "oci_gpu_hook.startpath": _NONE,  # read at run time by entry.load_start_path: its sets only
     # difflib: an unknown key's "did you mean" (a refusal only); tomllib: a config file outside the subset
     "oci_gpu_hook.config": frozenset({"os", "difflib", "tomllib"}),
     "oci_gpu_hook.entry.cli": frozenset({"os", "sys", "time", "importlib"}),  # importlib: operator commands only

@@ -21,9 +21,10 @@ The trusted owners depend on what the process could do with what it reads (:func
 **Pins.**  In a user namespace that does not map the host's root, root's files and those of every other unmapped
 user read alike, as the overflow uid: a rootless hook cannot tell them apart by their owner.  So ``install``, as
 root and after checking every path with root's rule, pins the install's own entries (those of the virtual
-environment, the site-packages that hold the package, the config file): their inode and change time, which
-nobody but root can set back (a chown, a write, a rename into the place all change the change time), in a file
-beside the launchers (:func:`pins_of`, read by :func:`load_pins`).  There, an entry of those that reads as the
+environment and its own directory, the site-packages that hold the package, the config file and its directory):
+their inode and change time, which nobody but root can set back (a chown, a write, a rename into the place or out
+of it all change the change time), in a file beside the launchers (:func:`pins_of`, read by :func:`load_pins`),
+which is read whole or not at all (:data:`MAX_PINS`).  There, an entry of those that reads as the
 overflow uid is trusted only while it is still the entry install saw (:func:`pin_problem`); root, whose files
 read as root's, needs no pin.  After a change of the config or the environment, ``install`` runs again.
 
@@ -46,10 +47,10 @@ MAX_SYMLINKS = 40  # as the kernel's path walk (ELOOP)
 _DEV_NULL = (1, 3)
 
 
-def _read_proc(path: str) -> bytes | None:
+def _read_proc(path: str, most: int = 65536) -> bytes | None:
     try:
         with open(path, "rb") as handle:
-            return handle.read(65536)
+            return handle.read(most)
     except OSError:
         return None
 
@@ -124,12 +125,18 @@ def entry_problem(path: str, st: os.stat_result, owners: tuple[int, ...]) -> str
 
 
 PINS: dict[str, tuple[int, int]] = {}  # path -> (inode, change time in ns) as `install` saw it; (0, 0): absent
+MAX_PINS = 65536  # bytes: a larger pins file is read not at all, never in part (install refuses to write one)
+TOO_LARGE = (-1, -1)  # PINS[""]: the pins file was larger than MAX_PINS, so no entry can be vouched for
 
 
 def read_pins(path: str) -> dict[str, tuple[int, int]]:
-    """The pins `install` wrote at ``path``: one "INODE CTIME_NS PATH" a line (inode 0: the path was absent)."""
+    """The pins `install` wrote at ``path``: one "INODE CTIME_NS PATH" a line (inode 0: the path was absent).  A
+    file larger than :data:`MAX_PINS` is not read: ``{"": TOO_LARGE}`` (a part would leave entries unpinned)."""
     pins = {}
-    for line in (_read_proc(path) or b"").decode("utf-8", "surrogateescape").splitlines():
+    data = _read_proc(path, MAX_PINS + 1) or b""
+    if len(data) > MAX_PINS:
+        return {"": TOO_LARGE}
+    for line in data.decode("utf-8", "surrogateescape").splitlines():
         fields = line.split(" ", 2)
         if len(fields) == 3 and fields[0].isdigit() and fields[1].isdigit() and fields[2].startswith("/"):
             pins[fields[2]] = (int(fields[0]), int(fields[1]))
@@ -148,10 +155,13 @@ def pin_problem(path: str, st: os.stat_result | None) -> str | None:
     no longer the entry `install` saw: the same inode, never changed since (a chown, a write, a rename into its
     place all change it), or still absent.  Root's file and another unmapped user's read alike in here; the
     pin is root's word on which one it is."""
-    pin = PINS.get(path)
+    pin = PINS.get(path, PINS.get(""))
     overflow = identity()[1]
     if pin is None or overflow is None or (st is not None and st.st_uid != overflow):
         return None
+    if pin == TOO_LARGE:
+        return (f"{path} cannot be vouched for: the pins file of `oci-gpu-hook install` is larger than {MAX_PINS} "
+                "bytes, so none of it is read; run install again")
     if pin == ((st.st_ino, st.st_ctime_ns) if st is not None else (0, 0)):
         return None
     return (f"{path} changed after `oci-gpu-hook install` ran (in this user namespace root's files and other "
@@ -256,6 +266,54 @@ def config_problem(path: str) -> str | None:
     return walk_problem(path, trusted_owners(), False)
 
 
+def tree_problem(top: str, owners: tuple[int, ...]) -> tuple[str | None, int]:
+    """Why ``top`` or some entry below it cannot be trusted (None), and how many entries were checked: ``top`` is
+    walked from ``/`` (:func:`walk_problem`), then every entry below it once, by lstat; a symlink met there is
+    walked as a path of its own (its target's every component), and a directory it names is gone through as well.
+    What install and ``validate`` say of the code the launchers only walk down to (its site-packages): the package
+    and what it requires, checked once rather than at each start."""
+    why = walk_problem(top, owners, False)
+    count = 1
+    todo = [os.path.realpath(top)] if why is None and os.path.isdir(top) else []
+    done: set[tuple[int, int]] = set()
+    while todo and why is None:
+        directory = todo.pop()
+        try:
+            st = os.stat(directory)
+            if (st.st_dev, st.st_ino) in done:
+                continue
+            done.add((st.st_dev, st.st_ino))
+            entries = list(os.scandir(directory))
+        except OSError as err:
+            return f"cannot check {directory}: {err.strerror}", count
+        for entry in entries:
+            count += 1
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError as err:
+                return f"cannot check {entry.path}: {err.strerror}", count
+            why = entry_problem(entry.path, st, owners)
+            if why is None and stat.S_ISLNK(st.st_mode):
+                why = walk_problem(entry.path, owners, False)
+                if why is None and os.path.isdir(entry.path):
+                    todo.append(os.path.realpath(entry.path))
+            elif stat.S_ISDIR(st.st_mode):
+                todo.append(entry.path)
+            if why:
+                break
+    return why, count
+
+
+def checked(path: str) -> tuple[str | None, tuple[int, int]]:
+    """:func:`config_problem` of ``path``, and the (device, inode) of the entry its walk ended on ((0, 0):
+    missing): what :func:`read_regular` must then find on the descriptor it reads, so that the file read is the
+    file checked."""
+    seen: list[tuple[str, os.stat_result | None]] = []
+    why = walk_problem(path, trusted_owners(), False, seen)
+    st = seen[-1][1] if seen else None
+    return why, (st.st_dev, st.st_ino) if st is not None else (0, 0)
+
+
 def privileged() -> bool:
     """Whether this process acts as the host's root (see the module's text)."""
     return bool(identity()[0])
@@ -274,10 +332,12 @@ def host_uid() -> int:
     return os.geteuid() if uid is None else uid
 
 
-def read_regular(path: str) -> bytes:
+def read_regular(path: str, walked: tuple[int, int] | None = None) -> bytes:
     """The bytes of the file at ``path``; a FIFO, socket or device is refused unopened (its open could block or
     act), and again on the fd (replaced in between: the open was non-blocking, so it never hung): an OSError whose
-    ``strerror`` is "it is not a regular file".  A directory is the OSError its read gives ("Is a directory")."""
+    ``strerror`` is "it is not a regular file".  A directory is the OSError its read gives ("Is a directory").
+    ``walked``: the (device, inode) that the trust walk of ``path`` ended on (:func:`checked`); a descriptor on
+    another file (the path was renamed over after the walk) is the OSError :data:`REPLACED`, nothing read."""
     def special(mode: int) -> bool:
         return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
 
@@ -285,8 +345,11 @@ def read_regular(path: str) -> bytes:
         raise OSError(0, NOT_REGULAR, path)
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
     try:
-        if special(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if special(st.st_mode):
             raise OSError(0, NOT_REGULAR, path)
+        if walked is not None and (st.st_dev, st.st_ino) != walked:
+            raise OSError(0, REPLACED, path)
         chunks = []
         while chunk := os.read(fd, 1 << 20):
             chunks.append(chunk)
@@ -296,3 +359,4 @@ def read_regular(path: str) -> bytes:
 
 
 NOT_REGULAR = "it is not a regular file"
+REPLACED = "it was replaced between its trust check and its read"

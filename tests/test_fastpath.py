@@ -296,6 +296,64 @@ def test_config_made_untrusted_after_the_bake(tmp_path: Path, how: str) -> None:
         assert (done.returncode, done.stdout) == (0, "fake-runc state c1\n"), (kind, done.stderr)
 
 
+@pytest.mark.root  # makes files owned by another user
+@pytest.mark.parametrize("how", ["file-o+w", "file-owner", "dir-g+w", "link-to-theirs", "on-path-dir-o+w"])
+def test_a_runtime_that_fails_the_code_rule_is_never_run(tmp_path: Path, how: str) -> None:
+    """The runtime the shim execs runs with the shim's privilege (root's, for root's containers): it is code, so it
+    passes the trust rule as the interpreter does, along its whole path, or it is not run: the native front hands
+    over and Python refuses with one line naming it, for a pass-through command and a create alike, the same
+    bytes from either launcher.  Found on PATH, the first match is the one checked (never one further on)."""
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    marker = tmp_path / "ran"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "fake-runc"
+    fake.write_text(f'#!/bin/sh\necho ran >> {marker}\necho "fake-runc $*"\n')
+    fake.chmod(0o755)
+    config = etc / "config.toml"
+    named = "fake-runc" if how == "on-path-dir-o+w" else str(fake)
+    config.write_text(f'sysfs_root = "{cl.SEED_SYSFS}"\nruntime = "{named}"\n')
+    config.chmod(0o644)
+    defaults = {"OCI_GPU_HOOK_CONFIG": str(config)}
+    launchers.write_launchers(str(tmp_path / "native"), defaults, native=True)
+    launchers.write_launchers(str(tmp_path / "python"), defaults, native=False)
+    later = tmp_path / "later"  # a trusted runtime of the same name further on PATH: never the stand-in
+    later.mkdir()
+    (later / "fake-runc").write_text(f"#!/bin/sh\necho later >> {marker}\n")
+    (later / "fake-runc").chmod(0o755)
+    env = {**cl.hook_env(), "PATH": f"{bin_dir}:{later}:/usr/bin:/bin"}
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "config.json").write_text(plain(["FOO=1"]))
+    commands = (["state", "c1"], ["create", "--bundle", str(bundle), "c1"])
+    for kind in ("native", "python"):  # trusted: run, by both launchers
+        done = subprocess.run([str(tmp_path / kind / "oci-gpu-runtime"), "state", "c1"], capture_output=True,
+                              text=True, env=env, timeout=60)
+        assert (done.returncode, done.stdout) == (0, "fake-runc state c1\n"), (kind, done.stderr)
+    marker.unlink()
+    if how == "file-o+w":
+        fake.chmod(0o757)
+    elif how == "file-owner":
+        os.chown(fake, 65534, 65534)
+    elif how in ("dir-g+w", "on-path-dir-o+w"):
+        bin_dir.chmod(0o775 if how == "dir-g+w" else 0o757)
+    else:
+        theirs = tmp_path / "theirs"
+        theirs.mkdir()
+        fake.rename(theirs / "fake-runc")
+        os.chown(theirs, 65534, 65534)
+        fake.symlink_to(theirs / "fake-runc")
+    for argv in commands:
+        native, python = (subprocess.run([str(tmp_path / kind / "oci-gpu-runtime"), *argv], capture_output=True,
+                                         text=True, env=env, timeout=60) for kind in ("native", "python"))
+        assert python.returncode == 1 and python.stdout == "", python
+        assert python.stderr.startswith("oci-gpu-hook: error: refusing to run the runtime "), python.stderr
+        assert python.stderr.count("\n") == 1 and str(fake) in python.stderr, python.stderr
+        assert (native.returncode, native.stdout, native.stderr) == (python.returncode, python.stdout, python.stderr)
+        assert not marker.exists(), argv
+
+
 def test_changed_config_goes_to_python(tmp_path: Path) -> None:
     install = make_install(tmp_path)
     assert precreate(install["native"], plain(["FOO=1"]).encode()).returncode == 0

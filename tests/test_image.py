@@ -187,12 +187,12 @@ def test_remove_old_environments_takes_only_what_nothing_uses(tmp_path: Path) ->
     """The DaemonSet's remove-old-environments command, run as written (the manifest's, in a private mount namespace
     whose launchers' directory is a tree made here): of the environments of other versions it removes the one no
     launcher names, no process maps and no planner holds, keeps the one a launcher names, the one a running process
-    maps a file of, the one whose .in-use a planner holds (a shared flock, as the manifest's planner command takes
-    it), its own, a half copy (.tmp) and a link; it clears
-    what an interrupted run left (.removing-*).  The planner's command takes the shared lock of its own version."""
+    maps a file of, the one whose lock (.in-use-env-VERSION, beside it) a planner holds (a shared flock, as the
+    manifest's planner command takes it), its own, a half copy (.tmp) and a link; it clears what an interrupted run
+    left (.removing-*).  The planner's command takes the shared lock of its own version."""
     planner = _container("planner")["command"]
     assert planner[:2] == ["/bin/sh", "-c"]
-    assert f"{LAUNCHER_DIR}/env-{__version__}/.in-use && flock -s 9 &&" in planner[2]
+    assert f"{LAUNCHER_DIR}/.in-use-env-{__version__} && flock -s 9 &&" in planner[2]
     command = _container("remove-old-environments")["command"]
     assert command[:2] == ["/bin/sh", "-c"]
     tree = tmp_path / "libexec"
@@ -209,14 +209,18 @@ def test_remove_old_environments_takes_only_what_nothing_uses(tmp_path: Path) ->
               # a process runs from 0.0.7 (a Python launcher still running, say: it maps a file of it)
               f"{{ {LAUNCHER_DIR}/env-0.0.7/bin/sleep 600 & }} && sleeper=$! && "
               # this shell is a planner of 0.0.2: it holds that environment (the manifest's way: fd 9, shared)
-              f"exec 9>>{LAUNCHER_DIR}/env-0.0.2/.in-use && flock -s 9 && sh -c \"$1\" 9>&-; rc=$?; "
+              f"exec 9>>{LAUNCHER_DIR}/.in-use-env-0.0.2 && flock -s 9 && sh -c \"$1\" 9>&-; rc=$?; "
               "kill $sleeper; exit $rc")
     done = subprocess.run(["unshare", "-m", "sh", "-c", script, "sh", command[2]], capture_output=True, text=True,
                           timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     out = done.stdout
+    # the environments' locks lie beside them, never in them (an environment's entries are pinned): the held one
+    # stays, the removed one's goes with it
     assert sorted(os.listdir(tree)) == sorted([f"env-{__version__}", "env-0.0.1", "env-0.0.2", "env-0.0.4.tmp",
-                                               "env-0.0.6", "env-0.0.7", "oci-gpu-hook", "oci-gpu-hook.py"]), out
+                                               "env-0.0.6", "env-0.0.7", "oci-gpu-hook", "oci-gpu-hook.py",
+                                               ".in-use-env-0.0.2"]), out
+    assert not (tree / "env-0.0.2" / ".in-use").exists()
     assert "removed env-0.0.3" in out and "kept env-0.0.2: a planner runs from it" in out, out
     assert "kept env-0.0.7: a process runs from it" in out, out
 
@@ -237,7 +241,7 @@ def test_the_nri_container_waits_for_the_runtimes_socket(tmp_path: Path) -> None
     launcher.chmod(0o755)
     fifo, out = tmp_path / "err", tmp_path / "out"
     os.mkfifo(fifo)
-    lock = f"{LAUNCHER_DIR}/env-{__version__}/.in-use"
+    lock = f"{LAUNCHER_DIR}/.in-use-env-{__version__}"
     make_socket = f"import socket; socket.socket(socket.AF_UNIX).bind({plugin.DEFAULT_SOCKET!r})"
     run = (f"mount -t tmpfs -o mode=755 tmpfs /usr/local && mkdir -p {LAUNCHER_DIR} && "
            f"mount --bind {tree} {LAUNCHER_DIR} && mount -t tmpfs -o mode=755 tmpfs /run && mkdir -p /run/nri && "

@@ -204,7 +204,7 @@ def test_daemon_set(usage: str) -> None:
 
     nri = containers["nri"]
     assert _exec_tail(nri["command"]) == [f"{LAUNCHER_DIR}/oci-gpu-hook", "nri", "--socket", nri_plugin.DEFAULT_SOCKET]
-    assert f"exec 9>>{LAUNCHER_DIR}/env-{__version__}/.in-use && flock -s 9 &&" in nri["command"][2]
+    assert f"exec 9>>{LAUNCHER_DIR}/.in-use-env-{__version__} && flock -s 9 &&" in nri["command"][2]
     assert {volumes[m["name"]] for m in nri["volumeMounts"]} == {LAUNCHER_DIR, PLANNER_DIR, NRI_DIR, "/sys"}
     assert os.path.dirname(nri_plugin.DEFAULT_SOCKET) == NRI_DIR and types[NRI_DIR] == "DirectoryOrCreate"
     assert os.path.dirname(FIELDS["by_path_dir"].default) == PLANNER_DIR

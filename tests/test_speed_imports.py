@@ -99,5 +99,21 @@ def test_nvidia_request_imports_are_pinned(setup: dict[str, object], tmp_path: P
         got = imports(module, argv, env, stdin) - baseline
         assert got >= NVIDIA, (entry, got)
         assert not got & (NEVER | {"ctypes", "oci_gpu_hook.inventory.nvml"}), (entry, sorted(got & NEVER))
-        allowed = (ALLOWED[entry] - {"oci_gpu_hook.inventory.amd"}) | NVIDIA
-        assert got <= allowed, (entry, sorted(got - allowed))
+        assert got <= ALLOWED[entry], (entry, sorted(got - ALLOWED[entry]))  # the config's backends: all three
+
+
+def test_the_start_path_is_imported_as_the_entry_begins(setup: dict[str, object]) -> None:
+    """Right after the launcher's trust walk, before the entry reads its input, every module of the package the
+    entry may need is imported (entry.load_start_path): whatever the container asks, nothing of the package is
+    imported later from a path that could have been renamed over since (docs/security.md).  A container that asks
+    for nothing imports the same set as one granted a GPU; the config's backends' modules are there for both."""
+    baseline: set[str] = setup["baseline"]  # type: ignore[assignment]
+    sets = {}
+    for entry, module, argv, stdin in cases(setup):
+        got = imports(module, argv, setup["env"], stdin) - baseline  # type: ignore[arg-type]
+        ours = {name for name in got if name.startswith("oci_gpu_hook.")}
+        sets.setdefault(entry, []).append(ours)
+        declared = {name for name in ALLOWED[entry] if name.startswith("oci_gpu_hook.")}
+        assert declared <= ours, (entry, sorted(declared - ours))
+    gpu, nogpu = sets["precreate"]
+    assert gpu == nogpu, sorted(gpu ^ nogpu)

@@ -405,3 +405,162 @@ def test_a_killed_writer_s_temp_file_goes_on_the_next_run(tmp_path: Path, writer
     assert done.returncode == 0, done.stderr
     assert os.listdir(out) == [name]
     assert "/dev/dri/renderD129" in target.read_text()
+
+
+# --- the file read is the file checked; the pins' reach; every file of the package --------------------------------
+
+
+def test_the_config_read_is_the_file_its_trust_walk_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file renamed over the config between its trust walk and its read (whoever could: a user given its
+    directory) is never read: the read goes through the descriptor and must find the inode the walk ended on."""
+    from oci_gpu_hook import config as cfg
+    from oci_gpu_hook.errors import HookError
+
+    path = _config(tmp_path / "etc", 'runtime = "/bin/true"\n')
+    assert cfg.load_file(str(path)) == {"runtime": "/bin/true"}
+    real = trust.checked
+
+    def walk_then_swap(checked_path: str) -> tuple[str | None, tuple[int, int]]:
+        found = real(checked_path)
+        swap = path.parent / "swap"
+        swap.write_text('runtime = "/tmp/theirs"\n')
+        swap.rename(path)  # after the walk, before the read
+        return found
+
+    monkeypatch.setattr(trust, "checked", walk_then_swap)
+    with pytest.raises(HookError) as err:
+        cfg.load_file(str(path))
+    assert str(err.value) == (f"config file {path}: cannot read (it was replaced between its trust check and its "
+                              "read)")
+
+
+def test_the_pins_hold_the_environment_and_the_configs_own_directory(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """install pins the virtual environment's own directory (no lock comes and goes in it any more) and the
+    config file's directory (a user given it could rename a file over the config), but not a sticky directory,
+    where any user may add a file; beside the launchers, whose own directory install writes into."""
+    from oci_gpu_hook.host import launchers
+
+    etc = tmp_path / "etc"
+    config = _config(etc)
+    text = launchers.install_pins(str(tmp_path / "libexec"), {"OCI_GPU_HOOK_CONFIG": str(config)})
+    pinned = {line.split(" ", 2)[2] for line in text.splitlines()}
+    prefix = os.path.dirname(os.path.dirname(sys.executable))
+    assert {prefix, os.path.join(prefix, "pyvenv.cfg"), str(etc), str(config)} <= pinned, text
+    assert str(tmp_path / "libexec") not in pinned and str(tmp_path) not in pinned
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    config = _config(sticky / "x")  # its own directory: pinned; the sticky one above it: not
+    text = launchers.install_pins(str(tmp_path / "libexec"), {"OCI_GPU_HOOK_CONFIG": str(config)})
+    pinned = {line.split(" ", 2)[2] for line in text.splitlines()}
+    assert str(sticky / "x") in pinned and str(sticky) not in pinned
+    loose = tmp_path / "loose.toml"  # in a sticky directory itself
+    monkeypatch.chdir(tmp_path)
+    os.rename(config, loose)
+    tmp_path.chmod(0o1777)
+    try:
+        text = launchers.install_pins(str(tmp_path / "libexec"), {"OCI_GPU_HOOK_CONFIG": str(loose)})
+    finally:
+        tmp_path.chmod(0o700)
+    pinned = {line.split(" ", 2)[2] for line in text.splitlines()}
+    assert str(loose) in pinned and str(tmp_path) not in pinned
+
+
+def test_install_refuses_pins_over_the_limit_and_writes_nothing(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pins over what the readers take (trust.MAX_PINS, 64 KiB) are never written in part or at all: one line
+    saying why, and no launcher (paths that long cannot come from a real install here, so the limit is lowered)."""
+    from oci_gpu_hook.errors import HookError
+    from oci_gpu_hook.host import launchers
+
+    monkeypatch.setattr(trust, "MAX_PINS", 200)
+    with pytest.raises(HookError) as err:
+        launchers.write_launchers(str(tmp_path / "libexec"), {}, native=False)
+    assert "would take" in str(err.value) and "more than the 200 a rootless hook reads" in str(err.value)
+    assert "\n" not in str(err.value) and str(err.value).endswith("nothing is written")
+    assert not (tmp_path / "libexec").exists()
+
+
+def _site(base: Path) -> Path:
+    """A site-packages holding a distribution named oci-gpu-hook that requires 'dep', and dep, as pip leaves them."""
+    site = base / "site-packages"
+    for name, requires in (("oci_gpu_hook", "Requires-Dist: dep>=1\n"), ("dep", "")):
+        info = site / f"{name}-1.0.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: 1.0\n"
+                                       f"{requires}")
+        (site / name).mkdir()
+        (site / name / "__init__.py").write_text("")
+        (info / "RECORD").write_text(f"{name}/__init__.py,,\n{info.name}/METADATA,,\n{info.name}/RECORD,,\n")
+    for path in [site, *site.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return site
+
+
+@root_only
+@pytest.mark.parametrize("how", ["package-dir-g+w", "dependency-file-o+w", "dependency-owner", "link-out",
+                                 "link-to-a-directory"])
+def test_install_and_validate_walk_every_file_of_the_package_and_what_it_requires(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], how: str) -> None:
+    """A launcher walks only down to site-packages at each start; install and validate walk everything below, once:
+    a group-writable package directory (pip under umask 002), a file of a dependency, a symlink out to what another
+    user could change are each one line naming the entry, and install writes nothing."""
+    from oci_gpu_hook.entry import cli
+    from oci_gpu_hook.errors import HookError
+    from oci_gpu_hook.host import launchers
+    from oci_gpu_hook.host.install import run as install_run
+
+    site = _site(tmp_path)
+    monkeypatch.setattr(launchers, "code_paths", lambda: [str(site)])
+    assert str(site / "oci_gpu_hook") in launchers.package_trees() and str(site / "dep") in launchers.package_trees()
+    install_run.untrusted_code()  # all root's: nothing to say
+    bad = {"package-dir-g+w": site / "oci_gpu_hook", "dependency-file-o+w": site / "dep" / "__init__.py",
+           "dependency-owner": site / "dep" / "__init__.py", "link-out": site / "dep" / "mod.py",
+           "link-to-a-directory": site / "dep" / "sub"}[how]
+    if how == "package-dir-g+w":
+        bad.chmod(0o775)
+    elif how == "dependency-file-o+w":
+        bad.chmod(0o646)
+    elif how == "dependency-owner":
+        os.chown(bad, NOBODY, NOBODY)
+    elif how == "link-to-a-directory":  # root's directory, and the way to it: what lies in it is walked too
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir(mode=0o755)
+        (elsewhere / "m.py").write_text("")
+        os.chown(elsewhere / "m.py", NOBODY, NOBODY)
+        (site / "dep" / "sub").symlink_to(elsewhere)
+        bad = elsewhere / "m.py"
+    else:
+        theirs = tmp_path / "theirs"
+        theirs.mkdir()
+        os.chown(theirs, NOBODY, NOBODY)
+        (theirs / "mod.py").write_text("")
+        bad.symlink_to(theirs / "mod.py")
+        bad = theirs
+    with pytest.raises(HookError) as err:
+        install_run.untrusted_code()
+    assert str(bad) in str(err.value) and str(err.value).endswith("nothing is written"), err.value
+    assert "\n" not in str(err.value)
+    assert cli.main(["validate", "--config-file", os.devnull]) == 1
+    _out, errors = capsys.readouterr()
+    assert errors.count("\n") == 1 and str(bad) in errors and "fails the trust rule" in errors, errors
+
+
+def test_validate_rootless_says_a_pins_file_over_the_limit_is_not_read(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """What every rootless hook would do with a pins file over the limit (refuse every GPU request: none of it is
+    read), validate --rootless says to root in one line; at the limit, the file is checked entry by entry."""
+    from oci_gpu_hook.entry.commands import validate
+    from oci_gpu_hook.errors import HookError
+    from oci_gpu_hook.host.install import paths
+
+    monkeypatch.setattr(paths, "LAUNCHER_DIR", str(tmp_path))
+    pins = tmp_path / "install.pins"
+    pins.write_text("#" * (trust.MAX_PINS - 1) + "\n")
+    assert validate._check_pins().startswith("ok: ")
+    pins.write_text("#" * trust.MAX_PINS + "\n")
+    with pytest.raises(HookError) as err:
+        validate._check_pins()
+    assert str(err.value) == (f"{pins} is larger than 65536 bytes, so a rootless hook reads none of it and refuses "
+                              "every GPU request: run oci-gpu-hook install again")

@@ -236,3 +236,53 @@ def test_install_refuses_code_that_fails_the_rule(tmp_path: Path, monkeypatch: p
         run.untrusted_code()
     assert f"would run {writable}, which fails the trust rule: {writable} is writable by group and others" in str(
         err.value)
+
+
+OVERSIZE_SIDE = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import trust
+launcher = {}
+exec("import os, stat", launcher)
+exec(compile(open(sys.argv[2]).read(), "launcher-rule", "exec"), launcher)
+trust.load_pins(sys.argv[3])
+launcher["load_pins"](sys.argv[3])
+print(json.dumps([trust.code_problem(sys.argv[4]), launcher["code_problem"](sys.argv[4])]))
+"""
+
+
+@pytest.mark.parametrize("size", ["at-the-limit", "one-byte-over"])
+def test_a_pins_file_over_the_limit_is_read_not_at_all(corpus: tuple[Path, dict[str, str], Path, Path],
+                                                       size: str) -> None:
+    """A pins file of MAX_PINS bytes is read in full, by C and Python alike; one byte more and neither reads any of
+    it (a part would leave entries unpinned, so trusted): every entry that reads as the overflow uid is refused,
+    with the line that says why (install never writes such a file: test_install_refuses_pins_over_the_limit)."""
+    base, paths, tools, probe = corpus
+    target = paths["root-file"]
+    st = os.lstat(target)
+    line = f"{st.st_ino} {st.st_ctime_ns} {target}\n"
+    filler = "0 0 /nonexistent/" + "x" * 200 + "\n"
+    text = line
+    while len(text) + len(filler) <= trust.MAX_PINS:
+        text += filler
+    text += "#" * (trust.MAX_PINS - len(text) - 1) + "\n"  # exactly the limit: a line the readers skip
+    assert len(text) == trust.MAX_PINS
+    if size == "one-byte-over":
+        text += "\n"
+    pins = base / f"pins-{size}"
+    pins.write_text(text)
+    pins.chmod(0o644)
+    cmd = [*CONTEXTS["rootless"], "/usr/bin/python3", "-I", "-S", "-c", OVERSIZE_SIDE, str(tools),
+           str(tools / "rule.py"), str(pins), target]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd="/", timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    python, launcher = json.loads(done.stdout)
+    c = subprocess.run([*CONTEXTS["rootless"], str(probe), "pins", str(pins), "code", target], capture_output=True,
+                       text=True, cwd="/", timeout=60, check=False)
+    assert c.returncode == 0, c.stderr
+    if size == "at-the-limit":
+        assert (python, launcher, c.stdout.splitlines()[0]) == (None, None, "trusted")
+    else:
+        assert python == launcher and "pins file of `oci-gpu-hook install` is larger than 65536 bytes" in python
+        assert python.startswith("/ cannot be vouched for"), python  # the first entry met: refused from the root
+        assert c.stdout.splitlines()[0] == "untrusted"

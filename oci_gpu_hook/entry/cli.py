@@ -305,6 +305,9 @@ def main(argv: list[str] | None = None) -> int:
         overrides, rest = split_globals(args)
         command = rest[0] if rest else None
         if is_hook(command):
+            from oci_gpu_hook.entry import load_start_path
+
+            load_start_path(command)  # the code it will run, right after the launcher's trust walk
             if len(rest) > 1 and command not in CREATE_RUNTIME_HOOKS:
                 raise _usage_error(f"{command} takes no arguments")
             if command in CREATE_RUNTIME_HOOKS:  # need no config: what to make is in their arguments
@@ -315,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
                 return run(read_stdin(), rest[1:])
             loaded = load_for_container(overrides)
             config = None if isinstance(loaded, Exception) else loaded
+            if config is not None:
+                load_start_path(command, config.backends)  # and its backends' modules, before stdin is read
             os.chdir("/")  # never work relative to a directory the container may control
             if command == "precreate":
                 return cmd_precreate(loaded)

@@ -58,6 +58,12 @@ def resolve_runtime(name: str) -> str:
     if me and os.path.realpath(path) == me:
         raise HookError(f"runtime '{path}' is this shim itself; "
                         "point OCI_GPU_HOOK_RUNTIME at the real runc or crun")
+    from oci_gpu_hook.trust import code_problem
+
+    why = code_problem(path)  # the shim execs it as root: code, by the one trust rule (the front checks it too)
+    if why:
+        raise HookError(f"refusing to run the runtime {path}: {why} (the shim runs it with its own privilege; "
+                        "install the runtime into a root-owned directory, see docs/security.md)")
     return path
 
 
@@ -116,13 +122,13 @@ def passthrough_runtime_name(baked: str | None = None) -> str:
     except Exception:
         pass
     path = os.environ.get("OCI_GPU_HOOK_CONFIG") or DEFAULT_CONFIG_PATH
-    from oci_gpu_hook.trust import config_problem
+    from oci_gpu_hook.trust import checked, read_regular
 
-    if config_problem(path):  # a file others could change never names what root execs
+    why, walked = checked(path)
+    if why:  # a file others could change never names what root execs
         return baked or FIELDS["runtime"].default
     try:
-        with open(path, "rb") as handle:
-            lines = handle.read(1 << 20).decode("utf-8", "replace").splitlines()
+        lines = read_regular(path, walked)[:1 << 20].decode("utf-8", "replace").splitlines()  # the file checked
     except OSError:
         lines = []
     for line in lines:
@@ -165,6 +171,8 @@ def prepare(args: list[str], baked_runtime: str | None = None) -> tuple[int, str
     names the runtime of a create or run when the config cannot be used: :mod:`oci_gpu_hook.config`).  The
     resident planner runs this for the native front, which then execs the runtime itself
     (:mod:`oci_gpu_hook.host.planner`)."""
+    from oci_gpu_hook.entry import load_start_path
+
     runc = reading = Reading(args, RUNC)
     config = None
     try:
@@ -172,10 +180,12 @@ def prepare(args: list[str], baked_runtime: str | None = None) -> tuple[int, str
         # reading decides what is rewritten.
         crun = None if runc.command in REWRITE_COMMANDS else Reading(args, CRUN)
         if runc.command in REWRITE_COMMANDS or (crun is not None and crun.command in REWRITE_COMMANDS):
+            load_start_path("create")  # the code it will run, right after the launcher's trust walk
             from oci_gpu_hook.config import load_config
 
             try:
                 config = load_config()
+                load_start_path("create", config.backends)
                 problem = None
             except HookError as err:  # the config cannot be used: a container that asks for nothing still starts
                 problem = err
@@ -194,6 +204,7 @@ def prepare(args: list[str], baked_runtime: str | None = None) -> tuple[int, str
                 else:
                     rewrite_bundle(reading.config, config, reading.container_id)
         else:
+            load_start_path("state")
             runtime = resolve_runtime(passthrough_runtime_name(baked_runtime))
             if len(args) == 1 and args[0] in VERSION_ARGS:
                 from oci_gpu_hook import __version__

@@ -334,13 +334,15 @@ static size_t g_pin_count;
 static int g_pins_read;
 static const char *g_pins_path; /* NULL: OGH_PINS_NAME beside OGH_SELF */
 static int g_unpinned;           /* a walk met an entry that is no longer what install pinned */
+static int g_pins_too_large;     /* trust.TOO_LARGE: the file is over OGH_MAX_PINS bytes, none of it is read */
 
 static void load_pins(void)
 {
-    static char text[65537];
+    static char text[OGH_MAX_PINS + 2];
     char path[PATH_MAX], *line, *save = NULL;
     const char *slash;
     size_t most;
+    ssize_t got;
     g_pins_read = 1;
     if (g_overflow < 0)
         return;
@@ -352,8 +354,13 @@ static void load_pins(void)
                           (int)sizeof path)
             return;
     }
-    if (read_small(path, text, sizeof text) <= 0)
+    got = read_small(path, text, sizeof text);
+    if (got <= 0)
         return;
+    if (got > OGH_MAX_PINS) { /* more than trust.MAX_PINS: not read at all, never in part */
+        g_pins_too_large = 1;
+        return;
+    }
     most = 1;
     for (line = text; *line; line++)
         most += *line == '\n';
@@ -388,6 +395,10 @@ static int pin_kept(const char *path, const struct stat *st)
         load_pins();
     if (st && (long)st->st_uid != g_overflow)
         return 1;
+    if (g_pins_too_large) {
+        g_unpinned = 1;
+        return 0;
+    }
     for (i = 0; i < g_pin_count; i++) {
         int kept;
         if (strcmp(g_pins[i].path, path) != 0)
@@ -519,7 +530,11 @@ int main(int argc, char **argv)
 
 static void refuse(const char *what, const char *path)
 {
-    if (g_unpinned)
+    if (g_pins_too_large)
+        say_error("refusing to run %s %s: the pins file of `oci-gpu-hook install` is larger than %d bytes, so none "
+                  "of it is read and nothing that reads as uid %ld can be vouched for; run install again", what, path,
+                  OGH_MAX_PINS, g_overflow);
+    else if (g_unpinned)
         say_error("refusing to run %s %s: it, or a directory above it, changed after `oci-gpu-hook install` ran "
                   "(in this user namespace root's files and other users' read alike, as uid %ld, so only what "
                   "install saw is trusted); run install again", what, path, g_overflow);
@@ -1270,10 +1285,11 @@ static int settings_as_baked(void)
     return 1;
 }
 
-/* config.check_trusted still passes for the config file (when there is one): else Python refuses it */
+/* config.check_trusted still passes for the config file, there or not (load_config walks an absent one too: a
+ * directory given away, a pinned file gone): else Python refuses it */
 static int config_still_trusted(void)
 {
-    return !OGH_CONFIG_EXISTS || trusted(OGH_CONFIG_PATH, 0);
+    return trusted(OGH_CONFIG_PATH, 0);
 }
 
 /* ------------------------------------------------------------------ the resident planner */
@@ -1699,7 +1715,15 @@ static int find_runtime(const char *name)
         return 0;
     if (realpath(OGH_SCRIPT, script) && strcmp(script, real) == 0)
         return 0;
-    return 1;
+    /* resolve_runtime's code_problem: the runtime is code run with this process's privilege, so it passes the
+     * trust rule or Python decides (and refuses it with one line); a relative path is walked from the cwd */
+    if (g_runtime[0] != '/') {
+        char here[PATH_MAX], whole[2 * PATH_MAX];
+        if (!getcwd(here, sizeof here) || snprintf(whole, sizeof whole, "%s/%s", here, g_runtime) >= PATH_MAX)
+            return 0;
+        return trusted(whole, 1);
+    }
+    return trusted(g_runtime, 1);
 }
 
 static void exec_runtime(void)

@@ -77,7 +77,9 @@ for _path in {checked!r}:
             for _dir in ([""] if "/" in _runtime else (os.environ.get("PATH") or "/usr/bin:/bin").split(":")):
                 _exe = os.path.join(_dir, _runtime) if _dir else _runtime
                 if os.access(_exe, os.X_OK) and not os.path.isdir(_exe):
-                    os.execv(_exe, [_exe, *sys.argv[1:]])
+                    if not code_problem(_exe):  # the runtime is code too: run only one that passes the rule
+                        os.execv(_exe, [_exe, *sys.argv[1:]])
+                    break
         sys.stderr.write(f"oci-gpu-hook: error: refusing to run {{_path}}: {{_why}} "
                          "(install into a root-owned prefix, see docs/security.md)\\n")
         sys.exit(1)
@@ -161,6 +163,31 @@ def _package_parent() -> str:
 def code_paths() -> list[str]:
     """Where a launcher loads code from: this package's parent and the environment's site-packages."""
     return list(dict.fromkeys([_package_parent(), *site_packages()]))
+
+
+def package_trees() -> list[str]:
+    """What the package and every distribution it requires (recursively, its extras' too: whatever of them is
+    installed) put on disk: the top-level files and directories of each in its site-packages, and each file it put
+    elsewhere (a script in bin/), from their installed records (``RECORD``); and the package's own directory (an
+    editable install's records do not name it).  What install and ``validate`` walk
+    in full (:func:`oci_gpu_hook.trust.tree_problem`): a launcher walks only down to site-packages at each start."""
+    import importlib.metadata
+    import re
+
+    search = code_paths()
+    todo, seen, trees = ["oci-gpu-hook"], set(), {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    while todo:
+        name = re.sub(r"[-_.]+", "-", todo.pop()).lower()
+        found = next(iter(importlib.metadata.distributions(name=name, path=search)), None)
+        if name in seen or found is None:
+            continue
+        seen.add(name)
+        for file in found.files or []:
+            top = file.parts[0] if file.parts and file.parts[0] != ".." else file
+            trees.add(os.path.normpath(os.path.abspath(str(found.locate_file(top)))))
+        todo.extend(m.group() for m in (re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", r) for r in found.requires or [])
+                    if m)
+    return sorted(trees)
 
 
 def stdlib_paths() -> list[str]:
@@ -251,9 +278,9 @@ def baked_settings(defaults: dict[str, str]) -> dict[str, object]:
     values: dict[str, object] = {}
     content = None
     try:
-        cfg.check_trusted(path)
-        with open(path, "rb") as handle:
-            content = handle.read(MAX_BAKED_CONFIG + 1)
+        from oci_gpu_hook.trust import read_regular
+
+        content = read_regular(path, cfg.check_trusted(path))  # the very file checked, through its descriptor
         values = cfg.parse_bytes(content, f"config file {path}")  # the settings of exactly the bytes baked
     except FileNotFoundError:
         if defaults.get("OCI_GPU_HOOK_CONFIG"):
@@ -282,7 +309,7 @@ def front_contract() -> dict[str, str | list[str] | int]:
     """The fast-path contract: every name, word and path the front compares or uses that the Python path
     defines, each taken from where Python defines it (``oci_gpu_hook/fastpath/front.c`` names them
     ``OGH_<KEY>``; its header says which Python function each part of the front mirrors)."""
-    from oci_gpu_hook import LIVE_COMMANDS, PRECREATE, config, log, oci_argv
+    from oci_gpu_hook import LIVE_COMMANDS, PRECREATE, config, log, oci_argv, trust
     from oci_gpu_hook.appliers.ocispec import LINKS_COMMAND
     from oci_gpu_hook.core.edits import BY_PATH_DIR, LINK_NODES
     from oci_gpu_hook.host import planner
@@ -311,6 +338,7 @@ def front_contract() -> dict[str, str | list[str] | int]:
         "SYSLOG_MAX": log.SYSLOG_MAX,  # log.py syslog_text: the bytes of MESSAGE kept
         "PROGRAM": log.PROGRAM,
         "PINS_NAME": PINS_NAME,  # trust.load_pins: the install's pins, beside the launchers
+        "MAX_PINS": trust.MAX_PINS,  # trust.read_pins: a larger pins file is not read at all
     }
 
 
@@ -501,25 +529,38 @@ def launcher_files(directory: str, defaults: dict[str, str], *, native: bool | N
         files.append((front + ".py", launcher_text(module, defaults, trust=trust, runtime=_runtime(defaults),
                                                    argv0=front, pins=pins).encode()))
     if trust:
-        files.append((pins, install_pins(directory, defaults).encode()))
+        files.append((pins, install_pins(directory, defaults).encode("utf-8", "surrogateescape")))
     return files
 
 
 def install_pins(directory: str, defaults: dict[str, str]) -> str:
     """The pins file (:data:`PINS_NAME`) of launchers written into ``directory``: every entry of the install's own
-    that their trust checks walk (inside the virtual environment, the site-packages holding the package, the config
-    file), except ``directory`` and what lies above it, which the write itself changes, and the environment's own
-    directory, where locks come and go: what could replace an entry in it changes that entry (docs/security.md)."""
+    that their trust checks walk (the virtual environment and everything in it they meet, the site-packages holding
+    the package, the config file and its directory unless that is sticky, as /tmp is, where any user may add a
+    file), except ``directory`` and what lies above it, which the write itself changes (docs/security.md).  Nothing
+    comes and goes in them: the DaemonSet's lock of an environment lies beside it, not in it.  Over
+    :data:`oci_gpu_hook.trust.MAX_PINS` bytes, which no reader would take: a HookError, nothing written."""
+    import stat
+
     from oci_gpu_hook import trust
 
     config = str(baked_settings(defaults)["path"])
     prefix = os.path.dirname(os.path.dirname(sys.executable))
     paths = [p for p in code_paths() if os.path.isdir(p)]
     roots = [*paths, config, *([prefix] if venv_config() else [])]
+    try:
+        if not os.stat(os.path.dirname(config)).st_mode & stat.S_ISVTX:
+            roots.append(os.path.dirname(config))
+    except OSError:
+        roots.append(os.path.dirname(config))  # pinned absent: its making changes what a rootless hook trusts
     walked = [sys.executable, *paths, *stdlib_paths(), *venv_config(), config]
-    pins = trust.pins_of(walked, roots, [os.path.abspath(directory)])
-    pins.pop(prefix, None)
-    return trust.pins_text(pins)
+    text = trust.pins_text(trust.pins_of(walked, roots, [os.path.abspath(directory)]))
+    size = len(text.encode("utf-8", "surrogateescape"))
+    if size > trust.MAX_PINS:
+        raise HookError(f"the pins of this install ({os.path.join(directory, PINS_NAME)}) would take {size} bytes, "
+                        f"more than the {trust.MAX_PINS} a rootless hook reads (paths this long or this many "
+                        "symlinks on the way to the environment or the config?); nothing is written")
+    return text
 
 
 def venv_config() -> list[str]:

@@ -505,7 +505,7 @@ def test_the_pods_containers_run_from_the_image(running: Running) -> None:
     planner_dir = (running.node.root / "run/oci-gpu-hook").stat()
     assert planner_dir.st_uid == 0 and stat.S_IMODE(planner_dir.st_mode) == 0o700
     # the planner holds its environment's lock (remove-old-environments leaves the environment alone)
-    lock = running.node.root / ENV_DIR.lstrip("/") / ".in-use"
+    lock = running.node.root / LAUNCHER_DIR.lstrip("/") / f".in-use-{os.path.basename(ENV_DIR)}"
     done = subprocess.run(["flock", "-n", "-x", str(lock), "true"], capture_output=True, timeout=30, check=False)
     assert done.returncode == 1, "nothing holds the environment's lock while the planner runs"
 

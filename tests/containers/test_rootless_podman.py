@@ -443,6 +443,104 @@ def test_what_another_user_owns_never_steers_a_users_containers(fresh_journal: r
         assert checked.returncode != 0 and path in checked.stderr, checked
 
 
+# The racing swap: run as the other user, who was given one directory of the install by a non-recursive chown. It
+# waits (inotify) for the hook to be running, then renames a tree of its own over what the hook has checked.
+# "package": the first open in the package's directory (the hook importing it: its trust walks are done), then
+# the environment's lib/ swapped for one whose package writes STEERED when any module of it is imported (before,
+# the modules that a start imported after that moment came from it). "config": a loop that keeps renaming a
+# config of its own over the file and back (a walk that saw root's file and a read that follows it may then see
+# two files, nothing in between tells the hook).
+SWAPPER = r"""
+import ctypes, os, sys
+kind, watched, a, b = sys.argv[1:5]
+libc = ctypes.CDLL(None, use_errno=True)
+fd = libc.inotify_init()
+assert fd >= 0 and libc.inotify_add_watch(fd, watched.encode(), 0x20) >= 0  # IN_OPEN
+print("armed", flush=True)
+if kind == "package":
+    os.read(fd, 4096)
+    os.rename(a, a + ".orig")
+    os.rename(b, a)
+    print("swapped", flush=True)
+else:
+    while True:  # until the test kills it
+        os.rename(a, a + ".orig")
+        os.rename(b, a)
+        os.rename(a, b)
+        os.rename(a + ".orig", a)
+"""
+STEER_LINE = f"open({STEERED!r}, 'a').close()\n"
+# The other user's own tree, made as that user: a copy of the package whose every module also writes STEERED, or
+# a copy of the config with a log_file in the user's home
+PREPARE = r"""
+import os, shutil, sys
+kind, source, copy, line = sys.argv[1:5]
+if kind == "package":
+    shutil.copytree(source, copy)
+    for top, _dirs, files in os.walk(copy):
+        for name in files:
+            if name.endswith(".py"):
+                with open(os.path.join(top, name), "a") as handle:
+                    handle.write(line)
+else:
+    shutil.copy(source, copy)
+    with open(copy, "a") as handle:
+        handle.write(line)
+"""
+
+
+@contextlib.contextmanager
+def racing(node: rootless.Node, kind: str) -> Iterator[str]:
+    """Root gives the other user one directory of the install by a non-recursive chown (the environment's own, or
+    the config's), the other user prepares a tree of its own in it and starts :data:`SWAPPER` there; yields the
+    directory, with the swapper armed.  Everything is as before afterwards (and install run again)."""
+    site = node.must(["sh", "-c", f"echo {rootless.VENV}/lib/python3*/site-packages"]).strip()
+    version = site.split("/lib/", 1)[1].split("/", 1)[0]
+    other = ["setpriv", "--reuid", OTHER, "--regid", OTHER, "--init-groups", "env", "-i", f"PATH={rootless.PATH}"]
+    if kind == "package":
+        directory, a, b = rootless.VENV, f"{rootless.VENV}/lib", f"{rootless.VENV}/lib.evil"
+        watched = f"{site}/oci_gpu_hook"
+        args = [f"{site}/oci_gpu_hook", f"{b}/{version}/site-packages/oci_gpu_hook", STEER_LINE]
+    else:
+        directory, a, b = "/etc/oci-gpu-hook", rootless.CONFIG, "/etc/oci-gpu-hook/evil.toml"
+        watched = rootless.CONFIG
+        args = [rootless.CONFIG, b, f'log_file = "{STEERED}"\n']
+    node.must(["chown", OTHER, directory])  # not -R: every entry below it is root's still
+    swapper = None
+    try:
+        node.must([*other, rootless.node_python(), "-c", PREPARE, kind, *args])
+        swapper = subprocess.Popen(node.root.enter([*other, rootless.node_python(), "-c", SWAPPER, kind, watched, a,
+                                                    b]), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert swapper.stdout is not None and swapper.stdout.readline() == "armed\n", swapper.stderr
+        yield directory
+    finally:
+        if swapper is not None:
+            swapper.kill()
+            swapper.wait(timeout=60)
+        restore = (f"if [ -e {a}.orig ]; then rm -rf {a} && mv {a}.orig {a}; fi; rm -rf {b} {a}.orig; "
+                   f"chown root:root {directory}")
+        node.must(["sh", "-c", restore])
+        node.reinstall()
+        node.must(["rm", "-f", STEERED])
+
+
+@pytest.mark.parametrize("kind", ["package", "config"])
+def test_a_swap_made_while_the_hook_runs_never_steers_it(fresh_journal: rootless.Node, kind: str) -> None:
+    """The racing case: root gave the other user the environment's own directory or the config's, by a
+    non-recursive chown (every entry below still root's, so still what install pinned), and that user renames a
+    tree of its own over the install *while* the user's hook runs, timed by inotify.  Both directories are pinned
+    (the chown moved their change time), so the hook refuses before it reads or imports anything from them, with
+    one line naming the directory; the start path is imported right after the walk and the config read through
+    the descriptor its walk checked, so no later read or import could have been swapped either."""
+    node = fresh_journal
+    with racing(node, kind) as directory:
+        for _attempt in range(12 if kind == "config" else 1):  # the loop wins some: a dozen tries
+            ran = node.podman("-e", "AMD_VISIBLE_DEVICES=1")
+            steered = node.as_root(["test", "-e", STEERED]).returncode == 0
+            assert not steered, "the other user's swap steered the user's hook"
+            refused(node, ran, directory, "changed after `oci-gpu-hook install`")
+
+
 @pytest.fixture
 def edited_config(fresh_journal: rootless.Node) -> Iterator[rootless.Node]:
     """Root edits the config (a valid one, still root's) and does not run install again."""

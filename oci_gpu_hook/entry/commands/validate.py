@@ -36,6 +36,11 @@ def run(args: list[str], config: Config) -> int:
         print(f"ok: config file {config_path}")
     else:
         print(f"ok: no config file at {config_path} (defaults apply)")
+    from oci_gpu_hook.host.install.run import package_problem
+
+    why = package_problem()  # every file once: the launchers walk only down to site-packages at each start
+    if why:
+        raise HookError(why)
     from oci_gpu_hook.appliers.cdi import mask_ignored
 
     if mask_ignored(mask):
@@ -66,6 +71,9 @@ def _check_pins() -> str:
     path = os.path.join(LAUNCHER_DIR, PINS_NAME)
     if not os.path.exists(path):
         return f"warning: no {path}: rootless hooks here check no pins (run oci-gpu-hook install)"
+    if trust.read_pins(path).get("") == trust.TOO_LARGE:
+        raise HookError(f"{path} is larger than {trust.MAX_PINS} bytes, so a rootless hook reads none of it and "
+                        "refuses every GPU request: run oci-gpu-hook install again")
     changed = trust.unpinned(path)
     if changed:
         raise HookError(f"{changed[0]} changed after `oci-gpu-hook install` ran ({len(changed)} pinned entries in "

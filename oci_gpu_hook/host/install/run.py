@@ -69,6 +69,23 @@ def untrusted_code() -> None:
         if why:
             raise HookError(f"install: the launchers would run {path}, which fails the trust rule: {why} (install "
                             "into a root-owned prefix, see docs/security.md); nothing is written")
+    why = package_problem()
+    if why:
+        raise HookError(f"install: {why} (install into a root-owned prefix with umask 022, see docs/security.md); "
+                        "nothing is written")
+
+
+def package_problem() -> str | None:
+    """Why some file of the package or of what it requires fails the trust rule (each walked once: a launcher only
+    walks down to their site-packages at each start), or None: install and ``validate`` say it."""
+    from oci_gpu_hook.host.launchers import package_trees
+    from oci_gpu_hook.trust import tree_problem, trusted_owners
+
+    for top in package_trees():
+        why, _count = tree_problem(top, trusted_owners())
+        if why:
+            return f"the package or one it requires, at {top}, fails the trust rule: {why}"
+    return None
 
 
 def install_or_uninstall(opts: Options, only: set[str] | None, installer: Installer, config: Config) -> int:
