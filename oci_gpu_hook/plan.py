@@ -56,7 +56,12 @@ class Plan:
     def record(self, config: Config, entry: str, cid: str | None, started: float, **extra: Any) -> None:
         """The log line of a run that granted GPUs, or ignored a request (``allow_env_requests``, annotations
         won, ``all`` of a kind the host has none of); none for a container that asked for nothing, nor without a log
-        file (:mod:`oci_gpu_hook.log`)."""
+        file (:mod:`oci_gpu_hook.log`).  What was ignored also goes to the journal, at info level (the config's
+        ``syslog``): where a pod got no GPU by its env, the node's journal says why."""
+        if self.request.note:
+            from oci_gpu_hook.log import journal
+
+            journal(config, "info", entry, self.summary(), cid)
         if (not self and not self.request.note) or not config.log_file:
             return
         import time

@@ -40,6 +40,11 @@ def run(args: list[str], config: Config) -> int:
 
     if mask_ignored(mask):
         print(f"warning: {mask_ignored(mask)}")
+    from oci_gpu_hook.host.kubelet import env_requests_line
+
+    pods = env_requests_line()
+    if pods:
+        print(pods)
     user = _user(opts.rootless) if opts.rootless is not None else None
     if user is not None:
         print(_check_pins())
