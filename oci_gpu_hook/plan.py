@@ -44,7 +44,7 @@ class Plan:
         """``amd 1 (0000:23:00.0): /dev/dri/card2 /dev/dri/renderD129 /dev/kfd``, and the request's note."""
         note = f" ({self.request.note})" if self.request.note else ""
         if not self.devices:
-            asked = any(a.values for a in self.request.asks)
+            asked = any(a.values for a in self.request.asks) or bool(self.request.note)  # a request set aside
             return ("no GPU granted" if asked else "no GPU requested") + note
         parts = []
         for device in self.devices:
