@@ -87,6 +87,20 @@ def test_a_podman_or_docker_node_keeps_env_requests(capsys: pytest.CaptureFixtur
     assert load_config({}).allow_env_requests is True
 
 
+@pytest.mark.parametrize("disabled", ['["cri"]', '["io.containerd.grpc.v1.cri", "other"]'])
+def test_a_containerd_without_its_cri_serves_no_pod(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                   disabled: str) -> None:
+    """Docker's containerd.io package ships a config with the CRI off: the drop-in then reaches no pod (a Docker
+    node), and a config that turns off another plugin alone is still one pods reach."""
+    put(tmp_path, "/etc/containerd/config.toml", f"version = 2\ndisabled_plugins = {disabled}\n")
+    out, _ = run_install(capsys, tmp_path, "--containerd-version", "1.7", "--only", "containerd")
+    assert baked(tmp_path) == {} and env_lines(out) == []
+    other = tmp_path / "other"
+    put(other, "/etc/containerd/config.toml", 'version = 2\ndisabled_plugins = ["io.containerd.internal.v1.opt"]\n')
+    out, _ = run_install(capsys, other, "--containerd-version", "1.7", "--only", "containerd")
+    assert baked(other) == {VAR: "false"} and len(env_lines(out)) == 1
+
+
 def test_podmans_hook_where_crio_reads_it_serves_pods(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """``--hook prestart`` into a hooks directory CRI-O reads too (its default is podman's): pods reach it."""
     hooks = "/usr/share/containers/oci/hooks.d"

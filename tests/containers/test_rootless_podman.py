@@ -178,7 +178,9 @@ def test_without_a_runtime_directory_the_gpu_comes_without_its_links(no_session:
     by env (one warning line in the journal, sent as the user, says why), and by CDI as before (its links hook makes
     them inside the container)."""
     node = no_session
-    done = node.podman(*request_, session=False)
+    storage = [f"--root={node.home}/tmp/storage", f"--runroot={node.home}/tmp/run"]  # not the session's (its paths)
+    done = node.as_user([*rootless.PODMAN, *storage, *cl.PODMAN_RUN, *request_, "--rootfs", node.rootfs, "/bin/sh",
+                         "/probe.sh"], session=False)
     result = cl.ProbeResult.parse(started(node, done))
     nodes, _access = cl.expected([1])
     assert result.nodes == nodes and result.access == {}, result

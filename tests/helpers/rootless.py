@@ -213,12 +213,11 @@ class Node:
                               cwd="/", stdin=subprocess.DEVNULL)
 
     def podman(self, *options: str, args: tuple[str, ...] = ("/bin/sh", "/probe.sh"),
-               hooks: bool = True, session: bool = True) -> subprocess.CompletedProcess[str]:
+               hooks: bool = True) -> subprocess.CompletedProcess[str]:
         """``podman run`` as the user (see the top); ``hooks=False``: with an empty ``--hooks-dir``, i.e. what podman
-        gives without the tool (to compare against); ``session``: see :meth:`as_user`."""
+        gives without the tool (to compare against)."""
         no_hooks = [] if hooks else ["--hooks-dir", f"{self.home}/no-hooks"]
-        return self.as_user([*PODMAN, *no_hooks, *cl.PODMAN_RUN, *options, "--rootfs", self.rootfs, *args],
-                            session=session)
+        return self.as_user([*PODMAN, *no_hooks, *cl.PODMAN_RUN, *options, "--rootfs", self.rootfs, *args])
 
     def root_podman(self, *options: str, args: tuple[str, ...] = ("/bin/sh", "/probe.sh")
                     ) -> subprocess.CompletedProcess[str]:

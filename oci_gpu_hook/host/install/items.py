@@ -186,6 +186,8 @@ def pod_facing(path: str, integration: str, disk: Callable[[str], str]) -> str |
     """What a file install writes (or wrote) at ``path`` for ``integration`` lets pods reach, in words; None when
     nothing: podman's hook serves pods too where CRI-O reads its directory (one CRI-O's config names, or one it
     cannot read, taken as read)."""
+    if integration == "containerd" and cri_disabled(disk):
+        return None  # no kubelet can use this containerd: Docker's own (containerd.io ships it so)
     if integration in POD_FACING:
         return POD_FACING[integration]
     if integration != "podman" or not os.path.isdir(disk("/etc/crio")):
@@ -198,6 +200,25 @@ def pod_facing(path: str, integration: str, disk: Callable[[str], str]) -> str |
     except HookError:
         read = True
     return f"a hook in {directory}, which CRI-O reads" if read else None
+
+
+# The gRPC plugin that serves the CRI (a kubelet's), by ID and by its full name, in containerd 1.x and 2.x alike
+CRI_SERVICE = ("cri", "io.containerd.grpc.v1.cri")
+
+
+def cri_disabled(disk: Callable[[str], str]) -> bool:
+    """containerd's main config turns its CRI service off (``disabled_plugins``), as the config Docker's containerd.io
+    package ships does: nothing of the drop-in then reaches a pod.  A config install cannot read counts as on."""
+    import tomllib
+
+    from oci_gpu_hook.host import containerd
+
+    try:
+        with open(disk(containerd.MAIN_CONFIG_PATH), "rb") as handle:
+            disabled = tomllib.load(handle).get("disabled_plugins")
+    except (OSError, tomllib.TOMLDecodeError):
+        return False
+    return isinstance(disabled, list) and any(name in CRI_SERVICE for name in disabled)
 
 
 def kubernetes_facing(disk: Callable[[str], str], items: list[Item]) -> list[str]:
