@@ -80,7 +80,8 @@ FIELDS: dict[str, Field] = {
                          "Per backend, the container env variables that carry a GPU request."),
     "allow_env_requests": Field(True, "bool", "OCI_GPU_HOOK_ALLOW_ENV_REQUESTS",
                                 "Honour GPU requests in the container's env; when off, only cdi.k8s.io "
-                                "annotations (the orchestrator's) count."),
+                                "annotations (the orchestrator's) count.  install bakes it off into launchers that "
+                                "pods reach, unless --set turns it on."),
     "cdi_dir": Field("/var/run/cdi", "path", "OCI_GPU_HOOK_CDI_DIR",
                      "Where the CDI spec of each kind is written (<vendor>-<class>.json)."),
     "hook_path": Field("/usr/local/libexec/oci-gpu-hook/oci-gpu-hook", "path", "OCI_GPU_HOOK_HOOK_PATH",

@@ -44,7 +44,7 @@ class Plan:
         """``amd 1 (0000:23:00.0): /dev/dri/card2 /dev/dri/renderD129 /dev/kfd``, and the request's note."""
         note = f" ({self.request.note})" if self.request.note else ""
         if not self.devices:
-            asked = any(a.values for a in self.request.asks)
+            asked = any(a.values for a in self.request.asks) or bool(self.request.note)  # a request set aside
             return ("no GPU granted" if asked else "no GPU requested") + note
         parts = []
         for device in self.devices:
@@ -56,7 +56,12 @@ class Plan:
     def record(self, config: Config, entry: str, cid: str | None, started: float, **extra: Any) -> None:
         """The log line of a run that granted GPUs, or ignored a request (``allow_env_requests``, annotations
         won, ``all`` of a kind the host has none of); none for a container that asked for nothing, nor without a log
-        file (:mod:`oci_gpu_hook.log`)."""
+        file (:mod:`oci_gpu_hook.log`).  What was ignored also goes to the journal, at info level (the config's
+        ``syslog``): where a pod got no GPU by its env, the node's journal says why."""
+        if self.request.note:
+            from oci_gpu_hook.log import journal
+
+            journal(config, "info", entry, self.summary(), cid)
         if (not self and not self.request.note) or not config.log_file:
             return
         import time

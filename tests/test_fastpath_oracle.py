@@ -322,6 +322,20 @@ def test_empty_request_under_other_settings(install: dict[str, Path], entry: str
     assert front == python and ran is not native
 
 
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_an_env_request_with_env_requests_off_is_handed_over_and_left_alone(install: dict[str, Path],
+                                                                            entry: str) -> None:
+    """Where pods reach the launchers, install bakes env requests off: the front cannot know that a request variable
+    counts for nothing, so it hands the container over (Python writes the journal's line of the request set aside),
+    and both leave it as it was."""
+    text = _env_spec("AMD_VISIBLE_DEVICES=all", "NVIDIA_VISIBLE_DEVICES=all").encode()
+    (native, python), ran = _entry(install, entry, text, {"OCI_GPU_HOOK_ALLOW_ENV_REQUESTS": "false"})
+    assert native == python and ran
+    assert native[0] == (3 if entry == "create" else 0) and native[2] == b"", native
+    assert native[1] == (text if entry == "precreate" else native[1]) and native[3] == (
+        text if entry != "precreate" else native[3])
+
+
 RENAMED_SETTINGS = 'backends = ["amd", "intel"]\n[request_env]\namd = ["GPU_REQUEST", "OTHER_GPU"]\n'
 # (text, the front decides it itself) under RENAMED_SETTINGS: the AMD request is GPU_REQUEST or OTHER_GPU; the default
 # name is then no request at all; NVIDIA's backend is off (its variable is someone else's)

@@ -299,6 +299,9 @@ def node_script(base: Path, blocks: list[Block]) -> str:
         f"mkdir /run/ogh-readme && mount --bind {base} /run/ogh-readme",
         "mount -t tmpfs tmpfs /tmp",
         *pristinenode.take_back_lines(OVERLAID),  # a node before install, also where this machine is one
+        # a podman node, as the examples' env requests need: where containerd's CRI or CRI-O serves pods (Debian's
+        # containerd package ships a config with the CRI on), install bakes env requests off (docs/security.md)
+        "rm -rf /etc/containerd /etc/crio",
         "W=/run/ogh-readme",
         "mkdir -p /etc/oci-gpu-hook /etc/containers",
         "cp $W/config.toml /etc/oci-gpu-hook/config.toml",

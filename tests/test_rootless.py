@@ -5,6 +5,7 @@ runtime directory.  The real rootless podman containers: containers/test_rootles
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import stat
 import subprocess
@@ -99,11 +100,10 @@ def package_copy() -> Iterator[Path]:
 
 
 AS_USER = ["setpriv", f"--reuid={USER}", f"--regid={GROUP}", "--clear-groups"]
-PROBE = ("import sys; sys.path.insert(0, sys.argv[1]); from oci_gpu_hook import trust; "
-         "from oci_gpu_hook.appliers import rootless; "
-         "from oci_gpu_hook.errors import HookError\n"
-         "try:\n    where = rootless.by_path_root('/run/oci-gpu-hook/by-path', '/run/oci-gpu-hook/by-path')\n"
-         "except HookError as err:\n    where = str(err)\n"
+PROBE = ("import sys; sys.path.insert(0, sys.argv[1]); from oci_gpu_hook import log, trust; "
+         "from oci_gpu_hook.appliers import rootless\n"
+         "log.SYSLOG_SOCKET = '/nonexistent/log'  # the warning's journal line is not the host's business\n"
+         "where = rootless.by_path_root('/run/oci-gpu-hook/by-path', '/run/oci-gpu-hook/by-path')\n"
          "print(trust.rootless(), rootless.by_path_root('/elsewhere', '/run/oci-gpu-hook/by-path'), where)")
 
 
@@ -116,10 +116,35 @@ def test_a_hook_knows_when_it_runs_rootless(package_copy: Path, context: list[st
     done = subprocess.run([*context, "/usr/bin/python3", "-I", "-S", "-c", PROBE, str(package_copy)],
                           capture_output=True, text=True, cwd="/", timeout=60, check=False)
     assert done.returncode == 0, done.stderr
-    seen, elsewhere, where = done.stdout.split(" ", 2)
+    seen, elsewhere, _where = done.stdout.split(" ", 2)
     assert seen == str(active) and elsewhere == "/elsewhere"  # a by_path_dir the operator set is kept
-    if active and not os.path.exists(f"/run/user/{USER}"):  # no runtime directory: one line that says what is valid
-        assert where.startswith("rootless container: no runtime directory /run/user/1000 for the /dev/dri/by-path")
+
+
+@pytest.mark.root("setpriv", "unshare")
+@pytest.mark.parametrize("state", ["missing", "roots", "users"])
+def test_a_user_without_a_runtime_directory_gets_no_links_and_a_line(package_copy: Path, tmp_path: Path,
+                                                                     state: str) -> None:
+    """No ``/run/user/UID`` of the user's own (no logind session: ``su``, a CI runner's service user without linger):
+    the by-path links are a convenience, so there are none, and one warning line says why, never a refusal.  In a
+    private mount namespace whose /run/user is a tmpfs of its own."""
+    made = {"missing": "", "roots": f"mkdir /run/user/{USER}",
+            "users": f"mkdir -m 0700 /run/user/{USER} && chown {USER}:{GROUP} /run/user/{USER}"}[state]
+    inner = shlex.join([*AS_USER, "unshare", "-U", "-r", "/usr/bin/python3", "-I", "-S", "-c", PROBE,
+                        str(package_copy)])
+    script = f"mkdir -p /run/user && mount -t tmpfs none /run/user && {made or 'true'} && exec {inner}"
+    done = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script], capture_output=True,
+                          text=True, cwd="/", timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    where = done.stdout.split(" ", 2)[2].strip()
+    if state == "users":
+        assert where == f"/run/user/{USER}/oci-gpu-hook/by-path" and done.stderr == ""
+        return
+    assert where == "None"
+    why = (f"there is no /run/user/{USER} (No such file or directory; systemd-logind makes it at login, or loginctl "
+           "enable-linger)" if state == "missing" else f"/run/user/{USER} is not a directory of this user's")
+    assert done.stderr == (f"oci-gpu-hook: warning: rootless container: no /dev/dri/by-path links: {why}; the "
+                           "container gets its GPUs without them (set by_path_dir to a directory the user owns for "
+                           "them)\n")
 
 
 @pytest.mark.root("setpriv", "unshare")

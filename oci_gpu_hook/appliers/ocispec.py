@@ -224,7 +224,10 @@ def _add_by_path(spec: dict[str, Any], edits: Edits, config: Config, prepare: bo
         from oci_gpu_hook.appliers import rootless
         from oci_gpu_hook.config import FIELDS
 
-        root = rootless.by_path_root(root, str(FIELDS["by_path_dir"].default))
+        rootless_root = rootless.by_path_root(root, str(FIELDS["by_path_dir"].default))
+        if rootless_root is None:  # nowhere of the user's to put them: the GPUs without their links
+            return False
+        root = rootless_root
     source = bypath.prepare(edits.links, root, prepare)
     mounts = field(spec, "mounts", list, "mounts", create=True)
     for entry in mounts:

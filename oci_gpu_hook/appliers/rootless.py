@@ -16,6 +16,8 @@ them for the container's process).  So a plan is only right for a rootless conta
 The ``/dev/dri/by-path`` links of a rootless container are prepared under the user's own runtime directory
 (``/run/user/UID/oci-gpu-hook/by-path``, the directory systemd-logind makes for each user and rootless podman
 itself uses) when ``by_path_dir`` is the default: the default is root's and a rootless hook cannot write there.
+A user without one (no logind session: ``su``, a CI runner's service user without linger) gets its GPUs without
+the links, and a warning line says why: a convenience never stops a GPU container.
 """
 
 from __future__ import annotations
@@ -126,9 +128,11 @@ def check_given(spec: ContainerSpec, config: Config) -> None:
     check_nodes(given, os.geteuid(), os.getegid())
 
 
-def by_path_root(configured: str, default: str) -> str:
+def by_path_root(configured: str, default: str) -> str | None:
     """Where a rootless hook prepares the by-path links: the user's runtime directory when ``by_path_dir`` is the
-    default (root's, which a rootless hook cannot write), else what the operator configured."""
+    default (root's, which a rootless hook cannot write), else what the operator configured.  None, after one warning
+    line (stderr and the journal), where the user has no runtime directory of its own (no logind session: ``su``, a
+    service user without linger): the links are a convenience, and the container gets its GPU without them."""
     if configured != default:
         return configured
     from oci_gpu_hook.trust import host_uid
@@ -137,10 +141,13 @@ def by_path_root(configured: str, default: str) -> str:
     try:
         st = os.stat(runtime_dir)
     except OSError as err:
-        raise HookError(f"rootless container: no runtime directory {runtime_dir} for the /dev/dri/by-path links "
-                        f"({err.strerror}); it is made by systemd-logind at login (or loginctl enable-linger), or "
-                        "set by_path_dir to a directory the user owns") from None
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
-        raise HookError(f"rootless container: {runtime_dir} is not a directory of this user's for the /dev/dri/by-path "
-                        "links; set by_path_dir to a directory the user owns")
-    return f"{runtime_dir}/oci-gpu-hook/by-path"
+        why = f"there is no {runtime_dir} ({err.strerror}; systemd-logind makes it at login, or loginctl enable-linger)"
+    else:
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
+            return f"{runtime_dir}/oci-gpu-hook/by-path"
+        why = f"{runtime_dir} is not a directory of this user's"
+    from oci_gpu_hook.log import warn
+
+    warn(f"rootless container: no /dev/dri/by-path links: {why}; the container gets its GPUs without them (set "
+         "by_path_dir to a directory the user owns for them)", entry="rootless")
+    return None

@@ -123,6 +123,61 @@ def launcher_defaults(items: list[str], command: str) -> dict[str, str]:
     return defaults
 
 
+def for_pods(defaults: dict[str, str], facing: list[str], command: str) -> tuple[dict[str, str], str | None]:
+    """The defaults to bake into launchers that pods reach through ``facing`` (what, in words; empty: none), and the
+    one line that says what becomes of env requests there; (``defaults``, None) where no pod reaches them.
+
+    An image or a pod spec sets the container's env (every CUDA image carries ``NVIDIA_VISIBLE_DEVICES=all``), so
+    where pods reach the launchers, an env request would give a pod every GPU whatever the scheduler gave it:
+    ``allow_env_requests`` is baked off there, unless ``--set`` names it (the operator's explicit word, either way).
+    It beats the config file's key (a baked default is an environment variable), so a file copied from
+    examples/config.toml cannot turn them back on."""
+    from oci_gpu_hook.config import FIELDS, check_value
+
+    if not facing:
+        return defaults, None
+    var = str(FIELDS["allow_env_requests"].env)
+    reach = f"pods reach these launchers ({'; '.join(facing)})"
+    if var in defaults:
+        if check_value("allow_env_requests", defaults[var], f"environment variable {var} ({command} --set)"):
+            return defaults, (f"env requests: on, as --set {var}={defaults[var]} asks, although {reach}: a pod whose "
+                              "image or spec sets AMD_VISIBLE_DEVICES=all or NVIDIA_VISIBLE_DEVICES=all gets every "
+                              "GPU of the node, whatever the scheduler gave it (docs/security.md)")
+        return defaults, f"env requests: off, as --set {var}={defaults[var]} asks ({reach})"
+    return {**defaults, var: "false"}, (
+        f"env requests: off, since {reach}: only the orchestrator's cdi.k8s.io annotations and CDI names grant GPUs, "
+        "never AMD_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES or INTEL_VISIBLE_DEVICES in an image or a pod spec "
+        f"(podman and Docker on this node too: ask with --device amd.com/gpu=N); {command} --set {var}=true turns "
+        "them on for every container (docs/security.md)")
+
+
+# "for key, value in ": how the line of LAUNCHER that holds the defaults begins
+_DEFAULTS_LINE = next(line for line in LAUNCHER.splitlines() if "{defaults!r}" in line).split("{")[0]
+
+
+def baked_defaults(directory: str) -> dict[str, str] | None:
+    """The ``--set`` defaults baked into the launchers in ``directory``, read back from the Python launcher (beside a
+    native front, which bakes the same ones); None where there is none, or it is not one of :data:`LAUNCHER`."""
+    import ast
+
+    for name in ("oci-gpu-hook.py", "oci-gpu-hook"):
+        try:
+            with open(os.path.join(directory, name), "rb") as handle:
+                text = handle.read(1 << 20)
+        except OSError:
+            continue
+        for line in text.decode("utf-8", "replace").splitlines():
+            if line.startswith(_DEFAULTS_LINE) and line.endswith(".items():"):
+                try:
+                    value = ast.literal_eval(line[len(_DEFAULTS_LINE):-len(".items():")])
+                except (ValueError, SyntaxError):
+                    return None
+                ok = isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str)
+                                                     for k, v in value.items())
+                return value if ok else None
+    return None
+
+
 # What site-packages and stdlib directories the interpreter has when ``site`` runs at its start-up.
 _STARTUP_PATHS = ("import site, sysconfig; print(repr((site.getsitepackages(), "
                   "[sysconfig.get_path(n) for n in ('stdlib', 'platstdlib')])))")

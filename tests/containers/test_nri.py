@@ -283,6 +283,7 @@ def test_the_installed_unit_outlasts_a_long_runtime_restart() -> None:
             done = env.run([str(python.parent / "oci-gpu-hook"), "install", "--only", "nri"], env=cl.hook_env(),
                            unit=False, timeout=300)
             assert done.returncode == 0, done.stdout + done.stderr
+            assert "note: env requests: off, since pods reach these launchers (the NRI plugin's unit)" in done.stdout
             assert env.systemctl("daemon-reload").returncode == 0
             assert env.systemctl("start", "oci-gpu-hook-nri").returncode == 0
 
@@ -298,7 +299,8 @@ def test_the_installed_unit_outlasts_a_long_runtime_restart() -> None:
             double = nr.NRIRuntime(base / "nri" / "nri.sock")
             try:
                 double.accept()  # the next start registers (bounded by the double's wait)
-                container = api_pb2.Container(id="c-after-restarts", name="ctr", env=["AMD_VISIBLE_DEVICES=1"])
+                container = api_pb2.Container(id="c-after-restarts", name="ctr", env=["AMD_VISIBLE_DEVICES=1"],
+                                              annotations={"cdi.k8s.io/devplugin": "amd.com/gpu=1"})
                 adjust = double.create_container(POD, container)
                 assert [d.path for d in adjust.linux.devices] == ["/dev/dri/card2", "/dev/dri/renderD129", "/dev/kfd"]
                 _assert_hardened(env, by_path, adjust, log)

@@ -152,6 +152,50 @@ def test_env_request_gets_exactly_its_gpu(fresh_journal: rootless.Node) -> None:
     rootless.assert_isolated(started(fresh_journal, fresh_journal.podman("-e", "AMD_VISIBLE_DEVICES=1")), [1])
 
 
+@pytest.fixture
+def no_session(fresh_journal: rootless.Node) -> Iterator[rootless.Node]:
+    """The user without ``/run/user/UID`` (no logind session: ``su``, a CI runner's service user without linger),
+    podman's pause process of the session stopped first; both put back after."""
+    node = fresh_journal
+    assert rootless._stop_pause(node) == []
+    node.must(["mv", node.runtime_dir, f"{node.runtime_dir}.away"])
+    node.must(["install", "-d", "-m", "0700", "-o", str(node.uid), "-g", str(node.gid), f"{node.home}/tmp"])
+    try:
+        yield node
+    finally:
+        pause = node.as_root(["sh", "-c", f"cat {node.home}/tmp/podman-run-{node.uid}/libpod/tmp/pause.pid"])
+        if pause.stdout.strip().isdigit():
+            node.must(["kill", pause.stdout.strip()])
+            assert rootless._wait_gone(int(pause.stdout.strip()))
+        node.must(["mv", f"{node.runtime_dir}.away", node.runtime_dir])
+
+
+@pytest.mark.parametrize("request_", [("-e", "AMD_VISIBLE_DEVICES=1"), ("--device", "amd.com/gpu=1")],
+                         ids=["env", "cdi"])
+def test_without_a_runtime_directory_the_gpu_comes_without_its_links(no_session: rootless.Node,
+                                                                    request_: tuple[str, str]) -> None:
+    """The by-path links are a convenience: a user with nowhere of its own to prepare them gets its GPU without them
+    by env (one warning line in the journal, sent as the user, says why), and by CDI as before (its links hook makes
+    them inside the container)."""
+    node = no_session
+    storage = [f"--root={node.home}/tmp/storage", f"--runroot={node.home}/tmp/run"]  # not the session's (its paths)
+    done = node.as_user([*rootless.PODMAN, *storage, *cl.PODMAN_RUN, *request_, "--rootfs", node.rootfs, "/bin/sh",
+                         "/probe.sh"], session=False)
+    result = cl.ProbeResult.parse(started(node, done))
+    nodes, _access = cl.expected([1])
+    assert result.nodes == nodes and result.access == {}, result
+    lines = node.journal_lines()
+    if request_[0] == "-e":
+        assert result.links == {}, result.links
+        (text, sender), = lines
+        assert severity(text) == 4 and sender is not None and sender.uid == node.uid, lines
+        assert (f"rootless container: no /dev/dri/by-path links: there is no /run/user/{node.uid} (No such file or "
+                "directory;") in text and "the container gets its GPUs without them" in text
+    else:
+        assert result.links == cl.expected_links([1]) and lines == []
+    assert not Path(f"/tmp/podman-run-{node.uid}").exists()  # podman's runtime files stayed in the namespace
+
+
 def test_cdi_request_gets_exactly_its_gpu(fresh_journal: rootless.Node) -> None:
     rootless.assert_isolated(started(fresh_journal, fresh_journal.podman("--device", "amd.com/gpu=1")), [1])
 

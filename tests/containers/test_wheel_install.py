@@ -7,7 +7,9 @@ venv in a temporary directory (``python3 -m venv`` + ``pip install``).  A privat
 config file at its default path /etc/oci-gpu-hook/config.toml (the seed host's sysfs, a log file, CDI specs in
 /etc/cdi), dockerd's daemon.json and containerd's config.toml (each daemon's own state in the temporary
 directory).  Then ``<venv>/bin/oci-gpu-hook install --only podman,cdi,docker,containerd`` runs there with no
---set, --prefix or --allow-editable, and every runtime finds what install wrote where it looks by default:
+--prefix or --allow-editable, and every runtime finds what install wrote where it looks by default.  Its one --set
+turns env requests on: containerd's CRI serves pods, so install would bake them off (docs/security.md), and the
+env requests below are what this module runs; install says so in one line:
 
 - podman with no --hooks-dir runs the precreate hook from its built-in hooks directory;
 - podman --device amd.com/gpu=N reads the CDI spec install generated;
@@ -96,7 +98,8 @@ def installed() -> Iterator[Installed]:
         key = base / "dk" / "key.json"
         key.parent.mkdir()
         _put(root, "/etc/docker/daemon.json", dk.OPERATOR_DAEMON_JSON.replace("KEY", str(key)))
-        done = root.run([str(venv / "bin" / "oci-gpu-hook"), "install", "--only", INTEGRATIONS], env=cl.hook_env())
+        done = root.run([str(venv / "bin" / "oci-gpu-hook"), "install", "--only", INTEGRATIONS, "--set",
+                         "OCI_GPU_HOOK_ALLOW_ENV_REQUESTS=true"], env=cl.hook_env())
         assert done.returncode == 0, done.stdout + done.stderr
         yield Installed(base, root, venv, done.stdout, cl.make_rootfs(base / "rootfs"), log, socket, key)
     finally:
@@ -113,6 +116,8 @@ def test_install_wrote_the_wheels_launchers_where_each_runtime_looks(installed: 
         assert f"new: {path} (" in out, out
     assert "replaced: /etc/docker/daemon.json" in out and "replaced: /etc/containerd/config.toml" in out, out
     assert f"checked: podman reads {HOOKS_DIR} (podman's built-in default) and runs {HOOK}" in out
+    assert ("note: env requests: on, as --set OCI_GPU_HOOK_ALLOW_ENV_REQUESTS=true asks, although pods reach these "
+            "launchers (containerd's CRI runtime oci-gpu)") in out
     site = installed.root.run([str(installed.venv / "bin" / "python"), "-c",
                                "import oci_gpu_hook, os; print(os.path.dirname(oci_gpu_hook.__file__))"])
     package = site.stdout.strip()

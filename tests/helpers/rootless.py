@@ -201,10 +201,12 @@ class Node:
     def write(self, real: str, text: str) -> None:
         self.must(["sh", "-c", 'mkdir -p "$(dirname "$1")" && cat > "$1"', "sh", real], stdin=text)
 
-    def as_user(self, argv: list[str], *, timeout: int = 180) -> subprocess.CompletedProcess[str]:
-        """``argv`` as the rootless user: its uid, gid and groups, an explicit environment, cwd its home."""
-        env = [f"HOME={self.home}", f"USER={USER}", f"LOGNAME={USER}", f"XDG_RUNTIME_DIR={self.runtime_dir}",
-               f"PATH={PATH}"]
+    def as_user(self, argv: list[str], *, timeout: int = 180, session: bool = True) -> subprocess.CompletedProcess[str]:
+        """``argv`` as the rootless user: its uid, gid and groups, an explicit environment, cwd its home.
+        ``session=False``: as ``su`` or a service user without linger gives it, without ``XDG_RUNTIME_DIR`` (and
+        ``TMPDIR`` in its home, where podman then keeps its runtime files: never the host's /tmp)."""
+        where = f"XDG_RUNTIME_DIR={self.runtime_dir}" if session else f"TMPDIR={self.home}/tmp"
+        env = [f"HOME={self.home}", f"USER={USER}", f"LOGNAME={USER}", where, f"PATH={PATH}"]
         inner = ["setpriv", "--reuid", str(self.uid), "--regid", str(self.gid), "--init-groups",
                  "env", "-i", *env, "sh", "-c", 'cd "$HOME" && exec "$@"', "sh", *argv]
         return subprocess.run(self.root.enter(inner), capture_output=True, text=True, timeout=timeout, check=False,

@@ -61,6 +61,11 @@ def run(args: list[str], config: Config) -> int:
         else:
             raise HookError(f"{directory} is neither a cgroup v1 devices group nor a cgroup2 group")
     names = device_names(config)
+    from oci_gpu_hook.host.kubelet import env_requests_line
+
+    pods = env_requests_line()
+    if pods and pods.startswith("warning:"):  # why a pod may hold GPUs the scheduler never gave it
+        print(pods)
     if opts.pid is not None:
         for line in rootless_view(opts.pid, names):
             print(line)

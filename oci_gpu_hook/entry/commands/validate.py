@@ -50,6 +50,11 @@ def run(args: list[str], config: Config) -> int:
 
         for line in nvdriver.report(config.proc_root, config.driver_root, config.sysfs_root):
             print(line)
+    from oci_gpu_hook.host.kubelet import env_requests_line
+
+    pods = env_requests_line()
+    if pods:
+        print(pods)
     user = _user(opts.rootless) if opts.rootless is not None else None
     if user is not None:
         print(_check_pins())

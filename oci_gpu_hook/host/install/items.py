@@ -143,10 +143,9 @@ def wanted(config: Config, hook: str, defaults: dict[str, str], notes: list[str]
     an error when it is found but the front cannot be built); ``trust``: they refuse code that a non-root
     user could change.  ``docker_default_runtime``: make oci-gpu dockerd's default-runtime;
     ``containerd_version``, ``host_root``: see :func:`containerd_items`."""
-    from oci_gpu_hook.host.launchers import launcher_files
+    from oci_gpu_hook.host.launchers import for_pods, launcher_files
 
-    items = [Item(path, data, 0o755, "launcher")
-             for path, data in launcher_files(LAUNCHER_DIR, defaults, native=native, trust=trust)]
+    items: list[Item] = []
     planners: dict[str, Callable[[], list[Item]]] = {
         "podman": lambda: podman_items(hook, disk, notes),
         "cdi": lambda: cdi_items(config, notes),
@@ -169,7 +168,76 @@ def wanted(config: Config, hook: str, defaults: dict[str, str], notes: list[str]
             if errors is None:
                 raise
             errors.append(f"{name}: {err}")
-    return items
+    defaults, line = for_pods(defaults, kubernetes_facing(disk, items), "install")
+    if line:
+        notes.append(line)
+    launchers = [Item(path, data, 0o755, "launcher")
+                 for path, data in launcher_files(LAUNCHER_DIR, defaults, native=native, trust=trust)]
+    return launchers + items
+
+
+# What pods reach: a runtime or handler that the CRI serves (containerd's drop-in, CRI-O's), the NRI plugin (every
+# container of the runtime), a hook in a directory CRI-O reads.  The launchers of an install that writes one of these,
+# or whose earlier run did, serve pods, so env requests are off there unless asked for (launchers.for_pods).
+POD_FACING = {"containerd": "containerd's CRI runtime oci-gpu", "crio": "CRI-O's runtime handler oci-gpu",
+              "nri": "the NRI plugin's unit"}
+
+
+def pod_facing(path: str, integration: str, disk: Callable[[str], str]) -> str | None:
+    """What a file install writes (or wrote) at ``path`` for ``integration`` lets pods reach, in words; None when
+    nothing: podman's hook serves pods too where CRI-O reads its directory (one CRI-O's config names, or one it
+    cannot read, taken as read)."""
+    if integration == "containerd" and cri_disabled(disk):
+        return None  # no kubelet can use this containerd: Docker's own (containerd.io ships it so)
+    if integration in POD_FACING:
+        return POD_FACING[integration]
+    if integration != "podman" or not os.path.isdir(disk("/etc/crio")):
+        return None
+    from oci_gpu_hook.host import crio
+
+    directory = os.path.dirname(path)
+    try:
+        read = directory in crio.hooks_dirs(disk)
+    except HookError:
+        read = True
+    return f"a hook in {directory}, which CRI-O reads" if read else None
+
+
+# The gRPC plugin that serves the CRI (a kubelet's), by ID and by its full name, in containerd 1.x and 2.x alike
+CRI_SERVICE = ("cri", "io.containerd.grpc.v1.cri")
+
+
+def cri_disabled(disk: Callable[[str], str]) -> bool:
+    """containerd's main config turns its CRI service off (``disabled_plugins``), as the config Docker's containerd.io
+    package ships does: nothing of the drop-in then reaches a pod.  A config install cannot read counts as on."""
+    import tomllib
+
+    from oci_gpu_hook.host import containerd
+
+    try:
+        with open(disk(containerd.MAIN_CONFIG_PATH), "rb") as handle:
+            disabled = tomllib.load(handle).get("disabled_plugins")
+    except (OSError, tomllib.TOMLDecodeError):
+        return False
+    return isinstance(disabled, list) and any(name in CRI_SERVICE for name in disabled)
+
+
+def kubernetes_facing(disk: Callable[[str], str], items: list[Item]) -> list[str]:
+    """What pods reach through the launchers once this install is done: the files of ``items``, and those an earlier
+    install wrote (its manifest) that are still there (:func:`pod_facing`), each said once."""
+    from oci_gpu_hook.host.install.manifest import load_manifest
+    from oci_gpu_hook.host.install.paths import MANIFEST_PATH
+
+    found = [pod_facing(i.path, i.integration, disk) for i in items]
+    try:
+        earlier = load_manifest(disk(MANIFEST_PATH))
+    except HookError:
+        earlier = None  # install itself says what is wrong with it
+    for entry in earlier.files if earlier else ():
+        if entry["path"] not in {i.path for i in items} and os.path.lexists(disk(entry["path"])):
+            what = pod_facing(entry["path"], entry.get("integration", "core"), disk)
+            found.append(f"{what} (an earlier install's)" if what else None)
+    return list(dict.fromkeys(f for f in found if f))
 
 
 def replace_integration(items: list[Item], name: str) -> list[Item]:
