@@ -347,7 +347,7 @@ def docker_items(disk: Callable[[str], str], notes: list[str], explicit: bool,
                      "install --docker-default-runtime makes oci-gpu dockerd's default-runtime")
     notes.append("restart dockerd to load the oci-gpu runtime and the --gpus driver (it looks for "
                  f"{docker.GPUS_NAME} only when it starts); then: docker run --runtime oci-gpu --gpus device=1 ... "
-                 "(Docker 28.3+) or -e AMD_VISIBLE_DEVICES=1 (any Docker)")
+                 "(Docker 28.3+), or -e AMD_VISIBLE_DEVICES=1 (any Docker) where env requests are on")
     return items
 
 

@@ -64,6 +64,12 @@ PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL =
 CAPABILITY_VERSION_3 = 0x20080522  # capset(2)'s header: 64-bit sets, two 32-bit words each
 
 
+def say(line: str) -> None:
+    import sys
+
+    print(f"oci-gpu-hook serve: metrics: {line}", file=sys.stderr, flush=True)
+
+
 class Devices:
     """The host's devices and their health, as a scrape of the planner shows them."""
 
@@ -75,7 +81,8 @@ class Devices:
 
         self.config = config
         self.clock = clock or time.monotonic
-        self.monitor = Monitor(Settings.of(config), config.sysfs_root)
+        # a counter file that cannot be read is one line on the endpoint's stderr (the planner unit's journal)
+        self.monitor = Monitor(Settings.of(config), config.sysfs_root, log=say)
         self.seen: dict[str, tuple[str, str, str]] = {}  # stable name -> (vendor, type, PCI address)
         self.last: list[DeviceRow] = []
         self.scanned: float | None = None  # self.clock() at the last scan
