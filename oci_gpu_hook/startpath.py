@@ -21,7 +21,7 @@ The economies, each one measured (costs are this machine's, a 2-core VM; ``pytho
 - ``TYPE_CHECKING = False`` at the top of a module, never ``typing.TYPE_CHECKING``: importing :mod:`typing`
   costs ~15 ms per start.  Annotations stay strings (``from __future__ import annotations``), so the names under
   ``if TYPE_CHECKING:`` are read by type checkers only.  The whole package uses the one idiom, off the path too:
-  a module can then move onto the path unchanged, and the launchers import ``host/planner``'s constants when
+  a module can then move onto the path unchanged, and the launchers import ``serve/planner``'s constants when
   they bake.  Each such line points here.
 - :mod:`oci_gpu_hook.fastjson`, not :mod:`json`: ``json`` brings :mod:`re` and :mod:`enum` (~14 ms, a hook's
   whole budget).  It drives the C scanner and encoder of CPython's ``_json`` extension directly (a private
@@ -50,7 +50,7 @@ The economies, each one measured (costs are this machine's, a 2-core VM; ``pytho
 
 Outside Python: the launchers run ``python -IS`` (no ``site``: ~10 ms) and, where a C compiler was there at
 install, the native front (``oci_gpu_hook/fastpath/front.c``) answers "nothing requested" and pass-through
-commands without starting Python at all (:mod:`oci_gpu_hook.host.launchers`).  ``docs/speed.md`` has the
+commands without starting Python at all (:mod:`oci_gpu_hook.install.launchers`).  ``docs/speed.md`` has the
 measurements of the whole start.
 """
 

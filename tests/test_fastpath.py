@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from oci_gpu_hook.host import launchers
+from oci_gpu_hook.install import launchers
 from tests.helpers import containerlib as cl
 from tests.helpers import imageenvs
 
@@ -193,7 +193,7 @@ def test_same_size_edit_with_the_times_put_back_goes_to_python(tmp_path: Path) -
 
 COARSE = r"""
 import json, os, subprocess, sys, time
-from oci_gpu_hook.host import launchers
+from oci_gpu_hook.install import launchers
 image, mount, base, sysfs = sys.argv[1:]
 subprocess.run(["mount", "-o", "loop", image, mount], check=True)
 config = os.path.join(mount, "config.toml")

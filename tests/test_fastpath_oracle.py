@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from oci_gpu_hook.host import launchers
+from oci_gpu_hook.install import launchers
 from tests.helpers import containerlib as cl
 from tests.helpers.hostiletexts import PRECREATE_INPUTS, REFUSED_SPECS, hostile_text
 from tests.test_fastpath import GRANTED, OTHER

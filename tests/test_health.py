@@ -1,5 +1,5 @@
-"""A GPU's health from its drivers' own signals (oci_gpu_hook/host/health.py): the monitor on fake hosts whose RAS and
-AER counters change and whose uevents fire, with its clocks stepped by the test (never slept); `list`'s column; the
+"""A GPU's health from its drivers' own signals (oci_gpu_hook/cluster/health.py): the monitor on fake hosts whose RAS
+and AER counters change and whose uevents fire, with its clocks stepped by the test (never slept); `list`'s column; the
 device plugin marking those devices Unhealthy to a fake kubelet (and still after its restart, for a wedged GPU);
 the DRA driver's taints in the fake API server's
 ResourceSlices (appear, hold, go; at once after a restart beside a failing GPU; none where the server keeps none)
@@ -23,10 +23,18 @@ from pathlib import Path
 import grpc
 import pytest
 
+from oci_gpu_hook.cluster.deviceplugin import server
+from oci_gpu_hook.cluster.health import (
+    Monitor,
+    Reads,
+    Settings,
+    aer_fatal,
+    event_gpu,
+    ras_uncorrectable,
+    resident_monitor,
+)
+from oci_gpu_hook.cluster.watch import QueueEvents
 from oci_gpu_hook.config import Config
-from oci_gpu_hook.host.deviceplugin import server
-from oci_gpu_hook.host.health import Monitor, Reads, Settings, aer_fatal, event_gpu, ras_uncorrectable, resident_monitor
-from oci_gpu_hook.host.watch import QueueEvents
 from oci_gpu_hook.inventory import scan
 from tests.helpers import fakesysfs
 from tests.helpers.fakeapiserver import FakeApiServer
@@ -656,7 +664,7 @@ def test_a_failing_gpu_is_tainted_then_held_then_untainted_under_the_same_names(
 
 
 def test_the_health_stream_carries_the_same_state_and_reason(dra: Dra) -> None:
-    from oci_gpu_hook.host.dra import health_v1alpha1_pb2 as health
+    from oci_gpu_hook.cluster.dra import health_v1alpha1_pb2 as health
 
     kubelet = FakeDraKubelet(str(_sockets(dra.tmp) / "registry"))
     try:

@@ -23,8 +23,8 @@ import yaml
 
 from oci_gpu_hook import __version__
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.host import launchers
-from oci_gpu_hook.host.install.paths import LAUNCHER_DIR
+from oci_gpu_hook.install import launchers
+from oci_gpu_hook.install.paths import LAUNCHER_DIR
 
 REPO = Path(__file__).resolve().parent.parent
 BUILD = REPO / "image" / "build.sh"
@@ -231,7 +231,7 @@ def test_the_nri_container_waits_for_the_runtimes_socket(tmp_path: Path) -> None
     here whose launcher prints its arguments, /run a tmpfs of its own): without the NRI socket (containerd 1.6) it
     says so once and waits, holding its environment's lock; once the runtime's socket is there it runs the
     launcher's ``nri``."""
-    from oci_gpu_hook.host.nri import plugin
+    from oci_gpu_hook.serve.nri import plugin
 
     script = _container("nri")["command"][2]
     tree = tmp_path / "libexec"

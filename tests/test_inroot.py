@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from oci_gpu_hook.host import launchers
+from oci_gpu_hook.install import launchers
 
 pytestmark = pytest.mark.root("gcc", "unshare", "mount")  # mounts at components, procfs; a compiler for the front
 REPO = Path(__file__).resolve().parent.parent

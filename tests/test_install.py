@@ -20,8 +20,7 @@ from oci_gpu_hook.appliers import cdi
 from oci_gpu_hook.config import Config
 from oci_gpu_hook.entry import cli
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.host import containerd
-from oci_gpu_hook.host.install import items, paths, undo
+from oci_gpu_hook.install import containerd, items, paths, undo
 from oci_gpu_hook.inventory import scan
 from tests.conftest import ROOT, unavailable
 from tests.helpers import clilib

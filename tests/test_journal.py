@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 from oci_gpu_hook import log
 from oci_gpu_hook.config import Config
 from oci_gpu_hook.entry import cli, runtime
-from oci_gpu_hook.host import launchers
-from oci_gpu_hook.host import planner as planner_module
+from oci_gpu_hook.install import launchers
+from oci_gpu_hook.serve import planner as planner_module
 from tests.conftest import need
 from tests.helpers import containerlib as cl
 from tests.helpers import plannerlib

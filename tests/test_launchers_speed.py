@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.host import launchers
+from oci_gpu_hook.install import launchers
 from tests.helpers import containerlib as cl
 
 KINDS = [pytest.param(True, id="native", marks=pytest.mark.skipif(launchers.find_cc() is None, reason="no cc")),

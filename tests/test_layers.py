@@ -133,9 +133,9 @@ PLANTED = {
     "entry/cli.py": "PRECREATE = 'precreate'\n",
     "entry/serve.py": "from pkg.host import planner\n",
     "host/__init__.py": "",
-    "host/planner.py": "def f():\n    from pkg.entry.cli import PRECREATE\n    return PRECREATE\n",
-    "host/launchers.py": "from ..entry import cli\n",
-    "host/watch.py": "import importlib\nimportlib.import_module('pkg.entry.cli')\n",
+    "serve/planner.py": "def f():\n    from pkg.entry.cli import PRECREATE\n    return PRECREATE\n",
+    "install/launchers.py": "from ..entry import cli\n",
+    "cluster/watch.py": "import importlib\nimportlib.import_module('pkg.entry.cli')\n",
     "core/__init__.py": "",
     "core/a.py": "TYPE_CHECKING = False\nif TYPE_CHECKING:\n    from . import b\nfrom pkg.host.watch import x\n",
     "core/b.py": "from .c import y\n",
@@ -164,8 +164,8 @@ def test_the_package_is_read() -> None:
     graph = import_graph(PACKAGE)
     assert len(graph) > 50
     assert {"oci_gpu_hook.oci_argv", "oci_gpu_hook.errors"} <= graph["oci_gpu_hook.entry.runtime"]
-    assert "oci_gpu_hook.host.planner" in graph["oci_gpu_hook.host.launchers"]  # a lazy import, inside a function
-    assert "oci_gpu_hook.config" in graph["oci_gpu_hook.host.planner.server"]  # under TYPE_CHECKING
+    assert "oci_gpu_hook.serve.planner" in graph["oci_gpu_hook.install.launchers"]  # a lazy import, inside a function
+    assert "oci_gpu_hook.config" in graph["oci_gpu_hook.serve.planner.server"]  # under TYPE_CHECKING
 
 
 def test_no_import_climbs_a_layer() -> None:

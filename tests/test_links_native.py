@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from oci_gpu_hook.host import launchers
+from oci_gpu_hook.install import launchers
 from tests.helpers import containerlib as cl
 
 pytestmark = pytest.mark.skipif(launchers.find_cc() is None, reason="no C compiler")

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from oci_gpu_hook.host import launchers
-from oci_gpu_hook.host import planner as planner_module
+from oci_gpu_hook.install import launchers
+from oci_gpu_hook.serve import planner as planner_module
 from tests.conftest import need
 from tests.helpers import containerlib as cl
 from tests.helpers import plannerlib
@@ -568,7 +568,7 @@ def test_log_lines_say_the_same(install: dict[str, Path], planner: plannerlib.Pl
 STDIO_PROBE = "import os, sys; print(sys.stdout.errors, sys.stdout.encoding, os.environ.get('LC_CTYPE', '-'))"
 MIRROR = """
 import json, os, sys
-from oci_gpu_hook.host import planner
+from oci_gpu_hook.serve import planner
 env = json.loads(sys.argv[1])
 planner.set_environ([f"{k}={v}".encode() for k, v in env.items()])
 try:

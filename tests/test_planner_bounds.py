@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from oci_gpu_hook.host import launchers
-from oci_gpu_hook.host import planner as planner_module
+from oci_gpu_hook.install import launchers
+from oci_gpu_hook.serve import planner as planner_module
 from tests.conftest import need
 from tests.helpers import containerlib as cl
 from tests.helpers import plannerlib
@@ -111,7 +111,7 @@ def test_credentials_are_read_from_the_peer(served: tuple[dict[str, Path], plann
     install, _planner = served
     own = planner_module.credentials_of(0)
     assert own is not None and not planner_module.exec_problem(own)
-    probe = ("import socket, sys, time\nfrom oci_gpu_hook.host import planner\n"
+    probe = ("import socket, sys, time\nfrom oci_gpu_hook.serve import planner\n"
              "s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); time.sleep(30)")
     where = install["base"] / "peer.sock"
     where.unlink(missing_ok=True)

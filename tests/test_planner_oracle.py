@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from oci_gpu_hook.host import launchers
+from oci_gpu_hook.install import launchers
 from tests.conftest import need
 from tests.helpers import containerlib as cl
 from tests.helpers import imageenvs, plannerlib

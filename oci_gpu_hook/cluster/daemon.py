@@ -11,7 +11,7 @@ turns SIGTERM and SIGINT into :meth:`Resident.stop` and closes the listener on
 the way out.  Every line a resident process says goes through a
 :func:`log_writer`: a UTC timestamp, the program, the message on one line.
 With ``--metrics-address`` it also serves its :meth:`Resident.rows` and :meth:`Resident.gauges` to Prometheus
-(:func:`metrics_endpoint`, :mod:`oci_gpu_hook.host.metrics`).
+(:func:`metrics_endpoint`, :mod:`oci_gpu_hook.cluster.metrics`).
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from oci_gpu_hook.cluster.watch import RESYNC, EventSource, gpu_uevent
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.host.watch import RESYNC, EventSource, gpu_uevent
 
 TYPE_CHECKING = False  # not typing's: see oci_gpu_hook/startpath.py
 
 if TYPE_CHECKING:
-    from oci_gpu_hook.host.metrics import DeviceRow, Endpoint
+    from oci_gpu_hook.cluster.metrics import DeviceRow, Endpoint
 
 Log = Callable[[str], None]
 
@@ -60,7 +60,7 @@ def uevents(enabled: bool, interval: float, log: Log) -> EventSource | None:
     line, and the process rescans every ``interval`` seconds only)."""
     if not enabled:
         return None
-    from oci_gpu_hook.host.watch import KernelUevents
+    from oci_gpu_hook.cluster.watch import KernelUevents
 
     events = KernelUevents()
     try:
@@ -169,7 +169,7 @@ def metrics_endpoint(address: str | None, process: Resident) -> Endpoint | None:
     """The process's Prometheus endpoint at ``address`` (None: none); its first line says where."""
     if address is None:
         return None
-    from oci_gpu_hook.host.metrics import Collector, Endpoint
+    from oci_gpu_hook.cluster.metrics import Collector, Endpoint
 
     endpoint = Endpoint(address, Collector(process.rows, process.gauges))
     process.log(f"metrics at http://{endpoint.address}/metrics")

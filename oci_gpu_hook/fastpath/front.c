@@ -1,7 +1,7 @@
 /* oci-gpu-hook native front: the part of a launcher that runs without Python.
  *
  * Built by `oci-gpu-hook launchers` / `install` with the system C compiler, once per launcher, with
- * the settings of that install baked in (a generated header, see oci_gpu_hook/host/launchers.py).
+ * the settings of that install baked in (a generated header, see oci_gpu_hook/install/launchers.py).
  *
  *   shim (OGH_ROLE_SHIM): no argument is "create" or "run"  -> exec the real runtime at once
  *                         (pass-through only compares the config file with the bytes baked, never starts Python);
@@ -32,7 +32,7 @@
  * rootless one also takes what only its user, or root as its user namespace shows root, could change).
  *
  * The fast-path contract -- every name and word the front compares that Python defines -- is not spelled here:
- * oci_gpu_hook/host/launchers.py front_contract takes each from where Python defines it and bakes it as OGH_<KEY>
+ * oci_gpu_hook/install/launchers.py front_contract takes each from where Python defines it and bakes it as OGH_<KEY>
  * (the bool words and variables, the config and runtime variables, the rewrite and hook commands, the links
  * command, its directory and node names, the default PATH, the planner's socket, variable and bound); the
  * request names and "cdi.k8s.io" are OGH_NEEDLES and the request names as spelled OGH_REQUEST_NAMES (launchers.py
@@ -43,7 +43,7 @@
  * The Python each part mirrors:
  *   settings_as_baked   oci_gpu_hook/config.py load_config (env values: check_value of the bool fields),
  *                       the launcher's os.environ.setdefault of the baked defaults,
- *                       oci_gpu_hook/host/launchers.py baked_settings (the config bytes baked)
+ *                       oci_gpu_hook/install/launchers.py baked_settings (the config bytes baked)
  *   trusted, read_identity  oci_gpu_hook/trust.py walk_problem, identity (the one trust rule: config.py
  *                       check_trusted, code_problem; tests/test_trust_rule.py holds them to each other)
  *   load_pins, pin_kept oci_gpu_hook/trust.py load_pins, pin_problem (the install's pins, rootless only)
@@ -62,10 +62,10 @@
  *   in_root, dir_beneath  oci_gpu_hook/core/inroot.py open_dir, FOLLOW and REFUSE (tests/test_inroot.py)
  *   find_runtime        oci_gpu_hook/entry/runtime.py resolve_runtime
  *   common_config_path  oci_gpu_hook/oci_argv.py parse_argv and config_path, for runc and for crun
- *   ask_planner         oci_gpu_hook/host/planner/protocol.py read_request, encode_answer (the protocol),
+ *   ask_planner         oci_gpu_hook/serve/planner/protocol.py read_request, encode_answer (the protocol),
  *                       planner/worker.py run_entry
  *                       (what the answer holds); exec_path: entry/runtime.py main's execv (after prepare)
- *   untrusted           the TRUST check of oci_gpu_hook/host/launchers.py (trust.py code_problem)
+ *   untrusted           the TRUST check of oci_gpu_hook/install/launchers.py (trust.py code_problem)
  *   to_syslog           oci_gpu_hook/log.py to_syslog (syslog_message, syslog_text), with the config's syslog as baked
  */
 #define _GNU_SOURCE
@@ -1308,7 +1308,7 @@ static int write_all(int fd, const char *s, size_t n)
     return 1;
 }
 
-/* The planner (oci_gpu_hook/host/planner/, `oci-gpu-hook serve`) answers what the Python launcher would
+/* The planner (oci_gpu_hook/serve/planner/, `oci-gpu-hook serve`) answers what the Python launcher would
  * have done with this argv, environment, stdin, working directory, root and namespaces, which the front sends
  * (the namespaces, root and cwd as file descriptors); the front then writes its stdout and stderr bytes and
  * exits with its status, or execs the runtime it names.  The planner writes config.json itself, as Python does

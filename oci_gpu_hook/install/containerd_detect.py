@@ -33,7 +33,7 @@ import struct
 from dataclasses import dataclass
 
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.host.containerd import has_cdi
+from oci_gpu_hook.install.containerd import has_cdi
 
 BINARY_DIRS = ("/usr/local/bin", "/usr/bin", "/usr/local/sbin", "/usr/sbin", "/bin", "/sbin", "/opt/containerd/bin",
                "/opt/bin")

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 
 from oci_gpu_hook.config import Config
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.host.install.installer import Installer
-from oci_gpu_hook.host.install.items import wanted
-from oci_gpu_hook.host.install.paths import INTEGRATIONS
+from oci_gpu_hook.install.installer import Installer
+from oci_gpu_hook.install.items import wanted
+from oci_gpu_hook.install.paths import INTEGRATIONS
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class Options:
 
 def check_podman_hook(real: str, disk: Callable[[str], str], errors: list[str]) -> None:
     """After install: the hook file is in a directory podman reads, and names an executable that is there."""
-    from oci_gpu_hook.host import podman
+    from oci_gpu_hook.install import podman
 
     dirs, source = podman.hooks_dirs(disk)
     try:
@@ -61,7 +61,7 @@ def untrusted_code() -> None:
     rule every launcher checks at each start, :func:`oci_gpu_hook.trust.code_problem`): said now, once, rather than
     by every container start; and a rootless user's hook, which cannot tell root's files from another user's, is
     never installed over such code."""
-    from oci_gpu_hook.host.launchers import code_paths, stdlib_paths, venv_config
+    from oci_gpu_hook.install.launchers import code_paths, stdlib_paths, venv_config
     from oci_gpu_hook.trust import code_problem
 
     for path in [sys.executable, *code_paths(), *stdlib_paths(), *venv_config()]:
@@ -78,7 +78,7 @@ def untrusted_code() -> None:
 def package_problem() -> str | None:
     """Why some file of the package or of what it requires fails the trust rule (each walked once: a launcher only
     walks down to their site-packages at each start), or None: install and ``validate`` say it."""
-    from oci_gpu_hook.host.launchers import package_trees
+    from oci_gpu_hook.install.launchers import package_trees
     from oci_gpu_hook.trust import tree_problem, trusted_owners
 
     for top in package_trees():
@@ -90,7 +90,7 @@ def package_problem() -> str | None:
 
 def install_or_uninstall(opts: Options, only: set[str] | None, installer: Installer, config: Config) -> int:
     """install or uninstall (``opts.uninstall``) the ``only`` integrations (None: all)."""
-    from oci_gpu_hook.host.launchers import launcher_defaults
+    from oci_gpu_hook.install.launchers import launcher_defaults
 
     if opts.uninstall:
         given = [flag for flag, value in (("--hook", opts.hook is not None), ("--set", opts.set),
@@ -101,7 +101,7 @@ def install_or_uninstall(opts: Options, only: set[str] | None, installer: Instal
             raise HookError(f"install --uninstall takes no {', '.join(given)}: it removes what the manifest lists")
         left = installer.uninstall(only)
         if only is None and not opts.dry_run:
-            from oci_gpu_hook.host import devchar
+            from oci_gpu_hook.install import devchar
 
             for line in devchar.uninstall_lines(installer.disk):
                 print(line)
@@ -111,7 +111,7 @@ def install_or_uninstall(opts: Options, only: set[str] | None, installer: Instal
                             "above says why and what to do); the manifest and backups are kept for the next "
                             "install --uninstall")
         return 0
-    from oci_gpu_hook.host.launchers import editable_reason
+    from oci_gpu_hook.install.launchers import editable_reason
 
     editable = editable_reason()
     if editable and not opts.allow_editable:
@@ -131,7 +131,7 @@ def install_or_uninstall(opts: Options, only: set[str] | None, installer: Instal
         for item in items:
             if item.integration == "podman" and not any(e.startswith("podman:") for e in errors):
                 check_podman_hook(item.path, installer.disk, errors)
-    from oci_gpu_hook.host import devchar
+    from oci_gpu_hook.install import devchar
 
     for line in devchar.install_lines(config, installer.disk, opts.dry_run):  # runc under systemd needs them
         print(line)

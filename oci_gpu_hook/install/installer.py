@@ -6,7 +6,7 @@ would break containers that never asked for a GPU; so every change can be undone
 under a file that names it.
 
 A file that was already there with other content (or a symlink) is first saved under
-:data:`~oci_gpu_hook.host.install.paths.BACKUP_DIR`, and put back by uninstall; one already exactly as
+:data:`~oci_gpu_hook.install.paths.BACKUP_DIR`, and put back by uninstall; one already exactly as
 wanted is adopted and left in place by uninstall.  Running install again is idempotent; a file install
 wrote that has been edited since is never overwritten.  Each change is recorded in the journal first
 (:mod:`undo`), and the manifest (:mod:`manifest`) says what is installed.
@@ -37,10 +37,10 @@ from typing import Any
 
 from oci_gpu_hook.atomic import fsync_dir
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.host.install import undo
-from oci_gpu_hook.host.install.items import CONTAINERD_UNCHANGED, RESTART_CONTAINERD, Item
-from oci_gpu_hook.host.install.manifest import Manifest, load_manifest, mode_of, sha256
-from oci_gpu_hook.host.install.paths import (
+from oci_gpu_hook.install import undo
+from oci_gpu_hook.install.items import CONTAINERD_UNCHANGED, RESTART_CONTAINERD, Item
+from oci_gpu_hook.install.manifest import Manifest, load_manifest, mode_of, sha256
+from oci_gpu_hook.install.paths import (
     BACKUP_DIR,
     HOOK_LAUNCHER,
     INTEGRATIONS,
@@ -50,7 +50,7 @@ from oci_gpu_hook.host.install.paths import (
     RUNTIME_LAUNCHER,
     STATE_DIR,
 )
-from oci_gpu_hook.host.install.undo import Current, Journal, current_at
+from oci_gpu_hook.install.undo import Current, Journal, current_at
 
 SHOW_LIMIT = 4096  # --dry-run prints the content of new files up to this size, a diff for replaced ones
 
@@ -251,7 +251,7 @@ class Installer:
         """A file changed since install with just what install put in it taken out: daemon.json without our
         runtime (as it is when it has none), the containerd main config without the ``imports`` line install
         added; None for any other file, or when that part cannot be found."""
-        from oci_gpu_hook.host import containerd, docker
+        from oci_gpu_hook.install import containerd, docker
 
         disk = self.disk(entry["path"])
         try:
@@ -555,7 +555,7 @@ def as_wanted(item: Item, current: Current) -> bool:
 def nameable(real: str) -> bool:
     """What a file install wrote can name, so that uninstall must not take it out from under that file: the
     launchers, and the containerd drop-in (the main config's ``imports`` load it)."""
-    from oci_gpu_hook.host import containerd
+    from oci_gpu_hook.install import containerd
 
     return real.startswith(LAUNCHER_DIR + "/") or real == containerd.DROP_IN_PATH
 
@@ -563,7 +563,7 @@ def nameable(real: str) -> bool:
 def named_in(real: str, data: bytes) -> bool:
     """``data`` names the path ``real`` (as a whole path, not the start of a longer name); the containerd drop-in
     also by the glob of its directory."""
-    from oci_gpu_hook.host import containerd
+    from oci_gpu_hook.install import containerd
 
     spellings = [real] + ([f"{containerd.DROP_IN_DIR}/*.toml"] if real == containerd.DROP_IN_PATH else [])
     return any(re.search(re.escape(s.encode()) + rb"(?![\w.-])", data) for s in spellings)

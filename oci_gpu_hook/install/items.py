@@ -17,7 +17,7 @@ from oci_gpu_hook.appliers.cdi_dirs import DEFAULT_SPEC_DIRS
 from oci_gpu_hook.appliers.ocispec import HOOK_ENV
 from oci_gpu_hook.config import Config
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.host.install.paths import (
+from oci_gpu_hook.install.paths import (
     HOOK_LAUNCHER,
     LAUNCHER_DIR,
     NRI_UNIT,
@@ -143,7 +143,7 @@ def wanted(config: Config, hook: str, defaults: dict[str, str], notes: list[str]
     an error when it is found but the front cannot be built); ``trust``: they refuse code that a non-root
     user could change.  ``docker_default_runtime``: make oci-gpu dockerd's default-runtime;
     ``containerd_version``, ``host_root``: see :func:`containerd_items`."""
-    from oci_gpu_hook.host.launchers import for_pods, launcher_files
+    from oci_gpu_hook.install.launchers import for_pods, launcher_files
 
     items: list[Item] = []
     planners: dict[str, Callable[[], list[Item]]] = {
@@ -193,7 +193,7 @@ def pod_facing(path: str, integration: str, disk: Callable[[str], str]) -> str |
         return POD_FACING[integration]
     if integration != "podman" or not os.path.isdir(disk("/etc/crio")):
         return None
-    from oci_gpu_hook.host import crio
+    from oci_gpu_hook.install import crio
 
     directory = os.path.dirname(path)
     try:
@@ -212,7 +212,7 @@ def cri_disabled(disk: Callable[[str], str]) -> bool:
     package ships does: nothing of the drop-in then reaches a pod.  A config install cannot read counts as on."""
     import tomllib
 
-    from oci_gpu_hook.host import containerd
+    from oci_gpu_hook.install import containerd
 
     try:
         with open(disk(containerd.MAIN_CONFIG_PATH), "rb") as handle:
@@ -225,8 +225,8 @@ def cri_disabled(disk: Callable[[str], str]) -> bool:
 def kubernetes_facing(disk: Callable[[str], str], items: list[Item]) -> list[str]:
     """What pods reach through the launchers once this install is done: the files of ``items``, and those an earlier
     install wrote (its manifest) that are still there (:func:`pod_facing`), each said once."""
-    from oci_gpu_hook.host.install.manifest import load_manifest
-    from oci_gpu_hook.host.install.paths import MANIFEST_PATH
+    from oci_gpu_hook.install.manifest import load_manifest
+    from oci_gpu_hook.install.paths import MANIFEST_PATH
 
     found = [pod_facing(i.path, i.integration, disk) for i in items]
     try:
@@ -245,13 +245,13 @@ def replace_integration(items: list[Item], name: str) -> list[Item]:
 
 
 def podman_items(hook: str, disk: Callable[[str], str], notes: list[str]) -> list[Item]:
-    from oci_gpu_hook.host import podman
+    from oci_gpu_hook.install import podman
 
     if hook == "none":
         raise Skip("--hook none: no hooks.d file")
     directory, source = podman.hooks_dir(disk)
     if hook == "precreate" and os.path.isdir(disk("/etc/crio")):
-        from oci_gpu_hook.host import crio
+        from oci_gpu_hook.install import crio
 
         if directory in crio.hooks_dirs(disk):
             raise Skip(f"no precreate hook: CRI-O is configured here and reads hooks from {directory} too, where "
@@ -305,7 +305,7 @@ def docker_items(disk: Callable[[str], str], notes: list[str], explicit: bool,
                  default_runtime: bool = False) -> list[Item]:
     """daemon.json with the ``oci-gpu`` runtime (and ``default-runtime`` when asked), and the
     ``amd-container-runtime`` name Docker's ``--gpus`` looks for on dockerd's PATH (see :mod:`docker`)."""
-    from oci_gpu_hook.host import docker
+    from oci_gpu_hook.install import docker
 
     if not explicit and not os.path.isdir(disk(os.path.dirname(docker.DAEMON_JSON))):
         raise Skip(f"no {os.path.dirname(docker.DAEMON_JSON)} here: docker is not configured")
@@ -359,7 +359,7 @@ def containerd_items(disk: Callable[[str], str], notes: list[str], explicit: boo
     as ``containerd_version`` (:mod:`containerd_detect`)."""
     import tomllib
 
-    from oci_gpu_hook.host import containerd, containerd_detect
+    from oci_gpu_hook.install import containerd, containerd_detect
 
     if not explicit and not os.path.isdir(disk(os.path.dirname(containerd.MAIN_CONFIG_PATH))):
         raise Skip(f"no {os.path.dirname(containerd.MAIN_CONFIG_PATH)} here: containerd is not configured")
@@ -391,7 +391,7 @@ def containerd_items(disk: Callable[[str], str], notes: list[str], explicit: boo
 
 
 def crio_items(config: Config, disk: Callable[[str], str], explicit: bool) -> list[Item]:
-    from oci_gpu_hook.host import crio
+    from oci_gpu_hook.install import crio
 
     if not explicit and not os.path.isdir(disk("/etc/crio")):
         raise Skip("no /etc/crio here: CRI-O is not configured")
@@ -468,7 +468,7 @@ def nri_runtime(disk: Callable[[str], str], containerd_version: str | None = Non
                 host_root: str | None = None) -> tuple[str, bool] | None:
     """The runtime here that has NRI, by its version (containerd 2.x; containerd 1.x has none), or CRI-O where
     /etc/crio is, and whether it is a containerd too old for NRI's default validator; None when neither."""
-    from oci_gpu_hook.host import containerd_detect
+    from oci_gpu_hook.install import containerd_detect
 
     if containerd_version is not None or os.path.isdir(disk("/etc/containerd")):
         found = containerd_detect.detect(host_root or disk("/"), option=containerd_version,

@@ -3,7 +3,7 @@
 Where a kubelet runs, pods reach the runtime, and a pod's env comes from its spec and its image: an env request
 (``AMD_VISIBLE_DEVICES=all``, every CUDA image's ``NVIDIA_VISIBLE_DEVICES=all``) would give a pod every GPU of the
 node, whatever the scheduler gave it.  ``install`` bakes ``allow_env_requests`` off wherever it writes what pods
-reach (:func:`oci_gpu_hook.host.launchers.for_pods`); this module is how the operator commands see a node where that
+reach (:func:`oci_gpu_hook.install.launchers.for_pods`); this module is how the operator commands see a node where that
 did not happen (an explicit ``--set``, launchers written by hand, a kubelet added after install).
 
 **The rule** (docs/security.md): a node runs a kubelet when, under ``root``, one of :data:`KUBELET_DIRS` is a
@@ -48,10 +48,10 @@ def kubelet_evidence(root: str = "/", proc: str = "/proc") -> str | None:
 
 def launcher_config(directory: str) -> tuple[Config, str]:
     """The settings a container start through the launchers in ``directory`` gets (the config file and their baked
-    defaults, :func:`oci_gpu_hook.host.launchers.baked_defaults`), and where they come from, in words; without
+    defaults, :func:`oci_gpu_hook.install.launchers.baked_defaults`), and where they come from, in words; without
     launchers there, the config file's alone.  A HookError where they cannot be loaded."""
     from oci_gpu_hook.config import load_config
-    from oci_gpu_hook.host.launchers import baked_defaults
+    from oci_gpu_hook.install.launchers import baked_defaults
 
     baked = baked_defaults(directory)
     if baked is None:
@@ -64,7 +64,7 @@ def env_requests_line(root: str = "/", proc: str = "/proc", directory: str | Non
     where they are on, ``ok`` where off; None where no kubelet runs (or the settings cannot be loaded: ``validate``
     says why)."""
     from oci_gpu_hook.errors import HookError
-    from oci_gpu_hook.host.install.paths import LAUNCHER_DIR
+    from oci_gpu_hook.install.paths import LAUNCHER_DIR
 
     evidence = kubelet_evidence(root, proc)
     if evidence is None:

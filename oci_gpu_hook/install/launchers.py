@@ -10,7 +10,7 @@ Two kinds, written by ``oci-gpu-hook launchers DIR`` (and ``install``):
   planner's version line).  When there is nothing to do (a pass-through runtime command; a container that
   certainly asks for no device) they do it without starting Python, and so do they make the ``links`` hook's
   /dev/dri/by-path links; otherwise they ask the resident planner (``oci-gpu-hook serve``,
-  :mod:`oci_gpu_hook.host.planner`) and, where it does not answer, exec the Python launcher next to them
+  :mod:`oci_gpu_hook.serve.planner`) and, where it does not answer, exec the Python launcher next to them
   (``DIR/oci-gpu-hook.py``, ``DIR/oci-gpu-runtime.py``).
 - **Python launcher** (no compiler, or ``--no-native``): ``DIR/oci-gpu-hook`` and ``DIR/oci-gpu-runtime``
   are the ``python -I -S`` scripts themselves.
@@ -367,8 +367,8 @@ def front_contract() -> dict[str, str | list[str] | int]:
     from oci_gpu_hook import LIVE_COMMANDS, PRECREATE, config, log, oci_argv, trust
     from oci_gpu_hook.appliers.ocispec import LINKS_COMMAND
     from oci_gpu_hook.core.edits import BY_PATH_DIR, LINK_NODES
-    from oci_gpu_hook.host import planner
     from oci_gpu_hook.request import NO_GPU
+    from oci_gpu_hook.serve import planner
 
     return {
         "BOOL_WORDS": sorted(config._TRUE | config._FALSE),  # config.check_value of a bool from the environment
@@ -408,7 +408,7 @@ def _c_definition(key: str, value: str | list[str] | int) -> str:
 def front_header(name: str, directory: str, defaults: dict[str, str], trust: bool) -> str:
     from oci_gpu_hook import __version__
     from oci_gpu_hook.config import DEFAULT_CONFIG_PATH
-    from oci_gpu_hook.host.planner import version_line
+    from oci_gpu_hook.serve.planner import version_line
 
     baked = baked_settings(defaults)
     content = baked["content"]
@@ -518,7 +518,7 @@ def prebuild_fronts(items: list[str], flags: list[str]) -> list[str]:
     """Compile the fronts that ``install --set ITEMS`` of this (non-editable) environment writes into
     :data:`PREBUILT_DIR` (the image build, with ``flags`` such as ``-static``); the paths written."""
     from oci_gpu_hook.atomic import write_atomic
-    from oci_gpu_hook.host.install.paths import LAUNCHER_DIR
+    from oci_gpu_hook.install.paths import LAUNCHER_DIR
 
     cc = find_cc()
     if cc is None:

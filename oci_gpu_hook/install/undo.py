@@ -22,7 +22,7 @@ from typing import Any
 from oci_gpu_hook import atomic
 from oci_gpu_hook.atomic import fsync_dir
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.host.install.paths import JOURNAL_DIR, JOURNAL_PATH, STAGING, STATE_DIR
+from oci_gpu_hook.install.paths import JOURNAL_DIR, JOURNAL_PATH, STAGING, STATE_DIR
 
 KILL_ENV = "OCI_GPU_HOOK_INSTALL_KILL_AT"
 _STEPS = {"done": 0}

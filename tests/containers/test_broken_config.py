@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from oci_gpu_hook.host import launchers
+from oci_gpu_hook.install import launchers
 from tests.helpers import containerlib as cl
 
 pytestmark = pytest.mark.containers

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import pytest
 
-from oci_gpu_hook.host import launchers
+from oci_gpu_hook.install import launchers
 from tests.helpers import containerlib as cl
 from tests.helpers import imageenvs, rootless
 from tests.helpers.rootless import OTHER, USER

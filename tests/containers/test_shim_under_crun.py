@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from oci_gpu_hook.entry.runtime import dialect
-from oci_gpu_hook.host import launchers
+from oci_gpu_hook.install import launchers
 from oci_gpu_hook.oci_argv import CRUN, REWRITE_COMMANDS, RUNC, config_path, container_id, parse_argv
 from tests.helpers import containerlib as cl
 

@@ -37,9 +37,9 @@ def _managed_dir(directory: str) -> None:
 
 def command(args: list[str], config: Config) -> int:
     from oci_gpu_hook.cliparse import parser as _parser
+    from oci_gpu_hook.cluster.daemon import seconds, serve, uevents
+    from oci_gpu_hook.cluster.deviceplugin.devices import STRATEGIES
     from oci_gpu_hook.errors import HookError
-    from oci_gpu_hook.host.deviceplugin.devices import STRATEGIES
-    from oci_gpu_hook.host.resident import seconds, serve, uevents
 
     parser = _parser("device-plugin", "Advertise the host's AMD GPUs and compute partitions and NVIDIA GPUs and "
                                       "MIG devices to the kubelet (device plugin API v1beta1); Allocate answers "
@@ -84,11 +84,11 @@ def command(args: list[str], config: Config) -> int:
         raise UsageError("device-plugin: --cdi-dir and --no-cdi-specs exclude each other")
     kinds = tuple(config.backends)
     if opts.list:  # the inventory only: no gRPC needed
-        from oci_gpu_hook.host.deviceplugin.devices import plan, scan_served
+        from oci_gpu_hook.cluster.deviceplugin.devices import plan, scan_served
 
         inventory = scan_served(config.sysfs_root, proc_root=config.proc_root, driver_root=config.driver_root,
                                 kinds=kinds)
-        from oci_gpu_hook.host.health import GOOD, one_sample
+        from oci_gpu_hook.cluster.health import GOOD, one_sample
 
         devices, notes = plan(inventory, opts.resource_strategy)
         verdicts = one_sample(config, inventory)
@@ -101,14 +101,14 @@ def command(args: list[str], config: Config) -> int:
             print(f"# {note}")
         return 0
     try:
-        from oci_gpu_hook.host.deviceplugin import server
+        from oci_gpu_hook.cluster.deviceplugin import server
     except ImportError as err:
         raise HookError(f"device-plugin needs grpcio and protobuf ({err}): "
                         "pip install 'oci-gpu-hook[device-plugin]'") from None
 
     specs = None
     if not opts.no_cdi_specs:
-        from oci_gpu_hook.host.deviceplugin.specs import SpecKeeper
+        from oci_gpu_hook.cluster.deviceplugin.specs import SpecKeeper
 
         directories = opts.cdi_dir or [config.cdi_dir]
         for directory in directories:
@@ -116,7 +116,7 @@ def command(args: list[str], config: Config) -> int:
         specs = SpecKeeper(config, directories, server.log_line)
     import os
 
-    from oci_gpu_hook.host.health import resident_monitor
+    from oci_gpu_hook.cluster.health import resident_monitor
 
     state_dir = opts.state_dir or os.path.join(opts.kubelet_dir, STATE_SUBDIR)
     tracker = server.Tracker(config.sysfs_root, opts.resource_strategy, specs=specs, proc_root=config.proc_root,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
-from oci_gpu_hook.host.deviceplugin.devices import PluginDevice
+from oci_gpu_hook.cluster.deviceplugin.devices import PluginDevice
 
 Key = Callable[[PluginDevice], object]
 

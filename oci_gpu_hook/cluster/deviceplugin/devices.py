@@ -68,7 +68,7 @@ class PluginDevice:
     partition: int | None  # AMD: the partition number; NVIDIA: a MIG device's index in its GPU
     healthy: bool = True
     present: bool = True  # False once gone from the host (it stays listed, Unhealthy)
-    reason: str = ""  # why not healthy: gone, or its GPU's health signal (oci_gpu_hook.host.health)
+    reason: str = ""  # why not healthy: gone, or its GPU's health signal (oci_gpu_hook.cluster.health)
     host_nodes: tuple[str, ...] = ()  # its nodes and its kind's shared ones, for --device-specs
     numbers: tuple[Number, ...] = ()  # its own nodes' device numbers, as the host has them now
     shared: tuple[Number, ...] = ()  # the numbers of the nodes every device of the kind needs (/dev/kfd, ...)

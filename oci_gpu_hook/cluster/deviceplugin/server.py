@@ -7,14 +7,14 @@ creates a new ``kubelet.sock``: :class:`Manager` checks once a second (by
 default) and, when its socket is gone or ``kubelet.sock`` is a new file,
 serves again on a fresh socket and registers again.
 
-The devices come from :func:`~oci_gpu_hook.host.deviceplugin.devices.plan`
+The devices come from :func:`~oci_gpu_hook.cluster.deviceplugin.devices.plan`
 over the served kinds (AMD and NVIDIA: one process serves both kinds'
 resources, one endpoint each), rescanned periodically (every 10 s by default: a
 GPU gone without a uevent, or a MIG instance destroyed, is noticed then),
-shortly after each GPU uevent (:func:`oci_gpu_hook.host.watch.gpu_uevent`), and
+shortly after each GPU uevent (:func:`oci_gpu_hook.cluster.watch.gpu_uevent`), and
 before every Allocate.  A device seen once stays in the list: Unhealthy while it
 is missing from the host, Healthy again when it comes back under the same ID.
-A device whose GPU's own signals say it is failing (:mod:`oci_gpu_hook.host.health`: amdgpu's RAS
+A device whose GPU's own signals say it is failing (:mod:`oci_gpu_hook.cluster.health`: amdgpu's RAS
 uncorrectable errors, PCIe AER fatal errors, a ``WEDGED=`` uevent, its nodes gone while its PCI device
 stays) is Unhealthy too, with the reason in the log, until the monitor says it recovered.
 
@@ -49,11 +49,11 @@ from typing import Any
 
 import grpc
 
-from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.host.deviceplugin import api_pb2 as api
-from oci_gpu_hook.host.deviceplugin import api_pb2_grpc as api_grpc
-from oci_gpu_hook.host.deviceplugin.allocation import preferred
-from oci_gpu_hook.host.deviceplugin.devices import (
+from oci_gpu_hook.cluster.daemon import Resident, log_writer
+from oci_gpu_hook.cluster.deviceplugin import api_pb2 as api
+from oci_gpu_hook.cluster.deviceplugin import api_pb2_grpc as api_grpc
+from oci_gpu_hook.cluster.deviceplugin.allocation import preferred
+from oci_gpu_hook.cluster.deviceplugin.devices import (
     ALWAYS_SERVED,
     SERVED,
     PluginDevice,
@@ -62,11 +62,11 @@ from oci_gpu_hook.host.deviceplugin.devices import (
     scan_served,
     whole_gpu_resource,
 )
-from oci_gpu_hook.host.deviceplugin.specs import SpecKeeper
-from oci_gpu_hook.host.health import Monitor
-from oci_gpu_hook.host.metrics import DeviceRow
-from oci_gpu_hook.host.resident import Resident, log_writer
-from oci_gpu_hook.host.watch import EventSource
+from oci_gpu_hook.cluster.deviceplugin.specs import SpecKeeper
+from oci_gpu_hook.cluster.health import Monitor
+from oci_gpu_hook.cluster.metrics import DeviceRow
+from oci_gpu_hook.cluster.watch import EventSource
+from oci_gpu_hook.errors import HookError
 from oci_gpu_hook.inventory import Inventory
 
 VERSION = "v1beta1"
@@ -370,7 +370,7 @@ class Manager(Resident):
                  poll_interval: float = 1.0, always: tuple[str, ...] | None = None, log: Log = log_line,
                  events: EventSource | None = None, uevent_delay: float = 0.5) -> None:
         self.directory = os.path.abspath(directory)
-        self.events = events  # GPU/partition uevents (oci_gpu_hook.host.watch): a rescan soon after each
+        self.events = events  # GPU/partition uevents (oci_gpu_hook.cluster.watch): a rescan soon after each
         self.uevent_delay = uevent_delay
         self.rescan_reason = "rescan"
         self.tracker = tracker

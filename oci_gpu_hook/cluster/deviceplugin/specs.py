@@ -9,7 +9,7 @@ long after the plugin answered.  So for every directory the plugin manages
 
 - **kept current**: after every scan of the plugin (each GPU uevent, every
   rescan interval, each Allocate) it is regenerated from that scan's inventory
-  with ``watch``'s own code (:func:`oci_gpu_hook.host.watch.update_spec`:
+  with ``watch``'s own code (:func:`oci_gpu_hook.cluster.watch.update_spec`:
   generate, validate, write atomically when the text changed; removed when no
   device of the kind is left), so a node needs no separate ``watch`` for correctness;
 - **checked at Allocate**: each name returned must be exactly one device of the
@@ -28,10 +28,10 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from oci_gpu_hook.appliers import cdi
+from oci_gpu_hook.cluster.deviceplugin.devices import SERVED, Number, PluginDevice
+from oci_gpu_hook.cluster.watch import Outcome, update_spec
 from oci_gpu_hook.config import Config
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.host.deviceplugin.devices import SERVED, Number, PluginDevice
-from oci_gpu_hook.host.watch import Outcome, update_spec
 from oci_gpu_hook.inventory import Inventory
 
 

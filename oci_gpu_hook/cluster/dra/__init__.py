@@ -30,8 +30,8 @@ DNS_SUBDOMAIN = re.compile(r"^(?=.{1,63}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-
 
 def command(args: list[str], config: Config) -> int:
     from oci_gpu_hook.cliparse import parser as _parser
-    from oci_gpu_hook.host.dra.slices import VERSIONS
-    from oci_gpu_hook.host.resident import seconds, serve, uevents
+    from oci_gpu_hook.cluster.daemon import seconds, serve, uevents
+    from oci_gpu_hook.cluster.dra.slices import VERSIONS
 
     parser = _parser("dra", "A Kubernetes DRA driver: publish this node's GPUs, partitions and MIG devices as "
                             "ResourceSlices, register at the kubelet, prepare each claim as a CDI spec of its own.")
@@ -82,8 +82,8 @@ def command(args: list[str], config: Config) -> int:
         return scan_host(config, strict=False)
 
     if opts.list:
-        from oci_gpu_hook.host.dra.devices import build, without_counters
-        from oci_gpu_hook.host.dra.slices import device_object
+        from oci_gpu_hook.cluster.dra.devices import build, without_counters
+        from oci_gpu_hook.cluster.dra.slices import device_object
 
         devices, notes = build(scan_host(config, strict=False))
         if opts.shared_counters == "off":
@@ -96,13 +96,13 @@ def command(args: list[str], config: Config) -> int:
     if not node:
         raise HookError("dra: no node name: give --node-name, or set NODE_NAME (the DaemonSet passes spec.nodeName)")
     try:
-        from oci_gpu_hook.host.dra import server
+        from oci_gpu_hook.cluster.dra import server
     except ImportError as err:
         raise HookError(f"dra needs grpcio and protobuf ({err}): pip install 'oci-gpu-hook[device-plugin]'") from None
     from oci_gpu_hook.appliers.cdi import make_dirs
-    from oci_gpu_hook.host.dra.claims import Claims
-    from oci_gpu_hook.host.dra.kube import Client, Credentials
-    from oci_gpu_hook.host.dra.slices import Publisher
+    from oci_gpu_hook.cluster.dra.claims import Claims
+    from oci_gpu_hook.cluster.dra.kube import Client, Credentials
+    from oci_gpu_hook.cluster.dra.slices import Publisher
 
     make_dirs(opts.cdi_dir, "--cdi-dir")
     client = Client(Credentials.in_cluster(opts.kube_api_server, opts.kube_token_file, opts.kube_ca_file))
@@ -112,7 +112,7 @@ def command(args: list[str], config: Config) -> int:
 
     def version() -> str:
         if publisher.version is None:
-            from oci_gpu_hook.host.dra.slices import choose_version
+            from oci_gpu_hook.cluster.dra.slices import choose_version
 
             publisher.version = choose_version(client, opts.resource_api_version)
         return publisher.version
@@ -121,7 +121,7 @@ def command(args: list[str], config: Config) -> int:
         return Claims(config, driver, node, opts.cdi_dir, state_dir, client, plugin.current, server.log_line,
                       version)
 
-    from oci_gpu_hook.host.health import resident_monitor
+    from oci_gpu_hook.cluster.health import resident_monitor
 
     events = uevents(not opts.no_uevents, interval, server.log_line)
     plugin = server.Driver(driver, scan, publisher, claims, registry_dir=opts.kubelet_registry_dir,

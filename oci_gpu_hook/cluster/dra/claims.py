@@ -43,11 +43,11 @@ from urllib.parse import quote
 
 from oci_gpu_hook.appliers import cdi
 from oci_gpu_hook.atomic import remove_file, write_atomic
+from oci_gpu_hook.cluster.dra.devices import DraDevice, find
+from oci_gpu_hook.cluster.dra.kube import ApiError, Client
 from oci_gpu_hook.config import Config
 from oci_gpu_hook.core.edits import Edits
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.host.dra.devices import DraDevice, find
-from oci_gpu_hook.host.dra.kube import ApiError, Client
 from oci_gpu_hook.inventory import Inventory
 from oci_gpu_hook.plan import device_edits, shared_edits
 

@@ -93,7 +93,7 @@ class DraDevice:
     # None, it is its parts), from the same scan
     consumes: tuple[Consumption, ...] = ()  # the counters it takes (a split GPU's whole and parts)
     parts: tuple[Device, ...] = field(default=(), compare=False, repr=False)  # what a container gets: its devices
-    taint: Taint | None = None  # while its GPU is Unhealthy (oci_gpu_hook.host.health)
+    taint: Taint | None = None  # while its GPU is Unhealthy (oci_gpu_hook.cluster.health)
 
     @property
     def pci_address(self) -> str:

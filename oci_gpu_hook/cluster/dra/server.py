@@ -10,7 +10,7 @@ The kubelet's plugin watcher finds ``<registry dir>/<driver>-reg.sock``
 on the DRA socket (:mod:`.claims` does the work; a claim's failure is its
 entry's ``error``, one line).  A kubelet with ResourceHealthStatus on watches
 ``NodeWatchResources`` there: every device seen since start, Healthy while
-published and its GPU's own signals (:mod:`oci_gpu_hook.host.health`) are clear, else Unhealthy with the
+published and its GPU's own signals (:mod:`oci_gpu_hook.cluster.health`) are clear, else Unhealthy with the
 reason as its message (once gone: gone), sent at every change and again every
 ``HEALTH_RESEND_S`` (a 1.36 kubelet counts a device whose last report is older
 than 30 s as Unknown, and shows that in the status of a pod started later).
@@ -20,7 +20,7 @@ does.
 
 The devices (:func:`.devices.build` over a lenient scan) are read again every
 ``--rescan-interval`` seconds, soon after each GPU uevent
-(:func:`oci_gpu_hook.host.watch.gpu_uevent`), and before every prepare; the
+(:func:`oci_gpu_hook.cluster.watch.gpu_uevent`), and before every prepare; the
 slices (:class:`.slices.Publisher`) follow every scan, so a GPU that leaves, or
 changes partition mode, leaves the node's ResourceSlices within one rescan.
 An API server that cannot be reached is said once and retried at every rescan.
@@ -45,20 +45,20 @@ from typing import Any
 
 import grpc
 
+from oci_gpu_hook.cluster.daemon import Resident, log_writer
+from oci_gpu_hook.cluster.dra import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
+from oci_gpu_hook.cluster.dra import health_v1alpha1_pb2 as health
+from oci_gpu_hook.cluster.dra import health_v1alpha1_pb2_grpc as health_grpc
+from oci_gpu_hook.cluster.dra import registration_pb2 as reg
+from oci_gpu_hook.cluster.dra import registration_pb2_grpc as reg_grpc
+from oci_gpu_hook.cluster.dra.claims import ClaimError, Claims
+from oci_gpu_hook.cluster.dra.devices import TAINT_NAME, DraDevice, Taint, build
+from oci_gpu_hook.cluster.dra.kube import ApiError
+from oci_gpu_hook.cluster.dra.slices import Publisher
+from oci_gpu_hook.cluster.health import Monitor, Verdict
+from oci_gpu_hook.cluster.metrics import DRA_PREPARED_CLAIMS, DeviceRow
+from oci_gpu_hook.cluster.watch import EventSource
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.host.dra import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
-from oci_gpu_hook.host.dra import health_v1alpha1_pb2 as health
-from oci_gpu_hook.host.dra import health_v1alpha1_pb2_grpc as health_grpc
-from oci_gpu_hook.host.dra import registration_pb2 as reg
-from oci_gpu_hook.host.dra import registration_pb2_grpc as reg_grpc
-from oci_gpu_hook.host.dra.claims import ClaimError, Claims
-from oci_gpu_hook.host.dra.devices import TAINT_NAME, DraDevice, Taint, build
-from oci_gpu_hook.host.dra.kube import ApiError
-from oci_gpu_hook.host.dra.slices import Publisher
-from oci_gpu_hook.host.health import Monitor, Verdict
-from oci_gpu_hook.host.metrics import DRA_PREPARED_CLAIMS, DeviceRow
-from oci_gpu_hook.host.resident import Resident, log_writer
-from oci_gpu_hook.host.watch import EventSource
 from oci_gpu_hook.inventory import Inventory
 
 PROGRAM = "oci-gpu-hook dra"

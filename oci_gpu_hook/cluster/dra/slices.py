@@ -36,8 +36,8 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
-from oci_gpu_hook.host.dra.devices import CounterSet, DraDevice, counter_sets, without_counters
-from oci_gpu_hook.host.dra.kube import ApiError, Client
+from oci_gpu_hook.cluster.dra.devices import CounterSet, DraDevice, counter_sets, without_counters
+from oci_gpu_hook.cluster.dra.kube import ApiError, Client
 
 GROUP = "resource.k8s.io"
 VERSIONS = ("v1", "v1beta2", "v1beta1")  # newest first

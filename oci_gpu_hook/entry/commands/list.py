@@ -34,7 +34,7 @@ def run(args: list[str], config: Config) -> int:
 
         print(InventoryModel.of(inventory).model_dump_json(indent=2))
         return 0
-    from oci_gpu_hook.host.health import GOOD, one_sample
+    from oci_gpu_hook.cluster.health import GOOD, one_sample
 
     verdicts = one_sample(config, inventory, lambda line: print(f"warning: {line}", file=sys.stderr))  # one read
     rows = [("KIND", "INDEX", "NAME", "PCI ADDRESS", "PARTITION", "MODE", "CARD", "RENDER", "NUMA", "UNIQUE ID",

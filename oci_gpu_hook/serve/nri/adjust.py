@@ -34,8 +34,8 @@ if TYPE_CHECKING:
     from typing import Any
 
     from oci_gpu_hook.config import Config
-    from oci_gpu_hook.host.nri import api_pb2
     from oci_gpu_hook.plan import Plan
+    from oci_gpu_hook.serve.nri import api_pb2
 
 RUNTIME_DEVICE_ACCESS = "rw"  # what NRI's runtime side grants each device node it adds (LinuxDevice.AccessString)
 MASK_DIR_OPTIONS = ("ro", "nosuid", "nodev", "noexec")
@@ -137,7 +137,7 @@ def plan_container(container: api_pb2.Container, config: Config) -> tuple[Plan, 
 
 def adjustment(before: dict[str, Any], after: dict[str, Any], config: Config) -> api_pb2.ContainerAdjustment:
     """What the spec rewrite appended to ``before`` (giving ``after``), as a ContainerAdjustment."""
-    from oci_gpu_hook.host.nri import api_pb2
+    from oci_gpu_hook.serve.nri import api_pb2
 
     adjust = api_pb2.ContainerAdjustment()
 

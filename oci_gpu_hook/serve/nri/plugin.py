@@ -2,10 +2,10 @@
 
 As NRI's own plugin stub (containerd/nri ``pkg/stub``) does it: the plugin connects to the runtime's NRI socket
 (or, started by the runtime itself from its plugin directory, uses the connected socket whose descriptor
-``NRI_PLUGIN_SOCKET`` names), multiplexes it (:mod:`oci_gpu_hook.host.nri.ttrpc`), calls ``RegisterPlugin``
+``NRI_PLUGIN_SOCKET`` names), multiplexes it (:mod:`oci_gpu_hook.serve.nri.ttrpc`), calls ``RegisterPlugin``
 (name, two-digit index) on the runtime's connection and serves its own: ``Configure`` (answered with the one
 event it wants, CREATE_CONTAINER), ``Synchronize`` (nothing to change in running containers), ``CreateContainer``
-(:mod:`oci_gpu_hook.host.nri.adjust`) and ``Shutdown``.  One request at a time: NRI calls a plugin under one lock.
+(:mod:`oci_gpu_hook.serve.nri.adjust`) and ``Shutdown``.  One request at a time: NRI calls a plugin under one lock.
 
 The runtime must be root: the socket's peer credentials (``SO_PEERCRED``) are checked before anything is sent
 (:func:`check_peer`).  A CreateContainer that took more than half the runtime's request timeout (sent at
@@ -26,7 +26,7 @@ import sys
 import time
 
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.host.nri import ttrpc
+from oci_gpu_hook.serve.nri import ttrpc
 
 TYPE_CHECKING = False  # not typing's: see oci_gpu_hook/startpath.py
 
@@ -138,7 +138,7 @@ class Plugin:
         self.done = False
 
     def register(self) -> None:
-        from oci_gpu_hook.host.nri import api_pb2
+        from oci_gpu_hook.serve.nri import api_pb2
 
         request = api_pb2.RegisterPluginRequest(plugin_name=self.name, plugin_idx=self.idx, NRI_version=NRI_VERSION)
         try:
@@ -147,7 +147,7 @@ class Plugin:
             raise HookError(f"the runtime refused to register NRI plugin {self.idx}-{self.name}: {err}") from None
 
     def configure(self, payload: bytes) -> ProtoMessage:
-        from oci_gpu_hook.host.nri import api_pb2
+        from oci_gpu_hook.serve.nri import api_pb2
 
         request = api_pb2.ConfigureRequest.FromString(payload)
         if request.request_timeout > 0:
@@ -157,19 +157,19 @@ class Plugin:
         return api_pb2.ConfigureResponse(events=event_mask(CREATE_CONTAINER))
 
     def synchronize(self, payload: bytes) -> ProtoMessage:
-        from oci_gpu_hook.host.nri import api_pb2
+        from oci_gpu_hook.serve.nri import api_pb2
 
         request = api_pb2.SynchronizeRequest.FromString(payload)
         return api_pb2.SynchronizeResponse(more=request.more)  # running containers keep what they have
 
     def shutdown(self, payload: bytes) -> ProtoMessage:
-        from oci_gpu_hook.host.nri import api_pb2
+        from oci_gpu_hook.serve.nri import api_pb2
 
         self.done = True
         return api_pb2.Empty()
 
     def create_container(self, payload: bytes) -> ProtoMessage:
-        from oci_gpu_hook.host.nri import adjust, api_pb2
+        from oci_gpu_hook.serve.nri import adjust, api_pb2
 
         started = time.monotonic()
         request = api_pb2.CreateContainerRequest.FromString(payload)
@@ -196,7 +196,7 @@ class Plugin:
         """Answer one message from the runtime."""
         if message.conn != ttrpc.PLUGIN_CONN or message.type != ttrpc.REQUEST:
             return  # a stray response or stream data: nothing of ours waits for it
-        from oci_gpu_hook.host.nri import ttrpc_pb2
+        from oci_gpu_hook.serve.nri import ttrpc_pb2
 
         try:
             envelope = ttrpc_pb2.Request.FromString(message.payload)
@@ -239,7 +239,7 @@ class Plugin:
                 self._slow(payload, seconds)
 
     def _slow(self, payload: bytes, seconds: float) -> None:
-        from oci_gpu_hook.host.nri import api_pb2
+        from oci_gpu_hook.serve.nri import api_pb2
 
         try:
             label = self._label(api_pb2.CreateContainerRequest.FromString(payload))
@@ -263,11 +263,11 @@ class Plugin:
 
 def run(config: Config, socket_path: str, name: str, idx: str, log: Callable[[str], None]) -> int:
     """Connect, register and serve; the exit status."""
-    from oci_gpu_hook.host.nri import adjust
+    from oci_gpu_hook.serve.nri import adjust
 
     adjust.check_config(config)
     try:
-        from oci_gpu_hook.host.nri import api_pb2, ttrpc_pb2  # noqa: F401 (the messages need protobuf)
+        from oci_gpu_hook.serve.nri import api_pb2, ttrpc_pb2  # noqa: F401 (the messages need protobuf)
     except Exception as err:  # ImportError, or protobuf's VersionError for one older than the generated code
         raise HookError(f"nri needs protobuf 7.35.1 or later ({type(err).__name__}: {err}): "
                         "pip install 'oci-gpu-hook[nri]'") from None

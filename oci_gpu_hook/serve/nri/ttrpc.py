@@ -181,7 +181,7 @@ class Channel:
     def respond(self, request: Message, payload: bytes = b"", code: int = OK, message: str = "") -> None:
         """Answer ``request`` with ``payload`` (the reply message's bytes), or with a non-OK ``code`` and
         ``message``."""
-        from oci_gpu_hook.host.nri import ttrpc_pb2
+        from oci_gpu_hook.serve.nri import ttrpc_pb2
 
         response = ttrpc_pb2.Response(payload=payload)
         if code != OK:
@@ -195,7 +195,7 @@ class Channel:
              timeout: float) -> ProtoMessage:
         """A unary call on :attr:`client_conn`; requests that arrive before its answer are kept for
         :meth:`receive`.  A RemoteError for a non-OK status, a ProtocolError when no answer comes."""
-        from oci_gpu_hook.host.nri import ttrpc_pb2
+        from oci_gpu_hook.serve.nri import ttrpc_pb2
 
         stream = self._next_stream
         self._next_stream += 2

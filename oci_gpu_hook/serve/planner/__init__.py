@@ -46,8 +46,8 @@ command line), :mod:`.endpoint` (``--metrics-address``: the Prometheus endpoint'
 each request's path, outcome and reason).  This file keeps the names the rest of the package and the tests use.
 """
 
-from oci_gpu_hook.host.planner.build import PackageWatch, build_id
-from oci_gpu_hook.host.planner.protocol import (
+from oci_gpu_hook.serve.planner.build import PackageWatch, build_id
+from oci_gpu_hook.serve.planner.protocol import (
     ANSWER_MAGIC,
     ANSWER_TIMEOUT_MS,
     DEFAULT_SOCKET,
@@ -71,7 +71,7 @@ from oci_gpu_hook.host.planner.protocol import (
     read_request,
     version_line,
 )
-from oci_gpu_hook.host.planner.server import (
+from oci_gpu_hook.serve.planner.server import (
     DEFAULT_WORKERS,
     Planner,
     command,
@@ -79,7 +79,7 @@ from oci_gpu_hook.host.planner.server import (
     preload_names,
     prepare_directory,
 )
-from oci_gpu_hook.host.planner.worker import (
+from oci_gpu_hook.serve.planner.worker import (
     Credentials,
     credentials_of,
     credentials_problem,

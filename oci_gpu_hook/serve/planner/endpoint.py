@@ -2,20 +2,20 @@
 
 **Why a process.**  The daemon forks a worker for every request; a fork of a process with threads copies the locks
 its other threads hold, and an HTTP server is threads.  So the endpoint (``prometheus_client``'s server, as for the
-device plugin and the DRA driver: :mod:`oci_gpu_hook.host.metrics`) runs in a child forked from the daemon, which
+device plugin and the DRA driver: :mod:`oci_gpu_hook.cluster.metrics`) runs in a child forked from the daemon, which
 stays one thread; a slow scrape, or the scan a scrape makes, never delays a start either.
 
 **What it counts.**  Each worker tells it its request's path, outcome and reason (the closed sets of
-:mod:`oci_gpu_hook.host.metrics`) and its time from accept to answer, as one datagram on a socket only the
+:mod:`oci_gpu_hook.cluster.metrics`) and its time from accept to answer, as one datagram on a socket only the
 daemon's forks hold, sent (never blocking; dropped where the queue is full) just before the worker answers: a
-scrape after a start's answer counts that start (:class:`~oci_gpu_hook.host.metrics.StartCounts`).  This process
+scrape after a start's answer counts that start (:class:`~oci_gpu_hook.cluster.metrics.StartCounts`).  This process
 takes the datagrams in every DRAIN_S and at each scrape, and never waits on the socket: a datagram wakes no process
 on its way (a woken reader can take the CPU from the worker before its answer: docs/health.md).  The fronts and
 hooks send nothing: what the planner sees of a request is all there is (a front that runs Python without asking,
 the planner absent or not root's, is not counted here; the journal has its line).
 
 **The devices.**  A scrape scans the host as the config says (as ``list`` does) and samples every GPU's health
-signals (:class:`oci_gpu_hook.host.health.Monitor`, kept between scrapes so that a count that rises between two is
+signals (:class:`oci_gpu_hook.cluster.health.Monitor`, kept between scrapes so that a count that rises between two is
 seen); no uevents reach it, so a wedged GPU is for the device plugin and the DRA driver to report.  A device seen
 once stays listed, ``gone`` once the scan no longer finds it.  The rows of a scan serve every scrape for ROWS_FRESH_S
 after it: a storm of scrapes (or of connections, which anyone who reaches the port can send) rescans sysfs once a
@@ -50,8 +50,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
+    from oci_gpu_hook.cluster.metrics import DeviceRow
     from oci_gpu_hook.config import Config
-    from oci_gpu_hook.host.metrics import DeviceRow
 
 READY_TIMEOUT_S = 30.0  # for the child's first line: imported, listening
 RESTART_S = 10.0
@@ -77,7 +77,7 @@ class Devices:
         import threading
         import time
 
-        from oci_gpu_hook.host.health import Monitor, Settings
+        from oci_gpu_hook.cluster.health import Monitor, Settings
 
         self.config = config
         self.clock = clock or time.monotonic
@@ -91,8 +91,8 @@ class Devices:
 
     def rows(self) -> list[DeviceRow]:
         """The devices, from a scan at most ROWS_FRESH_S old (under one lock: concurrent scrapes share a scan)."""
-        from oci_gpu_hook.host.health import GOOD
-        from oci_gpu_hook.host.metrics import DeviceRow
+        from oci_gpu_hook.cluster.health import GOOD
+        from oci_gpu_hook.cluster.metrics import DeviceRow
         from oci_gpu_hook.inventory import backend, scan_host, stable_name
 
         with self.lock:
@@ -129,7 +129,7 @@ class Metrics:
     def __init__(self, address: str, config: Config, say: Callable[[str], None]) -> None:
         import socket
 
-        from oci_gpu_hook.host.metrics import parse_address, start_line
+        from oci_gpu_hook.cluster.metrics import parse_address, start_line
 
         parse_address(address)  # a bad one is the one line before anything starts
         self.start_line = start_line  # loaded before the workers fork: they only look it up
@@ -265,7 +265,7 @@ def _serve(address: str, config: Config, receive: object, ready: int, parent: in
 
     if not follow_parent():
         return 0  # the daemon is already gone
-    from oci_gpu_hook.host.metrics import Collector, Endpoint, StartCounts
+    from oci_gpu_hook.cluster.metrics import Collector, Endpoint, StartCounts
 
     counts = StartCounts(receive)
 

@@ -1,5 +1,5 @@
 """The planner's wire format: what a front and a worker say, and within which bounds (the package's docstring,
-:mod:`oci_gpu_hook.host.planner`, says why).  The socket's default path and variable, the front's bound on the whole
+:mod:`oci_gpu_hook.serve.planner`, says why).  The socket's default path and variable, the front's bound on the whole
 exchange, the request and the answer as bytes, READY, GO and STARTED (once or not at all), the version line both
 sides must say; nothing here acts on a request."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import struct
 
-from oci_gpu_hook.host.planner.build import build_id
+from oci_gpu_hook.serve.planner.build import build_id
 
 TYPE_CHECKING = False  # not typing's: see oci_gpu_hook/startpath.py
 

@@ -8,10 +8,10 @@ import os
 import sys
 
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.host.planner.build import PackageWatch, build_id
-from oci_gpu_hook.host.planner.inventory import ScanCache
-from oci_gpu_hook.host.planner.protocol import DEFAULT_SOCKET, SOCKET_ENV, BadRequest, Request, version_line
-from oci_gpu_hook.host.planner.worker import (
+from oci_gpu_hook.serve.planner.build import PackageWatch, build_id
+from oci_gpu_hook.serve.planner.inventory import ScanCache
+from oci_gpu_hook.serve.planner.protocol import DEFAULT_SOCKET, SOCKET_ENV, BadRequest, Request, version_line
+from oci_gpu_hook.serve.planner.worker import (
     Credentials,
     credentials_of,
     exec_problem,
@@ -27,8 +27,8 @@ if TYPE_CHECKING:
     import socket as socket_module
 
     from oci_gpu_hook.config import Config
-    from oci_gpu_hook.host.planner.endpoint import Metrics
-    from oci_gpu_hook.host.planner.worker import Launch
+    from oci_gpu_hook.serve.planner.endpoint import Metrics
+    from oci_gpu_hook.serve.planner.worker import Launch
 
 DEFAULT_WORKERS = 8
 STOP_GRACE_S = 10.0
@@ -38,7 +38,8 @@ PR_SET_PDEATHSIG = 1
 # namespace must not look for code there): the package but its operator-only parts, and these.
 PRELOAD_STDLIB = ("tomllib", "fcntl", "ctypes", "resource", "select", "traceback", "locale", "codecs", "io", "json",
                   "array", "struct", "encodings.utf_8", "encodings.latin_1", "encodings.ascii")
-NOT_PRELOADED = ("oci_gpu_hook.host", "oci_gpu_hook.models", "oci_gpu_hook.schemas", "oci_gpu_hook.entry.commands",
+NOT_PRELOADED = ("oci_gpu_hook.install", "oci_gpu_hook.serve", "oci_gpu_hook.cluster", "oci_gpu_hook.fastpath",
+                 "oci_gpu_hook.models", "oci_gpu_hook.schemas", "oci_gpu_hook.entry.commands",
                  "oci_gpu_hook.appliers.cdi")
 
 
@@ -129,7 +130,7 @@ class Planner:
     def start_metrics(self, address: str, config: Config) -> None:
         """The Prometheus endpoint's process (:mod:`.endpoint`), listening at ``address`` before the first worker
         forks; HookError with its one line where it cannot."""
-        from oci_gpu_hook.host.planner.endpoint import Metrics
+        from oci_gpu_hook.serve.planner.endpoint import Metrics
 
         self.metrics = Metrics(address, config, _say)
         where = self.metrics.start(self.close_in_child)

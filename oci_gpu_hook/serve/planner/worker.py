@@ -1,6 +1,6 @@
 """A worker's request: checked against the front's credentials, run as the launcher process the front would have
 started (its namespaces, root, working directory, environment, stdio), answered once (:func:`serve_one`).  The
-package's docstring (:mod:`oci_gpu_hook.host.planner`) says why each step is as it is."""
+package's docstring (:mod:`oci_gpu_hook.serve.planner`) says why each step is as it is."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import struct
 import sys
 
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.host.planner.protocol import (
+from oci_gpu_hook.serve.planner.protocol import (
     ANSWER_TIMEOUT_MS,
     GO,
     READY,
@@ -34,12 +34,12 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from typing import Any
 
-    from oci_gpu_hook.host.planner.build import PackageWatch
+    from oci_gpu_hook.serve.planner.build import PackageWatch
 
     # a launcher's entry point, which the entry layer passes in (``serve``'s command): (role, argv, the runtime baked
     # into the shim's launcher) -> (exit status, the runtime to exec or None)
     Launch = Callable[[str, list[str], str], tuple[int, str | None]]
-    # what a worker tells the metrics (oci_gpu_hook.host.metrics): (path, outcome, reason, seconds from accept to
+    # what a worker tells the metrics (oci_gpu_hook.cluster.metrics): (path, outcome, reason, seconds from accept to
     # answer or None where it did not answer), before it answers
     Report = Callable[[str, str, str, float | None], None]
 
@@ -334,7 +334,7 @@ class Seen:
     def outcome(self, code: int) -> tuple[str, str]:
         """(outcome, reason) in the metrics' closed sets."""
         if code != 0 or self.error is not None:
-            from oci_gpu_hook.host.metrics import refusal_reason
+            from oci_gpu_hook.cluster.metrics import refusal_reason
 
             return "refused", refusal_reason(self.error)
         return ("granted", "") if self.granted else ("ignored", "") if self.ignored else ("untouched", "")
