@@ -11,6 +11,10 @@ of code.  This file is the one place that says what the path may hold; nothing i
   :data:`OFF_PATH` (routes that are not a container start).  "May ``config.py`` import ``re``?": no, it is
   not in ``config.py``'s set, and :data:`NEVER` says why.  ``tests/test_startpath.py`` reads every module
   listed here and fails on an import outside its allowance.
+- :data:`SERVERS`: the per-container servers' package (``serve/``: the planner, the NRI plugin), whose modules
+  import of the package only what is on the path, each other, and what :data:`SERVER_OFF_PATH` names;
+  ``tests/test_startpath.py`` holds them to it.  The other operator packages (``install/``, ``cluster/``) are off
+  the path: nothing on it imports them (``tests/test_layers.py``).
 - :data:`ENTRIES`: what each entry point, run as the launchers run it (``python -X importtime -I -S``), imports
   beyond the interpreter's own start; ``tests/test_speed_imports.py`` runs them and fails on any module more.
   A new import on this path costs every container its time: add it here only with a measurement.
@@ -162,6 +166,22 @@ MODULES: dict[str, frozenset[str]] = {
     "oci_gpu_hook.appliers.devicefilter_decode": frozenset({"struct", "sys"}),
     "oci_gpu_hook.appliers.systemd_unit": frozenset({"os", "socket", "struct", "time"}),  # only under systemd
 }
+# --- the per-container servers ---------------------------------------------------------------------------------
+
+# The planner (``serve``) and the NRI plugin (``nri``) answer on a container's start path: a front asks the planner,
+# containerd and CRI-O call the NRI plugin as they create a container.  Their workers run the modules above; what
+# else of the package they may import is this package and what SERVER_OFF_PATH names, each on a route no request
+# waits for.  tests/test_startpath.py reads every module of SERVERS and fails on any other import of the package.
+SERVERS = "oci_gpu_hook.serve"
+SERVER_OFF_PATH: dict[str, dict[str, str]] = {
+    "oci_gpu_hook.serve.planner.server": {"oci_gpu_hook.cliparse": "a usage error (argparse), never a request's"},
+    "oci_gpu_hook.serve.planner.endpoint": {
+        "oci_gpu_hook.cluster.metrics": "the metrics endpoint, a process of its own forked before any request",
+        "oci_gpu_hook.cluster.health": "the metrics endpoint's health samples, in that process"},
+    "oci_gpu_hook.serve.planner.worker": {"oci_gpu_hook.cluster.metrics": "a refused request's reason, in the "
+                                          "metrics' closed set (after the refusal is decided)"},
+}
+
 # Modules of the package off the path that a start-path module may reach, each on a route no container start takes.
 OFF_PATH: dict[str, dict[str, str]] = {
     "oci_gpu_hook.entry.cli": {"oci_gpu_hook.cliparse": "a usage error (argparse), never a hook's"},

@@ -415,11 +415,11 @@ class Watcher:
         return Outcome(worst.kind, "; ".join(o.text for o in outcomes) + links)
 
     def _dev_char_links(self, inventory: Inventory) -> str:
-        """The missing /dev/char links of the GPUs now there (:mod:`oci_gpu_hook.install.devchar`), as text to append to
+        """The missing /dev/char links of the GPUs now there (:mod:`oci_gpu_hook.cluster.devchar`), as text to append to
         the line: nothing when none was missing; a failure is said, and the spec's outcome stands."""
         if self.dev is None:
             return ""
-        from oci_gpu_hook.install import devchar
+        from oci_gpu_hook.cluster import devchar
 
         try:
             made = devchar.make_links(inventory, self.dev, devchar.state_for(self.dev))

@@ -101,7 +101,7 @@ def install_or_uninstall(opts: Options, only: set[str] | None, installer: Instal
             raise HookError(f"install --uninstall takes no {', '.join(given)}: it removes what the manifest lists")
         left = installer.uninstall(only)
         if only is None and not opts.dry_run:
-            from oci_gpu_hook.install import devchar
+            from oci_gpu_hook.cluster import devchar
 
             for line in devchar.uninstall_lines(installer.disk):
                 print(line)
@@ -131,7 +131,7 @@ def install_or_uninstall(opts: Options, only: set[str] | None, installer: Instal
         for item in items:
             if item.integration == "podman" and not any(e.startswith("podman:") for e in errors):
                 check_podman_hook(item.path, installer.disk, errors)
-    from oci_gpu_hook.install import devchar
+    from oci_gpu_hook.cluster import devchar
 
     for line in devchar.install_lines(config, installer.disk, opts.dry_run):  # runc under systemd needs them
         print(line)
