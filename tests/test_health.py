@@ -376,7 +376,7 @@ def test_a_wedged_uevent_holds_until_the_device_recovers_and_partitions_share_it
     monitor.sample(inventory)
     assert monitor.event(_wedged("0000:26:00.0"))
     monitor.sample(inventory)
-    states = {d.drm_name: monitor.of(d) for d in inventory.devices("amd")}
+    states = {d.drm_name: monitor.verdict_for(d) for d in inventory.devices("amd")}
     wedged = [name for name, v in states.items() if not v.healthy]
     assert len(wedged) == 8 and all(states[n].signal == "wedged" for n in wedged)
     assert states[wedged[0]].reason == "the driver declared it wedged (uevent WEDGED=rebind,bus-reset: a reset failed)"
@@ -812,7 +812,8 @@ def test_a_wedge_outlives_a_restart_of_the_driver_unless_the_gpu_was_rebound_mea
 
 
 def test_health_settings_come_from_the_config() -> None:
-    settings = Settings.of(Config(health_ue_start=3, health_ue_rise=1, health_hold=7, health_noexecute=("vanished",)))
+    settings = Settings.from_config(Config(health_ue_start=3, health_ue_rise=1, health_hold=7,
+                                           health_noexecute=("vanished",)))
     assert settings == Settings(3, 1, 7.0, ("vanished",))
     assert (settings.effect("vanished"), settings.effect("wedged")) == ("NoExecute", "NoSchedule")
 

@@ -63,8 +63,8 @@ class Verdict:
     since: float = 0.0  # wall clock (time.time()) when it turned Unhealthy
 
     @property
-    def text(self) -> str:
-        """``Healthy`` or ``Unhealthy: <reason>``."""
+    def status_line(self) -> str:
+        """``Healthy`` or ``Unhealthy: <reason>``: the device's health as ``list`` and ``inspect`` print it."""
         return HEALTHY if self.healthy else f"{UNHEALTHY}: {self.reason}"
 
 
@@ -79,7 +79,7 @@ class Settings:
     noexecute: tuple[str, ...] = ()
 
     @classmethod
-    def of(cls, config: Config) -> Settings:
+    def from_config(cls, config: Config) -> Settings:
         return cls(config.health_ue_start, config.health_ue_rise, float(config.health_hold),
                    tuple(config.health_noexecute))
 
@@ -432,7 +432,7 @@ class Monitor:
             gpu = self.gpus.get(pci_address)
             return gpu.verdict if gpu is not None else GOOD
 
-    def of(self, device: Device) -> Verdict:
+    def verdict_for(self, device: Device) -> Verdict:
         """A device's verdict: its GPU's."""
         return self.verdict(device.pci_address)
 
@@ -537,11 +537,12 @@ def _identity(path: str) -> list[int] | None:
 def resident_monitor(config: Config, state_dir: str, log: Callable[[str], None]) -> Monitor:
     """The monitor of a resident process (the device plugin, the DRA driver): the config's settings, the wedges it
     sees kept in ``state_dir`` (:data:`HEALTH_STATE`), so that a restart of the process forgets none."""
-    return Monitor(Settings.of(config), config.sysfs_root, log=log, state_file=os.path.join(state_dir, HEALTH_STATE))
+    return Monitor(Settings.from_config(config), config.sysfs_root, log=log,
+                   state_file=os.path.join(state_dir, HEALTH_STATE))
 
 
 def one_sample(config: Config, inventory: Inventory, log: Callable[[str], None] | None = None) -> dict[str, Verdict]:
     """What a one-shot command (``list``) can say: one sample, no uevents, counts against ``health_ue_start``;
     ``log``: where a counter file that is no counter is said."""
-    return Monitor(Settings.of(config), inventory.sysfs_root, log=log).sample(inventory)
+    return Monitor(Settings.from_config(config), inventory.sysfs_root, log=log).sample(inventory)
 

@@ -108,7 +108,7 @@ extern char **environ;
 
 static char **g_argv;
 static int g_argc;
-static const char *g_slow; /* why every container goes to Python (settings_as_baked), for the journal's line */
+static const char *g_python_reason; /* why every container goes to Python (settings_as_baked): the journal line */
 static char g_container[129]; /* the container the input names (the shim's argv, the state's id), for the journal */
 
 /* log.py to_syslog's ``container``: the first 128 bytes of the name the input gives */
@@ -579,9 +579,9 @@ static void to_python(const char *input, size_t len, int more)
     char **args;
     int i, n = 0;
     check_trust();
-    if (g_slow)
+    if (g_python_reason)
         to_syslog(OGH_SYSLOG_PRI_INFO, "%s: every create, run and hook starts Python until `oci-gpu-hook launchers` "
-                "(or install) is run again; handing over to Python", g_slow);
+                "(or install) is run again; handing over to Python", g_python_reason);
     if (input) {
         int fd = memfd_create("oci-gpu-hook-stdin", 0);
         size_t done = 0;
@@ -1264,8 +1264,8 @@ static int settings_as_baked(void)
     const char *path, *v;
     for (int i = 0; OGH_DEFAULTS[i]; i += 2)
         setenv(OGH_DEFAULTS[i], OGH_DEFAULTS[i + 1], 0);
-    if (!OGH_FAST) {
-        g_slow = "this launcher was built without a fast path for its config";
+    if (!OGH_FAST_PATH_BAKED) {
+        g_python_reason = "this launcher was built without a fast path for its config";
         return 0;
     }
     for (int i = 0; OGH_BOOL_ENV[i]; i++) {
@@ -1279,7 +1279,7 @@ static int settings_as_baked(void)
     if (strcmp(path ? path : OGH_DEFAULT_CONFIG, OGH_CONFIG_PATH) != 0)
         return 0;
     if (!config_as_baked(path != NULL)) {
-        g_slow = "the config file changed since this launcher was built";
+        g_python_reason = "the config file changed since this launcher was built";
         return 0;
     }
     return 1;

@@ -416,7 +416,7 @@ def front_header(name: str, directory: str, defaults: dict[str, str], trust: boo
     pairs = [x for item in defaults.items() for x in item]
     lines = [
         f"#define OGH_ROLE {ROLES[name]}",
-        f"#define OGH_FAST {int(bool(baked['fast']))}",
+        f"#define OGH_FAST_PATH_BAKED {int(bool(baked['fast']))}",
         f"#define OGH_CHECK_TRUST {int(trust)}",
         f"static const char OGH_PYTHON[] = {_c_string(sys.executable)};",
         f"static const char OGH_SCRIPT[] = {_c_string(os.path.join(directory, name + '.py'))};",

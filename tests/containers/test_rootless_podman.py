@@ -1,4 +1,4 @@
-"""Rootless podman on a node where ``install`` ran (issue 30, item 1): a normal user with subuid ranges runs
+"""Rootless podman on a node where ``install`` ran: a normal user with subuid ranges runs
 ``podman run`` without ``--hooks-dir``, and podman runs the precreate hook install put in
 /usr/share/containers/oci/hooks.d, which rootless podman reads like root's.
 

@@ -96,7 +96,7 @@ def command(args: list[str], config: Config) -> int:
             numa = "-" if device.numa is None else str(device.numa)
             print(f"{device.resource}  {device.id}  {device.qualified}  numa {numa}  "
                   f"hive {device.hive if device.hive is not None else '-'}  "
-                  f"{verdicts.get(device.parent, GOOD).text}")
+                  f"{verdicts.get(device.parent, GOOD).status_line}")
         for note in notes:
             print(f"# {note}")
         return 0

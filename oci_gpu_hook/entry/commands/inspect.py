@@ -30,7 +30,7 @@ def device_names(config: Config) -> dict[tuple[str, int, int], str]:
     for device in inventory.all_devices:
         part = "" if device.partition is None else f" partition {device.partition}"
         verdict = verdicts.get(device.pci_address)
-        health = f"; {verdict.text}" if verdict is not None and not verdict.healthy else ""
+        health = f"; {verdict.status_line}" if verdict is not None and not verdict.healthy else ""
         for node in device.all_nodes:
             if device.partition is None or node.number not in names:  # a part never renames its GPU's node
                 names[node.number] = (f"{device.kind} {device.label} {node.path} ({device.pci_address}{part})"

@@ -82,7 +82,7 @@ class Devices:
         self.config = config
         self.clock = clock or time.monotonic
         # a counter file that cannot be read is one line on the endpoint's stderr (the planner unit's journal)
-        self.monitor = Monitor(Settings.of(config), config.sysfs_root, log=say)
+        self.monitor = Monitor(Settings.from_config(config), config.sysfs_root, log=say)
         self.seen: dict[str, tuple[str, str, str]] = {}  # stable name -> (vendor, type, PCI address)
         self.last: list[DeviceRow] = []
         self.scanned: float | None = None  # self.clock() at the last scan

@@ -46,7 +46,6 @@ if TYPE_CHECKING:
 SO_PEERPIDFD = 77  # Linux 6.5: a pidfd of the process that connected, which no pid reuse can redirect
 PR_GET_SECUREBITS = 27
 COERCION_TARGETS = ("C.UTF-8", "C.utf8", "UTF-8")  # CPython's _TARGET_LOCALES (PEP 538)
-CLONE_NEWNS = 0x00020000
 
 
 # --- the front's credentials --------------------------------------------------------------------------------
@@ -221,18 +220,6 @@ def _same_file(fd: int, path: str) -> bool:
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
-def _setns(fd: int) -> None:
-    if hasattr(os, "setns"):
-        os.setns(fd, CLONE_NEWNS)
-        return
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.setns(fd, CLONE_NEWNS) != 0:
-        number = ctypes.get_errno()
-        raise OSError(number, os.strerror(number))
-
-
 def enter(request: Request) -> None:
     """Take the front's namespaces, root, working directory and umask: every path then means what it means to
     the front.  BadRequest where that cannot be (another user namespace; a live hook from other pid or cgroup
@@ -243,7 +230,9 @@ def enter(request: Request) -> None:
     if request.live and not (_same_file(pid, "/proc/self/ns/pid") and _same_file(cgroup, "/proc/self/ns/cgroup")):
         raise BadRequest("a live hook from another pid or cgroup namespace")
     if not _same_file(mnt, "/proc/self/ns/mnt"):
-        _setns(mnt)
+        from oci_gpu_hook.appliers.rootfs import enter_mount_namespace  # loaded before the fork (preload)
+
+        enter_mount_namespace(mnt)
     if not _same_file(root, "/"):
         os.fchdir(root)
         os.chroot(".")
