@@ -6,8 +6,9 @@ down the stack or stays on its floor (:data:`LAYERS`, top first):
 
 - ``entry/``: the command lines; the one place that knows every command, so nothing below it imports it (what a
   lower layer needs of it is passed in: the planner's ``launch``).
-- ``install/``: what runs once, at install (the launchers, the runtimes' configuration); it reads the planner's
-  constants to bake them into the launchers, so it sits above ``serve/``.
+- ``install/`` and ``fastpath/``'s Python: what runs once, at install (the launchers, the native front's build, the
+  runtimes' configuration); it reads the planner's constants to bake them into the launchers, so it sits above
+  ``serve/``.
 - ``serve/``: the per-container servers (the planner, the NRI plugin), on the start path; the planner's metrics
   endpoint serves ``cluster/``'s health and counters, so it sits above ``cluster/``.
 - ``cluster/``: the daemons beside the containers (device plugin, DRA driver, health, metrics, watch).
@@ -81,14 +82,15 @@ def inside(name: str, layer: str) -> bool:
     return name == layer or name.startswith(layer + ".")
 
 
-# Top first; a package not named here is the per-container pipeline, the bottom floor.
-LAYERS = ("entry", "install", "serve", "cluster")
+# Top first, a floor's packages together; a package not named here is the per-container pipeline, the bottom floor.
+# fastpath/'s Python is the native front's build, run at install (it bakes the planner's constants).
+LAYERS = (("entry",), ("install", "fastpath"), ("serve",), ("cluster",))
 
 
 def floor(name: str, package: str) -> int:
     """How far down the stack ``name`` sits: 0 for ``entry/``, len(LAYERS) for the pipeline."""
     for depth, layer in enumerate(LAYERS):
-        if inside(name, f"{package}.{layer}"):
+        if any(inside(name, f"{package}.{part}") for part in layer):
             return depth
     return len(LAYERS)
 
@@ -147,7 +149,9 @@ PLANTED = {
     "entry/cli.py": "PRECREATE = 'precreate'\n",
     "entry/serve.py": "from pkg.serve import planner\n",
     "install/__init__.py": "",
-    "install/launchers.py": "from ..entry import cli\nfrom pkg.serve import planner\n",
+    "install/launchers.py": "from ..entry import cli\nfrom pkg.serve import planner\nfrom pkg.fastpath import build\n",
+    "fastpath/__init__.py": "",
+    "fastpath/build.py": "from pkg.serve import planner\nfrom pkg.entry.cli import PRECREATE\n",
     "serve/__init__.py": "",
     "serve/planner.py": "def f():\n    from pkg.entry.cli import PRECREATE\n    return PRECREATE\n",
     "serve/nri.py": "from pkg.install import launchers\nfrom pkg.cluster import metrics\n",
@@ -175,7 +179,8 @@ def test_the_checks_find_what_was_planted(planted: dict[str, set[str]]) -> None:
     assert planted["pkg.plan"] == {"pkg.core.a"}
     assert upward(planted, "pkg") == [
         "pkg.cluster.watch imports pkg.entry.cli", "pkg.cluster.watch imports pkg.serve.nri",
-        "pkg.core.a imports pkg.cluster.watch", "pkg.install.launchers imports pkg.entry.cli",
+        "pkg.core.a imports pkg.cluster.watch", "pkg.fastpath.build imports pkg.entry.cli",
+        "pkg.install.launchers imports pkg.entry.cli",
         "pkg.serve.nri imports pkg.install.launchers", "pkg.serve.planner imports pkg.entry.cli"]
     assert cycles(planted) == [["pkg.core.a", "pkg.core.b", "pkg.core.c"]]
 
@@ -184,7 +189,7 @@ def test_the_package_is_read() -> None:
     graph = import_graph(PACKAGE)
     assert len(graph) > 50
     assert {"oci_gpu_hook.oci_argv", "oci_gpu_hook.errors"} <= graph["oci_gpu_hook.entry.runtime"]
-    assert "oci_gpu_hook.serve.planner" in graph["oci_gpu_hook.install.launchers"]  # a lazy import, inside a function
+    assert "oci_gpu_hook.serve.planner" in graph["oci_gpu_hook.fastpath.build"]  # a lazy import, inside a function
     assert "oci_gpu_hook.config" in graph["oci_gpu_hook.serve.planner.server"]  # under TYPE_CHECKING
 
 

@@ -23,13 +23,14 @@ from pathlib import Path
 
 import pytest
 
+from oci_gpu_hook.fastpath import build as fastbuild
 from oci_gpu_hook.install import launchers
 from oci_gpu_hook.serve import planner as planner_module
 from tests.conftest import need
 from tests.helpers import containerlib as cl
 from tests.helpers import plannerlib
 
-pytestmark = pytest.mark.skipif(launchers.find_cc() is None, reason="no C compiler")
+pytestmark = pytest.mark.skipif(fastbuild.find_cc() is None, reason="no C compiler")
 
 SEED_PCI = cl.SEED_PCI
 
@@ -128,22 +129,22 @@ def test_the_contract_is_baked_from_python(tmp_path: Path) -> None:
     from oci_gpu_hook.appliers.ocispec import LINKS_COMMAND
     from oci_gpu_hook.entry import cli
 
-    source = Path(launchers.FRONT_SOURCE).read_text()
-    header = launchers.front_header("oci-gpu-hook", str(tmp_path), {}, trust=False)
-    contract = launchers.front_contract()
+    source = Path(fastbuild.FRONT_SOURCE).read_text()
+    header = fastbuild.front_header("oci-gpu-hook", str(tmp_path), {}, trust=False)
+    contract = fastbuild.front_contract()
     for key, value in contract.items():
         assert f"OGH_{key}" in source.split("*/", 1)[1], key  # used in the code, not only in the comment
         if isinstance(value, list):
-            assert all(launchers._c_string(v) in header for v in value), key
+            assert all(fastbuild._c_string(v) in header for v in value), key
     assert set(contract["BOOL_WORDS"]) == config._TRUE | config._FALSE  # type: ignore[arg-type]
     assert contract["BOOL_ENV"] == ["OCI_GPU_HOOK_ALLOW_ENV_REQUESTS", "OCI_GPU_HOOK_DEBUG"]
     assert LINKS_COMMAND in cli.HOT_COMMANDS and contract["LINKS_COMMAND"] == LINKS_COMMAND
-    assert "cdi.k8s.io" in launchers.baked_settings({})["needles"]  # type: ignore[operator]
-    assert f"OGH_PLANNER_VERSION[] = {launchers._c_string(planner_module.version_line())}" in header
+    assert "cdi.k8s.io" in fastbuild.baked_settings({})["needles"]  # type: ignore[operator]
+    assert f"OGH_PLANNER_VERSION[] = {fastbuild._c_string(planner_module.version_line())}" in header
     top = source.split("*/", 1)[0]
     for python in ("config.py load_config", "check_value", "request.py requested", "oci_state.py parse_state",
                    "live.py run_links", "check_container", "rootfs.py make_nodes", "edits.py check_link",
-                   "runtime.py resolve_runtime", "planner/protocol.py", "launchers.py front_contract",
+                   "runtime.py resolve_runtime", "planner/protocol.py", "build.py front_contract",
                    "oci_spec.py ContainerSpec.root"):
         assert python in top, python
     # no contract word is spelled in the code by hand any more

@@ -20,14 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from oci_gpu_hook.install import launchers
+from oci_gpu_hook.fastpath import build as fastbuild
 from oci_gpu_hook.serve import planner as planner_module
 from tests.conftest import need
 from tests.helpers import containerlib as cl
 from tests.helpers import plannerlib
 from tests.test_planner import bundle_with, make_install, python_runs, spec_text, start_planner
 
-pytestmark = pytest.mark.skipif(launchers.find_cc() is None, reason="no C compiler")
+pytestmark = pytest.mark.skipif(fastbuild.find_cc() is None, reason="no C compiler")
 
 
 @pytest.fixture(scope="module")

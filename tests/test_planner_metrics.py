@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from oci_gpu_hook.cluster.metrics import ANSWER_BUCKETS, refusal_reason, start_line
-from oci_gpu_hook.install import launchers
+from oci_gpu_hook.fastpath import build as fastbuild
 from oci_gpu_hook.serve import planner as planner_module
 from tests.conftest import need
 from tests.helpers import containerlib as cl
@@ -34,7 +34,7 @@ from tests.helpers import plannerlib, wheellib
 from tests.test_metrics import Samples, devices, scrape
 from tests.test_planner import make_install, python_runs
 
-pytestmark = pytest.mark.skipif(launchers.find_cc() is None, reason="no C compiler")
+pytestmark = pytest.mark.skipif(fastbuild.find_cc() is None, reason="no C compiler")
 prometheus = pytest.importorskip("prometheus_client")  # the suite's; the wheel's venv gets this version
 
 STARTS = "oci_gpu_hook_planner_starts_total"

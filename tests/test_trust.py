@@ -508,12 +508,12 @@ def test_install_and_validate_walk_every_file_of_the_package_and_what_it_require
     user could change are each one line naming the entry, and install writes nothing."""
     from oci_gpu_hook.entry import cli
     from oci_gpu_hook.errors import HookError
+    from oci_gpu_hook.install import codepaths
     from oci_gpu_hook.install import guard as install_run
-    from oci_gpu_hook.install import launchers
 
     site = _site(tmp_path)
-    monkeypatch.setattr(launchers, "code_paths", lambda: [str(site)])
-    assert str(site / "oci_gpu_hook") in launchers.package_trees() and str(site / "dep") in launchers.package_trees()
+    monkeypatch.setattr(codepaths, "code_paths", lambda: [str(site)])
+    assert str(site / "oci_gpu_hook") in codepaths.package_trees() and str(site / "dep") in codepaths.package_trees()
     install_run.untrusted_code()  # all root's: nothing to say
     bad = {"package-dir-g+w": site / "oci_gpu_hook", "dependency-file-o+w": site / "dep" / "__init__.py",
            "dependency-owner": site / "dep" / "__init__.py", "link-out": site / "dep" / "mod.py",

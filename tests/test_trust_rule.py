@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from oci_gpu_hook import trust
-from oci_gpu_hook.install import launchers
+from oci_gpu_hook.fastpath import build as fastbuild
+from oci_gpu_hook.install import codepaths, launchers
 
 CALLER, OTHER = 1000, 1001  # the plain user every non-root context runs as, and a user who is nobody here
 pytestmark = pytest.mark.root("gcc", "setpriv", "unshare")  # files of several owners; a compiler for the front
@@ -154,10 +155,10 @@ def corpus() -> Iterator[tuple[Path, dict[str, str], Path, Path]]:
         shutil.copy(trust.__file__, tools / "trust.py")
         (tools / "rule.py").write_text(launchers.rule_text())
         header = tools / "baked.h"
-        header.write_text(launchers.front_header("oci-gpu-hook", str(tools), {}, True))
+        header.write_text(fastbuild.front_header("oci-gpu-hook", str(tools), {}, True))
         probe = tools / "probe"
         subprocess.run(["gcc", "-std=gnu11", "-O2", "-Wall", "-Wno-unused-function", f'-DOGH_BAKED="{header}"',
-                        "-DOGH_TRUST_PROBE", "-o", str(probe), launchers.FRONT_SOURCE], check=True, timeout=120)
+                        "-DOGH_TRUST_PROBE", "-o", str(probe), fastbuild.FRONT_SOURCE], check=True, timeout=120)
         for path in tools.iterdir():
             path.chmod(0o755)
         yield base, _make(base / "corpus"), tools, probe
@@ -226,12 +227,12 @@ def test_install_refuses_code_that_fails_the_rule(tmp_path: Path, monkeypatch: p
 
     mine = tmp_path / "root-site-packages"
     mine.mkdir(mode=0o755)
-    monkeypatch.setattr(launchers, "code_paths", lambda: [str(mine)])
+    monkeypatch.setattr(codepaths, "code_paths", lambda: [str(mine)])
     run.untrusted_code()  # root's alone: nothing to say
     writable = tmp_path / "site-packages"
     writable.mkdir()
     writable.chmod(0o777)
-    monkeypatch.setattr(launchers, "code_paths", lambda: [str(mine), str(writable)])
+    monkeypatch.setattr(codepaths, "code_paths", lambda: [str(mine), str(writable)])
     with pytest.raises(HookError) as err:
         run.untrusted_code()
     assert f"would run {writable}, which fails the trust rule: {writable} is writable by group and others" in str(

@@ -12,7 +12,7 @@ from tests.helpers import wheellib
 PACKAGE = wheellib.REPO / "oci_gpu_hook"
 # What the code opens at run time besides its modules (each named where it is read).
 RUNTIME_DATA = [
-    "oci_gpu_hook/fastpath/front.c",  # install/launchers.py FRONT_SOURCE
+    "oci_gpu_hook/fastpath/front.c",  # fastpath/build.py FRONT_SOURCE
     *[f"oci_gpu_hook/schemas/{p.name}" for p in sorted((wheellib.REPO / "schemas").glob("*.json"))],  # schemas.py
     "oci_gpu_hook/cluster/deviceplugin/api.proto",  # the device plugin's contract, next to its generated modules
 ]

@@ -1,7 +1,7 @@
 /* oci-gpu-hook native front: the part of a launcher that runs without Python.
  *
  * Built by `oci-gpu-hook launchers` / `install` with the system C compiler, once per launcher, with
- * the settings of that install baked in (a generated header, see oci_gpu_hook/install/launchers.py).
+ * the settings of that install baked in (a generated header, see oci_gpu_hook/fastpath/build.py).
  *
  *   shim (OGH_ROLE_SHIM): no argument is "create" or "run"  -> exec the real runtime at once
  *                         (pass-through only compares the config file with the bytes baked, never starts Python);
@@ -32,10 +32,10 @@
  * rootless one also takes what only its user, or root as its user namespace shows root, could change).
  *
  * The fast-path contract -- every name and word the front compares that Python defines -- is not spelled here:
- * oci_gpu_hook/install/launchers.py front_contract takes each from where Python defines it and bakes it as OGH_<KEY>
+ * oci_gpu_hook/fastpath/build.py front_contract takes each from where Python defines it and bakes it as OGH_<KEY>
  * (the bool words and variables, the config and runtime variables, the rewrite and hook commands, the links
  * command, its directory and node names, the default PATH, the planner's socket, variable and bound); the
- * request names and "cdi.k8s.io" are OGH_NEEDLES and the request names as spelled OGH_REQUEST_NAMES (launchers.py
+ * request names and "cdi.k8s.io" are OGH_NEEDLES and the request names as spelled OGH_REQUEST_NAMES (build.py
  * baked_settings), the words that ask for nothing OGH_NO_REQUEST_WORDS (front_contract, from request.py NO_GPU),
  * the config.json field names OGH_FIELD_NAMES (oci_spec.py _FIELDS), the planner's version line
  * OGH_PLANNER_VERSION (planner/protocol.py version_line).
@@ -43,7 +43,7 @@
  * The Python each part mirrors:
  *   settings_as_baked   oci_gpu_hook/config.py load_config (env values: check_value of the bool fields),
  *                       the launcher's os.environ.setdefault of the baked defaults,
- *                       oci_gpu_hook/install/launchers.py baked_settings (the config bytes baked)
+ *                       oci_gpu_hook/fastpath/build.py baked_settings (the config bytes baked)
  *   trusted, read_identity  oci_gpu_hook/trust.py walk_problem, identity (the one trust rule: config.py
  *                       check_trusted, code_problem; tests/test_trust_rule.py holds them to each other)
  *   load_pins, pin_kept oci_gpu_hook/trust.py load_pins, pin_problem (the install's pins, rootless only)

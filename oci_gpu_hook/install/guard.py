@@ -61,7 +61,7 @@ def untrusted_code() -> None:
     rule every launcher checks at each start, :func:`oci_gpu_hook.trust.code_problem`): said now, once, rather than
     by every container start; and a rootless user's hook, which cannot tell root's files from another user's, is
     never installed over such code."""
-    from oci_gpu_hook.install.launchers import code_paths, stdlib_paths, venv_config
+    from oci_gpu_hook.install.codepaths import code_paths, stdlib_paths, venv_config
     from oci_gpu_hook.trust import code_problem
 
     for path in [sys.executable, *code_paths(), *stdlib_paths(), *venv_config()]:
@@ -78,7 +78,7 @@ def untrusted_code() -> None:
 def package_problem() -> str | None:
     """Why some file of the package or of what it requires fails the trust rule (each walked once: a launcher only
     walks down to their site-packages at each start), or None: install and ``validate`` say it."""
-    from oci_gpu_hook.install.launchers import package_trees
+    from oci_gpu_hook.install.codepaths import package_trees
     from oci_gpu_hook.trust import tree_problem, trusted_owners
 
     for top in package_trees():
@@ -111,7 +111,7 @@ def install_or_uninstall(opts: Options, only: set[str] | None, installer: Instal
                             "above says why and what to do); the manifest and backups are kept for the next "
                             "install --uninstall")
         return 0
-    from oci_gpu_hook.install.launchers import editable_reason
+    from oci_gpu_hook.install.codepaths import editable_reason
 
     editable = editable_reason()
     if editable and not opts.allow_editable:

@@ -1,4 +1,6 @@
-"""Launchers: what runtimes and hooks.d run on every container start.
+"""Launchers: what runtimes and hooks.d run on every container start, and the files ``launchers`` and ``install``
+write for them: the Python launchers' text (here), the native front (baked and compiled by
+:mod:`oci_gpu_hook.fastpath.build`), the install's pins (:mod:`oci_gpu_hook.pins`).
 
 Two kinds, written by ``oci-gpu-hook launchers DIR`` (and ``install``):
 
@@ -6,7 +8,8 @@ Two kinds, written by ``oci-gpu-hook launchers DIR`` (and ``install``):
   with ``--native``): ``DIR/oci-gpu-hook``
   and ``DIR/oci-gpu-runtime`` are compiled from ``oci_gpu_hook/fastpath/front.c`` with this install's
   settings baked in (interpreter, sys.path, ``--set`` defaults, the config file's bytes, its runtime, every
-  request variable name, the field names of config.json, the fast-path contract of :func:`front_contract`, the
+  request variable name, the field names of config.json, the fast-path contract of
+  :func:`oci_gpu_hook.fastpath.build.front_contract`, the
   planner's version line).  When there is nothing to do (a pass-through runtime command; a container that
   certainly asks for no device) they do it without starting Python, and so do they make the ``links`` hook's
   /dev/dri/by-path links; otherwise they ask the resident planner (``oci-gpu-hook serve``,
@@ -48,7 +51,9 @@ import os
 import sys
 
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.request import CDI_ANNOTATION_PREFIX
+from oci_gpu_hook.fastpath import build
+from oci_gpu_hook.install import codepaths
+from oci_gpu_hook.pins import PINS_NAME
 
 LAUNCHER = """#!{python} -IS
 # Lean launcher written by `oci-gpu-hook launchers`: isolated mode (-I: no
@@ -89,7 +94,6 @@ PINNED = """if PINS:
     from oci_gpu_hook import trust as _trust
     _trust.PINS.update(PINS)
 """
-PINS_NAME = "install.pins"  # beside the launchers: trust.pins_of, written by `launchers` and `install`
 RULE_BEGINS = "# --- the rule begins"
 RULE_ENDS = "# --- the rule ends"
 
@@ -106,10 +110,6 @@ def rule_text() -> str:
 
 # launcher file name -> module whose main() it runs
 LAUNCHERS = (("oci-gpu-hook", "entry.cli"), ("oci-gpu-runtime", "entry.runtime"))
-ROLES = {"oci-gpu-hook": 2, "oci-gpu-runtime": 1}  # OGH_ROLE_HOOK, OGH_ROLE_SHIM in front.c
-FRONT_SOURCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fastpath", "front.c")
-PREBUILT_DIR = os.path.join(os.path.dirname(FRONT_SOURCE), "prebuilt")
-CDI_NEEDLE = CDI_ANNOTATION_PREFIX.rstrip("/")  # without its '/': '\/' in JSON spells that slash too
 
 
 def launcher_defaults(items: list[str], command: str) -> dict[str, str]:
@@ -178,89 +178,6 @@ def baked_defaults(directory: str) -> dict[str, str] | None:
     return None
 
 
-# What site-packages and stdlib directories the interpreter has when ``site`` runs at its start-up.
-_STARTUP_PATHS = ("import site, sysconfig; print(repr((site.getsitepackages(), "
-                  "[sysconfig.get_path(n) for n in ('stdlib', 'platstdlib')])))")
-_PATHS: list[list[str]] = []
-
-
-def _startup_paths() -> list[list[str]]:
-    """[site-packages, stdlib directories] of this interpreter's environment as ``site`` sets them up.  Under
-    ``python -S`` (an installed launcher runs so) ``site`` did not run and ``sys.prefix`` is the base interpreter's,
-    not the virtual environment's: then the interpreter itself is asked, with ``site``."""
-    if not _PATHS:
-        if sys.flags.no_site:
-            import ast
-            import subprocess
-
-            done = subprocess.run([sys.executable, "-I", "-c", _STARTUP_PATHS], capture_output=True, text=True,
-                                  timeout=120)
-            if done.returncode != 0:
-                raise HookError(f"cannot ask {sys.executable} for its site-packages: {done.stderr.strip()[:500]}")
-            _PATHS.extend(ast.literal_eval(done.stdout.strip()))
-        else:
-            import site
-            import sysconfig
-
-            _PATHS.extend([site.getsitepackages(), [sysconfig.get_path(n) for n in ("stdlib", "platstdlib")]])
-    return _PATHS
-
-
-def site_packages() -> list[str]:
-    """The site-packages directories of this interpreter's environment, whether or not ``site`` ran here."""
-    return list(_startup_paths()[0])
-
-
-def _package_parent() -> str:
-    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def code_paths() -> list[str]:
-    """Where a launcher loads code from: this package's parent and the environment's site-packages."""
-    return list(dict.fromkeys([_package_parent(), *site_packages()]))
-
-
-def package_trees() -> list[str]:
-    """What the package and every distribution it requires (recursively, its extras' too: whatever of them is
-    installed) put on disk: the top-level files and directories of each in its site-packages, and each file it put
-    elsewhere (a script in bin/), from their installed records (``RECORD``); and the package's own directory (an
-    editable install's records do not name it).  What install and ``validate`` walk
-    in full (:func:`oci_gpu_hook.trust.tree_problem`): a launcher walks only down to site-packages at each start."""
-    import importlib.metadata
-    import re
-
-    search = code_paths()
-    todo, seen, trees = ["oci-gpu-hook"], set(), {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
-    while todo:
-        name = re.sub(r"[-_.]+", "-", todo.pop()).lower()
-        found = next(iter(importlib.metadata.distributions(name=name, path=search)), None)
-        if name in seen or found is None:
-            continue
-        seen.add(name)
-        for file in found.files or []:
-            top = file.parts[0] if file.parts and file.parts[0] != ".." else file
-            trees.add(os.path.normpath(os.path.abspath(str(found.locate_file(top)))))
-        todo.extend(m.group() for m in (re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", r) for r in found.requires or [])
-                    if m)
-    return sorted(trees)
-
-
-def stdlib_paths() -> list[str]:
-    return [p for p in dict.fromkeys(_startup_paths()[1]) if p and os.path.isdir(p)]
-
-
-def editable_reason() -> str | None:
-    """Why this is an editable (development) install, or None: the package must live in a site-packages
-    directory of the interpreter."""
-    package_parent = _package_parent()
-    inside = [p for p in site_packages() if package_parent == os.path.normpath(p)]
-    if not inside:
-        return (f"the package is loaded from {package_parent}, outside site-packages (an editable install?); "
-                "install it into a root-owned environment (python3 -m venv /opt/oci-gpu-hook && "
-                "/opt/oci-gpu-hook/bin/pip install .), or pass --allow-editable")
-    return None
-
-
 def launcher_text(module: str, defaults: dict[str, str], *, trust: bool = False, runtime: str = "runc",
                   argv0: str | None = None, pins: str = "") -> str:
     """The Python launcher that runs ``oci_gpu_hook.<module>.main`` (shared by `launchers` and `install`).
@@ -269,10 +186,10 @@ def launcher_text(module: str, defaults: dict[str, str], *, trust: bool = False,
     user (the shim still execs ``runtime`` for a pass-through command).  ``argv0``: the native front
     this launcher stands behind, so that the shim knows itself.  ``pins``: the install's pins file
     (:data:`PINS_NAME`), read where root shows as the overflow uid (:func:`oci_gpu_hook.trust.load_pins`)."""
-    paths = [p for p in code_paths() if os.path.isdir(p)]
+    paths = [p for p in codepaths.code_paths() if os.path.isdir(p)]
     trust_text = ""
     if trust:
-        checked = [sys.executable, *paths, *stdlib_paths(), *venv_config()]
+        checked = [sys.executable, *paths, *codepaths.stdlib_paths(), *codepaths.venv_config()]
         trust_text = TRUST.format(rule=rule_text(), checked=checked, passthrough=module == "entry.runtime",
                                   runtime=runtime, pins=pins)
     if argv0:
@@ -283,229 +200,11 @@ def launcher_text(module: str, defaults: dict[str, str], *, trust: bool = False,
                            main_args=main_args, pinned=PINNED if trust else "")
 
 
-def find_cc() -> str | None:
-    import shutil
-
-    for name in (os.environ.get("CC"), "cc", "gcc"):
-        if name:
-            found = shutil.which(name)
-            if found:
-                return found
-    return None
-
-
-def _c_string(text: str) -> str:
-    return _c_bytes(text.encode("utf-8", "surrogateescape"))
-
-
-def _c_bytes(data: bytes) -> str:
-    """A C string literal of exactly ``data`` (NUL bytes and all), 64 bytes a line."""
-    def line(chunk: bytes) -> str:
-        return '"' + "".join(chr(b) if 0x20 <= b < 0x7F and b not in b'"\\?' else f"\\{b:03o}" for b in chunk) + '"'
-
-    return "\n    ".join(line(data[i:i + 64]) for i in range(0, len(data), 64)) if data else '""'
-
-
-def _c_list(items: list[str]) -> str:
-    return "{" + ", ".join([*(_c_string(i) for i in items), "NULL"]) + "}"
-
-
-MAX_BAKED_CONFIG = 1 << 20  # a config file larger than this bakes no fast path
-
-
-def baked_settings(defaults: dict[str, str]) -> dict[str, object]:
-    """What the native front needs to know about this install's config, read as a container start reads it
-    (the environment of the runtime is unknown here: only the baked defaults count).  ``content``: the bytes of
-    the config file the settings were parsed from (None: no file)."""
-    from oci_gpu_hook import config as cfg
-
-    fast = True
-    for key, value in defaults.items():
-        field = next((name for name, f in cfg.FIELDS.items() if f.env == key), None)
-        if field:
-            try:
-                cfg.check_value(field, value, f"environment variable {key}")
-            except HookError:
-                fast = False
-    path = defaults.get("OCI_GPU_HOOK_CONFIG") or cfg.DEFAULT_CONFIG_PATH
-    if not path.startswith("/"):
-        fast = False  # Python reads it from another working directory than the front would
-    values: dict[str, object] = {}
-    content = None
-    try:
-        from oci_gpu_hook.trust import read_regular
-
-        content = read_regular(path, cfg.check_trusted(path))  # the very file checked, through its descriptor
-        values = cfg.parse_bytes(content, f"config file {path}")  # the settings of exactly the bytes baked
-    except FileNotFoundError:
-        if defaults.get("OCI_GPU_HOOK_CONFIG"):
-            fast = False
-    except (OSError, HookError):
-        fast = False
-    if content is not None and len(content) > MAX_BAKED_CONFIG:
-        fast = False
-    names = {name for names in cfg.FIELDS["request_env"].default.values() for name in names}
-    for names_of_kind in dict(values.get("request_env") or {}).values():  # type: ignore[call-overload]
-        names.update(names_of_kind)
-    return {"fast": fast, "path": path, "content": content if fast else None,
-            "runtime": values.get("runtime", cfg.FIELDS["runtime"].default),
-            "syslog": values.get("syslog", cfg.FIELDS["syslog"].default),
-            "needles": sorted({n.lower() for n in names} | {CDI_NEEDLE}), "request_names": sorted(names)}
-
-
-def _spec_field_names() -> list[str]:
-    """Every field name of config.json whose spelling :func:`oci_gpu_hook.oci_spec.loads` checks."""
-    from oci_gpu_hook.oci_spec import _FIELDS
-
-    return sorted({name for names in _FIELDS.values() for name in names})
-
-
-def front_contract() -> dict[str, str | list[str] | int]:
-    """The fast-path contract: every name, word and path the front compares or uses that the Python path
-    defines, each taken from where Python defines it (``oci_gpu_hook/fastpath/front.c`` names them
-    ``OGH_<KEY>``; its header says which Python function each part of the front mirrors)."""
-    from oci_gpu_hook import LIVE_COMMANDS, PRECREATE, config, log, oci_argv, trust
-    from oci_gpu_hook.appliers.ocispec import LINKS_COMMAND
-    from oci_gpu_hook.core.edits import BY_PATH_DIR, LINK_NODES
-    from oci_gpu_hook.request import NO_GPU
-    from oci_gpu_hook.serve import planner
-
-    return {
-        "BOOL_WORDS": sorted(config._TRUE | config._FALSE),  # config.check_value of a bool from the environment
-        "BOOL_ENV": sorted(f.env for f in config.FIELDS.values() if f.type == "bool" and f.env),
-        "NO_REQUEST_WORDS": sorted(NO_GPU),  # request.py _requested: a value that asks for nothing
-        "CONFIG_ENV": config.CONFIG_ENV,
-        "RUNTIME_ENV": str(config.FIELDS["runtime"].env),
-        "REWRITE_COMMANDS": sorted(oci_argv.REWRITE_COMMANDS),
-        "VERSION_ARGS": list(oci_argv.VERSION_ARGS),
-        "DEFAULT_PATH": oci_argv.DEFAULT_PATH,
-        "HOOK_COMMANDS": sorted({PRECREATE, *LIVE_COMMANDS}),
-        "PRECREATE": PRECREATE,
-        "LINKS_COMMAND": LINKS_COMMAND,
-        "BY_PATH_DIR": BY_PATH_DIR,
-        "LINK_NODES": list(LINK_NODES),
-        "PLANNER_ENV": planner.SOCKET_ENV,
-        "PLANNER_SOCKET": planner.DEFAULT_SOCKET,
-        "PLANNER_TIMEOUT_MS": planner.ANSWER_TIMEOUT_MS,
-        "SYSLOG_SOCKET": log.SYSLOG_SOCKET,  # the journal's line (log.py to_syslog)
-        "SYSLOG_PRI_ERR": log.SYSLOG_FACILITY * 8 + log.SEVERITY["error"],
-        "SYSLOG_PRI_INFO": log.SYSLOG_FACILITY * 8 + log.SEVERITY["info"],
-        "SYSLOG_MAX": log.SYSLOG_MAX,  # log.py syslog_text: the bytes of MESSAGE kept
-        "PROGRAM": log.PROGRAM,
-        "PINS_NAME": PINS_NAME,  # trust.load_pins: the install's pins, beside the launchers
-        "MAX_PINS": trust.MAX_PINS,  # trust.read_pins: a larger pins file is not read at all
-    }
-
-
-def _c_definition(key: str, value: str | list[str] | int) -> str:
-    if isinstance(value, int):
-        return f"#define OGH_{key} {value}"
-    if isinstance(value, list):
-        return f"static const char *const OGH_{key}[] = {_c_list(value)};"
-    return f"static const char OGH_{key}[] = {_c_string(value)};"
-
-
-def front_header(name: str, directory: str, defaults: dict[str, str], trust: bool) -> str:
-    from oci_gpu_hook import __version__
-    from oci_gpu_hook.config import DEFAULT_CONFIG_PATH
-    from oci_gpu_hook.serve.planner import version_line
-
-    baked = baked_settings(defaults)
-    content = baked["content"]
-    assert content is None or isinstance(content, bytes)
-    pairs = [x for item in defaults.items() for x in item]
-    lines = [
-        f"#define OGH_ROLE {ROLES[name]}",
-        f"#define OGH_FAST_PATH_BAKED {int(bool(baked['fast']))}",
-        f"#define OGH_CHECK_TRUST {int(trust)}",
-        f"static const char OGH_PYTHON[] = {_c_string(sys.executable)};",
-        f"static const char OGH_SCRIPT[] = {_c_string(os.path.join(directory, name + '.py'))};",
-        f"static const char *const OGH_CODE_PATHS[] = "
-        f"{_c_list([p for p in code_paths() if os.path.isdir(p)] + stdlib_paths() + venv_config())};",
-        f"static const char *const OGH_DEFAULTS[] = {_c_list(pairs)};",
-        f"static const char OGH_DEFAULT_CONFIG[] = {_c_string(DEFAULT_CONFIG_PATH)};",
-        f"static const char OGH_CONFIG_PATH[] = {_c_string(str(baked['path']))};",
-        f"static const char OGH_RUNTIME[] = {_c_string(str(baked['runtime']))};",
-        f"#define OGH_SYSLOG {int(bool(baked['syslog']))}",
-        f"static const char *const OGH_NEEDLES[] = {_c_list(list(baked['needles']))};",  # type: ignore[call-overload]
-        f"static const char *const OGH_REQUEST_NAMES[] = "
-        f"{_c_list(list(baked['request_names']))};",  # type: ignore[call-overload]
-        f"static const char *const OGH_FIELD_NAMES[] = {_c_list(_spec_field_names())};",
-        f"static const char OGH_VERSION_LINE[] = {_c_string(f'oci-gpu-runtime {__version__}')};",
-        f"#define OGH_CONFIG_EXISTS {int(content is not None)}",
-        f"#define OGH_CONFIG_LEN {len(content or b'')}",
-        f"static const char OGH_CONFIG_BYTES[] = {_c_bytes(content or b'')};",
-        f"static const char OGH_ROLE_NAME[] = {_c_string(name)};",
-        f"static const char OGH_SELF[] = {_c_string(os.path.join(directory, name))};",
-        f"static const char OGH_PLANNER_VERSION[] = {_c_string(version_line())};",
-        *(_c_definition(key, value) for key, value in front_contract().items()),
-    ]
-    return "\n".join(lines) + "\n"
-
-
-NATIVE_FIX = " (or pass --no-native for the Python launchers, ~+15 ms per container start)"
-
-
-def front_problem() -> str | None:
-    """Why the native front cannot be built from this install, before trying: its source is not there."""
-    if not os.path.isfile(FRONT_SOURCE):
-        return (f"no {FRONT_SOURCE} in this install of oci-gpu-hook (a wheel built without its package data?); "
-                "reinstall the package from a complete wheel or source tree")
-    return None
-
-
-def compile_problem(cc: str, stderr: str) -> str:
-    """One line for a failed compile: a missing header says which and how to get it; else the first error."""
-    import re
-
-    # gcc: "fatal error: stdio.h: No such file or directory"; clang: "fatal error: 'stdio.h' file not found"
-    missing = re.search(r"fatal error: (?:([^\s:']+): No such file or directory|'([^']+)' file not found)", stderr)
-    if missing:
-        return (f"the C headers are missing ({missing.group(1) or missing.group(2)} not found by {cc}): install them "
-                "(Debian/Ubuntu: apt-get install libc6-dev; Fedora/RHEL: dnf install glibc-devel)")
-    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
-    first = next((line for line in lines if "error" in line), lines[0] if lines else "no output")
-    return f"compiling {FRONT_SOURCE} with {cc} failed: {first[:300]}"
-
-
-def front_key(header: str) -> str:
-    """The name of a prebuilt front: the SHA-256 of ``front.c`` and of its baked header."""
-    import hashlib
-
-    with open(FRONT_SOURCE, "rb") as handle:
-        source = handle.read()
-    return hashlib.sha256(source + b"\0" + header.encode("utf-8", "surrogateescape")).hexdigest()
-
-
-def compile_front(name: str, directory: str, defaults: dict[str, str], trust: bool, cc: str,
-                  flags: tuple[str, ...] = ()) -> bytes:
-    """The native front of launcher ``name`` for ``directory``, compiled with ``cc`` (and ``flags``)."""
-    import subprocess
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="oci-gpu-hook-front-") as tmp:
-        header = os.path.join(tmp, "baked.h")
-        with open(header, "w", encoding="utf-8") as handle:
-            handle.write(front_header(name, directory, defaults, trust))
-        out = os.path.join(tmp, name)
-        cmd = [cc, "-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", f'-DOGH_BAKED="{header}"', *flags,
-               "-o", out, FRONT_SOURCE]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-        except OSError as err:
-            raise HookError(f"cannot build the native front: running the C compiler {cc} failed "
-                            f"({err.strerror}){NATIVE_FIX}") from None
-        if proc.returncode != 0:
-            raise HookError(f"cannot build the native front: {compile_problem(cc, proc.stderr)}{NATIVE_FIX}")
-        with open(out, "rb") as handle:
-            return handle.read()
-
-
 def prebuilt_fronts(directory: str, defaults: dict[str, str], trust: bool) -> dict[str, bytes] | None:
     """Every launcher's prebuilt front for this install (:data:`PREBUILT_DIR`), or None where one is missing."""
     fronts = {}
     for name, _module in LAUNCHERS:
-        path = os.path.join(PREBUILT_DIR, front_key(front_header(name, directory, defaults, trust)))
+        path = os.path.join(build.PREBUILT_DIR, build.front_key(build.front_header(name, directory, defaults, trust)))
         try:
             with open(path, "rb") as handle:
                 fronts[name] = handle.read()
@@ -520,16 +219,16 @@ def prebuild_fronts(items: list[str], flags: list[str]) -> list[str]:
     from oci_gpu_hook.atomic import write_atomic
     from oci_gpu_hook.install.paths import LAUNCHER_DIR
 
-    cc = find_cc()
+    cc = build.find_cc()
     if cc is None:
         raise HookError("prebuild_fronts: no C compiler found (set CC, or install gcc)")
     defaults = launcher_defaults(items, "install")
     check_live_config(defaults)
-    os.makedirs(PREBUILT_DIR, exist_ok=True)
+    os.makedirs(build.PREBUILT_DIR, exist_ok=True)
     written = []
     for name, _module in LAUNCHERS:
-        path = os.path.join(PREBUILT_DIR, front_key(front_header(name, LAUNCHER_DIR, defaults, True)))
-        write_atomic(path, compile_front(name, LAUNCHER_DIR, defaults, True, cc, tuple(flags)), 0o755)
+        path = os.path.join(build.PREBUILT_DIR, build.front_key(build.front_header(name, LAUNCHER_DIR, defaults, True)))
+        write_atomic(path, build.compile_front(name, LAUNCHER_DIR, defaults, True, cc, tuple(flags)), 0o755)
         written.append(path)
     return written
 
@@ -556,16 +255,17 @@ def launcher_files(directory: str, defaults: dict[str, str], *, native: bool | N
     launchers with a note on stderr; True = a native front or an error; False = Python launchers only.
     ``trust``: the launchers check that what they run is root's (off for tests and editable installs)."""
     check_live_config(defaults)
-    cc = find_cc() if native is not False else None
+    cc = build.find_cc() if native is not False else None
     prebuilt = None
-    if native is not False and not cc and not front_problem():
+    if native is not False and not cc and not build.front_problem():
         prebuilt = prebuilt_fronts(directory, defaults, trust)
     if native and not cc and not prebuilt:
-        raise HookError(f"cannot build the native front: no C compiler found (set CC, or install gcc){NATIVE_FIX}")
+        raise HookError("cannot build the native front: no C compiler found (set CC, or install gcc)"
+                        f"{build.NATIVE_FIX}")
     if cc:
-        problem = front_problem()
+        problem = build.front_problem()
         if problem:
-            raise HookError(f"cannot build the native front: {problem}{NATIVE_FIX}")
+            raise HookError(f"cannot build the native front: {problem}{build.NATIVE_FIX}")
     elif native is None and not prebuilt:
         sys.stderr.write("oci-gpu-hook: note: no C compiler found (CC, cc, gcc): writing the Python launchers, "
                          "which start Python on every container (install gcc and run again for the native front; "
@@ -579,7 +279,7 @@ def launcher_files(directory: str, defaults: dict[str, str], *, native: bool | N
                                                                         pins=pins).encode()))
             continue
         front = os.path.join(directory, name)
-        files.append((front, prebuilt[name] if prebuilt else compile_front(name, directory, defaults, trust,
+        files.append((front, prebuilt[name] if prebuilt else build.compile_front(name, directory, defaults, trust,
                                                                             str(cc))))
         files.append((front + ".py", launcher_text(module, defaults, trust=trust, runtime=_runtime(defaults),
                                                    argv0=front, pins=pins).encode()))
@@ -589,44 +289,17 @@ def launcher_files(directory: str, defaults: dict[str, str], *, native: bool | N
 
 
 def install_pins(directory: str, defaults: dict[str, str]) -> str:
-    """The pins file (:data:`PINS_NAME`) of launchers written into ``directory``: every entry of the install's own
-    that their trust checks walk (the virtual environment and everything in it they meet, the site-packages holding
-    the package, the config file and its directory unless that is sticky, as /tmp is, where any user may add a
-    file), except ``directory`` and what lies above it, which the write itself changes (docs/security.md).  Nothing
-    comes and goes in them: the DaemonSet's lock of an environment lies beside it, not in it.  Over
-    :data:`oci_gpu_hook.trust.MAX_PINS` bytes, which no reader would take: a HookError, nothing written."""
-    import stat
+    """The pins file (:data:`~oci_gpu_hook.pins.PINS_NAME`) of launchers written into ``directory``, from what this
+    install runs code from and its config file (:func:`oci_gpu_hook.pins.pins_file_text`)."""
+    from oci_gpu_hook import pins
 
-    from oci_gpu_hook import trust
-
-    config = str(baked_settings(defaults)["path"])
-    prefix = os.path.dirname(os.path.dirname(sys.executable))
-    paths = [p for p in code_paths() if os.path.isdir(p)]
-    roots = [*paths, config, *([prefix] if venv_config() else [])]
-    try:
-        if not os.stat(os.path.dirname(config)).st_mode & stat.S_ISVTX:
-            roots.append(os.path.dirname(config))
-    except OSError:
-        roots.append(os.path.dirname(config))  # pinned absent: its making changes what a rootless hook trusts
-    walked = [sys.executable, *paths, *stdlib_paths(), *venv_config(), config]
-    text = trust.pins_text(trust.pins_of(walked, roots, [os.path.abspath(directory)]))
-    size = len(text.encode("utf-8", "surrogateescape"))
-    if size > trust.MAX_PINS:
-        raise HookError(f"the pins of this install ({os.path.join(directory, PINS_NAME)}) would take {size} bytes, "
-                        f"more than the {trust.MAX_PINS} a rootless hook reads (paths this long or this many "
-                        "symlinks on the way to the environment or the config?); nothing is written")
-    return text
-
-
-def venv_config() -> list[str]:
-    """The virtual environment's ``pyvenv.cfg`` (which names the interpreter's home, its standard library: read by
-    every start of the interpreter), or nothing outside a virtual environment."""
-    path = os.path.join(os.path.dirname(os.path.dirname(sys.executable)), "pyvenv.cfg")
-    return [path] if os.path.isfile(path) else []
+    return pins.pins_file_text(directory, str(build.baked_settings(defaults)["path"]),
+                               [p for p in codepaths.code_paths() if os.path.isdir(p)], codepaths.stdlib_paths(),
+                               codepaths.venv_config())
 
 
 def _runtime(defaults: dict[str, str]) -> str:
-    runtime = baked_settings(defaults)["runtime"]
+    runtime = build.baked_settings(defaults)["runtime"]
     return str(runtime)
 
 

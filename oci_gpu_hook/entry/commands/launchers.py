@@ -26,7 +26,8 @@ def run(args: list[str], config: Config) -> int:
     parser.add_argument("--allow-editable", action="store_true",
                         help="allow a package outside site-packages (a development checkout)")
     opts = parser.parse_args(args)
-    from oci_gpu_hook.install.launchers import editable_reason, for_pods, launcher_defaults, write_launchers
+    from oci_gpu_hook.install.codepaths import editable_reason
+    from oci_gpu_hook.install.launchers import for_pods, launcher_defaults, write_launchers
     from oci_gpu_hook.install.paths import LAUNCHER_DIR
 
     defaults = launcher_defaults(opts.set, "launchers")

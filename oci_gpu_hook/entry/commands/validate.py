@@ -70,8 +70,8 @@ def _check_pins() -> str:
     """What a rootless hook makes of the install's pins (docs/security.md): one line, or the error that every
     rootless GPU request would meet."""
     from oci_gpu_hook import trust
-    from oci_gpu_hook.install.launchers import PINS_NAME
     from oci_gpu_hook.install.paths import LAUNCHER_DIR
+    from oci_gpu_hook.pins import PINS_NAME
 
     path = os.path.join(LAUNCHER_DIR, PINS_NAME)
     if not os.path.exists(path):

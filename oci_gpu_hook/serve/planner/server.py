@@ -39,6 +39,7 @@ PR_SET_PDEATHSIG = 1
 PRELOAD_STDLIB = ("tomllib", "fcntl", "ctypes", "resource", "select", "traceback", "locale", "codecs", "io", "json",
                   "array", "struct", "encodings.utf_8", "encodings.latin_1", "encodings.ascii")
 NOT_PRELOADED = ("oci_gpu_hook.install", "oci_gpu_hook.serve", "oci_gpu_hook.cluster", "oci_gpu_hook.fastpath",
+                 "oci_gpu_hook.pins",
                  "oci_gpu_hook.models", "oci_gpu_hook.schemas", "oci_gpu_hook.entry.commands",
                  "oci_gpu_hook.appliers.cdi")
 
