@@ -129,11 +129,14 @@ def test_the_contract_is_baked_from_python(tmp_path: Path) -> None:
     from oci_gpu_hook.appliers.ocispec import LINKS_COMMAND
     from oci_gpu_hook.entry import cli
 
-    source = Path(fastbuild.FRONT_SOURCE).read_text()
+    top, code = Path(fastbuild.FRONT_SOURCE).read_text().split("*/", 1)
+    parts = [Path(path).read_text().split("*/", 1) for path in fastbuild.front_sources()[1:]]
+    assert all("Mirrors: oci_gpu_hook/" in head for head, _body in parts)  # each part names the Python it mirrors
+    code += "".join(body for _head, body in parts)
     header = fastbuild.front_header("oci-gpu-hook", str(tmp_path), {}, trust=False)
     contract = fastbuild.front_contract()
     for key, value in contract.items():
-        assert f"OGH_{key}" in source.split("*/", 1)[1], key  # used in the code, not only in the comment
+        assert f"OGH_{key}" in code, key  # used in the code, not only in the comment
         if isinstance(value, list):
             assert all(fastbuild._c_string(v) in header for v in value), key
     assert set(contract["BOOL_WORDS"]) == config._TRUE | config._FALSE  # type: ignore[arg-type]
@@ -141,7 +144,6 @@ def test_the_contract_is_baked_from_python(tmp_path: Path) -> None:
     assert LINKS_COMMAND in cli.HOT_COMMANDS and contract["LINKS_COMMAND"] == LINKS_COMMAND
     assert "cdi.k8s.io" in fastbuild.baked_settings({})["needles"]  # type: ignore[operator]
     assert f"OGH_PLANNER_VERSION[] = {fastbuild._c_string(planner_module.version_line())}" in header
-    top = source.split("*/", 1)[0]
     for python in ("config.py load_config", "check_value", "request.py requested", "oci_state.py parse_state",
                    "live.py run_links", "check_container", "rootfs.py make_nodes", "edits.py check_link",
                    "runtime.py resolve_runtime", "planner/protocol.py", "build.py front_contract",
@@ -150,7 +152,7 @@ def test_the_contract_is_baked_from_python(tmp_path: Path) -> None:
     # no contract word is spelled in the code by hand any more
     for word in ('"OCI_GPU_HOOK_DEBUG"', '"cdi.k8s.io"', '"yes"', '"precreate"', '"createRuntime"', '"links"',
                  '"none"', '"void"', '"AMD_VISIBLE_DEVICES"'):
-        assert word not in source.split("*/", 1)[1], word
+        assert word not in code, word
 
 
 # --- through the planner ------------------------------------------------------------------------------------

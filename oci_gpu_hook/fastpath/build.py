@@ -22,6 +22,8 @@ ROLES = {"oci-gpu-hook": 2, "oci-gpu-runtime": 1}  # OGH_ROLE_HOOK, OGH_ROLE_SHI
 CDI_NEEDLE = CDI_ANNOTATION_PREFIX.rstrip("/")  # without its '/': '\/' in JSON spells that slash too
 FRONT_DIR = os.path.dirname(os.path.abspath(__file__))
 FRONT_SOURCE = os.path.join(FRONT_DIR, "front.c")
+# What front.c #includes, in its order: one compile of front.c builds them all.
+FRONT_PARTS = ("journal.c", "trust.c", "json.c", "settings.c", "planner.c", "argv.c", "hooks.c")
 PREBUILT_DIR = os.path.join(FRONT_DIR, "prebuilt")
 
 
@@ -210,13 +212,22 @@ def compile_problem(cc: str, stderr: str) -> str:
     return f"compiling {FRONT_SOURCE} with {cc} failed: {first[:300]}"
 
 
+def front_sources() -> list[str]:
+    """``front.c`` and its parts (:data:`FRONT_PARTS`, beside it), in that order."""
+    return [FRONT_SOURCE, *(os.path.join(os.path.dirname(FRONT_SOURCE), part) for part in FRONT_PARTS)]
+
+
 def front_key(header: str) -> str:
-    """The name of a prebuilt front: the SHA-256 of ``front.c`` and of its baked header."""
+    """The name of a prebuilt front: the SHA-256 of ``front.c``, of each of its parts in :data:`FRONT_PARTS`'
+    order, and of its baked header."""
     import hashlib
 
-    with open(FRONT_SOURCE, "rb") as handle:
-        source = handle.read()
-    return hashlib.sha256(source + b"\0" + header.encode("utf-8", "surrogateescape")).hexdigest()
+    digest = hashlib.sha256()
+    for path in front_sources():
+        with open(path, "rb") as handle:
+            digest.update(handle.read() + b"\0")
+    digest.update(header.encode("utf-8", "surrogateescape"))
+    return digest.hexdigest()
 
 
 def compile_front(name: str, directory: str, defaults: dict[str, str], trust: bool, cc: str,
