@@ -210,21 +210,177 @@ static void planner_handover(const char *socket_path, int sock, int answered, co
     to_syslog(OGH_SYSLOG_PRI_INFO, "the planner at %s %s; handing over to Python", socket_path, why);
 }
 
-/* Ask the planner (see above): returns only when the front is to fall back to the Python launcher. */
-static void ask_planner(const char *input, size_t len)
+#define PLANNER_FDS 6 /* the namespaces (mnt, pid, cgroup, user), the root, the working directory */
+
+/* OGH_PLANNER_TIMEOUT_MS from now, on the monotonic clock */
+static void planner_deadline(struct timespec *deadline)
+{
+    clock_gettime(CLOCK_MONOTONIC, deadline);
+    deadline->tv_sec += OGH_PLANNER_TIMEOUT_MS / 1000;
+    deadline->tv_nsec += (OGH_PLANNER_TIMEOUT_MS % 1000) * 1000000L;
+    if (deadline->tv_nsec >= 1000000000L) {
+        deadline->tv_sec++;
+        deadline->tv_nsec -= 1000000000L;
+    }
+}
+
+/* The descriptors the request carries, opened in order; 0 where one cannot be (*nfds: those open, to close) */
+static int planner_fds(int *fds, int *nfds)
 {
     static const char *const namespaces[] = {"/proc/self/ns/mnt", "/proc/self/ns/pid", "/proc/self/ns/cgroup",
                                              "/proc/self/ns/user", NULL};
+    for (; namespaces[*nfds]; (*nfds)++)
+        if ((fds[*nfds] = open(namespaces[*nfds], O_RDONLY | O_CLOEXEC)) < 0)
+            return 0;
+    if ((fds[*nfds] = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0)
+        return 0;
+    (*nfds)++;
+    if ((fds[*nfds] = open(".", O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0)
+        return 0;
+    (*nfds)++;
+    return 1;
+}
+
+/* The request (protocol.py read_request), its length filled in last; 0 where it could not be built */
+static int planner_request(struct out *req, const char *input, size_t len)
+{
+    mode_t mask = umask(0);
+    size_t count = 0, body;
+    umask(mask);
+    out_bytes(req, "OGHQ\0\0\0\0", 8); /* the length goes in last */
+    out_str(req, OGH_PLANNER_VERSION);
+    out_str(req, OGH_ROLE_NAME);
+    out_str(req, OGH_SELF);
+    out_str(req, OGH_ROLE == OGH_ROLE_SHIM ? OGH_RUNTIME : ""); /* the runtime the Python launcher has baked */
+    out_num(req, (long)getppid());
+    out_num(req, (long)mask);
+    out_num(req, (long)prctl(PR_GET_SECUREBITS, 0, 0, 0, 0));
+    out_u32(req, g_argc > 1 ? (size_t)g_argc - 1 : 0);
+    for (int i = 1; i < g_argc; i++)
+        out_str(req, g_argv[i]);
+    for (char **e = environ; *e; e++)
+        count++;
+    out_u32(req, count);
+    for (char **e = environ; *e; e++)
+        out_str(req, *e);
+    out_str(req, input ? "1" : "0");
+    out_field(req, input ? input : "", input ? len : 0);
+    if (req->failed)
+        return 0;
+    body = req->n - 8;
+    req->p[4] = (char)(body >> 24);
+    req->p[5] = (char)(body >> 16);
+    req->p[6] = (char)(body >> 8);
+    req->p[7] = (char)body;
+    return 1;
+}
+
+/* The request's first 8 bytes with the descriptors, then the rest within the deadline; 0 where it failed */
+static int planner_send(int sock, const struct out *req, const int *fds, const struct timespec *deadline)
+{
+    union {
+        struct cmsghdr align;
+        char bytes[CMSG_SPACE(PLANNER_FDS * sizeof(int))];
+    } control;
+    struct iovec iov = {.iov_base = req->p, .iov_len = 8};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.bytes,
+                         .msg_controllen = sizeof control.bytes};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(PLANNER_FDS * sizeof(int));
+    memcpy(CMSG_DATA(c), fds, PLANNER_FDS * sizeof(int));
+    if (sendmsg(sock, &msg, MSG_NOSIGNAL) != 8)
+        return 0;
+    return send_all(sock, req->p + 8, req->n - 8, deadline);
+}
+
+/* The exchange up to STARTED: the request sent, READY (else a refusal, or nothing in time: Python), GO while
+ * inside the bound, then STARTED.  1 once the planner has started the request; 0 to fall back (*answered: it
+ * handed the request back). */
+static int planner_exchange(int sock, const char *input, size_t len, const int *fds,
+                            const struct timespec *deadline, int *answered)
+{
+    struct out req = {0};
+    char header[4];
+    int sent = planner_request(&req, input, len) && planner_send(sock, &req, fds, deadline);
+    free(req.p);
+    if (!sent || !recv_all(sock, header, 4, deadline))
+        return 0;
+    *answered = memcmp(header, "OGHR", 4) != 0; /* its refusal: handed back before it did anything */
+    return !(*answered || ms_left(deadline) <= 0 || !send_all(sock, "OGHG", 4, deadline) ||
+             !recv_all(sock, header, 4, NULL) || memcmp(header, "OGHS", 4) != 0);
+}
+
+/* The planner began and did not finish: what it did is not done twice. */
+__attribute__((noreturn)) static void planner_unfinished(void)
+{
+    say_error("the resident planner did not finish this request (it is not run again; see the planner's log): "
+              "start the container again");
+    _exit(1);
+}
+
+/* After STARTED: the answer written out, then exit with its status or exec the runtime it names; the one error
+ * line where the answer is missing or wrong.  Returns only where its fields cannot be taken apart: Python. */
+static void planner_answer(int sock)
+{
+    char header[8], *answer;
+    size_t body;
+    if (!recv_all(sock, header, sizeof header, NULL) || memcmp(header, "OGHA", 4) != 0)
+        planner_unfinished();
+    body = get_u32(header + 4);
+    if (body > OGH_PLANNER_MAX_ANSWER || !(answer = malloc(body ? body : 1)) || !recv_all(sock, answer, body, NULL))
+        planner_unfinished();
+    const char *at = answer, *end = answer + body, *f[7];
+    size_t n[7];
+    long code = 0;
+    for (int i = 0; i < 7; i++)
+        if (!take(&at, end, &f[i], &n[i])) {
+            free(answer);
+            return;
+        }
+    /* version, status, exit status, runtime to exec, an environment entry for it, stdout, stderr */
+    if (at != end || !span_is(f[0], n[0], OGH_PLANNER_VERSION) || !span_is(f[1], n[1], "ok") || !n[2] ||
+        n[2] > 3 || n[3] >= PATH_MAX || memchr(f[3], '\0', n[3]) || memchr(f[4], '\0', n[4]))
+        planner_unfinished();
+    for (size_t k = 0; k < n[2]; k++) {
+        if (!isdigit((unsigned char)f[2][k]))
+            planner_unfinished();
+        code = code * 10 + (f[2][k] - '0');
+    }
+    if (code > 255)
+        planner_unfinished();
+    /* as the Python launcher: SIGPIPE and SIGXFSZ ignored (CPython does so at start; exec keeps it) */
+    signal(SIGPIPE, SIG_IGN);
+    signal(SIGXFSZ, SIG_IGN);
+    if (!write_all(1, f[5], n[5]) || !write_all(2, f[6], n[6])) {
+        say_error("cannot write the planner's answer: %s", strerror(errno));
+        _exit(1); /* the request is not run again */
+    }
+    close(sock);
+    if (n[3]) {
+        char runtime[PATH_MAX];
+        memcpy(runtime, f[3], n[3]);
+        runtime[n[3]] = '\0';
+        if (n[4]) { /* CPython's C locale coercion (PEP 538): LC_CTYPE set for the runtime too */
+            char *entry = strndup(f[4], n[4]);
+            if (!entry || !strchr(entry, '=') || putenv(entry) != 0)
+                _exit(1);
+        }
+        exec_path(runtime);
+    }
+    _exit((int)code);
+}
+
+/* Ask the planner (see above): returns only when the front is to fall back to the Python launcher. */
+static void ask_planner(const char *input, size_t len)
+{
     const char *socket_path = getenv(OGH_PLANNER_ENV);
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     struct timespec deadline;
     struct ucred cred;
     socklen_t cred_len = sizeof cred;
-    struct out req = {0};
-    char header[8], *answer = NULL;
-    int fds[6], nfds = 0, sock = -1, answered = 0;
-    mode_t mask;
-    size_t count = 0, body;
+    int fds[PLANNER_FDS], nfds = 0, sock = -1, answered = 0;
     if (!socket_path)
         socket_path = OGH_PLANNER_SOCKET;
     if (socket_path[0] != '/' || strlen(socket_path) >= sizeof addr.sun_path)
@@ -233,134 +389,15 @@ static void ask_planner(const char *input, size_t len)
     read_identity();
     if (!g_privileged || !planner_dir_ok(socket_path))
         return; /* the planner acts as root: a front without root's privilege (rootless podman's hook) runs alone */
-    clock_gettime(CLOCK_MONOTONIC, &deadline);
-    deadline.tv_sec += OGH_PLANNER_TIMEOUT_MS / 1000;
-    deadline.tv_nsec += (OGH_PLANNER_TIMEOUT_MS % 1000) * 1000000L;
-    if (deadline.tv_nsec >= 1000000000L) {
-        deadline.tv_sec++;
-        deadline.tv_nsec -= 1000000000L;
-    }
+    planner_deadline(&deadline);
     strcpy(addr.sun_path, socket_path);
     sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (sock < 0 || connect(sock, (struct sockaddr *)&addr, sizeof addr) != 0)
-        goto fallback; /* absent, refused, or its backlog full (EAGAIN) */
-    if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &cred_len) != 0 || cred.uid != 0)
-        goto fallback;
-    for (; namespaces[nfds]; nfds++)
-        if ((fds[nfds] = open(namespaces[nfds], O_RDONLY | O_CLOEXEC)) < 0)
-            goto fallback;
-    if ((fds[nfds] = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0)
-        goto fallback;
-    nfds++;
-    if ((fds[nfds] = open(".", O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0)
-        goto fallback;
-    nfds++;
-    mask = umask(0);
-    umask(mask);
-    out_bytes(&req, "OGHQ\0\0\0\0", 8); /* the length goes in last */
-    out_str(&req, OGH_PLANNER_VERSION);
-    out_str(&req, OGH_ROLE_NAME);
-    out_str(&req, OGH_SELF);
-    out_str(&req, OGH_ROLE == OGH_ROLE_SHIM ? OGH_RUNTIME : ""); /* the runtime the Python launcher has baked */
-    out_num(&req, (long)getppid());
-    out_num(&req, (long)mask);
-    out_num(&req, (long)prctl(PR_GET_SECUREBITS, 0, 0, 0, 0));
-    out_u32(&req, g_argc > 1 ? (size_t)g_argc - 1 : 0);
-    for (int i = 1; i < g_argc; i++)
-        out_str(&req, g_argv[i]);
-    for (char **e = environ; *e; e++)
-        count++;
-    out_u32(&req, count);
-    for (char **e = environ; *e; e++)
-        out_str(&req, *e);
-    out_str(&req, input ? "1" : "0");
-    out_field(&req, input ? input : "", input ? len : 0);
-    if (req.failed)
-        goto fallback;
-    body = req.n - 8;
-    req.p[4] = (char)(body >> 24);
-    req.p[5] = (char)(body >> 16);
-    req.p[6] = (char)(body >> 8);
-    req.p[7] = (char)body;
-    {
-        union {
-            struct cmsghdr align;
-            char bytes[CMSG_SPACE(sizeof fds)];
-        } control;
-        struct iovec iov = {.iov_base = req.p, .iov_len = 8};
-        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.bytes,
-                             .msg_controllen = sizeof control.bytes};
-        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-        c->cmsg_level = SOL_SOCKET;
-        c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof fds);
-        memcpy(CMSG_DATA(c), fds, sizeof fds);
-        if (sendmsg(sock, &msg, MSG_NOSIGNAL) != 8)
-            goto fallback;
-    }
-    if (!send_all(sock, req.p + 8, body, &deadline))
-        goto fallback;
-    free(req.p);
-    req.p = NULL;
-    /* READY (else a refusal, or nothing in time: Python), GO while inside the bound, then STARTED */
-    if (!recv_all(sock, header, 4, &deadline))
-        goto fallback;
-    answered = memcmp(header, "OGHR", 4) != 0; /* its refusal: handed back before it did anything */
-    if (answered || ms_left(&deadline) <= 0 || !send_all(sock, "OGHG", 4, &deadline) ||
-        !recv_all(sock, header, 4, NULL) || memcmp(header, "OGHS", 4) != 0)
-        goto fallback;
-    if (!recv_all(sock, header, sizeof header, NULL) || memcmp(header, "OGHA", 4) != 0)
-        goto started;
-    body = get_u32(header + 4);
-    if (body > OGH_PLANNER_MAX_ANSWER || !(answer = malloc(body ? body : 1)) || !recv_all(sock, answer, body, NULL))
-        goto started;
-    {
-        const char *at = answer, *end = answer + body, *f[7];
-        size_t n[7];
-        long code = 0;
-        for (int i = 0; i < 7; i++)
-            if (!take(&at, end, &f[i], &n[i]))
-                goto fallback;
-        /* version, status, exit status, runtime to exec, an environment entry for it, stdout, stderr */
-        if (at != end || !span_is(f[0], n[0], OGH_PLANNER_VERSION) || !span_is(f[1], n[1], "ok") || !n[2] ||
-            n[2] > 3 || n[3] >= PATH_MAX || memchr(f[3], '\0', n[3]) || memchr(f[4], '\0', n[4]))
-            goto started;
-        for (size_t k = 0; k < n[2]; k++) {
-            if (!isdigit((unsigned char)f[2][k]))
-                goto started;
-            code = code * 10 + (f[2][k] - '0');
-        }
-        if (code > 255)
-            goto started;
-        /* as the Python launcher: SIGPIPE and SIGXFSZ ignored (CPython does so at start; exec keeps it) */
-        signal(SIGPIPE, SIG_IGN);
-        signal(SIGXFSZ, SIG_IGN);
-        if (!write_all(1, f[5], n[5]) || !write_all(2, f[6], n[6])) {
-            say_error("cannot write the planner's answer: %s", strerror(errno));
-            _exit(1); /* the request is not run again */
-        }
-        close(sock);
-        if (n[3]) {
-            char runtime[PATH_MAX];
-            memcpy(runtime, f[3], n[3]);
-            runtime[n[3]] = '\0';
-            if (n[4]) { /* CPython's C locale coercion (PEP 538): LC_CTYPE set for the runtime too */
-                char *entry = strndup(f[4], n[4]);
-                if (!entry || !strchr(entry, '=') || putenv(entry) != 0)
-                    _exit(1);
-            }
-            exec_path(runtime);
-        }
-        _exit((int)code);
-    }
-started: /* the planner began and did not finish: what it did is not done twice */
-    say_error("the resident planner did not finish this request (it is not run again; see the planner's log): "
-              "start the container again");
-    _exit(1);
-fallback:
+    /* absent, refused, or its backlog full (EAGAIN); not root's; a descriptor that cannot be opened: Python */
+    if (sock >= 0 && connect(sock, (struct sockaddr *)&addr, sizeof addr) == 0 &&
+        getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &cred_len) == 0 && cred.uid == 0 &&
+        planner_fds(fds, &nfds) && planner_exchange(sock, input, len, fds, &deadline, &answered))
+        planner_answer(sock);
     planner_handover(socket_path, sock, answered, &deadline);
-    free(req.p);
-    free(answer);
     for (int i = 0; i < nfds; i++)
         close(fds[i]);
     if (sock >= 0)
