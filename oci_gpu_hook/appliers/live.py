@@ -179,20 +179,22 @@ def run_links(stdin_text: str, args: list[str]) -> int:
 
 
 def run_ldcache(stdin_text: str, args: list[str]) -> int:
-    """``oci-gpu-hook ldcache [PATH=TARGET...] [--folder=DIR...]``: the createRuntime hook that the spec-rewrite
-    paths and the CDI specs add beside a driver's mounts (which the runtime made): the soname links, then the
-    container's ld cache rebuilt with those directories (:mod:`oci_gpu_hook.appliers.mounts`)."""
+    """``oci-gpu-hook ldcache [PATH=TARGET...] [--folder=DIR...] [--lib=PATH...]``: the createRuntime hook that the
+    spec-rewrite paths and the CDI specs add beside a driver's mounts (which the runtime made): the soname links,
+    then the driver's libraries merged into the container's ld cache (:mod:`oci_gpu_hook.appliers.mounts`)."""
     from oci_gpu_hook.core.edits import Edits, check_container_path, check_symlink
 
-    links, folders = [], []
+    links, folders, libs = [], [], []
     for arg in args:
-        if arg.startswith("--folder="):
-            check_container_path(arg[len("--folder="):], "ld cache directory")
-            folders.append(arg[len("--folder="):])
-            continue
-        path, eq, target = arg.partition("=")
-        if not eq or arg.startswith("-"):
-            raise HookError(f"ldcache: {arg!r} is not PATH=TARGET or --folder=DIR")
-        check_symlink(path, target)
-        links.append((path, target))
-    return _make_in_container(stdin_text, Edits(symlinks=tuple(links), ldcache=tuple(folders)))
+        for option, into in (("--folder=", folders), ("--lib=", libs)):
+            if arg.startswith(option):
+                check_container_path(arg[len(option):], "ld cache directory" if into is folders else "driver library")
+                into.append(arg[len(option):])
+                break
+        else:
+            path, eq, target = arg.partition("=")
+            if not eq or arg.startswith("-"):
+                raise HookError(f"ldcache: {arg!r} is not PATH=TARGET, --folder=DIR or --lib=PATH")
+            check_symlink(path, target)
+            links.append((path, target))
+    return _make_in_container(stdin_text, Edits(symlinks=tuple(links), ldcache=tuple(folders), ldlibs=tuple(libs)))
