@@ -162,13 +162,30 @@ def _fifo_conf(rootfs: Path, host: Path, pid: int) -> None:
     os.mkfifo(rootfs / "etc" / "ld.so.conf")
 
 
+def _fifo_conf_and_cache(rootfs: Path, host: Path, pid: int) -> None:
+    os.mkfifo(rootfs / "etc" / "ld.so.conf")
+    os.mkfifo(rootfs / "etc" / "ld.so.cache")
+
+
+def test_an_image_whose_ld_so_conf_is_a_fifo_starts_alike(setup: dict[str, Any]) -> None:
+    """/etc/ld.so.conf a FIFO (ldconfig would wait for a writer forever): the driver's entries are merged into the
+    cache without reading it, so every applier starts the container, the driver resolvable, the FIFO left as is."""
+    for applier in APPLIERS:
+        done, rootfs = _start(setup, applier, _fifo_conf, False)
+        assert done.returncode == 0, (applier, done.stderr)
+        assert "ldcache libcuda.so.1" in done.stdout.splitlines(), (applier, done.stdout)
+        assert (rootfs / "etc" / "ld.so.conf").is_fifo()
+
+
 def test_an_image_that_would_hold_ldconfig_is_refused_alike(setup: dict[str, Any]) -> None:
-    """/etc/ld.so.conf a FIFO: ldconfig would wait for a writer forever. Every applier stops the container with the
-    same one line (ldconfig's deadline, under the runtime's hook timeout), none holds it.  The four containers
-    start at once: each waits out the whole deadline, which one after the other would add up."""
+    """/etc/ld.so.cache a FIFO too: that cache cannot be merged, so the host's ldconfig rebuilds it (confined), and
+    would wait on ld.so.conf forever. Every applier stops the container with the same one line (ldconfig's deadline,
+    under the runtime's hook timeout), none holds it.  The four containers start at once: each waits out the whole
+    deadline, which one after the other would add up."""
     said = {}
     with ThreadPoolExecutor(len(APPLIERS)) as pool:
-        started = dict(zip(APPLIERS, pool.map(lambda a: _start(setup, a, _fifo_conf, False), APPLIERS), strict=True))
+        started = dict(zip(APPLIERS, pool.map(lambda a: _start(setup, a, _fifo_conf_and_cache, False), APPLIERS),
+                           strict=True))
     for applier, (done, rootfs) in started.items():
         assert done.returncode != 0 and "Traceback" not in done.stderr, (applier, done.stderr)
         line = done.stderr.split("oci-gpu-hook: error: ", 1)[-1].split("\\n")[0].split("\n")[0]
