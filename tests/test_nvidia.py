@@ -496,8 +496,9 @@ for line in open("/proc/self/mountinfo"):
 @pytest.mark.root("unshare")
 def test_ldconfig_reads_no_procfs_under_the_rootfs(tmp_path: Path) -> None:
     """In a private mount namespace with two procfs under the rootfs (one at a path with a space, one bound over
-    a part of the other): ldconfig run as update_ldcache runs it where it cannot merge (confined) lists nothing that an ld.so.conf names through
-    /proc/PID/root, where ldconfig -r alone lists the host's library; the procfs mounts are left as they were."""
+    a part of the other): ldconfig run as update_ldcache runs it where it cannot merge (confined) lists nothing
+    that an ld.so.conf names through /proc/PID/root, where ldconfig -r alone lists the host's library; the procfs
+    mounts are left as they were."""
     rootfs, host = tmp_path / "root fs", tmp_path / "host"
     (host / "lib").mkdir(parents=True)
     (host / "lib" / "libhostonly.so.7").write_bytes(fakenvidia.elf_shared_object("libhostonly.so.7"))
