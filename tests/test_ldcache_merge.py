@@ -347,3 +347,60 @@ def test_a_library_that_is_no_library_is_one_line(tmp_path: Path) -> None:
     (root / libdir[1:] / "libcuda.so.1").write_text("not ELF\n")
     with pytest.raises(HookError, match="no soname ldconfig would list"):
         update(root, libdir, (f"{libdir}/libcuda.so.1",))
+
+
+def _ldconfig_p(root: Path, cache: str) -> list[tuple[str, str]]:
+    """``ldconfig -p`` of a cache in the root: (soname and its ABI and hwcaps words, the real file) in order."""
+    said = subprocess.run([LDCONFIG, "-p", "-C", str(root / cache.lstrip("/"))], capture_output=True, text=True,
+                          check=True).stdout.splitlines()
+    return [(line.split(" => ")[0].strip(), os.path.realpath(root / line.split(" => ")[1].lstrip("/")))
+            for line in said if " => " in line]
+
+
+def test_the_images_glibc_hwcaps_entries_stay_first(tmp_path: Path) -> None:
+    """An image with a glibc-hwcaps copy of libz: its extension (the subdirectory names) is carried over, the
+    hwcaps entry stays before the plain one, and ``ldconfig -p`` of our cache lists what the host's ldconfig
+    lists, in the same order, each naming the same file."""
+    root = tmp_path / "root"
+    libdir = make_image(root)
+    hwcaps = root / libdir[1:] / "glibc-hwcaps" / "x86-64-v2"
+    hwcaps.mkdir(parents=True)
+    shutil.copy2(root / libdir[1:] / "libz.so.1", hwcaps / "libz.so.1")
+    subprocess.run([LDCONFIG, "-r", str(root)], check=True)
+    assert ldcache.parse_cache((root / "etc/ld.so.cache").read_bytes())[1] == ["x86-64-v2"]
+    update(root, libdir, add_driver(root, libdir))
+    subprocess.run([LDCONFIG, "-r", str(root), "-X", "-C", "/etc/reference.cache"], check=True)
+    ours = _ldconfig_p(root, "/etc/ld.so.cache")
+    assert ours == _ldconfig_p(root, "/etc/reference.cache")
+    assert ours[0][0] == 'libz.so.1 (libc6,x86-64, hwcap: "x86-64-v2")'
+
+
+@pytest.mark.root("unshare")
+def test_a_read_only_root_is_one_line_unless_nothing_is_to_write(tmp_path: Path) -> None:
+    """The rootfs a read-only mount (a private namespace): the container is refused with one line naming what
+    could not be written; an image whose cache and drop-in already give the driver needs no write and passes."""
+    root = tmp_path / "root"
+    libdir = make_image(root)
+    libs = add_driver(root, libdir)
+    ready = tmp_path / "ready"
+    shutil.copytree(root, ready, symlinks=True)
+    update(ready, libdir, libs)
+    code = f"""
+import subprocess, sys
+sys.path.insert(0, {os.getcwd()!r})
+from oci_gpu_hook.errors import HookError
+from tests.test_ldcache_merge import update
+for root in ({str(root)!r}, {str(ready)!r}):
+    subprocess.run(["mount", "--bind", "-o", "ro", root, root], check=True)
+    try:
+        print(update(__import__("pathlib").Path(root), {libdir!r}, {libs!r}))
+    except HookError as err:
+        print("refused:", err)
+"""
+    done = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable, "-c", code],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    refused, passed = done.stdout.splitlines()
+    assert refused.startswith("refused: cannot write /etc/ld.so.conf.d/00-oci-gpu-hook.conf in the container"), refused
+    assert "Read-only file system" in refused
+    assert "already resolves the driver" in passed, passed
