@@ -404,3 +404,21 @@ for root in ({str(root)!r}, {str(ready)!r}):
     assert refused.startswith("refused: cannot write /etc/ld.so.conf.d/00-oci-gpu-hook.conf in the container"), refused
     assert "Read-only file system" in refused
     assert "already resolves the driver" in passed, passed
+
+
+def test_merged_places_ours_as_a_full_sort_would() -> None:
+    """Into the host's own cache (in order: binary search) and into the same entries shuffled (not in order:
+    sorted whole), entries of new and existing sonames land where :func:`ldcache.order` of all would put them."""
+    import random
+
+    image, hwcaps = ldcache.parse_cache(Path("/etc/ld.so.cache").read_bytes())
+    e = ldcache.Entry
+    ours = [e("libcuda.so.1", "/drv/libcuda.so.1", 0x0303, 0), e("libz.so.1", "/drv/libz.so.1", 0x0303, 0),
+            e("libc.so.6", "/drv/libc.so.6", 0x0003, 0), e("libzzz.so.10", "/drv/libzzz.so.10", 0x0303, 0),
+            e("libzzz.so.9", "/drv/libzzz.so.9", 0x0303, 0), e("a", "/drv/a", 0x0303, 0)]
+    want = [x.same() for x in ldcache.order(ours + image, hwcaps)]
+    assert [x.same() for x in ldcache.merged(image, ours, hwcaps)] == want
+    shuffled = image[:]
+    random.Random(7).shuffle(shuffled)
+    assert [x.same() for x in ldcache.merged(shuffled, ours, hwcaps)] == [
+        x.same() for x in ldcache.order(ours + shuffled, hwcaps)]

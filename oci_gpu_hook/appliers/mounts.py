@@ -542,7 +542,7 @@ def update_ldcache(root_fd: int, rootfs: str, folders: tuple[str, ...], librarie
         return f"ld cache of {rootfs} {done} ({unusable}){said}"
     ours = (_compat_entries(root_fd, compat_dir) if compat_dir else []) + list(drivers.values())
     mine = {e.same() for e in ours}
-    merged = ldcache.order(ours + [e for e in image if e.same() not in mine], hwcaps)
+    merged = ldcache.merged([e for e in image if e.same() not in mine], ours, hwcaps)
     if [e.same() for e in merged] == [e.same() for e in image]:
         return f"ld cache of {rootfs} already resolves the driver ({len(ours)} libraries){said}"
     _write_cache(root_fd, ldcache.build(merged, hwcaps))

@@ -164,19 +164,62 @@ def _libcmp_key(name: str) -> list[tuple[int, int]]:
     return key
 
 
+def _sort_key(entry: Entry, names: list[str]) -> tuple[list[tuple[int, int]], int, int, list[int], int]:
+    """ldconfig's order as an ascending key (the cache is in descending order of it)."""
+    ext = bool(entry.hwcap & HWCAP_EXTENSION)
+    index = entry.hwcap & 0xFFFFFFFF
+    # among the hwcaps entries of one soname: by subdirectory name ascending (negated bytes: the key descends)
+    name = [-b for b in names[index].encode()] + [0] if ext and index < len(names) else []
+    return _libcmp_key(entry.soname), entry.flags, int(ext), name, 0 if ext else entry.hwcap
+
+
 def order(entries: list[Entry], hwcaps: list[str] | None = None) -> list[Entry]:
     """``entries`` in ldconfig's order (see the module's docstring); equal ones keep the order given, so the
     first given of one soname is the one the loader takes."""
     names = hwcaps or []
+    return sorted(entries, key=lambda entry: _sort_key(entry, names), reverse=True)
 
-    def key(entry: Entry) -> tuple[list[tuple[int, int]], int, int, list[int], int]:
-        ext = bool(entry.hwcap & HWCAP_EXTENSION)
-        index = entry.hwcap & 0xFFFFFFFF
-        # among the hwcaps entries of one soname: by subdirectory name ascending (negated bytes, for reverse)
-        name = [-b for b in names[index].encode()] + [0] if ext and index < len(names) else []
-        return _libcmp_key(entry.soname), entry.flags, int(ext), name, 0 if ext else entry.hwcap
 
-    return sorted(entries, key=key, reverse=True)
+def _in_order(first: Entry, second: Entry, names: list[str]) -> bool:
+    """Whether ``first`` may precede ``second`` in a cache: by the bytes where the sonames first differ when
+    neither that byte nor the one before it is a digit (most neighbours), else by the whole key."""
+    a, b = first.soname, second.soname
+    if a != b:
+        i = 0
+        for i, (x, y) in enumerate(zip(a, b, strict=False)):  # noqa: B007 - the index is used after the loop
+            if x != y:
+                break
+        else:
+            i = min(len(a), len(b))
+        x, y = a[i:i + 1], b[i:i + 1]
+        if not x.isdigit() and not y.isdigit() and not (i and a[i - 1].isdigit()):
+            return x > y  # the end of a name ("") sorts below any character
+    return _sort_key(first, names) >= _sort_key(second, names)
+
+
+def merged(image: list[Entry], ours: list[Entry], hwcaps: list[str] | None = None) -> list[Entry]:
+    """``ours`` (in the order given: the first of one soname wins) placed into the image's entries, each before the
+    image's entries it ties with, as :func:`order` of ``ours + image`` would place them.  Where the image's
+    cache is in ldconfig's order (checked neighbour by neighbour, cheaply), its entries are kept as they are and
+    ours found by binary search (the cost stays flat as the image grows); else the whole list is sorted."""
+    names = hwcaps or []
+    if not all(_in_order(image[i], image[i + 1], names) for i in range(len(image) - 1)):
+        return order(ours + image, names)
+    keyed = [(_sort_key(e, names), e) for e in order(ours, names)]
+    out: list[Entry] = []
+    start = 0
+    for key, entry in keyed:
+        low, high = start, len(image)
+        while low < high:  # the first image entry whose key is not above ours
+            mid = (low + high) // 2
+            if _sort_key(image[mid], names) > key:
+                low = mid + 1
+            else:
+                high = mid
+        out += image[start:low]
+        out.append(entry)
+        start = low
+    return out + image[start:]
 
 
 def build(entries: list[Entry], hwcaps: list[str] | None = None) -> bytes:
