@@ -341,12 +341,18 @@ def test_the_confined_ldconfig_has_no_capability(tmp_path: Path) -> None:
     assert caps == ["0" * 16] * 5, done.stdout
 
 
-def test_a_library_that_is_no_library_is_one_line(tmp_path: Path) -> None:
+def test_a_library_without_a_soname_is_left_out_and_said(tmp_path: Path) -> None:
+    """A driver file that is no library with a soname gets no entry (ldconfig lists none either), in one line; a
+    library whose file is missing (its mount is not there) stops the container with one line."""
     root = tmp_path / "root"
     libdir = make_image(root)
-    (root / libdir[1:] / "libcuda.so.1").write_text("not ELF\n")
-    with pytest.raises(HookError, match="no soname ldconfig would list"):
-        update(root, libdir, (f"{libdir}/libcuda.so.1",))
+    libs = add_driver(root, libdir)
+    (root / libdir[1:] / "libnvidia-odd.so.1").write_text("not ELF\n")
+    said = update(root, libdir, (*libs, f"{libdir}/libnvidia-odd.so.1"))
+    assert said.endswith(f"not listed (no soname): {libdir}/libnvidia-odd.so.1") and "\n" not in said, said
+    assert "libnvidia-odd.so.1" not in {e.soname for e in ldcache.read(str(root / "etc/ld.so.cache"))}
+    with pytest.raises(HookError, match=r"libnvidia-gone\.so\.1 is missing in the container"):
+        update(root, libdir, (f"{libdir}/libnvidia-gone.so.1",))
 
 
 def _ldconfig_p(root: Path, cache: str) -> list[tuple[str, str]]:

@@ -392,9 +392,10 @@ def _image_cache(root_fd: int) -> tuple[list[ldcache.Entry], list[str], str | No
     return entries, hwcaps, None
 
 
-def _library(root_fd: int, path: str) -> tuple[ldcache.Entry, str]:
+def _library(root_fd: int, path: str) -> tuple[ldcache.Entry | None, str]:
     """The cache entry of the driver's library at ``path`` in the container (its soname, in its real directory) and
-    its real file name; HookError for a file that is not a library of this machine's ABI with a soname."""
+    its real file name; no entry for a file that is no 64-bit library of a known ABI with a soname (ldconfig lists
+    none for it either); HookError where no regular file is there (its mount is missing)."""
     fd, what, real = _open_file(root_fd, path)
     if fd is None:
         raise HookError(f"the driver's library {path} is {'a ' + what if what else 'missing'} in the container")
@@ -403,7 +404,7 @@ def _library(root_fd: int, path: str) -> tuple[ldcache.Entry, str]:
     finally:
         os.close(fd)
     if found is None:
-        raise HookError(f"the driver's library {path} in the container has no soname ldconfig would list")
+        return None, real.rpartition("/")[2]
     soname, flags = found
     return ldcache.Entry(soname, f"{real.rpartition('/')[0]}/{soname}", flags, 0), real.rpartition("/")[2]
 
@@ -524,10 +525,14 @@ def update_ldcache(root_fd: int, rootfs: str, folders: tuple[str, ...], librarie
         real.append(path)
     drivers: dict[tuple[str, str, int, int], ldcache.Entry] = {}
     host_version = ""
+    unlisted = []
     for path in libraries:
         check_container_path(path, "driver library")
         entry, name = _library(root_fd, path)
-        drivers.setdefault(entry.same(), entry)
+        if entry is None:
+            unlisted.append(path)
+        else:
+            drivers.setdefault(entry.same(), entry)
         if name.startswith("libcuda.so.") and _version(name[11:]):
             host_version = name[11:]
     compat_dir, compat_said = compat_choice(root_fd, host_version) if host_version else (None, "")
@@ -535,7 +540,8 @@ def update_ldcache(root_fd: int, rootfs: str, folders: tuple[str, ...], librarie
     if compat_dir:
         _write_in_root(root_fd, COMPAT_CONF_FILE, f"{compat_dir}\n")
     _ensure_ld_so_conf(root_fd)
-    said = f"; {compat_said}" if compat_said else ""
+    said = (f"; {compat_said}" if compat_said else "") + (
+        f"; not listed (no soname): {', '.join(unlisted)}" if unlisted else "")
     image, hwcaps, unusable = _image_cache(root_fd)
     if unusable is not None:
         done = _run_ldconfig(root_fd, rootfs, ([compat_dir] if compat_dir else []) + real)
