@@ -16,7 +16,8 @@ cache already lists the driver (nothing written).
 nodes, the driver's mounts, the ``ldcache`` createRuntime hook), medians of interleaved runs: floor (no hook),
 ``/bin/true`` as the hook (what runc's running of any hook costs), the old and the new hook each as a Python start
 of ``oci_gpu_hook.entry.cli`` from its tree, and this checkout's native front with the resident planner serving
-the hook.  The rootfs's cache is put back before each run.
+the hook; for the breakdown, the front alone (a ``links`` hook with no link) and the planner serving an ``ldcache``
+hook with nothing to make.  The rootfs's cache is put back before each run.
 """
 
 from __future__ import annotations
@@ -117,7 +118,12 @@ def create(runs: int, old_tree: str, big: bool) -> None:
         wrapper.chmod(0o755)
         args = [a for a in hook["args"] if name == "new" or not a.startswith("--lib=")]  # no --lib before
         variants[name] = {**hook, "path": str(wrapper), "args": args}
-    variants["planner"] = {**hook, "path": str(install["native"] / "oci-gpu-hook")}
+    front = str(install["native"] / "oci-gpu-hook")
+    # the breakdown: the native front alone (a links hook with no link: no Python, no planner), the planner's round
+    # trip and worker with nothing to make (ldcache without arguments: config.json read, no namespace helper)
+    variants["front-alone"] = {**hook, "path": front, "args": ["oci-gpu-hook", "links"]}
+    variants["planner-noop"] = {**hook, "path": front, "args": ["oci-gpu-hook", "ldcache"]}
+    variants["planner"] = {**hook, "path": front}
     running = start_planner(install)
     times: dict[str, list[float]] = {name: [] for name in variants}
     try:

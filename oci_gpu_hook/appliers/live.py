@@ -145,6 +145,38 @@ def _lock(rootfs: str) -> int:
     return fd
 
 
+def _driver_through_proc(pid: int, rootfs: str, edits: Edits) -> bool:
+    """A driver's soname links and ld cache (the ``ldcache`` hook's edits: no node, no mount) made from here,
+    through ``/proc/PID/root``: before ``pivot_root`` that is the container's mount namespace's root, the rootfs
+    below it reached by the one walk (FOLLOW, as the namespace helper opens it after setns), every step by a
+    directory fd.  No process is forked for it.  False where the ld cache needs ldconfig, which runs only in the
+    namespace helper (:func:`oci_gpu_hook.appliers.rootfs.apply_in_container`, which then does it all again:
+    the links it finds made)."""
+    from oci_gpu_hook.appliers import mounts
+    from oci_gpu_hook.core import inroot
+
+    try:
+        proc_root = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as err:
+        raise HookError(f"cannot open the root of container process {pid}: {err.strerror}") from None
+    try:
+        root_fd = inroot.open_dir(proc_root, rootfs, inroot.FOLLOW)[0]
+    finally:
+        os.close(proc_root)
+    mask = os.umask(0)  # the modes exact, as in the namespace helper
+    try:
+        for path, target in edits.symlinks:
+            mounts.symlink(root_fd, path, target)
+        if edits.ldcache:
+            mounts.update_ldcache(root_fd, rootfs, edits.ldcache, edits.library_paths, in_namespace=False)
+    except mounts.NeedsNamespace:
+        return False
+    finally:
+        os.umask(mask)
+        os.close(root_fd)
+    return True
+
+
 def _make_in_container(stdin_text: str, edits: Edits) -> int:
     """Make ``edits`` (links, symlinks, the ld cache: nothing the device cgroup governs) in the container of
     the state JSON ``stdin_text``, once it is proven to be the bundle's container."""
@@ -156,7 +188,8 @@ def _make_in_container(stdin_text: str, edits: Edits) -> int:
         if edits:
             rootfs = spec.root(bundle)
             check_container(pid, rootfs, bundle)
-            rootfs_module.apply_in_container(pid, rootfs, edits)
+            if edits.nodes or edits.links or edits.mounts or not _driver_through_proc(pid, rootfs, edits):
+                rootfs_module.apply_in_container(pid, rootfs, edits)
     except HookError as err:
         err.container_id = cid
         raise

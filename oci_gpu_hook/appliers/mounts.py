@@ -509,14 +509,21 @@ def _ensure_ld_so_conf(root_fd: int) -> None:
         os.close(dir_fd)
 
 
-def update_ldcache(root_fd: int, rootfs: str, folders: tuple[str, ...], libraries: tuple[str, ...]) -> str:
+class NeedsNamespace(HookError):
+    """The cache cannot be merged and ldconfig must run, which needs the container's mount namespace (entered by
+    :func:`oci_gpu_hook.appliers.rootfs.apply_in_container`), not a root reached through ``/proc/PID/root``."""
+
+
+def update_ldcache(root_fd: int, rootfs: str, folders: tuple[str, ...], libraries: tuple[str, ...],
+                   in_namespace: bool = True) -> str:
     """Make the driver's ``libraries`` (in ``folders``) resolvable in the container without a process: their
     entries merged into the image's /etc/ld.so.cache (after the image's glibc-hwcaps entries and the CUDA compat
     libraries where :func:`compat_choice` takes them, before the image's own), the folders listed in a drop-in
     of /etc/ld.so.conf.d (and /etc/ld.so.conf made to include the drop-ins where the image has none) so that a
     later ldconfig in the container keeps them.  Nothing is written where the image's cache resolves all of it
     so already.  A cache that cannot be merged (no regular file, too large, not a cache glibc reads) is rebuilt
-    by the host's ldconfig, confined (:func:`_run_ldconfig`)."""
+    by the host's ldconfig, confined (:func:`_run_ldconfig`), in the container's mount namespace only
+    (``in_namespace`` false: :class:`NeedsNamespace`, before anything of the cache is written)."""
     real = []
     for folder in folders:
         check_container_path(folder, "ld cache directory")
@@ -543,6 +550,8 @@ def update_ldcache(root_fd: int, rootfs: str, folders: tuple[str, ...], librarie
     said = (f"; {compat_said}" if compat_said else "") + (
         f"; not listed (no soname): {', '.join(unlisted)}" if unlisted else "")
     image, hwcaps, unusable = _image_cache(root_fd)
+    if unusable is not None and not in_namespace:
+        raise NeedsNamespace(unusable)
     if unusable is not None:
         done = _run_ldconfig(root_fd, rootfs, ([compat_dir] if compat_dir else []) + real)
         return f"ld cache of {rootfs} {done} ({unusable}){said}"
