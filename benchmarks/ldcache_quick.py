@@ -1,7 +1,7 @@
 """A quick, interleaved look at the ld-cache step (not the formal benchmark: startup.py is that).
 
-    sudo unshare -m --propagation private .venv/bin/python benchmarks/ldcache_quick.py step 21 OLD_TREE
-    sudo unshare -m --propagation private .venv/bin/python benchmarks/ldcache_quick.py create 15 OLD_TREE [--big]
+    unshare -m --propagation private .venv/bin/python benchmarks/ldcache_quick.py step 21 OLD_TREE
+    unshare -m --propagation private .venv/bin/python benchmarks/ldcache_quick.py create 15 OLD_TREE [--big]
 
 ``OLD_TREE``: a directory holding an older ``oci_gpu_hook`` package (``git archive 3e935aa oci_gpu_hook | tar -x -C
 OLD_TREE``), whose ``appliers/mounts.py`` ran ``ldconfig -r``.  Run in a private mount namespace: ``--big`` and

@@ -3,8 +3,9 @@
 Runs in the namespace helper of :mod:`oci_gpu_hook.appliers.rootfs` (a child that entered the container's
 mount namespace before ``pivot_root``, where the host's tree is still the namespace's root and the
 container's root is ``root.path``); the ``ldcache`` hook's links and cache also from the hook's own process, the
-root reached through ``/proc/PID/root`` (:func:`oci_gpu_hook.appliers.live._driver_through_proc`).  Lessons of the NVIDIA toolkit's CVE-2024-0132 and CVE-2025-23359 (paths
-in the rootfs resolved as strings, so that an image's symlinks sent host paths into the container):
+root reached through ``/proc/PID/root`` (:func:`oci_gpu_hook.appliers.live._driver_through_proc`).  Lessons of
+the NVIDIA toolkit's CVE-2024-0132 and CVE-2025-23359 (paths in the rootfs resolved as strings, so that an image's
+symlinks sent host paths into the container):
 
 * every path inside the rootfs is resolved as runc resolves a mount destination, so that the live hook
   takes every image exactly as the shim and the CDI specs (where runc mounts) take it: by the one walk's FOLLOW
