@@ -428,3 +428,19 @@ def test_merged_places_ours_as_a_full_sort_would() -> None:
     random.Random(7).shuffle(shuffled)
     assert [x.same() for x in ldcache.merged(shuffled, ours, hwcaps)] == [
         x.same() for x in ldcache.order(ours + shuffled, hwcaps)]
+
+
+def test_a_musl_image_gets_the_glibc_cache_and_nothing_of_musls(tmp_path: Path) -> None:
+    """Alpine: musl's loader reads /etc/ld-musl-<arch>.path, never a glibc cache. The driver's entries go to a glibc
+    cache all the same (harmless there), the drop-in and ld.so.conf as for any image; musl's path file is neither
+    made nor changed."""
+    root = tmp_path / "root"
+    for sub in ("lib", "etc/apk", "usr/lib"):
+        (root / sub).mkdir(parents=True)
+    (root / "lib/ld-musl-x86_64.so.1").write_bytes(b"\x7fELF musl stand-in\n")
+    (root / "etc/ld-musl-x86_64.path").write_text("/lib\n/usr/lib\n")
+    libs = add_driver(root, "/usr/lib")
+    said = update(root, "/usr/lib", libs)
+    assert "merged (3 libraries of /usr/lib; 0 of the image)" in said, said
+    assert (root / "etc/ld-musl-x86_64.path").read_text() == "/lib\n/usr/lib\n"
+    assert {e.soname for e in ldcache.read(str(root / "etc/ld.so.cache"))} == {s for _, s in DRIVER}
