@@ -444,3 +444,24 @@ def test_a_musl_image_gets_the_glibc_cache_and_nothing_of_musls(tmp_path: Path) 
     assert "merged (3 libraries of /usr/lib; 0 of the image)" in said, said
     assert (root / "etc/ld-musl-x86_64.path").read_text() == "/lib\n/usr/lib\n"
     assert {e.soname for e in ldcache.read(str(root / "etc/ld.so.cache"))} == {s for _, s in DRIVER}
+
+
+def test_what_went_wrong_is_one_warning_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A malformed compat note: the result line carries it as a warning, which the hook says in one line (its
+    journal line goes to a socket path where nothing listens: never the host's journal)."""
+    from oci_gpu_hook import log
+    from oci_gpu_hook.appliers import live
+
+    monkeypatch.setattr(log, "SYSLOG_SOCKET", str(tmp_path / "no-journal"))
+
+    root = tmp_path / "root"
+    libdir = make_image(root)
+    libs = add_driver(root, libdir)
+    _compat(root, "570.124.06", b"{not json")
+    said = update(root, libdir, libs)
+    assert mounts.WARNING in said and said.count("\n") == 0, said
+    live._warn_notes([said], "c1")
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("oci-gpu-hook: warning: compat libcuda.so.570.124.06: "), err
+    assert err.rstrip().endswith("the host's libcuda is used"), err

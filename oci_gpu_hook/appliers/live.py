@@ -145,11 +145,12 @@ def _lock(rootfs: str) -> int:
     return fd
 
 
-def _driver_through_proc(pid: int, rootfs: str, edits: Edits) -> bool:
+def _driver_through_proc(pid: int, rootfs: str, edits: Edits) -> list[str] | None:
     """A driver's soname links and ld cache (the ``ldcache`` hook's edits: no node, no mount) made from here,
     through ``/proc/PID/root``: before ``pivot_root`` that is the container's mount namespace's root, the rootfs
     below it reached by the one walk (FOLLOW, as the namespace helper opens it after setns), every step by a
-    directory fd.  No process is forked for it.  False where the ld cache needs ldconfig, which runs only in the
+    directory fd.  No process is forked for it.  What was done, or None where the ld cache needs ldconfig, which
+    runs only in the
     namespace helper (:func:`oci_gpu_hook.appliers.rootfs.apply_in_container`, which then does it all again:
     the links it finds made)."""
     from oci_gpu_hook.appliers import mounts
@@ -165,16 +166,28 @@ def _driver_through_proc(pid: int, rootfs: str, edits: Edits) -> bool:
         os.close(proc_root)
     mask = os.umask(0)  # the modes exact, as in the namespace helper
     try:
-        for path, target in edits.symlinks:
-            mounts.symlink(root_fd, path, target)
+        done = [mounts.symlink(root_fd, path, target) for path, target in edits.symlinks]
         if edits.ldcache:
-            mounts.update_ldcache(root_fd, rootfs, edits.ldcache, edits.library_paths, in_namespace=False)
+            done.append(mounts.update_ldcache(root_fd, rootfs, edits.ldcache, edits.library_paths,
+                                              in_namespace=False))
     except mounts.NeedsNamespace:
-        return False
+        return None
     finally:
         os.umask(mask)
         os.close(root_fd)
-    return True
+    return done
+
+
+def _warn_notes(done: list[str], cid: str) -> None:
+    """The warning a result line carries (the ld cache: a malformed CUDA compat note, a cache ldconfig had to
+    rebuild, a driver file without a soname), as the one warning line and the journal's."""
+    from oci_gpu_hook.appliers.mounts import WARNING
+
+    for line in done:
+        if WARNING in line:
+            from oci_gpu_hook.log import warn
+
+            warn(line.split(WARNING, 1)[1], entry="ldcache", id=cid)
 
 
 def _make_in_container(stdin_text: str, edits: Edits) -> int:
@@ -188,8 +201,11 @@ def _make_in_container(stdin_text: str, edits: Edits) -> int:
         if edits:
             rootfs = spec.root(bundle)
             check_container(pid, rootfs, bundle)
-            if edits.nodes or edits.links or edits.mounts or not _driver_through_proc(pid, rootfs, edits):
-                rootfs_module.apply_in_container(pid, rootfs, edits)
+            done = None if edits.nodes or edits.links or edits.mounts else _driver_through_proc(pid, rootfs, edits)
+            if done is None:
+                done = rootfs_module.apply_in_container(pid, rootfs, edits)
+            if edits.ldcache:  # (its module is loaded then; the links hook does without it)
+                _warn_notes(done, cid)
     except HookError as err:
         err.container_id = cid
         raise

@@ -65,6 +65,8 @@ CONF_FILE = "/etc/ld.so.conf.d/00-oci-gpu-hook.conf"
 COMPAT_CONF_FILE = "/etc/ld.so.conf.d/00-compat-oci-gpu-hook.conf"
 COMPAT_DIR = "/usr/local/cuda/compat"
 COMPAT_NOTE, COMPAT_NOTE_OWNER = ".note.cuda.fwd_compatibility", "NVIDIA Corporation"
+COMPAT_REFUSED = "; the host's libcuda is used"
+WARNING = "; warning: "  # what follows in a result line is said as a warning (live.py: the hook's journal line)
 CACHE, LD_SO_CONF, INCLUDE_LINE = "/etc/ld.so.cache", "/etc/ld.so.conf", "include /etc/ld.so.conf.d/*.conf\n"
 # Under the runtime's timeout of the hooks that run it (prestart: 10 s for everything, as installed; ldcache: 30 s),
 # so that a refusal is this line, not the runtime's kill; ldconfig over the 1100 libraries of a Debian host: 0.3 s.
@@ -450,7 +452,7 @@ def compat_choice(root_fd: int, host_version: str) -> tuple[str | None, str]:
             if not isinstance(branches, list) or not all(type(b) is int for b in branches):
                 raise ValueError('its note has no "Driver" list of driver branches')
     except (ValueError, UnicodeDecodeError) as err:
-        return None, f"compat {names[0]}: {str(err).splitlines()[0]}; the host's libcuda is used"
+        return None, f"compat {names[0]}: {str(err).splitlines()[0]}{COMPAT_REFUSED}"
     finally:
         os.close(fd)
     if branches is None:
@@ -549,14 +551,18 @@ def update_ldcache(root_fd: int, rootfs: str, folders: tuple[str, ...], librarie
     if compat_dir:
         _write_in_root(root_fd, COMPAT_CONF_FILE, f"{compat_dir}\n")
     _ensure_ld_so_conf(root_fd)
-    said = (f"; {compat_said}" if compat_said else "") + (
-        f"; not listed (no soname): {', '.join(unlisted)}" if unlisted else "")
+    notes = [f"not listed (no soname): {', '.join(unlisted)}"] if unlisted else []
+    if compat_said.endswith(COMPAT_REFUSED):
+        notes.insert(0, compat_said)
+    said = f"; {compat_said}" if compat_said and not notes else ""
     image, hwcaps, unusable = _image_cache(root_fd)
     if unusable is not None and not in_namespace:
         raise NeedsNamespace(unusable)
     if unusable is not None:
         done = _run_ldconfig(root_fd, rootfs, ([compat_dir] if compat_dir else []) + real)
-        return f"ld cache of {rootfs} {done} ({unusable}){said}"
+        notes.insert(0, f"the image's cache could not be merged ({unusable}): {done}")
+        return f"ld cache of {rootfs}{WARNING}{'; '.join(notes)}{said}"
+    said += f"{WARNING}{'; '.join(notes)}" if notes else ""
     ours = (_compat_entries(root_fd, compat_dir) if compat_dir else []) + list(drivers.values())
     mine = {e.same() for e in ours}
     merged = ldcache.merged([e for e in image if e.same() not in mine], ours, hwcaps)
