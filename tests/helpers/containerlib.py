@@ -120,11 +120,11 @@ def cgroup2_wrap(argv: list[str]) -> list[str]:
 def private_cdi(argv: list[str], cdi_dir: Path) -> list[str]:
     """Run ``argv`` (podman) in a private mount namespace whose /run/cdi (= /var/run/cdi) is a tmpfs holding the
     specs of ``cdi_dir``: podman 4.3 reads specs only from /etc/cdi and /var/run/cdi, and tests never write there."""
-    # A host without /run/cdi gets the mount point for the run only: made here, removed after (it is empty
-    # outside this namespace throughout).
-    script = (f"made=; [ -d /run/cdi ] || {{ mkdir /run/cdi && made=1; }}; "
-              f"mount -t tmpfs none /run/cdi && cp {cdi_dir}/*.json /run/cdi/ && {_quoted(argv)}; rc=$?; "
-              "umount /run/cdi; [ -n \"$made\" ] && rmdir /run/cdi; exit $rc")
+    # A host without /run/cdi gets the (empty) mount point, and keeps it: removing it after the run would take the
+    # tmpfs of a run beside this one away with it (since Linux 3.18 rmdir detaches a mount point of another mount
+    # namespace), and that run's podman would find no spec (seen with two test sessions on one host).
+    script = (f"mkdir -p /run/cdi && mount -t tmpfs none /run/cdi && cp {cdi_dir}/*.json /run/cdi/ && "
+              f"{_quoted(argv)}; rc=$?; umount /run/cdi; exit $rc")
     return ["unshare", "-m", "sh", "-c", script]
 
 
