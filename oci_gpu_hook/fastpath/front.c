@@ -9,7 +9,8 @@
  *   hook (OGH_ROLE_HOOK): "prestart"/"createRuntime": the state on stdin names the bundle, its
  *                         config.json is scanned -> clean: exit 0;
  *                         "precreate": the config on stdin is scanned -> clean: copy it to stdout;
- *                         "links PATH=TARGET...": the /dev/dri/by-path links made in the container (below).
+ *                         "links PATH=TARGET...": the /dev/dri/by-path links made in the container (below);
+ *                         "ldcache ...": the resident planner, with its arguments, then Python (ldcache_main).
  *   Anything else (a container that asks for a GPU, say): the resident planner is asked first (`oci-gpu-hook
  *   serve`, see ask_planner), then the Python launcher.
  *
@@ -54,6 +55,7 @@
  *   state_clean         read_state, then live.py run's read of BUNDLE/config.json
  *   precreate           oci_gpu_hook/entry/cli.py cmd_precreate
  *   links_main          oci_gpu_hook/appliers/live.py run_links (entry/cli.py main: split_globals, chdir)
+ *   ldcache_main        oci_gpu_hook/appliers/live.py run_ldcache (served by the planner, else Python)
  *   link_ok             oci_gpu_hook/core/edits.py check_link
  *   root_path           oci_gpu_hook/oci_spec.py ContainerSpec.root (os.path.normpath of os.path.join)
  *   container_ok        oci_gpu_hook/appliers/live.py check_container (and what apply_in_container's setns needs)
@@ -2167,10 +2169,18 @@ static int make_links(long pid, const char *rootfs, char *const *links, int coun
     return ok;
 }
 
+/* Where the front does not do a hook alone once stdin is read: the resident planner, then the Python launcher. */
+static void planner_or_python(const char *input, size_t len)
+{
+    ask_planner(input, len);
+    to_python(input, len, 0);
+}
+
 /* ``oci-gpu-hook links PATH=TARGET...`` (live.run_links) where it is certain: every argument a link that
  * check_link takes (no option: split_globals would take --debug, --config, ...), the state and the bundle's
  * config.json read as above, its root.path without an escape, the pid the container; then the links.
- * Success prints nothing, in Python too.  Anything else: the Python launcher, with stdin as it came. */
+ * Success prints nothing, in Python too.  Anything else: the planner, then the Python launcher, with stdin as it
+ * came. */
 static void links_main(void)
 {
     char *input = NULL, bundle[PATH_MAX], path[PATH_MAX], rootfs[PATH_MAX], *spec;
@@ -2199,19 +2209,43 @@ static void links_main(void)
         to_python(input, len, 1);
     if (!read_state(input, len, &pid, bundle, sizeof bundle) || !config_in(path, sizeof path, bundle) ||
         !read_path(path, &spec, &spec_len))
-        to_python(input, len, 0);
+        planner_or_python(input, len);
     j.s = spec;
     j.n = spec_len;
     if (!json_object_ok(&j))
-        to_python(input, len, 0);
+        planner_or_python(input, len);
     if (g_argc == 2)
         _exit(0); /* no link: Python reads the config.json and stops there */
     if (!j.root_path || j.root_path_len < 3 || memchr(j.root_path, '\\', j.root_path_len) ||
         !root_path(bundle, j.root_path + 1, j.root_path_len - 2, rootfs, sizeof rootfs))
-        to_python(input, len, 0);
+        planner_or_python(input, len);
     if (!container_ok(pid, rootfs) || !make_links(pid, rootfs, g_argv + 2, g_argc - 2))
-        to_python(input, len, 0); /* also where the kernel has no openat2 (ENOSYS): Python enters by setns */
+        planner_or_python(input, len); /* also where the kernel has no openat2 (ENOSYS): Python enters by setns */
     _exit(0);
+}
+
+/* ``oci-gpu-hook ldcache ...`` (live.run_ldcache: the driver's soname links and its libraries merged into the
+ * container's ld cache, which needs Python's ELF and cache readers): the resident planner serves it with its
+ * arguments (its worker runs run_ldcache in a process forked from a warm interpreter: no interpreter starts),
+ * else the Python launcher, with stdin as it came. */
+static void ldcache_main(void)
+{
+    char *input = NULL, bundle[PATH_MAX];
+    size_t len = 0;
+    long pid;
+    int got;
+    if (chdir("/") != 0)
+        to_python(NULL, 0, 0);
+    got = read_fd(0, &input, &len);
+    if (!got) {
+        say_error("cannot read stdin: %s", strerror(errno));
+        _exit(1);
+    }
+    if (got == TOO_LARGE)
+        to_python(input, len, 1);
+    read_state(input, len, &pid, bundle, sizeof bundle); /* the state's id names the container in the journal */
+    ask_planner(input, len);
+    to_python(input, len, 0);
 }
 
 int main(int argc, char **argv)
@@ -2224,6 +2258,8 @@ int main(int argc, char **argv)
     as_baked = settings_as_baked();
     if (argc >= 2 && strcmp(argv[1], OGH_LINKS_COMMAND) == 0)
         links_main(); /* needs no config, as in Python */
+    if (argc >= 2 && strcmp(argv[1], OGH_LDCACHE_COMMAND) == 0)
+        ldcache_main();
     if (argc != 2 || !in_list(argv[1], OGH_HOOK_COMMANDS))
         to_python(NULL, 0, 0);
     if (chdir("/") != 0)
