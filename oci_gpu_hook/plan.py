@@ -59,9 +59,9 @@ class Plan:
         file (:mod:`oci_gpu_hook.log`).  What was ignored also goes to the journal, at info level (the config's
         ``syslog``): where a pod got no GPU by its env, the node's journal says why."""
         if self.request.note:
-            from oci_gpu_hook.log import journal
+            from oci_gpu_hook.log import to_syslog
 
-            journal(config, "info", entry, self.summary(), cid)
+            to_syslog(config, "info", entry, self.summary(), cid)
         if (not self and not self.request.note) or not config.log_file:
             return
         import time

@@ -677,8 +677,9 @@ for line in open("/proc/self/mountinfo"):
 @pytest.mark.root("unshare")
 def test_ldconfig_reads_no_procfs_under_the_rootfs(tmp_path: Path) -> None:
     """In a private mount namespace with two procfs under the rootfs (one at a path with a space, one bound over
-    a part of the other): ldconfig run as update_ldcache runs it lists nothing that an ld.so.conf names through
-    /proc/PID/root, where ldconfig -r alone lists the host's library; the procfs mounts are left as they were."""
+    a part of the other): ldconfig run as update_ldcache runs it where it cannot merge (confined) lists nothing
+    that an ld.so.conf names through /proc/PID/root, where ldconfig -r alone lists the host's library; the procfs
+    mounts are left as they were."""
     rootfs, host = tmp_path / "root fs", tmp_path / "host"
     (host / "lib").mkdir(parents=True)
     (host / "lib" / "libhostonly.so.7").write_bytes(fakenvidia.elf_shared_object("libhostonly.so.7"))
@@ -698,7 +699,7 @@ print(mounts._proc_mounts_under(root))
 subprocess.run([mounts.ldconfig(root), "-r", root], check=True, env={{}})
 print(sorted(e.soname for e in ldcache.read(root + "/etc/ld.so.cache")))
 fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-print(mounts.update_ldcache(fd, root, ("/usr/lib/x86_64-linux-gnu",)))
+print(mounts._run_ldconfig(fd, root, ["/usr/lib/x86_64-linux-gnu"]))
 print(sorted(e.soname for e in ldcache.read(root + "/etc/ld.so.cache")))
 print(mounts._proc_mounts_under(root))
 """
@@ -708,7 +709,7 @@ print(mounts._proc_mounts_under(root))
     lines = done.stdout.splitlines()
     assert lines[0] == str([f"{rootfs}/proc", f"{rootfs}/x y/hp"])  # /proc/sys is covered with /proc
     assert lines[1] == "['libhostonly.so.7']"  # ldconfig -r alone reads the host's library
-    assert lines[2] == f"ld cache of {rootfs} updated (/usr/lib/x86_64-linux-gnu)"
+    assert lines[2] == "rebuilt by the host's ldconfig, chrooted, without capabilities"
     assert lines[3] == "[]"
     assert lines[4] == lines[0]  # nothing propagated back
 

@@ -35,16 +35,17 @@ pytestmark = pytest.mark.skipif(fastbuild.find_cc() is None, reason="no C compil
 SEED_PCI = cl.SEED_PCI
 
 
-def make_install(base: Path, runtime: str = "/bin/true", extra: str = "", hook: Path | None = None
-                 ) -> dict[str, Path]:
+def make_install(base: Path, runtime: str = "/bin/true", extra: str = "", hook: Path | None = None,
+                 host: str | None = None) -> dict[str, Path]:
     """Native launchers that ask the planner at ``base/run/planner.sock`` (their Python launchers leave a marker),
     Python-only launchers of the same settings, and a config (the seed host, a log file, the native links hook).
     ``hook``: the ``oci-gpu-hook`` command that writes them (``launchers DIR``: an installed wheel's), else this
-    checkout's :func:`launchers.write_launchers`."""
+    checkout's :func:`launchers.write_launchers`.  ``host``: the host's roots (config lines) instead of the seed's."""
     base.mkdir(parents=True, exist_ok=True)
     config, log = base / "config.toml", base / "hook.log"
     socket_path = base / "run" / "planner.sock"
-    config.write_text(f'sysfs_root = "{cl.SEED_SYSFS}"\nhook_path = "{base / "native" / "oci-gpu-hook"}"\n'
+    roots = host if host is not None else f'sysfs_root = "{cl.SEED_SYSFS}"\n'
+    config.write_text(f'{roots}hook_path = "{base / "native" / "oci-gpu-hook"}"\n'
                       f'runtime = "{runtime}"\nlog_file = "{log}"\nby_path_dir = "{base / "by-path"}"\n{extra}')
     defaults = {"OCI_GPU_HOOK_CONFIG": str(config), "OCI_GPU_HOOK_PLANNER_SOCKET": str(socket_path)}
     for kind, native in (("native", True), ("python", False)):
@@ -60,7 +61,7 @@ def make_install(base: Path, runtime: str = "/bin/true", extra: str = "", hook: 
         script = base / "native" / name
         first, rest = script.read_text().split("\n", 1)
         script.write_text(f"{first}\nimport sys\nif sys.argv[1:2] != ['serve']: open({str(marker)!r}, 'a')"
-                          f".write('ran\\n')\n{rest}")
+                          f".write(repr(sys.argv[1:2]) + '\\n')\n{rest}")
     return {"base": base, "config": config, "log": log, "socket": socket_path, "native": base / "native",
             "python": base / "python", "marker": marker}
 
@@ -527,6 +528,35 @@ def test_the_prestart_hook_through_the_planner(runc_install: dict[str, Path], ro
         probe = cl.assert_isolated(result.stdout, [1, 6], cgroup_v2=v2)
         assert probe.links == cl.expected_links([1, 6])
         assert python_runs(runc_install) == 0
+    finally:
+        running.stop()
+
+
+@pytest.mark.containers
+def test_the_ldcache_hook_through_the_planner(tmp_path: Path) -> None:
+    """An NVIDIA GPU by the shim (the fake nvidia-h100 host): the driver's files are the runtime's mounts and its
+    ld cache the ``ldcache`` createRuntime hook, which the native front hands to the planner with its arguments;
+    the container resolves libcuda.so.1 from its cache, and Python never started."""
+    from tests.containers.test_nvidia_hosts import make_rootfs, model
+
+    cl.need("runc", "busybox", "unshare")
+    nv = model("nvidia-h100")
+    install = make_install(tmp_path / "install", runtime="runc",
+                           host=f'sysfs_root = "{nv.base / "sys"}"\nproc_root = "{nv.base / "proc"}"\n'
+                                f'driver_root = "{nv.base / "driver"}"\n')
+    rootfs = make_rootfs(tmp_path / "rootfs", nv)
+    running = start_planner(install)
+    try:
+        bundle = cl.make_bundle(tmp_path / cl.container_id(), rootfs, ["NVIDIA_VISIBLE_DEVICES=1"])
+        cl.edit_spec(bundle, lambda spec: spec["root"].update(readonly=False))
+        python_runs(install)
+        argv = [str(install["native"] / "oci-gpu-runtime"), "run", "--bundle", str(bundle), bundle.name]
+        result = cl.run(argv, env=cl.hook_env())
+        assert result.returncode == 0, result.stderr
+        assert "ldcache libcuda.so.1" in result.stdout.splitlines(), result.stdout
+        spec = json.loads((bundle / "config.json").read_text())
+        assert [h["args"][1] for h in spec["hooks"]["createRuntime"]] == ["ldcache"]
+        assert python_runs(install) == 0
     finally:
         running.stop()
 

@@ -147,6 +147,51 @@ def _lock(rootfs: str) -> int:
     return fd
 
 
+def _driver_through_proc(pid: int, rootfs: str, edits: Edits) -> list[str] | None:
+    """A driver's soname links and ld cache (the ``ldcache`` hook's edits: no node, no mount) made from here,
+    through ``/proc/PID/root``: before ``pivot_root`` that is the container's mount namespace's root, the rootfs
+    below it reached by the one walk (FOLLOW, as the namespace helper opens it after setns), every step by a
+    directory fd.  No process is forked for it.  What was done, or None where the ld cache needs ldconfig, which
+    runs only in the
+    namespace helper (:func:`oci_gpu_hook.appliers.rootfs.apply_in_container`, which then does it all again:
+    the links it finds made)."""
+    from oci_gpu_hook.appliers import mounts
+    from oci_gpu_hook.core import inroot
+
+    try:
+        proc_root = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as err:
+        raise HookError(f"cannot open the root of container process {pid}: {err.strerror}") from None
+    try:
+        root_fd = inroot.open_dir(proc_root, rootfs, inroot.FOLLOW)[0]
+    finally:
+        os.close(proc_root)
+    mask = os.umask(0)  # the modes exact, as in the namespace helper
+    try:
+        done = [mounts.symlink(root_fd, path, target) for path, target in edits.symlinks]
+        if edits.ldcache:
+            done.append(mounts.update_ldcache(root_fd, rootfs, edits.ldcache, edits.library_paths,
+                                              in_namespace=False))
+    except mounts.NeedsNamespace:
+        return None
+    finally:
+        os.umask(mask)
+        os.close(root_fd)
+    return done
+
+
+def _warn_notes(done: list[str], cid: str) -> None:
+    """The warning a result line carries (the ld cache: a malformed CUDA compat note, a cache ldconfig had to
+    rebuild, a driver file without a soname), as the one warning line and the journal's."""
+    from oci_gpu_hook.appliers.mounts import WARNING
+
+    for line in done:
+        if WARNING in line:
+            from oci_gpu_hook.log import warn
+
+            warn(line.split(WARNING, 1)[1], entry="ldcache", id=cid)
+
+
 def _make_in_container(stdin_text: str, edits: Edits) -> int:
     """Make ``edits`` (links, symlinks, the ld cache: nothing the device cgroup governs) in the container of
     the state JSON ``stdin_text``, once it is proven to be the bundle's container."""
@@ -158,7 +203,11 @@ def _make_in_container(stdin_text: str, edits: Edits) -> int:
         if edits:
             rootfs = spec.root(bundle)
             check_container(pid, rootfs, bundle)
-            rootfs_module.apply_in_container(pid, rootfs, edits)
+            done = None if edits.nodes or edits.links or edits.mounts else _driver_through_proc(pid, rootfs, edits)
+            if done is None:
+                done = rootfs_module.apply_in_container(pid, rootfs, edits)
+            if edits.ldcache:  # (its module is loaded then; the links hook does without it)
+                _warn_notes(done, cid)
     except HookError as err:
         err.container_id = cid
         raise
@@ -181,20 +230,22 @@ def run_links(stdin_text: str, args: list[str]) -> int:
 
 
 def run_ldcache(stdin_text: str, args: list[str]) -> int:
-    """``oci-gpu-hook ldcache [PATH=TARGET...] [--folder=DIR...]``: the createRuntime hook that the spec-rewrite
-    paths and the CDI specs add beside a driver's mounts (which the runtime made): the soname links, then the
-    container's ld cache rebuilt with those directories (:mod:`oci_gpu_hook.appliers.mounts`)."""
+    """``oci-gpu-hook ldcache [PATH=TARGET...] [--folder=DIR...] [--lib=PATH...]``: the createRuntime hook that the
+    spec-rewrite paths and the CDI specs add beside a driver's mounts (which the runtime made): the soname links,
+    then the driver's libraries merged into the container's ld cache (:mod:`oci_gpu_hook.appliers.mounts`)."""
     from oci_gpu_hook.core.edits import Edits, check_container_path, check_symlink
 
-    links, folders = [], []
+    links, folders, libs = [], [], []
     for arg in args:
-        if arg.startswith("--folder="):
-            check_container_path(arg[len("--folder="):], "ld cache directory")
-            folders.append(arg[len("--folder="):])
-            continue
-        path, eq, target = arg.partition("=")
-        if not eq or arg.startswith("-"):
-            raise HookError(f"ldcache: {arg!r} is not PATH=TARGET or --folder=DIR")
-        check_symlink(path, target)
-        links.append((path, target))
-    return _make_in_container(stdin_text, Edits(symlinks=tuple(links), ldcache=tuple(folders)))
+        for option, into in (("--folder=", folders), ("--lib=", libs)):
+            if arg.startswith(option):
+                check_container_path(arg[len(option):], "ld cache directory" if into is folders else "driver library")
+                into.append(arg[len(option):])
+                break
+        else:
+            path, eq, target = arg.partition("=")
+            if not eq or arg.startswith("-"):
+                raise HookError(f"ldcache: {arg!r} is not PATH=TARGET, --folder=DIR or --lib=PATH")
+            check_symlink(path, target)
+            links.append((path, target))
+    return _make_in_container(stdin_text, Edits(symlinks=tuple(links), ldcache=tuple(folders), ldlibs=tuple(libs)))

@@ -53,11 +53,12 @@ class Mount:
 
 
 class Edits:
-    __slots__ = ("env", "ldcache", "links", "masked", "mounts", "nodes", "symlinks")
+    __slots__ = ("env", "ldcache", "ldlibs", "links", "masked", "mounts", "nodes", "symlinks")
 
     def __init__(self, nodes: tuple[Node, ...] = (), links: tuple[tuple[str, str], ...] = (),
                  masked: tuple[str, ...] = (), env: tuple[str, ...] = (), mounts: tuple[Mount, ...] = (),
-                 symlinks: tuple[tuple[str, str], ...] = (), ldcache: tuple[str, ...] = ()) -> None:
+                 symlinks: tuple[tuple[str, str], ...] = (), ldcache: tuple[str, ...] = (),
+                 ldlibs: tuple[str, ...] = ()) -> None:
         self.nodes = nodes
         self.links = links  # /dev/dri/by-path links (check_link)
         self.masked = masked
@@ -65,6 +66,7 @@ class Edits:
         self.mounts = mounts
         self.symlinks = symlinks  # a driver's links, PATH -> a file name in the same directory (or ../NAME)
         self.ldcache = ldcache  # directories the container's ld cache must list
+        self.ldlibs = ldlibs  # the libraries in them it must list (the ldcache hook's; else library_paths derives)
 
     def __bool__(self) -> bool:
         return bool(self.nodes or self.links or self.masked or self.env or self.mounts or self.symlinks
@@ -75,9 +77,22 @@ class Edits:
                 f"mounts={[m.destination for m in self.mounts]}, symlinks={list(self.symlinks)})")
 
     @property
+    def library_paths(self) -> tuple[str, ...]:
+        """The driver's libraries the container's ld cache lists, by their paths in the container: ``ldlibs`` where
+        given, else each mount in an ld cache directory whose name holds ``.so``, else (an ``ldcache`` hook of an
+        older spec) each soname link there."""
+        if self.ldlibs:
+            return self.ldlibs
+        folders = set(self.ldcache)
+        mounted = tuple(m.destination for m in self.mounts
+                        if m.destination.rpartition("/")[0] in folders and ".so" in m.destination.rpartition("/")[2])
+        return mounted or tuple(p for p, _ in self.symlinks if p.rpartition("/")[0] in folders)
+
+    @property
     def driver_hook_args(self) -> list[str]:
         """The arguments of the ``ldcache`` createRuntime hook that makes the symlinks and updates the ld cache."""
-        return [*(f"{p}={t}" for p, t in self.symlinks), *(f"--folder={d}" for d in self.ldcache)]
+        return [*(f"{p}={t}" for p, t in self.symlinks), *(f"--folder={d}" for d in self.ldcache),
+                *(f"--lib={p}" for p in self.library_paths)]
 
     @classmethod
     def merged(cls, parts: list[Edits]) -> Edits:
@@ -105,7 +120,8 @@ class Edits:
         return cls(tuple(nodes.values()), tuple(links.items()),
                    tuple(dict.fromkeys(m for p in parts for m in p.masked)),
                    tuple(dict.fromkeys(e for p in parts for e in p.env)), tuple(mounts.values()),
-                   tuple(symlinks.items()), tuple(dict.fromkeys(d for p in parts for d in p.ldcache)))
+                   tuple(symlinks.items()), tuple(dict.fromkeys(d for p in parts for d in p.ldcache)),
+                   tuple(dict.fromkeys(lib for p in parts for lib in p.ldlibs)))
 
     def rules(self, access: str) -> tuple[Rule, ...]:
         """One allow rule per node, derived in the one place a node becomes a rule."""

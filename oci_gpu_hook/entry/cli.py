@@ -51,10 +51,10 @@ COMMANDS: dict[str, tuple[str, bool | str, str, tuple[tuple[str, str], ...]]] = 
     "links": ("", False, "usage: oci-gpu-hook links PATH=TARGET...\n\ncreateRuntime hook: the /dev/dri/by-path links "
                          "in the container (the OCI state on stdin).\n",
               (("links PATH=TARGET...", "createRuntime hook: /dev/dri/by-path links in the container"),)),
-    "ldcache": ("", False, "usage: oci-gpu-hook ldcache [PATH=TARGET...] [--folder=DIR...]\n\ncreateRuntime hook: a "
-                           "driver's soname links, then the container's ld cache rebuilt with DIRs (the host's "
-                           "ldconfig -r; the OCI state on stdin).\n",
-                (("ldcache [PATH=TARGET...] [--folder=DIR...]",
+    "ldcache": ("", False, "usage: oci-gpu-hook ldcache [PATH=TARGET...] [--folder=DIR...] [--lib=PATH...]\n\n"
+                           "createRuntime hook: a driver's soname links, then its libraries (PATHs, in DIRs) merged "
+                           "into the container's ld cache (no process; the OCI state on stdin).\n",
+                (("ldcache [PATH=TARGET...] [--folder=DIR...] [--lib=PATH...]",
                   "createRuntime hook: a driver's soname links, the container's ld cache"),)),
     "inspect": ("inspect", True, "", (("inspect (--pid PID | --cgroup DIR)",
                                        "what a cgroup lets its processes open"),)),

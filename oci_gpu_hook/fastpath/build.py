@@ -109,7 +109,7 @@ def front_contract() -> dict[str, str | list[str] | int]:
     defines, each taken from where Python defines it (``oci_gpu_hook/fastpath/front.c`` names them
     ``OGH_<KEY>``; its header says which Python function each part of the front mirrors)."""
     from oci_gpu_hook import LIVE_COMMANDS, PRECREATE, config, log, oci_argv, trust
-    from oci_gpu_hook.appliers.ocispec import LINKS_COMMAND
+    from oci_gpu_hook.appliers.ocispec import LDCACHE_COMMAND, LINKS_COMMAND
     from oci_gpu_hook.core.edits import BY_PATH_DIR, LINK_NODES
     from oci_gpu_hook.request import NO_GPU
     from oci_gpu_hook.serve import planner
@@ -126,6 +126,7 @@ def front_contract() -> dict[str, str | list[str] | int]:
         "HOOK_COMMANDS": sorted({PRECREATE, *LIVE_COMMANDS}),
         "PRECREATE": PRECREATE,
         "LINKS_COMMAND": LINKS_COMMAND,
+        "LDCACHE_COMMAND": LDCACHE_COMMAND,  # served by the planner with its arguments (front.c ldcache_main)
         "BY_PATH_DIR": BY_PATH_DIR,
         "LINK_NODES": list(LINK_NODES),
         "PLANNER_ENV": planner.SOCKET_ENV,

@@ -9,7 +9,8 @@
  *   hook (OGH_ROLE_HOOK): "prestart"/"createRuntime": the state on stdin names the bundle, its
  *                         config.json is scanned -> clean: exit 0;
  *                         "precreate": the config on stdin is scanned -> clean: copy it to stdout;
- *                         "links PATH=TARGET...": the /dev/dri/by-path links made in the container (below).
+ *                         "links PATH=TARGET...": the /dev/dri/by-path links made in the container (below);
+ *                         "ldcache ...": the resident planner, with its arguments, then Python (ldcache_main).
  *   Anything else (a container that asks for a GPU, say): the resident planner is asked first (`oci-gpu-hook
  *   serve`, see ask_planner), then the Python launcher.
  *
@@ -54,6 +55,7 @@
  *   state_clean         read_state, then live.py run's read of BUNDLE/config.json
  *   precreate           oci_gpu_hook/entry/cli.py cmd_precreate
  *   links_main          oci_gpu_hook/appliers/live.py run_links (entry/cli.py main: split_globals, chdir)
+ *   ldcache_main        oci_gpu_hook/appliers/live.py run_ldcache (served by the planner, else Python)
  *   link_ok             oci_gpu_hook/core/edits.py check_link
  *   root_path           oci_gpu_hook/oci_spec.py ContainerSpec.root (os.path.normpath of os.path.join)
  *   container_ok        oci_gpu_hook/appliers/live.py check_container (and what apply_in_container's setns needs)

@@ -4,7 +4,8 @@
  * BUNDLE/config.json), oci_gpu_hook/entry/cli.py cmd_precreate, oci_gpu_hook/appliers/live.py run_links and
  * check_container, oci_gpu_hook/core/edits.py check_link, oci_gpu_hook/oci_spec.py ContainerSpec.root,
  * oci_gpu_hook/appliers/rootfs.py make_nodes for links, oci_gpu_hook/core/inroot.py open_dir, FOLLOW and REFUSE
- * (in_root, dir_beneath; tests/test_inroot.py).
+ * (in_root, dir_beneath; tests/test_inroot.py); ldcache_main: oci_gpu_hook/appliers/live.py run_ldcache (served by
+ * the planner, else Python).
  */
 
 /* ------------------------------------------------------------------ the hooks */
@@ -303,10 +304,18 @@ static int make_links(long pid, const char *rootfs, char *const *links, int coun
     return ok;
 }
 
+/* Where the front does not do a hook alone once stdin is read: the resident planner, then the Python launcher. */
+static void planner_or_python(const char *input, size_t len)
+{
+    ask_planner(input, len);
+    to_python(input, len, 0);
+}
+
 /* ``oci-gpu-hook links PATH=TARGET...`` (live.run_links) where it is certain: every argument a link that
  * check_link takes (no option: split_globals would take --debug, --config, ...), the state and the bundle's
  * config.json read as above, its root.path without an escape, the pid the container; then the links.
- * Success prints nothing, in Python too.  Anything else: the Python launcher, with stdin as it came. */
+ * Success prints nothing, in Python too.  Anything else: the planner, then the Python launcher, with stdin as it
+ * came. */
 static void links_main(void)
 {
     char *input = NULL, bundle[PATH_MAX], path[PATH_MAX], rootfs[PATH_MAX], *spec;
@@ -335,19 +344,43 @@ static void links_main(void)
         to_python(input, len, 1);
     if (!read_state(input, len, &pid, bundle, sizeof bundle) || !config_in(path, sizeof path, bundle) ||
         !read_path(path, &spec, &spec_len))
-        to_python(input, len, 0);
+        planner_or_python(input, len);
     j.s = spec;
     j.n = spec_len;
     if (!json_object_ok(&j))
-        to_python(input, len, 0);
+        planner_or_python(input, len);
     if (g_argc == 2)
         _exit(0); /* no link: Python reads the config.json and stops there */
     if (!j.root_path || j.root_path_len < 3 || memchr(j.root_path, '\\', j.root_path_len) ||
         !root_path(bundle, j.root_path + 1, j.root_path_len - 2, rootfs, sizeof rootfs))
-        to_python(input, len, 0);
+        planner_or_python(input, len);
     if (!container_ok(pid, rootfs) || !make_links(pid, rootfs, g_argv + 2, g_argc - 2))
-        to_python(input, len, 0); /* also where the kernel has no openat2 (ENOSYS): Python enters by setns */
+        planner_or_python(input, len); /* also where the kernel has no openat2 (ENOSYS): Python enters by setns */
     _exit(0);
+}
+
+/* ``oci-gpu-hook ldcache ...`` (live.run_ldcache: the driver's soname links and its libraries merged into the
+ * container's ld cache, which needs Python's ELF and cache readers): the resident planner serves it with its
+ * arguments (its worker runs run_ldcache in a process forked from a warm interpreter: no interpreter starts),
+ * else the Python launcher, with stdin as it came. */
+static void ldcache_main(void)
+{
+    char *input = NULL, bundle[PATH_MAX];
+    size_t len = 0;
+    long pid;
+    int got;
+    if (chdir("/") != 0)
+        to_python(NULL, 0, 0);
+    got = read_fd(0, &input, &len);
+    if (!got) {
+        say_error("cannot read stdin: %s", strerror(errno));
+        _exit(1);
+    }
+    if (got == TOO_LARGE)
+        to_python(input, len, 1);
+    read_state(input, len, &pid, bundle, sizeof bundle); /* the state's id names the container in the journal */
+    ask_planner(input, len);
+    to_python(input, len, 0);
 }
 
 int main(int argc, char **argv)
@@ -360,6 +393,8 @@ int main(int argc, char **argv)
     as_baked = settings_as_baked();
     if (argc >= 2 && strcmp(argv[1], OGH_LINKS_COMMAND) == 0)
         links_main(); /* needs no config, as in Python */
+    if (argc >= 2 && strcmp(argv[1], OGH_LDCACHE_COMMAND) == 0)
+        ldcache_main();
     if (argc != 2 || !in_list(argv[1], OGH_HOOK_COMMANDS))
         to_python(NULL, 0, 0);
     if (chdir("/") != 0)

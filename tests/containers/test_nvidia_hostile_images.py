@@ -10,7 +10,8 @@ the driver's library directory or ``/lib/firmware`` a symlink out of the rootfs 
 ``../..``). The host directory holds a library whose soname no image or driver has (``libhostonly.so.7``); before
 the fix the first case listed it in the container's cache (and the driver's library directory through ``/proc``
 was refused by the prestart hook and started by the shim and CDI). A symlink to ``/`` and ``../..`` stayed inside
-(ldconfig chroots) before too: they are here so that they stay so."""
+(ldconfig chroots) before too: they are here so that they stay so.  Also here: CUDA forward compatibility, one
+decision on every path, for a compat library whose note lists the host's branch, does not, or is malformed."""
 
 from __future__ import annotations
 
@@ -164,13 +165,30 @@ def _fifo_conf(rootfs: Path, host: Path, pid: int) -> None:
     os.mkfifo(rootfs / "etc" / "ld.so.conf")
 
 
+def _fifo_conf_and_cache(rootfs: Path, host: Path, pid: int) -> None:
+    os.mkfifo(rootfs / "etc" / "ld.so.conf")
+    os.mkfifo(rootfs / "etc" / "ld.so.cache")
+
+
+def test_an_image_whose_ld_so_conf_is_a_fifo_starts_alike(setup: dict[str, Any]) -> None:
+    """/etc/ld.so.conf a FIFO (ldconfig would wait for a writer forever): the driver's entries are merged into the
+    cache without reading it, so every applier starts the container, the driver resolvable, the FIFO left as is."""
+    for applier in APPLIERS:
+        done, rootfs = _start(setup, applier, _fifo_conf, False)
+        assert done.returncode == 0, (applier, done.stderr)
+        assert "ldcache libcuda.so.1" in done.stdout.splitlines(), (applier, done.stdout)
+        assert (rootfs / "etc" / "ld.so.conf").is_fifo()
+
+
 def test_an_image_that_would_hold_ldconfig_is_refused_alike(setup: dict[str, Any]) -> None:
-    """/etc/ld.so.conf a FIFO: ldconfig would wait for a writer forever. Every applier stops the container with the
-    same one line (ldconfig's deadline, under the runtime's hook timeout), none holds it.  The four containers
-    start at once: each waits out the whole deadline, which one after the other would add up."""
+    """/etc/ld.so.cache a FIFO too: that cache cannot be merged, so the host's ldconfig rebuilds it (confined), and
+    would wait on ld.so.conf forever. Every applier stops the container with the same one line (ldconfig's deadline,
+    under the runtime's hook timeout), none holds it.  The four containers start at once: each waits out the whole
+    deadline, which one after the other would add up."""
     said = {}
     with ThreadPoolExecutor(len(APPLIERS)) as pool:
-        started = dict(zip(APPLIERS, pool.map(lambda a: _start(setup, a, _fifo_conf, False), APPLIERS), strict=True))
+        started = dict(zip(APPLIERS, pool.map(lambda a: _start(setup, a, _fifo_conf_and_cache, False), APPLIERS),
+                           strict=True))
     for applier, (done, rootfs) in started.items():
         assert done.returncode != 0 and "Traceback" not in done.stderr, (applier, done.stderr)
         line = done.stderr.split("oci-gpu-hook: error: ", 1)[-1].split("\\n")[0].split("\n")[0]
@@ -203,3 +221,35 @@ def test_an_image_with_a_file_where_the_driver_goes_is_refused_everywhere(setup:
         assert done.returncode != 0 and "Traceback" not in done.stderr, (applier, done.stderr)
         assert named in done.stderr and ("not a directory" in done.stderr or "directory or special file there"
                                          in done.stderr), (applier, done.stderr)
+
+
+NOTES = {"host-branch-listed": b'{"Format": 1, "CUDA Version": "12.8", "Driver": [535, 550, 570], "Device": [1]}',
+         "host-branch-not-listed": b'{"Format": 1, "CUDA Version": "12.8", "Driver": [535, 570], "Device": [1]}',
+         "malformed-note": b'{"CUDA Version": "12.8", "Driver": '}
+
+
+def _compat(note: bytes) -> Trap:
+    """A CUDA image newer than the host's driver (550): /usr/local/cuda/compat holds libcuda.so.570.124.06 with
+    NVIDIA's note ``note``."""
+    def trap(rootfs: Path, host: Path, pid: int) -> None:
+        from tests.test_ldcache_merge import real_library, with_note
+
+        compat = rootfs / "usr" / "local" / "cuda" / "compat"
+        compat.mkdir(parents=True)
+        (compat / "libcuda.so.570.124.06").write_bytes(with_note(real_library("libcuda.so.1"), note))
+        (compat / "libcuda.so.1").symlink_to("libcuda.so.570.124.06")
+    return trap
+
+
+@pytest.mark.parametrize("kind", sorted(NOTES))
+def test_cuda_forward_compatibility_on_every_path(setup: dict[str, Any], kind: str) -> None:
+    """Every applier takes NVIDIA's decision alike: the compat libcuda first in the container's cache (and its
+    drop-in written) where the note lists the host's branch, the driver's libcuda first where it does not or where
+    the note is malformed (the container starts with what is valid)."""
+    listed = kind == "host-branch-listed"
+    for applier in APPLIERS:
+        done, rootfs = _start(setup, applier, _compat(NOTES[kind]), False)
+        assert done.returncode == 0, (applier, done.stderr)
+        first = next(e.path for e in ldcache.read(str(rootfs / "etc" / "ld.so.cache")) if e.soname == "libcuda.so.1")
+        assert first == ("/usr/local/cuda/compat/libcuda.so.1" if listed else f"{LIB}/libcuda.so.1"), applier
+        assert (rootfs / "etc/ld.so.conf.d/00-compat-oci-gpu-hook.conf").exists() == listed, applier

@@ -18,8 +18,9 @@ nothing of the entry layer) -- the same code on the same inputs.  It writes
 config.json itself, as Python does (:func:`oci_gpu_hook.atomic.write_atomic`: a rename, so a planner killed
 mid-request leaves the old file or the new one, never half of one).  **Once or not at all** (the protocol, below):
 nothing outside the worker changes before the front's GO, which comes only inside the front's bound; after it, the
-front never runs the request again.  A live hook (``prestart``) is served only in the front's pid and cgroup
-namespaces, where the pids and cgroup paths it reads mean the same; the front's user namespace always.
+front never runs the request again.  A live hook (``prestart``, and the ``links`` and ``ldcache`` createRuntime
+hooks, served with their arguments) is served only in the front's pid and cgroup namespaces, where the pids and
+cgroup paths it reads mean the same; the front's user namespace always.
 
 **The inventory.**  A worker scans sysfs in the front's mount namespace as the Python path does, but serves the
 daemon's last scan of that kind instead where replaying every filesystem call that scan made gives every answer

@@ -88,9 +88,11 @@ class Request:
 
     @property
     def live(self) -> bool:
-        from oci_gpu_hook import LIVE_COMMANDS
+        """A hook that reads the state's pid (prestart, createRuntime, and the links and ldcache hooks)."""
+        from oci_gpu_hook import CREATE_RUNTIME_HOOKS, LIVE_COMMANDS
 
-        return self.role == "oci-gpu-hook" and bool(self.args) and os.fsdecode(self.args[0]) in LIVE_COMMANDS
+        return (self.role == "oci-gpu-hook" and bool(self.args)
+                and os.fsdecode(self.args[0]) in (*LIVE_COMMANDS, *CREATE_RUNTIME_HOOKS))
 
 
 def _within(conn: socket_module.socket, deadline: float) -> None:

@@ -295,11 +295,13 @@ def prepare_entry(request: Request) -> tuple[str, str]:
     launcher and its command, the environment, the stdio CPython would pick (python_stdio)."""
     if request.role not in ROLES:
         raise BadRequest(f"no launcher {request.role!r}")
-    from oci_gpu_hook import LIVE_COMMANDS, PRECREATE
+    from oci_gpu_hook import CREATE_RUNTIME_HOOKS, LIVE_COMMANDS, PRECREATE
 
-    if request.role == "oci-gpu-hook" and (len(request.args) != 1 or
-                                           os.fsdecode(request.args[0]) not in (PRECREATE, *LIVE_COMMANDS)):
-        raise BadRequest("not a hook command the front sends")
+    if request.role == "oci-gpu-hook":
+        command = os.fsdecode(request.args[0]) if request.args else ""
+        # the state hooks alone; the createRuntime hooks (links, ldcache) with their arguments
+        if not ((len(request.args) == 1 and command in (PRECREATE, *LIVE_COMMANDS)) or command in CREATE_RUNTIME_HOOKS):
+            raise BadRequest("not a hook command the front sends")
     set_environ(request.env)
     errors, coerced = python_stdio()
     if coerced:
