@@ -194,6 +194,7 @@ def test_same_size_edit_with_the_times_put_back_goes_to_python(tmp_path: Path) -
 
 COARSE = r"""
 import json, os, subprocess, sys, time
+from oci_gpu_hook.fastpath import build as fastbuild
 from oci_gpu_hook.install import launchers
 image, mount, base, sysfs = sys.argv[1:]
 subprocess.run(["mount", "-o", "loop", image, mount], check=True)

@@ -19,4 +19,4 @@ INTEGRATIONS = ("podman", "docker", "containerd", "crio", "cdi", "systemd", "nri
 HOOK_LAUNCHER = f"{LAUNCHER_DIR}/oci-gpu-hook"
 RUNTIME_LAUNCHER = f"{LAUNCHER_DIR}/oci-gpu-runtime"
 # the directory that holds the package: a source checkout has hooks.d/ and examples/ there, a wheel does not
-PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
