@@ -393,7 +393,7 @@ def test_a_read_only_root_is_one_line_unless_nothing_is_to_write(tmp_path: Path)
     update(ready, libdir, libs)
     code = f"""
 import subprocess, sys
-sys.path.insert(0, {os.getcwd()!r})
+sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
 from oci_gpu_hook.errors import HookError
 from tests.test_ldcache_merge import update
 for root in ({str(root)!r}, {str(ready)!r}):
