@@ -124,15 +124,81 @@ def links_hook_path(config: Config, argv0: str | None = None) -> str:
                     "or set hook_path")
 
 
-def apply(spec: ContainerSpec, plan: Plan, config: Config, hook_path: str | None = None, prepare: bool = True) -> bool:
+def _written_paths(edits: Edits) -> list[str]:
+    """The container paths the driver's links and ld cache write or read (and the directories they sit in)."""
+    from oci_gpu_hook.appliers import mounts
+
+    return [*(p for p, _ in edits.symlinks), *edits.ldcache, mounts.CACHE, mounts.CONF_FILE, mounts.COMPAT_CONF_FILE,
+            mounts.LD_SO_CONF, mounts.COMPAT_DIR]
+
+
+def _hidden(spec: dict[str, Any], edits: Edits) -> str | None:
+    """A mount of the spec (not a driver file's own) that would cover what is written before ``runc create``:
+    its destination at or above one of those paths (a directory mounted over them hides them); else None."""
+    ours = {m.destination for m in edits.mounts}
+    paths = _written_paths(edits)
+    for mount in spec.get("mounts") or []:
+        dest = mount.get("destination") if isinstance(mount, dict) else None
+        if not isinstance(dest, str) or dest in ours:
+            continue
+        dest = "/" + "/".join(p for p in dest.split("/") if p not in ("", "."))
+        if any(dest == "/" or p == dest or p.startswith(dest + "/") for p in paths) or ".." in dest.split("/"):
+            return dest
+    return None
+
+
+def prewrite(spec: ContainerSpec, edits: Edits, bundle: str | None, cid: str = "") -> bool:
+    """The driver's soname links and ld cache made in the container's root directory now, before the runtime
+    creates the container (no ``ldcache`` hook then); whether they were.  The same functions as the hook's
+    (:func:`oci_gpu_hook.appliers.mounts.links_and_cache`), each library's soname read from its mount's host
+    file (the runtime has not mounted it yet), the rootfs walked by the one walk (FOLLOW, as runc resolves the
+    mounts' destinations), the cache written by the one atomic writer.  Not done (False, the hook stays in the
+    spec, as before): ``root.readonly`` (a read-only root is not written by us, the hook refuses it with one
+    line unless nothing is to write), ``root.path`` not a writable directory (relative and no bundle known),
+    a spec mount over a path written here (it would hide it), a cache only the confined ldconfig can rebuild
+    (it needs the container's mount namespace), or any failure."""
+    root = spec.raw.get("root")
+    if not isinstance(root, dict) or root.get("readonly") is True:
+        return False
+    path = root.get("path")
+    if not isinstance(path, str) or not path or (bundle is None and not path.startswith("/")):
+        return False
+    if _hidden(spec.raw, edits) is not None:
+        return False
+    rootfs = spec.root(bundle or "/")
+    from oci_gpu_hook.appliers import mounts
+
+    try:
+        root_fd = os.open(rootfs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    mask = os.umask(0)  # the modes exact, as the hook makes them
+    try:
+        if not os.access(f"/proc/self/fd/{root_fd}", os.W_OK):
+            return False
+        sources = {m.destination: m.source for m in edits.mounts}
+        done = mounts.links_and_cache(root_fd, rootfs, edits, in_namespace=False, sources=sources)
+    except (HookError, OSError):
+        return False  # nothing half-done that matters: the hook redoes it all (its links found made)
+    finally:
+        os.umask(mask)
+        os.close(root_fd)
+    if edits.ldcache:
+        mounts.warn_notes(done, cid or spec.name() or "")
+    return True
+
+
+def apply(spec: ContainerSpec, plan: Plan, config: Config, hook_path: str | None = None, prepare: bool = True,
+          bundle: str | None = None, cid: str = "") -> bool:
     """Write ``plan`` into ``spec`` (its :attr:`~ContainerSpec.raw` document) in place; return whether anything
-    changed.  The driver's hook names ``hook_path``, by default :func:`links_hook_path` (which refuses a hook
-    the runtime could not run); the by-path links are a directory prepared under ``by_path_dir`` (with ``prepare``
-    false, as ``validate`` rewrites in memory, only checked where it is already there)."""
+    changed.  The driver's links and ld cache are made in the rootfs now where they can be (:func:`prewrite`:
+    ``prepare`` true and ``root.path`` absolute or ``bundle`` given), else its hook names ``hook_path``, by
+    default :func:`links_hook_path` (which refuses a hook the runtime could not run); the by-path links are a
+    directory prepared under ``by_path_dir`` (with ``prepare`` false, as ``validate`` rewrites in memory, only
+    checked where it is already there)."""
     if not plan:
         return False
-    if (plan.edits.symlinks or plan.edits.ldcache) and hook_path is None:
-        hook_path = links_hook_path(config)
+    driver = plan.edits.symlinks or plan.edits.ldcache
     raw = spec.raw
     rules = spec.device_rules(create=True)
     linux = raw["linux"]
@@ -166,7 +232,8 @@ def apply(spec: ContainerSpec, plan: Plan, config: Config, hook_path: str | None
     rules.extend(rule.to_oci() for rule in missing)
     changed |= _add_mounts(raw, plan.edits)
     changed |= _add_by_path(raw, plan.edits, config, prepare)
-    changed |= _add_hooks(raw, plan.edits, hook_path or config.hook_path)
+    if driver and not (prepare and prewrite(spec, plan.edits, bundle, cid)):
+        changed |= _add_hooks(raw, plan.edits, hook_path or links_hook_path(config))
     changed |= _add_masked(linux, plan.edits.masked)
     changed |= _add_env(raw, plan.edits.env)
     return changed
@@ -260,9 +327,10 @@ def _add_env(spec: dict[str, Any], env: tuple[str, ...]) -> bool:
     return bool(new)
 
 
-def rewrite(spec: ContainerSpec, plan: Plan, config: Config) -> str | None:
-    """The config.json text with ``plan`` written in; None when nothing changed."""
-    return fastjson.dumps(spec.raw) if apply(spec, plan, config) else None
+def rewrite(spec: ContainerSpec, plan: Plan, config: Config, bundle: str | None = None, cid: str = "") -> str | None:
+    """The config.json text with ``plan`` written in; None when nothing changed.  ``bundle``: the directory a
+    relative ``root.path`` is under (the shim's); the driver's ld cache is written into the root then."""
+    return fastjson.dumps(spec.raw) if apply(spec, plan, config, bundle=bundle, cid=cid) else None
 
 
 def rewrite_text(text: str, config: Config, devices: str | None = None) -> tuple[str | None, Plan]:
