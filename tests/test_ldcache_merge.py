@@ -545,10 +545,6 @@ def test_before_create_cuda_compat_is_chosen_from_the_host_files_version(tmp_pat
     assert (rootfs / "etc/ld.so.conf.d/00-compat-oci-gpu-hook.conf").read_text() == "/usr/local/cuda/compat\n"
 
 
-def _read_only(spec: Any, rootfs: Path, libdir: str) -> None:
-    spec.raw["root"]["readonly"] = True
-
-
 def _dir_mounted_over_libdir(spec: Any, rootfs: Path, libdir: str) -> None:
     spec.raw["mounts"].append({"destination": libdir + "/", "type": "bind", "source": "/tmp", "options": ["bind"]})
 
@@ -565,13 +561,13 @@ def _no_root_dir(spec: Any, rootfs: Path, libdir: str) -> None:
     spec.raw["root"]["path"] = "elsewhere"
 
 
-@pytest.mark.parametrize("change", [_read_only, _dir_mounted_over_libdir, _etc_mounted, _cache_symlinked_out,
+@pytest.mark.parametrize("change", [_dir_mounted_over_libdir, _etc_mounted, _cache_symlinked_out,
                                     _no_root_dir],
-                         ids=["root-readonly", "directory-mount-over-the-links", "mount-over-etc",
+                         ids=["directory-mount-over-the-links", "mount-over-etc",
                               "cache-only-ldconfig-can-rebuild", "root-path-missing"])
 def test_before_create_what_cannot_be_written_now_is_left_to_the_hook(tmp_path: Path,
                                                                      change: Callable[..., None]) -> None:
-    """A read-only root, a mount that would hide what is written, a cache only the confined ldconfig can rebuild
+    """A mount that would hide what is written, a cache only the confined ldconfig can rebuild
     (the container's namespace is needed), a root that is not there: False, the hook stays; the cache and
     every file outside the rootfs as they were."""
     from oci_gpu_hook.appliers import ocispec
@@ -603,3 +599,27 @@ def test_before_create_a_symlink_out_of_the_root_is_followed_inside_it(tmp_path:
     assert list(bait.iterdir()) == []
     inside = rootfs / str(bait).lstrip("/")
     assert os.path.lexists(inside / ("ld.so.cache" if where == "/etc" else "libcuda.so.1"))
+
+
+@pytest.mark.root("unshare")
+def test_before_create_a_root_mounted_read_only_is_left_to_the_hook_and_root_readonly_is_not(tmp_path: Path) -> None:
+    """``root.readonly`` (runc remounts the root read-only after the createRuntime hooks, which wrote it): written.
+    A root that is a read-only mount (a private namespace here): not written, the hook stays and decides."""
+    code = f"""
+import subprocess, sys
+from pathlib import Path
+sys.path.insert(0, {os.getcwd()!r})
+from oci_gpu_hook.appliers import ocispec
+from tests.test_ldcache_merge import prewrite_bundle
+for name, mount in (("flag", False), ("mounted", True)):
+    bundle = Path({str(tmp_path)!r}) / name
+    bundle.mkdir()
+    rootfs, libdir, spec, edits = prewrite_bundle(bundle, readonly=True)
+    if mount:
+        subprocess.run(["mount", "--bind", "-o", "ro", rootfs, rootfs], check=True)
+    print(name, ocispec.prewrite(spec, edits, str(bundle)), (rootfs / "etc/ld.so.cache").exists())
+"""
+    done = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable, "-c", code],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["flag True True", "mounted False True"], done.stdout

@@ -152,13 +152,15 @@ def prewrite(spec: ContainerSpec, edits: Edits, bundle: str | None, cid: str = "
     creates the container (no ``ldcache`` hook then); whether they were.  The same functions as the hook's
     (:func:`oci_gpu_hook.appliers.mounts.links_and_cache`), each library's soname read from its mount's host
     file (the runtime has not mounted it yet), the rootfs walked by the one walk (FOLLOW, as runc resolves the
-    mounts' destinations), the cache written by the one atomic writer.  Not done (False, the hook stays in the
-    spec, as before): ``root.readonly`` (a read-only root is not written by us, the hook refuses it with one
-    line unless nothing is to write), ``root.path`` not a writable directory (relative and no bundle known),
-    a spec mount over a path written here (it would hide it), a cache only the confined ldconfig can rebuild
-    (it needs the container's mount namespace), or any failure."""
+    mounts' destinations), the cache written by the one atomic writer.  ``root.readonly`` does not stop it: runc
+    remounts the root read-only after its mounts and the createRuntime hooks, so the hook wrote that root too,
+    and what is written here is what it wrote.  Not done (False: the hook stays in the spec, as before, and
+    decides): ``root.path`` not a directory this process may write (a read-only mount: the hook refuses it with
+    one line unless nothing is to write; relative and no bundle known), a spec mount over a path written here
+    (it would hide it), a cache only the confined ldconfig can rebuild (that needs the container's mount
+    namespace), or any failure."""
     root = spec.raw.get("root")
-    if not isinstance(root, dict) or root.get("readonly") is True:
+    if not isinstance(root, dict):
         return False
     path = root.get("path")
     if not isinstance(path, str) or not path or (bundle is None and not path.startswith("/")):
