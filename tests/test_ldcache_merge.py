@@ -557,14 +557,23 @@ def _cache_symlinked_out(spec: Any, rootfs: Path, libdir: str) -> None:
     _symlink_out(rootfs)
 
 
+def _driver_dir_through_proc(spec: Any, rootfs: Path, libdir: str) -> None:
+    """The image's driver directory a link through /proc/1/root: runc mounts procfs there first, which would hide
+    whatever a walk now made below the rootfs's empty /proc."""
+    spec.raw["mounts"].insert(0, {"destination": "/proc", "type": "proc", "source": "proc"})
+    (rootfs / "proc").mkdir()
+    shutil.rmtree(rootfs / libdir[1:])
+    os.symlink("/proc/1/root/opt/driver", rootfs / libdir[1:])
+
+
 def _no_root_dir(spec: Any, rootfs: Path, libdir: str) -> None:
     spec.raw["root"]["path"] = "elsewhere"
 
 
 @pytest.mark.parametrize("change", [_dir_mounted_over_libdir, _etc_mounted, _cache_symlinked_out,
-                                    _no_root_dir],
+                                    _driver_dir_through_proc, _no_root_dir],
                          ids=["directory-mount-over-the-links", "mount-over-etc",
-                              "cache-only-ldconfig-can-rebuild", "root-path-missing"])
+                              "cache-only-ldconfig-can-rebuild", "driver-dir-through-proc", "root-path-missing"])
 def test_before_create_what_cannot_be_written_now_is_left_to_the_hook(tmp_path: Path,
                                                                      change: Callable[..., None]) -> None:
     """A mount that would hide what is written, a cache only the confined ldconfig can rebuild
@@ -581,6 +590,7 @@ def test_before_create_what_cannot_be_written_now_is_left_to_the_hook(tmp_path: 
     if cache is not None:
         assert (rootfs / "etc/ld.so.cache").read_bytes() == cache
     assert Path("/etc/ld.so.cache").read_bytes() == host_cache and tree(tmp_path / "host") == outside
+    assert not (rootfs / "proc").exists() or list((rootfs / "proc").iterdir()) == []
 
 
 @pytest.mark.parametrize("where", ["/etc", "libdir"])

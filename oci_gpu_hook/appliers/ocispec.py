@@ -128,22 +128,57 @@ def _written_paths(edits: Edits) -> list[str]:
     """The container paths the driver's links and ld cache write or read (and the directories they sit in)."""
     from oci_gpu_hook.appliers import mounts
 
-    return [*(p for p, _ in edits.symlinks), *edits.ldcache, mounts.CACHE, mounts.CONF_FILE, mounts.COMPAT_CONF_FILE,
-            mounts.LD_SO_CONF, mounts.COMPAT_DIR]
+    return [*(p for p, _ in edits.symlinks), *edits.ldcache, *edits.library_paths, mounts.CACHE, mounts.CONF_FILE,
+            mounts.COMPAT_CONF_FILE, mounts.LD_SO_CONF, mounts.COMPAT_DIR]
 
 
-def _hidden(spec: dict[str, Any], edits: Edits) -> str | None:
-    """A mount of the spec (not a driver file's own) that would cover what is written before ``runc create``:
-    its destination at or above one of those paths (a directory mounted over them hides them); else None."""
+def _resolved(root_fd: int, path: str) -> str:
+    """Where ``path`` leads in the rootfs as it is now, by the one walk (FOLLOW; nothing made): its deepest
+    existing directory resolved, a symlink after it followed by its text, the missing rest as written (the walk
+    makes plain directories there)."""
+    from oci_gpu_hook.core import inroot
+
+    for _ in range(inroot.MAX_LINKS):
+        parts = [p for p in path.split("/") if p]
+        for cut in range(len(parts), -1, -1):
+            try:
+                fd, real = inroot.open_dir(root_fd, "/" + "/".join(parts[:cut]), inroot.FOLLOW)
+            except HookError:
+                continue
+            break
+        else:
+            return path
+        try:
+            if cut == len(parts):
+                return real
+            try:
+                target = os.readlink(parts[cut], dir_fd=fd)
+            except OSError:  # missing (or no symlink, where the walk stopped: kept as written)
+                return "/".join([real.rstrip("/"), *parts[cut:]])
+        finally:
+            os.close(fd)
+        path = "/".join(["" if target.startswith("/") else real.rstrip("/"), target, *parts[cut + 1:]])
+    return path
+
+
+def _hidden(raw: dict[str, Any], edits: Edits, root_fd: int) -> str | None:
+    """A mount of the spec (not a driver file's own) that would cover what is written before ``runc create``: its
+    destination at or above one of those paths, each taken as written and as the walk resolves it in the rootfs
+    now (an image's ``/usr/lib/x86_64-linux-gnu -> /proc/1/root/x`` leads under the procfs runc mounts first,
+    which hides what a walk before it made there); else None."""
     ours = {m.destination for m in edits.mounts}
     paths = _written_paths(edits)
-    for mount in spec.get("mounts") or []:
+    paths += [_resolved(root_fd, p) for p in paths]
+    if any(".." in p.split("/") for p in paths):
+        return ".."  # where it leads depends on what the runtime mounts first: the hook decides
+    for mount in raw.get("mounts") or []:
         dest = mount.get("destination") if isinstance(mount, dict) else None
         if not isinstance(dest, str) or dest in ours:
             continue
-        dest = "/" + "/".join(p for p in dest.split("/") if p not in ("", "."))
-        if any(dest == "/" or p == dest or p.startswith(dest + "/") for p in paths) or ".." in dest.split("/"):
-            return dest
+        for place in {dest, _resolved(root_fd, dest)}:
+            place = "/" + "/".join(p for p in place.split("/") if p not in ("", "."))
+            if place == "/" or ".." in place.split("/") or any(p == place or p.startswith(place + "/") for p in paths):
+                return dest
     return None
 
 
@@ -165,8 +200,6 @@ def prewrite(spec: ContainerSpec, edits: Edits, bundle: str | None, cid: str = "
     path = root.get("path")
     if not isinstance(path, str) or not path or (bundle is None and not path.startswith("/")):
         return False
-    if _hidden(spec.raw, edits) is not None:
-        return False
     rootfs = spec.root(bundle or "/")
     from oci_gpu_hook.appliers import mounts
 
@@ -176,7 +209,7 @@ def prewrite(spec: ContainerSpec, edits: Edits, bundle: str | None, cid: str = "
         return False
     mask = os.umask(0)  # the modes exact, as the hook makes them
     try:
-        if not os.access(f"/proc/self/fd/{root_fd}", os.W_OK):
+        if not os.access(f"/proc/self/fd/{root_fd}", os.W_OK) or _hidden(spec.raw, edits, root_fd) is not None:
             return False
         sources = {m.destination: m.source for m in edits.mounts}
         done = mounts.links_and_cache(root_fd, rootfs, edits, in_namespace=False, sources=sources)
