@@ -472,21 +472,23 @@ def test_nvidia_smi_runs_from_every_layout_on_every_path(tmp_path: Path, layout:
             f"{where} GPU 0: NVIDIA H100 80GB HBM3 (UUID: {uuid})"], done.stdout
 
 
-@pytest.mark.parametrize("applier", ["shim-v1", "podman-precreate"])
+@pytest.mark.parametrize("applier", ["shim-v1", "podman-precreate", "podman-precreate-overlay"])
 def test_the_spec_rewrite_writes_the_ld_cache_before_create_and_adds_no_hook(hosts: dict[str, Any], applier: str,
                                                                               tmp_path: Path) -> None:
     """The shim and podman's precreate make the driver's soname links and merge its ld cache into the writable
     root directory themselves, before runc creates the container: the config.json runc gets has no ``ldcache``
     hook, the driver's files are still mounts, and the container's ld cache (read by the real ldconfig) resolves
     libcuda.so.1 to the image's CUDA compat library (newer than the host's driver: chosen) and libnvidia-ml.so.1
-    to the driver's, whose soname link the probe reads inside the container."""
+    to the driver's, whose soname link the probe reads inside the container.  ``podman-precreate-overlay``:
+    ``--rootfs DIR:O``, the root podman hands precreate is its overlay, mounted by then: written there (the
+    container reads the cache), the image's directory below it untouched."""
     from tests.helpers.fakenvidia import elf_shared_object
 
     mine = hosts["nvidia-h100"]
     nv = mine["model"]
     env = ["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=compute,utility"]
     compat_version = f"{int(nv.version.split('.')[0]) + 1}.10.01"
-    if applier == "podman-precreate":
+    if applier.startswith("podman-precreate"):
         rootfs = make_rootfs(tmp_path / "rootfs", nv)
         final = tmp_path / "final.json"
         capture = tmp_path / "capture.sh"  # the hook after ours: what podman then hands runc, kept
@@ -507,9 +509,13 @@ def test_the_spec_rewrite_writes_the_ld_cache_before_create_and_adds_no_hook(hos
     compat.mkdir(parents=True)
     (compat / f"libcuda.so.{compat_version}").write_bytes(elf_shared_object("libcuda.so.1"))
     (compat / "libcuda.so.1").symlink_to(f"libcuda.so.{compat_version}")
-    if applier == "podman-precreate":
+    with open(rootfs / "probe.sh", "a") as probe:
+        probe.write('grep -q /usr/local/cuda/compat/libcuda.so.1 /etc/ld.so.cache && echo "ldcache compat"\n')
+    overlay = applier.endswith("-overlay")
+    if applier.startswith("podman-precreate"):
         argv = [*cl.PODMAN, "--runtime=runc", f"--hooks-dir={hooks}", *cl.PODMAN_RUN,
-                *(o for e in env for o in ("--env", e)), "--rootfs", str(rootfs), "/bin/sh", "/probe.sh"]
+                *(o for e in env for o in ("--env", e)), "--rootfs", f"{rootfs}{':O' if overlay else ''}",
+                "/bin/sh", "/probe.sh"]
         done = cl.run(argv, env=cl.hook_env())
     else:
         done = _runc(bundle, False, str(mine["runtime"]))
@@ -519,8 +525,12 @@ def test_the_spec_rewrite_writes_the_ld_cache_before_create_and_adds_no_hook(hos
     assert "ldcache" not in hooks_run, spec.get("hooks")
     assert f"{LIB}/libcuda.so.{nv.version}" in {m["destination"] for m in spec["mounts"]}
     lines = done.stdout.splitlines()
-    assert "ldcache libcuda.so.1" in lines, done.stdout
+    assert "ldcache libcuda.so.1" in lines and "ldcache compat" in lines, done.stdout
     assert f"solink {LIB}/libnvidia-ml.so.1 libnvidia-ml.so.{nv.version}" in lines, done.stdout
+    if overlay:
+        assert spec["root"]["path"] != str(rootfs), spec["root"]
+        assert not (rootfs / "etc/ld.so.cache").exists() and not (rootfs / LIB.lstrip("/")).exists()
+        return
     cache = _ld_cache(rootfs)
     assert cache["libcuda.so.1"] == "/usr/local/cuda/compat/libcuda.so.1", cache
     assert cache["libnvidia-ml.so.1"] == f"{LIB}/libnvidia-ml.so.1", cache
