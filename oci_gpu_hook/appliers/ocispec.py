@@ -165,17 +165,31 @@ def _hidden(raw: dict[str, Any], edits: Edits, root_fd: int) -> str | None:
     """A mount of the spec (not a driver file's own) that would cover what is written before ``runc create``: its
     destination at or above one of those paths, each taken as written and as the walk resolves it in the rootfs
     now (an image's ``/usr/lib/x86_64-linux-gnu -> /proc/1/root/x`` leads under the procfs runc mounts first,
-    which hides what a walk before it made there); else None."""
+    which hides what a walk before it made there); else None.  Each directory is walked once (a path's last
+    component is ours: a link made, a file mounted)."""
+    walked: dict[str, str] = {}
+
+    def resolved(path: str, whole: bool = False) -> str:
+        directory, _, name = path.rstrip("/").rpartition("/")
+        if whole:  # a directory (or a mount destination): its own last component followed too
+            directory, name = path, ""
+        if directory not in walked:
+            walked[directory] = _resolved(root_fd, directory or "/")
+        return f"{walked[directory].rstrip('/')}/{name}".rstrip("/") or "/"
+
     ours = {m.destination for m in edits.mounts}
     paths = _written_paths(edits)
-    paths += [_resolved(root_fd, p) for p in paths]
+    from oci_gpu_hook.appliers.mounts import COMPAT_DIR
+
+    directories = {*edits.ldcache, COMPAT_DIR}
+    paths += [resolved(p, p in directories) for p in paths]
     if any(".." in p.split("/") for p in paths):
         return ".."  # where it leads depends on what the runtime mounts first: the hook decides
     for mount in raw.get("mounts") or []:
         dest = mount.get("destination") if isinstance(mount, dict) else None
         if not isinstance(dest, str) or dest in ours:
             continue
-        for place in {dest, _resolved(root_fd, dest)}:
+        for place in {dest, resolved(dest, whole=True)}:
             place = "/" + "/".join(p for p in place.split("/") if p not in ("", "."))
             if place == "/" or ".." in place.split("/") or any(p == place or p.startswith(place + "/") for p in paths):
                 return dest
