@@ -3,7 +3,9 @@
 Runs in the namespace helper of :mod:`oci_gpu_hook.appliers.rootfs` (a child that entered the container's
 mount namespace before ``pivot_root``, where the host's tree is still the namespace's root and the
 container's root is ``root.path``); the ``ldcache`` hook's links and cache also from the hook's own process, the
-root reached through ``/proc/PID/root`` (:func:`oci_gpu_hook.appliers.live._driver_through_proc`).  Lessons of
+root reached through ``/proc/PID/root`` (:func:`oci_gpu_hook.appliers.live._driver_through_proc`), and from the
+spec rewrite before ``runc create``, the libraries' sonames read from the mounts' host files
+(:func:`oci_gpu_hook.appliers.ocispec.prewrite`): all three by :func:`links_and_cache`.  Lessons of
 the NVIDIA toolkit's CVE-2024-0132 and CVE-2025-23359 (paths in the rootfs resolved as strings, so that an image's
 symlinks sent host paths into the container):
 

@@ -10,8 +10,10 @@ CDI specs make them with a ``createRuntime`` hook instead (``oci-gpu-hook links`
 configured ``hook_path``, see :func:`links_hook_path`); masked paths go to
 ``linux.maskedPaths``.  A driver's files (NVIDIA) are read-only bind ``mounts``
 (``ro, nosuid, nodev``) that the runtime makes; their soname links and the
-container's ld cache, which the spec cannot express either, are a second
-``createRuntime`` hook (``oci-gpu-hook ldcache``).  The rewrite is idempotent, never removes or widens an
+container's ld cache, which the spec cannot express either, are written into
+the root directory here, before the runtime creates the container
+(:func:`prewrite`), or where that cannot be, a second ``createRuntime`` hook
+(``oci-gpu-hook ldcache``).  The rewrite is idempotent, never removes or widens an
 existing entry, and leaves every field it does not own as it was.  Rules are
 checked with runc's own emulator (:mod:`oci_gpu_hook.core.rules`): a grant runc
 would refuse (a hole in an operator's wildcard deny) is refused here, first.
