@@ -240,13 +240,14 @@ def prewrite(spec: ContainerSpec, edits: Edits, bundle: str | None, cid: str = "
 
 
 def apply(spec: ContainerSpec, plan: Plan, config: Config, hook_path: str | None = None, prepare: bool = True,
-          bundle: str | None = None, cid: str = "") -> bool:
+          bundle: str | None = None, cid: str = "", write_root: bool = False) -> bool:
     """Write ``plan`` into ``spec`` (its :attr:`~ContainerSpec.raw` document) in place; return whether anything
-    changed.  The driver's links and ld cache are made in the rootfs now where they can be (:func:`prewrite`:
-    ``prepare`` true and ``root.path`` absolute or ``bundle`` given), else its hook names ``hook_path``, by
-    default :func:`links_hook_path` (which refuses a hook the runtime could not run); the by-path links are a
-    directory prepared under ``by_path_dir`` (with ``prepare`` false, as ``validate`` rewrites in memory, only
-    checked where it is already there)."""
+    changed.  With ``write_root`` (the shim and precreate, just before the runtime creates the container) the
+    driver's links and ld cache are made in the rootfs now where they can be (:func:`prewrite`: ``root.path``
+    absolute, or relative to ``bundle``); else (``dry-run``, ``validate``, NRI, where no root is to be written)
+    its hook names ``hook_path``, by default :func:`links_hook_path` (which refuses a hook the runtime could not
+    run); the by-path links are a directory prepared under ``by_path_dir`` (with ``prepare`` false, as
+    ``validate`` rewrites in memory, only checked where it is already there)."""
     if not plan:
         return False
     driver = plan.edits.symlinks or plan.edits.ldcache
@@ -283,7 +284,7 @@ def apply(spec: ContainerSpec, plan: Plan, config: Config, hook_path: str | None
     rules.extend(rule.to_oci() for rule in missing)
     changed |= _add_mounts(raw, plan.edits)
     changed |= _add_by_path(raw, plan.edits, config, prepare)
-    if driver and not (prepare and prewrite(spec, plan.edits, bundle, cid)):
+    if driver and not (write_root and prepare and prewrite(spec, plan.edits, bundle, cid)):
         changed |= _add_hooks(raw, plan.edits, hook_path or links_hook_path(config))
     changed |= _add_masked(linux, plan.edits.masked)
     changed |= _add_env(raw, plan.edits.env)
@@ -379,9 +380,10 @@ def _add_env(spec: dict[str, Any], env: tuple[str, ...]) -> bool:
 
 
 def rewrite(spec: ContainerSpec, plan: Plan, config: Config, bundle: str | None = None, cid: str = "") -> str | None:
-    """The config.json text with ``plan`` written in; None when nothing changed.  ``bundle``: the directory a
-    relative ``root.path`` is under (the shim's); the driver's ld cache is written into the root then."""
-    return fastjson.dumps(spec.raw) if apply(spec, plan, config, bundle=bundle, cid=cid) else None
+    """The config.json text with ``plan`` written in, for the runtime to create the container from next (the shim,
+    precreate: the driver's ld cache written into the root now where it can be); None when nothing changed.
+    ``bundle``: the directory a relative ``root.path`` is under (the shim's)."""
+    return fastjson.dumps(spec.raw) if apply(spec, plan, config, bundle=bundle, cid=cid, write_root=True) else None
 
 
 def rewrite_text(text: str, config: Config, devices: str | None = None) -> tuple[str | None, Plan]:
