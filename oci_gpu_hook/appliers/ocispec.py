@@ -189,11 +189,13 @@ def _hidden(raw: dict[str, Any], edits: Edits, root_fd: int) -> str | None:
         return ".."  # where it leads depends on what the runtime mounts first: the hook decides
     for mount in raw.get("mounts") or []:
         dest = mount.get("destination") if isinstance(mount, dict) else None
-        if not isinstance(dest, str) or dest in ours:
+        if not isinstance(dest, str):
             continue
-        for place in {dest, resolved(dest, whole=True)}:
+        for place in {dest, resolved(dest, whole=dest not in ours)}:
             place = "/" + "/".join(p for p in place.split("/") if p not in ("", "."))
-            if place == "/" or ".." in place.split("/") or any(p == place or p.startswith(place + "/") for p in paths):
+            if place == "/" or ".." in place.split("/") or any(p.startswith(place + "/") for p in paths):
+                return dest  # (a driver's own directory mount above what is written hides it too)
+            if dest not in ours and place in paths:  # a driver file's own mount lands on its library's path
                 return dest
     return None
 
