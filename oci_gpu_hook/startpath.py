@@ -85,6 +85,8 @@ GRANT = BACKEND_MODULES | frozenset({"oci_gpu_hook.core.devices", "oci_gpu_hook.
                    "oci_gpu_hook.inventory.sysfs", "oci_gpu_hook.inventory.amd", "oci_gpu_hook.appliers.ocispec",
                    "importlib", "warnings",  # pinned when inventory.backend used importlib; it no longer does
                    "oci_gpu_hook.appliers.bypath", "errno",  # the by-path directory; errno is built in (0.1 ms)
+                   # an NVIDIA driver's links and ld cache written into the rootfs before create (ocispec.prewrite)
+                   "oci_gpu_hook.appliers.mounts", "oci_gpu_hook.atomic",
                    "_locale"})  # built in, 0.3 ms measured under load: sysfs.read decodes as open() would (saves ~4 ms)
 ENTRIES: dict[str, frozenset[str]] = {
     "precreate": COMMON | PLAN | GRANT | {"oci_gpu_hook.entry.cli"},

@@ -18,6 +18,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -393,7 +394,7 @@ def test_a_read_only_root_is_one_line_unless_nothing_is_to_write(tmp_path: Path)
     update(ready, libdir, libs)
     code = f"""
 import subprocess, sys
-sys.path.insert(0, {os.getcwd()!r})
+sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
 from oci_gpu_hook.errors import HookError
 from tests.test_ldcache_merge import update
 for root in ({str(root)!r}, {str(ready)!r}):
@@ -451,7 +452,6 @@ def test_what_went_wrong_is_one_warning_line(tmp_path: Path, capsys: pytest.Capt
     """A malformed compat note: the result line carries it as a warning, which the hook says in one line (its
     journal line goes to a socket path where nothing listens: never the host's journal)."""
     from oci_gpu_hook import log
-    from oci_gpu_hook.appliers import live
 
     monkeypatch.setattr(log, "SYSLOG_SOCKET", str(tmp_path / "no-journal"))
 
@@ -461,7 +461,175 @@ def test_what_went_wrong_is_one_warning_line(tmp_path: Path, capsys: pytest.Capt
     _compat(root, "570.124.06", b"{not json")
     said = update(root, libdir, libs)
     assert mounts.WARNING in said and said.count("\n") == 0, said
-    live._warn_notes([said], "c1")
+    mounts.warn_notes([said], "c1")
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("oci-gpu-hook: warning: compat libcuda.so.570.124.06: "), err
     assert err.rstrip().endswith("the host's libcuda is used"), err
+
+
+# --- before ``runc create``: the spec rewrite writes the links and the cache itself (ocispec.prewrite) ----------
+
+
+def prewrite_bundle(tmp_path: Path, **root: Any) -> tuple[Path, str, Any, Any]:
+    """A bundle (``tmp_path``) whose ``rootfs`` is an image, the driver's libraries on the "host" (``host/lib``),
+    and the Edits the plan gives for them: (rootfs, libdir, spec, edits).  Nothing of the driver is in the rootfs:
+    the runtime has not mounted it yet."""
+    from oci_gpu_hook.core.edits import Edits, Mount
+    from oci_gpu_hook.oci_spec import ContainerSpec
+
+    rootfs = tmp_path / "rootfs"
+    libdir = make_image(rootfs)
+    host = tmp_path / "host/lib"
+    host.mkdir(parents=True)
+    mounted, links = [], []
+    for lib, soname in DRIVER:
+        (host / f"{lib}.{VERSION}").write_bytes(real_library(soname))
+        mounted.append(Mount(str(host / f"{lib}.{VERSION}"), f"{libdir}/{lib}.{VERSION}"))
+        if soname != f"{lib}.{VERSION}":
+            links.append((f"{libdir}/{soname}", f"{lib}.{VERSION}"))
+    edits = Edits(mounts=tuple(mounted), symlinks=tuple(links), ldcache=(libdir,))
+    spec = ContainerSpec({"ociVersion": "1.0.2", "root": {"path": "rootfs", **root}, "process": {"env": []},
+                          "mounts": [m.to_oci() for m in mounted]})
+    return rootfs, libdir, spec, edits
+
+
+def mount_driver(rootfs: Path, edits: Any) -> None:
+    """What runc's bind mounts then show in the container, copied (a test changes no mount of the host)."""
+    for mount in edits.mounts:
+        shutil.copy2(mount.source, rootfs / mount.destination.lstrip("/"))
+
+
+def tree(root: Path) -> dict[str, tuple[int, int, str]]:
+    """Every entry below ``root``: (mode, size, link target) by path."""
+    out = {}
+    for here, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = os.path.join(here, name)
+            st = os.lstat(path)
+            out[path] = (st.st_mode, st.st_size, os.readlink(path) if os.path.islink(path) else "")
+    return out
+
+
+def test_before_create_the_rootfs_gets_the_links_and_cache_from_the_host_files(tmp_path: Path) -> None:
+    """The sonames come from the mounts' host files; the cache lists their container paths; runc's mounts then
+    land where the cache points, and the image's loader resolves the driver as the hook's cache resolves it."""
+    from oci_gpu_hook.appliers import ocispec
+
+    rootfs, libdir, spec, edits = prewrite_bundle(tmp_path)
+    assert ocispec.prewrite(spec, edits, str(tmp_path)) is True
+    assert not (rootfs / libdir[1:] / f"libcuda.so.{VERSION}").exists()  # runc makes the mount target itself
+    assert os.readlink(rootfs / libdir[1:] / "libcuda.so.1") == f"libcuda.so.{VERSION}"
+    listed = {e.soname: e.path for e in ldcache.read(str(rootfs / "etc/ld.so.cache"))}
+    assert listed["libcuda.so.1"] == f"{libdir}/libcuda.so.1" and listed["libnvidia-ml.so.1"] == (
+        f"{libdir}/libnvidia-ml.so.1")
+    mount_driver(rootfs, edits)
+    build_probe(rootfs, libdir, tmp_path)
+    said = loader_says(rootfs)
+    assert said["libcuda.so.1"] == str(rootfs / libdir[1:] / f"libcuda.so.{VERSION}")
+    assert said["libnvidia-ml.so.1"] == str(rootfs / libdir[1:] / f"libnvidia-ml.so.{VERSION}")
+    assert ldconfig_reference(rootfs)["libcuda.so.1"] == said["libcuda.so.1"]
+    before = tree(rootfs)
+    assert ocispec.prewrite(spec, edits, str(tmp_path)) is True  # a second rewrite: nothing more to write
+    assert tree(rootfs) == before
+
+
+def test_before_create_cuda_compat_is_chosen_from_the_host_files_version(tmp_path: Path) -> None:
+    from oci_gpu_hook.appliers import ocispec
+
+    rootfs, libdir, spec, edits = prewrite_bundle(tmp_path)
+    _compat(rootfs, "570.124.06", b'{"Format": 1, "Driver": [535, 550, 570]}')
+    assert ocispec.prewrite(spec, edits, str(tmp_path)) is True
+    mount_driver(rootfs, edits)
+    build_probe(rootfs, libdir, tmp_path)
+    assert loader_says(rootfs)["libcuda.so.1"] == os.path.realpath(rootfs / "usr/local/cuda/compat/libcuda.so.1")
+    assert (rootfs / "etc/ld.so.conf.d/00-compat-oci-gpu-hook.conf").read_text() == "/usr/local/cuda/compat\n"
+
+
+def _dir_mounted_over_libdir(spec: Any, rootfs: Path, libdir: str) -> None:
+    spec.raw["mounts"].append({"destination": libdir + "/", "type": "bind", "source": "/tmp", "options": ["bind"]})
+
+
+def _etc_mounted(spec: Any, rootfs: Path, libdir: str) -> None:
+    spec.raw["mounts"].insert(0, {"destination": "/etc", "type": "tmpfs", "source": "tmpfs"})
+
+
+def _cache_symlinked_out(spec: Any, rootfs: Path, libdir: str) -> None:
+    _symlink_out(rootfs)
+
+
+def _driver_dir_through_proc(spec: Any, rootfs: Path, libdir: str) -> None:
+    """The image's driver directory a link through /proc/1/root: runc mounts procfs there first, which would hide
+    whatever a walk now made below the rootfs's empty /proc."""
+    spec.raw["mounts"].insert(0, {"destination": "/proc", "type": "proc", "source": "proc"})
+    (rootfs / "proc").mkdir()
+    shutil.rmtree(rootfs / libdir[1:])
+    os.symlink("/proc/1/root/opt/driver", rootfs / libdir[1:])
+
+
+def _no_root_dir(spec: Any, rootfs: Path, libdir: str) -> None:
+    spec.raw["root"]["path"] = "elsewhere"
+
+
+@pytest.mark.parametrize("change", [_dir_mounted_over_libdir, _etc_mounted, _cache_symlinked_out,
+                                    _driver_dir_through_proc, _no_root_dir],
+                         ids=["directory-mount-over-the-links", "mount-over-etc",
+                              "cache-only-ldconfig-can-rebuild", "driver-dir-through-proc", "root-path-missing"])
+def test_before_create_what_cannot_be_written_now_is_left_to_the_hook(tmp_path: Path,
+                                                                     change: Callable[..., None]) -> None:
+    """A mount that would hide what is written, a cache only the confined ldconfig can rebuild
+    (the container's namespace is needed), a root that is not there: False, the hook stays; the cache and
+    every file outside the rootfs as they were."""
+    from oci_gpu_hook.appliers import ocispec
+
+    rootfs, libdir, spec, edits = prewrite_bundle(tmp_path)
+    change(spec, rootfs, libdir)
+    cache = (rootfs / "etc/ld.so.cache").read_bytes() if not (rootfs / "etc/ld.so.cache").is_symlink() else None
+    host_cache = Path("/etc/ld.so.cache").read_bytes()
+    outside = tree(tmp_path / "host")
+    assert ocispec.prewrite(spec, edits, str(tmp_path)) is False
+    if cache is not None:
+        assert (rootfs / "etc/ld.so.cache").read_bytes() == cache
+    assert Path("/etc/ld.so.cache").read_bytes() == host_cache and tree(tmp_path / "host") == outside
+    assert not (rootfs / "proc").exists() or list((rootfs / "proc").iterdir()) == []
+
+
+@pytest.mark.parametrize("where", ["/etc", "libdir"])
+def test_before_create_a_symlink_out_of_the_root_is_followed_inside_it(tmp_path: Path, where: str) -> None:
+    """An image whose /etc or driver directory is an absolute symlink naming a host directory: resolved inside
+    the rootfs as runc resolves it (the one walk), the host's directory never written."""
+    from oci_gpu_hook.appliers import ocispec
+
+    rootfs, libdir, spec, edits = prewrite_bundle(tmp_path)
+    bait = tmp_path / "host-side"
+    bait.mkdir()
+    place = rootfs / ("etc" if where == "/etc" else libdir[1:])
+    shutil.move(str(place), str(rootfs / "moved"))
+    os.symlink(str(bait), place)
+    assert ocispec.prewrite(spec, edits, str(tmp_path)) is True
+    assert list(bait.iterdir()) == []
+    inside = rootfs / str(bait).lstrip("/")
+    assert os.path.lexists(inside / ("ld.so.cache" if where == "/etc" else "libcuda.so.1"))
+
+
+@pytest.mark.root("unshare")
+def test_before_create_a_root_mounted_read_only_is_left_to_the_hook_and_root_readonly_is_not(tmp_path: Path) -> None:
+    """``root.readonly`` (runc remounts the root read-only after the createRuntime hooks, which wrote it): written.
+    A root that is a read-only mount (a private namespace here): not written, the hook stays and decides."""
+    code = f"""
+import subprocess, sys
+from pathlib import Path
+sys.path.insert(0, {os.getcwd()!r})
+from oci_gpu_hook.appliers import ocispec
+from tests.test_ldcache_merge import prewrite_bundle
+for name, mount in (("flag", False), ("mounted", True)):
+    bundle = Path({str(tmp_path)!r}) / name
+    bundle.mkdir()
+    rootfs, libdir, spec, edits = prewrite_bundle(bundle, readonly=True)
+    if mount:
+        subprocess.run(["mount", "--bind", "-o", "ro", rootfs, rootfs], check=True)
+    print(name, ocispec.prewrite(spec, edits, str(bundle)), (rootfs / "etc/ld.so.cache").exists())
+"""
+    done = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable, "-c", code],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["flag True True", "mounted False True"], done.stdout

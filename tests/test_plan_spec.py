@@ -494,24 +494,38 @@ def test_annotation_disagreeing_with_native_cdi_devices_is_refused() -> None:
     assert [d.index for d in plan.devices] == [3]
 
 
-def test_per_container_path_imports_only_the_requested_backends(tmp_path: Path) -> None:
+def test_per_container_path_imports_only_the_configured_backends(tmp_path: Path) -> None:
+    """A start that plans imports the modules of the config's backends as it begins, right after the launcher's
+    trust walk (nothing of the package is imported later from a path), and no other backend's, whether or not the
+    container asks for a GPU (docs/security.md)."""
     import subprocess
     import sys
 
+    from oci_gpu_hook.startpath import BACKEND_MODULES, KIND_MODULES
+
+    def names(modules: frozenset[str]) -> set[str]:  # and the ld cache's format: the spec rewrite writes caches
+        return {m.rsplit(".", 1)[1] for m in modules if m.startswith("oci_gpu_hook.inventory.")} - {"sysfs"} | {
+            "ldcache"}
+
     host = REPO / "examples" / "hosts" / "intel-igpu-2x-gfx1100" / "sys"
-    for env, wanted in ((["AMD_VISIBLE_DEVICES=0"], {"amd"}), (["INTEL_VISIBLE_DEVICES=0"], {"intel"}),
-                        (["PATH=/bin"], set())):
+    amd_only, intel_only = tmp_path / "amd.toml", tmp_path / "intel.toml"
+    amd_only.write_text('backends = ["amd"]\n')
+    intel_only.write_text('backends = ["intel"]\n')
+    for config, env, wanted in (
+            (amd_only, ["AMD_VISIBLE_DEVICES=0"], names(KIND_MODULES["amd"])),
+            (intel_only, ["INTEL_VISIBLE_DEVICES=0"], names(KIND_MODULES["intel"])),
+            ("/dev/null", ["AMD_VISIBLE_DEVICES=0"], names(BACKEND_MODULES)),  # the defaults: all three backends
+            (amd_only, ["PATH=/bin"], names(KIND_MODULES["amd"]))):
         code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); sys.argv = ['oci-gpu-hook', 'precreate']; "
                 "from oci_gpu_hook.entry.cli import main; "
                 "rc = main(); print(sorted(m for m in sys.modules if m.startswith('oci_gpu_hook.inventory')), "
                 "file=sys.stderr); sys.exit(rc)")
         done = subprocess.run([sys.executable, "-I", "-S", "-c", code], input=json.dumps(spec_with(env)),
                               capture_output=True, text=True, cwd=REPO,
-                              env={"OCI_GPU_HOOK_CONFIG": "/dev/null",
+                              env={"OCI_GPU_HOOK_CONFIG": str(config),
                                    "OCI_GPU_HOOK_SYSFS_ROOT": str(host), "OCI_GPU_HOOK_HOOK_PATH": HOOK_PATH,
                                    "OCI_GPU_HOOK_BY_PATH_DIR": BY_PATH_DIR})
         assert done.returncode == 0, done.stderr
         loaded = eval(done.stderr.strip().splitlines()[-1])
         backends = {m.rsplit(".", 1)[1] for m in loaded} - {"inventory", "sysfs"}
-        assert backends == wanted, (env, loaded)
-        assert ("oci_gpu_hook.inventory" in loaded) == bool(wanted)  # no request: sysfs is not even read
+        assert backends == wanted, (config, env, loaded)

@@ -20,6 +20,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -534,9 +535,11 @@ def test_the_prestart_hook_through_the_planner(runc_install: dict[str, Path], ro
 
 @pytest.mark.containers
 def test_the_ldcache_hook_through_the_planner(tmp_path: Path) -> None:
-    """An NVIDIA GPU by the shim (the fake nvidia-h100 host): the driver's files are the runtime's mounts and its
-    ld cache the ``ldcache`` createRuntime hook, which the native front hands to the planner with its arguments;
-    the container resolves libcuda.so.1 from its cache, and Python never started."""
+    """An NVIDIA GPU by the shim (the fake nvidia-h100 host), the native front handing the rewrite to the planner:
+    the planner's worker makes the driver's soname links and ld cache in the writable rootfs before create (no
+    ``ldcache`` hook in the spec); where a spec mount would hide them (a tmpfs over /usr/local/cuda, where the CUDA
+    compat libraries are read), the ``ldcache`` createRuntime hook, which the front hands to the planner with its
+    arguments.  Each container resolves libcuda.so.1 from its cache, and Python never started."""
     from tests.containers.test_nvidia_hosts import make_rootfs, model
 
     cl.need("runc", "busybox", "unshare")
@@ -544,18 +547,26 @@ def test_the_ldcache_hook_through_the_planner(tmp_path: Path) -> None:
     install = make_install(tmp_path / "install", runtime="runc",
                            host=f'sysfs_root = "{nv.base / "sys"}"\nproc_root = "{nv.base / "proc"}"\n'
                                 f'driver_root = "{nv.base / "driver"}"\n')
-    rootfs = make_rootfs(tmp_path / "rootfs", nv)
     running = start_planner(install)
     try:
-        bundle = cl.make_bundle(tmp_path / cl.container_id(), rootfs, ["NVIDIA_VISIBLE_DEVICES=1"])
-        cl.edit_spec(bundle, lambda spec: spec["root"].update(readonly=False))
         python_runs(install)
-        argv = [str(install["native"] / "oci-gpu-runtime"), "run", "--bundle", str(bundle), bundle.name]
-        result = cl.run(argv, env=cl.hook_env())
-        assert result.returncode == 0, result.stderr
-        assert "ldcache libcuda.so.1" in result.stdout.splitlines(), result.stdout
-        spec = json.loads((bundle / "config.json").read_text())
-        assert [h["args"][1] for h in spec["hooks"]["createRuntime"]] == ["ldcache"]
+        for hooked in (False, True):
+            rootfs = make_rootfs(tmp_path / f"rootfs-{hooked}", nv)
+            bundle = cl.make_bundle(tmp_path / cl.container_id(), rootfs, ["NVIDIA_VISIBLE_DEVICES=1"])
+
+            def change(spec: dict[str, Any], hooked: bool = hooked) -> None:
+                spec["root"].update(readonly=False)
+                if hooked:
+                    spec["mounts"].append({"destination": "/usr/local/cuda", "type": "tmpfs", "source": "tmpfs"})
+
+            cl.edit_spec(bundle, change)
+            argv = [str(install["native"] / "oci-gpu-runtime"), "run", "--bundle", str(bundle), bundle.name]
+            result = cl.run(argv, env=cl.hook_env())
+            assert result.returncode == 0, result.stderr
+            assert "ldcache libcuda.so.1" in result.stdout.splitlines(), result.stdout
+            spec = json.loads((bundle / "config.json").read_text())
+            assert [h["args"][1] for h in spec.get("hooks", {}).get("createRuntime", [])] == (
+                ["ldcache"] if hooked else []), spec.get("hooks")
         assert python_runs(install) == 0
     finally:
         running.stop()

@@ -9,7 +9,9 @@ falls back to Python where it must (a clean config needs neither)."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -86,13 +88,29 @@ def _log(install: dict[str, Path]) -> list[str]:
     return [re.sub(r'"(time|duration_ms)":[^,}]+', "", line) for line in install["log"].read_text().splitlines()]
 
 
+def _tree(root: Path) -> list[tuple[str, int, str | bytes]]:
+    """Every entry below ``root``: (path, mode, link target or contents)."""
+    out: list[tuple[str, int, str | bytes]] = []
+    for here, dirs, files in os.walk(root):
+        for name in sorted(dirs + files):
+            path = Path(here, name)
+            mode = path.lstat().st_mode
+            out.append((str(path.relative_to(root)), mode, os.readlink(path) if path.is_symlink() else
+                        path.read_bytes() if path.is_file() else ""))
+    return sorted(out)
+
+
 def _both(install: dict[str, Path], name: str, args: list[str], data: bytes = b"", config_text: bytes | None = None,
-          env: dict[str, str] | None = None) -> tuple[list[object], bool]:
+          env: dict[str, str] | None = None, rootfs: Path | None = None) -> tuple[list[object], bool]:
     """[(status, stdout, stderr, config.json after, log lines)] for the planner's front and the Python launcher,
-    and whether the planner answered the first."""
+    and whether the planner answered the first.  ``rootfs``: made afresh (an empty /etc) before each, and what
+    each left in it added to its result."""
     results: list[object] = []
     planned = False
     for kind in ("planner", "python"):
+        if rootfs is not None:
+            shutil.rmtree(rootfs, ignore_errors=True)
+            (rootfs / "etc").mkdir(parents=True)
         config = install["bundle"] / "config.json"
         if config_text is not None:
             config.write_bytes(config_text)
@@ -102,7 +120,7 @@ def _both(install: dict[str, Path], name: str, args: list[str], data: bytes = b"
         if kind == "planner":
             planned = answered(install)
         results.append((done.returncode, done.stdout, done.stderr, config.read_bytes() if config.exists() else None,
-                        _log(install)))
+                        _log(install), _tree(rootfs) if rootfs is not None else None))
     return results, planned
 
 
@@ -301,3 +319,33 @@ def test_zz_the_planner_answered_most(planner: plannerlib.Planner) -> None:
     print(COUNTS)
     if COUNTS:
         assert sum(v for k, v in COUNTS.items() if k.endswith("answered")) > 0
+
+
+@pytest.mark.parametrize("entry", ["create", "precreate"])
+def test_the_ld_cache_written_before_create_agrees(install: dict[str, Path], planner: plannerlib.Planner,
+                                                   entry: str) -> None:
+    """An NVIDIA GPU where the root is a writable directory (the bundle's ``rootfs``; precreate's absolute): the
+    planner's worker writes the driver's soname links and ld cache into it as the Python launcher does, byte for
+    byte, and both hand on a spec without the ``ldcache`` hook."""
+    rootfs = install["bundle"] / "rootfs"
+    env = {"OCI_GPU_HOOK_CONFIG": str(install["base"] / "nvidia-4x-h100.toml")}
+    try:
+        if entry == "create":
+            args = ["--root", "/run/oracle", "create", "--bundle", str(install["bundle"]), "--pid-file", "/p", "c1"]
+            text = spec(["NVIDIA_VISIBLE_DEVICES=0"])
+            (planned_result, python_result), planned = _both(install, "oci-gpu-runtime", args, b"", text, env,
+                                                             rootfs)
+        else:
+            text = spec(["NVIDIA_VISIBLE_DEVICES=0"], root={"path": str(rootfs)})
+            (planned_result, python_result), planned = _both(install, "oci-gpu-hook", ["precreate"], text,
+                                                             env=env, rootfs=rootfs)
+    finally:
+        shutil.rmtree(rootfs, ignore_errors=True)
+    assert planned and planned_result == python_result
+    status, stdout, stderr, after, _log_lines, tree = python_result  # type: ignore[misc]
+    assert status == (3 if entry == "create" else 0), stderr  # the fake runtime's status
+    final = json.loads(after if entry == "create" else stdout)
+    assert "ldcache" not in json.dumps(final.get("hooks", {})), final.get("hooks")
+    made = {path: what for path, _mode, what in tree}
+    assert made["usr/lib/x86_64-linux-gnu/libcuda.so.1"].startswith("libcuda.so."), made
+    assert b"libcuda.so.1" in made["etc/ld.so.cache"]

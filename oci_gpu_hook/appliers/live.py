@@ -168,28 +168,13 @@ def _driver_through_proc(pid: int, rootfs: str, edits: Edits) -> list[str] | Non
         os.close(proc_root)
     mask = os.umask(0)  # the modes exact, as in the namespace helper
     try:
-        done = [mounts.symlink(root_fd, path, target) for path, target in edits.symlinks]
-        if edits.ldcache:
-            done.append(mounts.update_ldcache(root_fd, rootfs, edits.ldcache, edits.library_paths,
-                                              in_namespace=False))
+        done = mounts.links_and_cache(root_fd, rootfs, edits, in_namespace=False)
     except mounts.NeedsNamespace:
         return None
     finally:
         os.umask(mask)
         os.close(root_fd)
     return done
-
-
-def _warn_notes(done: list[str], cid: str) -> None:
-    """The warning a result line carries (the ld cache: a malformed CUDA compat note, a cache ldconfig had to
-    rebuild, a driver file without a soname), as the one warning line and the journal's."""
-    from oci_gpu_hook.appliers.mounts import WARNING
-
-    for line in done:
-        if WARNING in line:
-            from oci_gpu_hook.log import warn
-
-            warn(line.split(WARNING, 1)[1], entry="ldcache", id=cid)
 
 
 def _make_in_container(stdin_text: str, edits: Edits) -> int:
@@ -207,7 +192,9 @@ def _make_in_container(stdin_text: str, edits: Edits) -> int:
             if done is None:
                 done = rootfs_module.apply_in_container(pid, rootfs, edits)
             if edits.ldcache:  # (its module is loaded then; the links hook does without it)
-                _warn_notes(done, cid)
+                from oci_gpu_hook.appliers.mounts import warn_notes
+
+                warn_notes(done, cid)
     except HookError as err:
         err.container_id = cid
         raise

@@ -3,7 +3,9 @@
 Runs in the namespace helper of :mod:`oci_gpu_hook.appliers.rootfs` (a child that entered the container's
 mount namespace before ``pivot_root``, where the host's tree is still the namespace's root and the
 container's root is ``root.path``); the ``ldcache`` hook's links and cache also from the hook's own process, the
-root reached through ``/proc/PID/root`` (:func:`oci_gpu_hook.appliers.live._driver_through_proc`).  Lessons of
+root reached through ``/proc/PID/root`` (:func:`oci_gpu_hook.appliers.live._driver_through_proc`), and from the
+spec rewrite before ``runc create``, the libraries' sonames read from the mounts' host files
+(:func:`oci_gpu_hook.appliers.ocispec.prewrite`): all three by :func:`links_and_cache`.  Lessons of
 the NVIDIA toolkit's CVE-2024-0132 and CVE-2025-23359 (paths in the rootfs resolved as strings, so that an image's
 symlinks sent host paths into the container):
 
@@ -396,11 +398,25 @@ def _image_cache(root_fd: int) -> tuple[list[ldcache.Entry], list[str], str | No
     return entries, hwcaps, None
 
 
-def _library(root_fd: int, path: str) -> tuple[ldcache.Entry | None, str]:
+def _library(root_fd: int, path: str, source: str | None = None) -> tuple[ldcache.Entry | None, str]:
     """The cache entry of the driver's library at ``path`` in the container (its soname, in its real directory) and
     its real file name; no entry for a file that is no 64-bit library of a known ABI with a soname (ldconfig lists
-    none for it either); HookError where no regular file is there (its mount is missing)."""
-    fd, what, real = _open_file(root_fd, path)
+    none for it either); HookError where no regular file is there (its mount is missing).  ``source``: the host
+    file the runtime will mount there (before ``runc create``, where the mount is not made yet): its ELF is read,
+    the place it lands resolved in the rootfs as runc will resolve the mount's destination."""
+    if source is None:
+        fd, what, real = _open_file(root_fd, path)
+    else:
+        dir_fd, _, real = inroot.open_leaf(root_fd, path, make=False)
+        os.close(dir_fd)
+        try:
+            fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+        except OSError as err:
+            raise HookError(f"the driver's library {source}: {err.strerror}") from None
+        what = "" if stat.S_ISREG(os.fstat(fd).st_mode) else "non-regular file"
+        if what:
+            os.close(fd)
+            fd = None
     if fd is None:
         raise HookError(f"the driver's library {path} is {'a ' + what if what else 'missing'} in the container")
     try:
@@ -519,7 +535,7 @@ class NeedsNamespace(HookError):
 
 
 def update_ldcache(root_fd: int, rootfs: str, folders: tuple[str, ...], libraries: tuple[str, ...],
-                   in_namespace: bool = True) -> str:
+                   in_namespace: bool = True, sources: dict[str, str] | None = None) -> str:
     """Make the driver's ``libraries`` (in ``folders``) resolvable in the container without a process: their
     entries merged into the image's /etc/ld.so.cache (after the image's glibc-hwcaps entries and the CUDA compat
     libraries where :func:`compat_choice` takes them, before the image's own), the folders listed in a drop-in
@@ -527,7 +543,8 @@ def update_ldcache(root_fd: int, rootfs: str, folders: tuple[str, ...], librarie
     later ldconfig in the container keeps them.  Nothing is written where the image's cache resolves all of it
     so already.  A cache that cannot be merged (no regular file, too large, not a cache glibc reads) is rebuilt
     by the host's ldconfig, confined (:func:`_run_ldconfig`), in the container's mount namespace only
-    (``in_namespace`` false: :class:`NeedsNamespace`, before anything of the cache is written)."""
+    (``in_namespace`` false: :class:`NeedsNamespace`, before anything of the cache is written).  ``sources``: the
+    host file of each library not yet mounted in the container (the spec rewrite, before ``runc create``)."""
     real = []
     for folder in folders:
         check_container_path(folder, "ld cache directory")
@@ -539,7 +556,7 @@ def update_ldcache(root_fd: int, rootfs: str, folders: tuple[str, ...], librarie
     unlisted = []
     for path in libraries:
         check_container_path(path, "driver library")
-        entry, name = _library(root_fd, path)
+        entry, name = _library(root_fd, path, (sources or {}).get(path))
         if entry is None:
             unlisted.append(path)
         else:
@@ -547,6 +564,9 @@ def update_ldcache(root_fd: int, rootfs: str, folders: tuple[str, ...], librarie
         if name.startswith("libcuda.so.") and _version(name[11:]):
             host_version = name[11:]
     compat_dir, compat_said = compat_choice(root_fd, host_version) if host_version else (None, "")
+    image, hwcaps, unusable = _image_cache(root_fd)
+    if unusable is not None and not in_namespace:
+        raise NeedsNamespace(unusable)
     _write_in_root(root_fd, CONF_FILE, "".join(f"{f}\n" for f in real))
     if compat_dir:
         _write_in_root(root_fd, COMPAT_CONF_FILE, f"{compat_dir}\n")
@@ -555,9 +575,6 @@ def update_ldcache(root_fd: int, rootfs: str, folders: tuple[str, ...], librarie
     if compat_said.endswith(COMPAT_REFUSED):
         notes.insert(0, compat_said)
     said = f"; {compat_said}" if compat_said and not notes else ""
-    image, hwcaps, unusable = _image_cache(root_fd)
-    if unusable is not None and not in_namespace:
-        raise NeedsNamespace(unusable)
     if unusable is not None:
         done = _run_ldconfig(root_fd, rootfs, ([compat_dir] if compat_dir else []) + real)
         notes.insert(0, f"the image's cache could not be merged ({unusable}): {done}")
@@ -572,10 +589,28 @@ def update_ldcache(root_fd: int, rootfs: str, folders: tuple[str, ...], librarie
     return f"ld cache of {rootfs} merged ({len(ours)} libraries of {', '.join(real)}; {len(image)} of the image){said}"
 
 
+def links_and_cache(root_fd: int, rootfs: str, edits: Edits, in_namespace: bool = True,
+                    sources: dict[str, str] | None = None) -> list[str]:
+    """A driver's soname links, then its libraries merged into the ld cache (:func:`update_ldcache`): the one
+    implementation of the three places that make them (the namespace helper, the ``ldcache`` hook through
+    ``/proc/PID/root``, the spec rewrite before ``runc create`` with ``sources``, the mounts' host files)."""
+    done = [symlink(root_fd, path, target) for path, target in edits.symlinks]
+    if edits.ldcache:
+        done.append(update_ldcache(root_fd, rootfs, edits.ldcache, edits.library_paths, in_namespace, sources))
+    return done
+
+
+def warn_notes(done: list[str], cid: str) -> None:
+    """The warning a result line carries (the ld cache: a malformed CUDA compat note, a cache ldconfig had to
+    rebuild, a driver file without a soname), as the one warning line and the journal's."""
+    for line in done:
+        if WARNING in line:
+            from oci_gpu_hook.log import warn
+
+            warn(line.split(WARNING, 1)[1], entry="ldcache", id=cid)
+
+
 def apply(root_fd: int, rootfs: str, edits: Edits, trees: list[int]) -> list[str]:
     """The mounts (their detached trees, in order), the symlinks, then the ld cache."""
     done = [bind(root_fd, mount, tree) for mount, tree in zip(edits.mounts, trees, strict=True)]
-    done += [symlink(root_fd, path, target) for path, target in edits.symlinks]
-    if edits.ldcache:
-        done.append(update_ldcache(root_fd, rootfs, edits.ldcache, edits.library_paths))
-    return done
+    return done + links_and_cache(root_fd, rootfs, edits)

@@ -10,8 +10,10 @@ CDI specs make them with a ``createRuntime`` hook instead (``oci-gpu-hook links`
 configured ``hook_path``, see :func:`links_hook_path`); masked paths go to
 ``linux.maskedPaths``.  A driver's files (NVIDIA) are read-only bind ``mounts``
 (``ro, nosuid, nodev``) that the runtime makes; their soname links and the
-container's ld cache, which the spec cannot express either, are a second
-``createRuntime`` hook (``oci-gpu-hook ldcache``).  The rewrite is idempotent, never removes or widens an
+container's ld cache, which the spec cannot express either, are written into
+the root directory here, before the runtime creates the container
+(:func:`prewrite`), or where that cannot be, a second ``createRuntime`` hook
+(``oci-gpu-hook ldcache``).  The rewrite is idempotent, never removes or widens an
 existing entry, and leaves every field it does not own as it was.  Rules are
 checked with runc's own emulator (:mod:`oci_gpu_hook.core.rules`): a grant runc
 would refuse (a hole in an operator's wildcard deny) is refused here, first.
@@ -124,15 +126,133 @@ def links_hook_path(config: Config, argv0: str | None = None) -> str:
                     "or set hook_path")
 
 
-def apply(spec: ContainerSpec, plan: Plan, config: Config, hook_path: str | None = None, prepare: bool = True) -> bool:
+def _written_paths(edits: Edits) -> list[str]:
+    """The container paths the driver's links and ld cache write or read (and the directories they sit in)."""
+    from oci_gpu_hook.appliers import mounts
+
+    return [*(p for p, _ in edits.symlinks), *edits.ldcache, *edits.library_paths, mounts.CACHE, mounts.CONF_FILE,
+            mounts.COMPAT_CONF_FILE, mounts.LD_SO_CONF, mounts.COMPAT_DIR]
+
+
+def _resolved(root_fd: int, path: str) -> str:
+    """Where ``path`` leads in the rootfs as it is now, by the one walk (FOLLOW; nothing made): its deepest
+    existing directory resolved, a symlink after it followed by its text, the missing rest as written (the walk
+    makes plain directories there)."""
+    from oci_gpu_hook.core import inroot
+
+    for _ in range(inroot.MAX_LINKS):
+        parts = [p for p in path.split("/") if p]
+        for cut in range(len(parts), -1, -1):
+            try:
+                fd, real = inroot.open_dir(root_fd, "/" + "/".join(parts[:cut]), inroot.FOLLOW)
+            except HookError:
+                continue
+            break
+        else:
+            return path
+        try:
+            if cut == len(parts):
+                return real
+            try:
+                target = os.readlink(parts[cut], dir_fd=fd)
+            except OSError:  # missing (or no symlink, where the walk stopped: kept as written)
+                return "/".join([real.rstrip("/"), *parts[cut:]])
+        finally:
+            os.close(fd)
+        path = "/".join(["" if target.startswith("/") else real.rstrip("/"), target, *parts[cut + 1:]])
+    return path
+
+
+def _hidden(raw: dict[str, Any], edits: Edits, root_fd: int) -> str | None:
+    """A mount of the spec (not a driver file's own) that would cover what is written before ``runc create``: its
+    destination at or above one of those paths, each taken as written and as the walk resolves it in the rootfs
+    now (an image's ``/usr/lib/x86_64-linux-gnu -> /proc/1/root/x`` leads under the procfs runc mounts first,
+    which hides what a walk before it made there); else None.  Each directory is walked once (a path's last
+    component is ours: a link made, a file mounted)."""
+    walked: dict[str, str] = {}
+
+    def resolved(path: str, whole: bool = False) -> str:
+        directory, _, name = path.rstrip("/").rpartition("/")
+        if whole:  # a directory (or a mount destination): its own last component followed too
+            directory, name = path, ""
+        if directory not in walked:
+            walked[directory] = _resolved(root_fd, directory or "/")
+        return f"{walked[directory].rstrip('/')}/{name}".rstrip("/") or "/"
+
+    ours = {m.destination for m in edits.mounts}
+    paths = _written_paths(edits)
+    from oci_gpu_hook.appliers.mounts import COMPAT_DIR
+
+    directories = {*edits.ldcache, COMPAT_DIR}
+    paths += [resolved(p, p in directories) for p in paths]
+    if any(".." in p.split("/") for p in paths):
+        return ".."  # where it leads depends on what the runtime mounts first: the hook decides
+    for mount in raw.get("mounts") or []:
+        dest = mount.get("destination") if isinstance(mount, dict) else None
+        if not isinstance(dest, str):
+            continue
+        for place in {dest, resolved(dest, whole=dest not in ours)}:
+            place = "/" + "/".join(p for p in place.split("/") if p not in ("", "."))
+            if place == "/" or ".." in place.split("/") or any(p.startswith(place + "/") for p in paths):
+                return dest  # (a driver's own directory mount above what is written hides it too)
+            if dest not in ours and place in paths:  # a driver file's own mount lands on its library's path
+                return dest
+    return None
+
+
+def prewrite(spec: ContainerSpec, edits: Edits, bundle: str | None, cid: str = "") -> bool:
+    """The driver's soname links and ld cache made in the container's root directory now, before the runtime
+    creates the container (no ``ldcache`` hook then); whether they were.  The same functions as the hook's
+    (:func:`oci_gpu_hook.appliers.mounts.links_and_cache`), each library's soname read from its mount's host
+    file (the runtime has not mounted it yet), the rootfs walked by the one walk (FOLLOW, as runc resolves the
+    mounts' destinations), the cache written by the one atomic writer.  ``root.readonly`` does not stop it: runc
+    remounts the root read-only after its mounts and the createRuntime hooks, so the hook wrote that root too,
+    and what is written here is what it wrote.  Not done (False: the hook stays in the spec, as before, and
+    decides): ``root.path`` not a directory this process may write (a read-only mount: the hook refuses it with
+    one line unless nothing is to write; relative and no bundle known), a spec mount over a path written here
+    (it would hide it), a cache only the confined ldconfig can rebuild (that needs the container's mount
+    namespace), or any failure."""
+    root = spec.raw.get("root")
+    if not isinstance(root, dict):
+        return False
+    path = root.get("path")
+    if not isinstance(path, str) or not path or (bundle is None and not path.startswith("/")):
+        return False
+    rootfs = spec.root(bundle or "/")
+    from oci_gpu_hook.appliers import mounts
+
+    try:
+        root_fd = os.open(rootfs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    mask = os.umask(0)  # the modes exact, as the hook makes them
+    try:
+        if not os.access(f"/proc/self/fd/{root_fd}", os.W_OK) or _hidden(spec.raw, edits, root_fd) is not None:
+            return False
+        sources = {m.destination: m.source for m in edits.mounts}
+        done = mounts.links_and_cache(root_fd, rootfs, edits, in_namespace=False, sources=sources)
+    except (HookError, OSError):
+        return False  # nothing half-done that matters: the hook redoes it all (its links found made)
+    finally:
+        os.umask(mask)
+        os.close(root_fd)
+    if edits.ldcache:
+        mounts.warn_notes(done, cid or spec.name() or "")
+    return True
+
+
+def apply(spec: ContainerSpec, plan: Plan, config: Config, hook_path: str | None = None, prepare: bool = True,
+          bundle: str | None = None, cid: str = "", write_root: bool = False) -> bool:
     """Write ``plan`` into ``spec`` (its :attr:`~ContainerSpec.raw` document) in place; return whether anything
-    changed.  The driver's hook names ``hook_path``, by default :func:`links_hook_path` (which refuses a hook
-    the runtime could not run); the by-path links are a directory prepared under ``by_path_dir`` (with ``prepare``
-    false, as ``validate`` rewrites in memory, only checked where it is already there)."""
+    changed.  With ``write_root`` (the shim and precreate, just before the runtime creates the container) the
+    driver's links and ld cache are made in the rootfs now where they can be (:func:`prewrite`: ``root.path``
+    absolute, or relative to ``bundle``); else (``dry-run``, ``validate``, NRI, where no root is to be written)
+    its hook names ``hook_path``, by default :func:`links_hook_path` (which refuses a hook the runtime could not
+    run); the by-path links are a directory prepared under ``by_path_dir`` (with ``prepare`` false, as
+    ``validate`` rewrites in memory, only checked where it is already there)."""
     if not plan:
         return False
-    if (plan.edits.symlinks or plan.edits.ldcache) and hook_path is None:
-        hook_path = links_hook_path(config)
+    driver = plan.edits.symlinks or plan.edits.ldcache
     raw = spec.raw
     rules = spec.device_rules(create=True)
     linux = raw["linux"]
@@ -166,7 +286,8 @@ def apply(spec: ContainerSpec, plan: Plan, config: Config, hook_path: str | None
     rules.extend(rule.to_oci() for rule in missing)
     changed |= _add_mounts(raw, plan.edits)
     changed |= _add_by_path(raw, plan.edits, config, prepare)
-    changed |= _add_hooks(raw, plan.edits, hook_path or config.hook_path)
+    if driver and not (write_root and prepare and prewrite(spec, plan.edits, bundle, cid)):
+        changed |= _add_hooks(raw, plan.edits, hook_path or links_hook_path(config))
     changed |= _add_masked(linux, plan.edits.masked)
     changed |= _add_env(raw, plan.edits.env)
     return changed
@@ -260,9 +381,11 @@ def _add_env(spec: dict[str, Any], env: tuple[str, ...]) -> bool:
     return bool(new)
 
 
-def rewrite(spec: ContainerSpec, plan: Plan, config: Config) -> str | None:
-    """The config.json text with ``plan`` written in; None when nothing changed."""
-    return fastjson.dumps(spec.raw) if apply(spec, plan, config) else None
+def rewrite(spec: ContainerSpec, plan: Plan, config: Config, bundle: str | None = None, cid: str = "") -> str | None:
+    """The config.json text with ``plan`` written in, for the runtime to create the container from next (the shim,
+    precreate: the driver's ld cache written into the root now where it can be); None when nothing changed.
+    ``bundle``: the directory a relative ``root.path`` is under (the shim's)."""
+    return fastjson.dumps(spec.raw) if apply(spec, plan, config, bundle=bundle, cid=cid, write_root=True) else None
 
 
 def rewrite_text(text: str, config: Config, devices: str | None = None) -> tuple[str | None, Plan]:

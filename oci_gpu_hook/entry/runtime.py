@@ -98,7 +98,7 @@ def rewrite_bundle(path: str, config: Config, cid: str) -> None:
     if plan:  # nothing asked for: the spec-rewrite applier is not even imported
         from oci_gpu_hook.appliers.ocispec import rewrite
 
-        new_text = rewrite(spec, plan, config)
+        new_text = rewrite(spec, plan, config, os.path.dirname(os.path.abspath(path)), cid)
         if new_text is not None:
             from oci_gpu_hook.atomic import write_atomic
 

@@ -782,7 +782,9 @@ def test_upgrade_from_a_newer_image(running: Running) -> None:
 def _written(root: Path) -> dict[str, tuple[int, int, bytes]]:
     """What install writes (launchers, drop-in, main config, CDI specs): inode, mtime, bytes (a rewrite of the same
     bytes shows as a new inode or mtime)."""
-    paths = [p for p in (root / LAUNCHER_DIR.lstrip("/")).iterdir() if p.is_file()]
+    # (not the planners' locks beside the environments, .in-use-env-VERSION: the pods' own, not install's)
+    paths = [p for p in (root / LAUNCHER_DIR.lstrip("/")).iterdir()
+             if p.is_file() and not p.name.startswith(".in-use-")]
     paths += [root / "etc/containerd/conf.d/oci-gpu-hook.toml", root / "etc/containerd/config.toml",
               *sorted((root / "var/run/cdi").glob("*.json"))]
     return {str(p.relative_to(root)): (p.stat().st_ino, p.stat().st_mtime_ns, p.read_bytes()) for p in paths}
@@ -807,7 +809,9 @@ def test_uninstall_from_the_image_returns_the_node(running: Running) -> None:
     def compared(tree: dict[str, tuple[object, ...]]) -> dict[str, tuple[object, ...]]:
         return {k: v for k, v in tree.items() if not (k in made and v[0] == stat.S_IFDIR)}
 
-    after = compared(_tree(node.root, (f"{LAUNCHER_DIR.lstrip('/')}/env-{running.version}", "var/lib/kubelet/")))
+    last = f"{LAUNCHER_DIR.lstrip('/')}/env-{running.version}"  # the last environment and its lock stay (docs/image.md)
+    after = compared(_tree(node.root, (last, f"{LAUNCHER_DIR.lstrip('/')}/.in-use-env-{running.version}",
+                                       "var/lib/kubelet/")))
     assert node.pristine_tree is not None
     pristine = compared({k: v for k, v in node.pristine_tree.items() if not k.startswith("var/lib/kubelet/")})
     # what the stopped planner leaves in its runtime directory, and the by-path directories the GPU containers got

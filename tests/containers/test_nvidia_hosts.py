@@ -470,3 +470,68 @@ def test_nvidia_smi_runs_from_every_layout_on_every_path(tmp_path: Path, layout:
     for where in ("plain", "cuda"):
         assert [line for line in lines if line.startswith(where)] == [
             f"{where} GPU 0: NVIDIA H100 80GB HBM3 (UUID: {uuid})"], done.stdout
+
+
+@pytest.mark.parametrize("applier", ["shim-v1", "podman-precreate", "podman-precreate-overlay"])
+def test_the_spec_rewrite_writes_the_ld_cache_before_create_and_adds_no_hook(hosts: dict[str, Any], applier: str,
+                                                                              tmp_path: Path) -> None:
+    """The shim and podman's precreate make the driver's soname links and merge its ld cache into the writable
+    root directory themselves, before runc creates the container: the config.json runc gets has no ``ldcache``
+    hook, the driver's files are still mounts, and the container's ld cache (read by the real ldconfig) resolves
+    libcuda.so.1 to the image's CUDA compat library (newer than the host's driver: chosen) and libnvidia-ml.so.1
+    to the driver's, whose soname link the probe reads inside the container.  ``podman-precreate-overlay``:
+    ``--rootfs DIR:O``, the root podman hands precreate is its overlay, mounted by then: written there (the
+    container reads the cache), the image's directory below it untouched."""
+    from tests.helpers.fakenvidia import elf_shared_object
+
+    mine = hosts["nvidia-h100"]
+    nv = mine["model"]
+    env = ["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=compute,utility"]
+    compat_version = f"{int(nv.version.split('.')[0]) + 1}.10.01"
+    if applier.startswith("podman-precreate"):
+        rootfs = make_rootfs(tmp_path / "rootfs", nv)
+        final = tmp_path / "final.json"
+        capture = tmp_path / "capture.sh"  # the hook after ours: what podman then hands runc, kept
+        capture.write_text(f"#!/bin/sh\nexec /usr/bin/tee {final}\n")
+        capture.chmod(0o755)
+        hooks = tmp_path / "hooks.d"
+        hooks.mkdir()
+        for entry in mine["hooks-dir"].iterdir():
+            (hooks / entry.name).write_text(entry.read_text())
+        (hooks / "zz-capture.json").write_text(json.dumps(
+            {"version": "1.0.0", "hook": {"path": str(capture), "args": ["capture"]}, "when": {"always": True},
+             "stages": ["precreate"]}))
+    else:
+        bundle = _bundle(hosts, "nvidia-h100", env, {})
+        rootfs = Path(json.loads((bundle / "config.json").read_text())["root"]["path"])
+        final = bundle / "config.json"
+    compat = rootfs / "usr/local/cuda/compat"
+    compat.mkdir(parents=True)
+    (compat / f"libcuda.so.{compat_version}").write_bytes(elf_shared_object("libcuda.so.1"))
+    (compat / "libcuda.so.1").symlink_to(f"libcuda.so.{compat_version}")
+    with open(rootfs / "probe.sh", "a") as probe:
+        probe.write('grep -q /usr/local/cuda/compat/libcuda.so.1 /etc/ld.so.cache && echo "ldcache compat"\n')
+    overlay = applier.endswith("-overlay")
+    if applier.startswith("podman-precreate"):
+        argv = [*cl.PODMAN, "--runtime=runc", f"--hooks-dir={hooks}", *cl.PODMAN_RUN,
+                *(o for e in env for o in ("--env", e)), "--rootfs", f"{rootfs}{':O' if overlay else ''}",
+                "/bin/sh", "/probe.sh"]
+        done = cl.run(argv, env=cl.hook_env())
+    else:
+        done = _runc(bundle, False, str(mine["runtime"]))
+    assert done.returncode == 0, done.stderr
+    spec = json.loads(final.read_text())
+    hooks_run = [h["args"][1] for h in spec.get("hooks", {}).get("createRuntime", []) if len(h.get("args", [])) > 1]
+    assert "ldcache" not in hooks_run, spec.get("hooks")
+    assert f"{LIB}/libcuda.so.{nv.version}" in {m["destination"] for m in spec["mounts"]}
+    lines = done.stdout.splitlines()
+    assert "ldcache libcuda.so.1" in lines and "ldcache compat" in lines, done.stdout
+    assert f"solink {LIB}/libnvidia-ml.so.1 libnvidia-ml.so.{nv.version}" in lines, done.stdout
+    if overlay:
+        assert spec["root"]["path"] != str(rootfs), spec["root"]
+        assert not (rootfs / "etc/ld.so.cache").exists() and not (rootfs / LIB.lstrip("/")).exists()
+        return
+    cache = _ld_cache(rootfs)
+    assert cache["libcuda.so.1"] == "/usr/local/cuda/compat/libcuda.so.1", cache
+    assert cache["libnvidia-ml.so.1"] == f"{LIB}/libnvidia-ml.so.1", cache
+    assert (rootfs / "etc/ld.so.conf.d/00-compat-oci-gpu-hook.conf").read_text() == "/usr/local/cuda/compat\n"
