@@ -75,7 +75,7 @@ NOGPU_ADDED_TARGET_MS = 2.0  # ... and at most this much added (shim run and cre
 PASS_THROUGH_TARGET_MS = 2.0  # shim state median - runc state median
 PRESTART_GPU_RATIO_TARGET = {"v1": 1.5, "v2": 1.6}  # runc run with the prestart hook, 1 GPU, per cgroup mode
 LIFECYCLE_ADDED_TARGET_MS = 20.0  # create + start + delete through the shim (1 GPU) - bare
-# With the resident planner running (issue 17; NVIDIA's Go toolkit measured +6.6 ms create, +13.5 ms lifecycle)
+# With the resident planner running (NVIDIA's Go toolkit measured +6.6 ms create, +13.5 ms lifecycle)
 CREATE_PLANNER_TARGET_MS = 5.0  # shim create, 1 GPU - bare runc create (paired Δ median)
 LIFECYCLE_PLANNER_TARGET_MS = 12.0  # create + start + delete through the shim, 1 GPU - bare
 PRESTART_PLANNER_TARGET_MS = {"v1": 8.0, "v2": 12.0}  # runc run + prestart hook, 1 GPU - bare

@@ -72,7 +72,7 @@ done
 "$env_dir/bin/python3" -m compileall -q -j 1 --invalidation-mode checked-hash "$base/lib/$py" "$site" >/dev/null
 
 # the native fronts of the DaemonSet's install (its --set arguments are SET...), static
-"$env_dir/bin/python3" -c 'import sys; from oci_gpu_hook.host.launchers import prebuild_fronts
+"$env_dir/bin/python3" -c 'import sys; from oci_gpu_hook.install.launchers import prebuild_fronts
 for path in prebuild_fronts(sys.argv[1:], ["-static"]): print("prebuilt:", path)' "$@"
 "$env_dir/bin/python3" -m compileall -q --invalidation-mode checked-hash "$site/oci_gpu_hook" >/dev/null
 rm -rf /tmp/tools

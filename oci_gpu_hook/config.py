@@ -26,7 +26,7 @@ shim then execs the runtime a pass-through command would
 (:func:`oci_gpu_hook.entry.runtime.passthrough_runtime_name`: never one named by an untrusted file).  A request
 under a name that only the broken file would have added is not seen: the file cannot be believed.  The operator
 commands fail on such a config, and ``install`` and ``launchers`` refuse to make one live
-(:func:`oci_gpu_hook.host.launchers.check_live_config`).  An unknown key's error names the key it was probably
+(:func:`oci_gpu_hook.install.launchers.check_live_config`).  An unknown key's error names the key it was probably
 meant to be (``did you mean 'mask_other_gpus'?``).
 """
 
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 DEFAULT_CONFIG_PATH = "/etc/oci-gpu-hook/config.toml"
 CONFIG_ENV = "OCI_GPU_HOOK_CONFIG"  # names the config file
 ACCESS_VALUES = ("r", "w", "m", "rw", "rm", "wm", "rwm")
-# The health signals a GPU can be Unhealthy by (oci_gpu_hook/host/health.py reads them; docs/health.md says each
+# The health signals a GPU can be Unhealthy by (oci_gpu_hook/cluster/health.py reads them; docs/health.md says each
 # one's kernel source); the DRA driver's taint names the first as its value.
 HEALTH_SIGNALS = ("ras-uncorrectable", "pcie-fatal", "wedged", "vanished")
 _TRUE = {"1", "true", "yes", "on"}

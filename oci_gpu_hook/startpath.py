@@ -11,6 +11,10 @@ of code.  This file is the one place that says what the path may hold; nothing i
   :data:`OFF_PATH` (routes that are not a container start).  "May ``config.py`` import ``re``?": no, it is
   not in ``config.py``'s set, and :data:`NEVER` says why.  ``tests/test_startpath.py`` reads every module
   listed here and fails on an import outside its allowance.
+- :data:`SERVERS`: the per-container servers' package (``serve/``: the planner, the NRI plugin), whose modules
+  import of the package only what is on the path, each other, and what :data:`SERVER_OFF_PATH` names;
+  ``tests/test_startpath.py`` holds them to it.  The other operator packages (``install/``, ``cluster/``) are off
+  the path: nothing on it imports them (``tests/test_layers.py``).
 - :data:`ENTRIES`: what each entry point, run as the launchers run it (``python -X importtime -I -S``), imports
   beyond the interpreter's own start; ``tests/test_speed_imports.py`` runs them and fails on any module more.
   A new import on this path costs every container its time: add it here only with a measurement.
@@ -21,7 +25,7 @@ The economies, each one measured (costs are this machine's, a 2-core VM; ``pytho
 - ``TYPE_CHECKING = False`` at the top of a module, never ``typing.TYPE_CHECKING``: importing :mod:`typing`
   costs ~15 ms per start.  Annotations stay strings (``from __future__ import annotations``), so the names under
   ``if TYPE_CHECKING:`` are read by type checkers only.  The whole package uses the one idiom, off the path too:
-  a module can then move onto the path unchanged, and the launchers import ``host/planner``'s constants when
+  a module can then move onto the path unchanged, and the launchers import ``serve/planner``'s constants when
   they bake.  Each such line points here.
 - :mod:`oci_gpu_hook.fastjson`, not :mod:`json`: ``json`` brings :mod:`re` and :mod:`enum` (~14 ms, a hook's
   whole budget).  It drives the C scanner and encoder of CPython's ``_json`` extension directly (a private
@@ -50,7 +54,7 @@ The economies, each one measured (costs are this machine's, a 2-core VM; ``pytho
 
 Outside Python: the launchers run ``python -IS`` (no ``site``: ~10 ms) and, where a C compiler was there at
 install, the native front (``oci_gpu_hook/fastpath/front.c``) answers "nothing requested" and pass-through
-commands without starting Python at all (:mod:`oci_gpu_hook.host.launchers`).  ``docs/speed.md`` has the
+commands without starting Python at all (:mod:`oci_gpu_hook.install.launchers`).  ``docs/speed.md`` has the
 measurements of the whole start.
 """
 
@@ -164,6 +168,22 @@ MODULES: dict[str, frozenset[str]] = {
     "oci_gpu_hook.appliers.devicefilter_decode": frozenset({"struct", "sys"}),
     "oci_gpu_hook.appliers.systemd_unit": frozenset({"os", "socket", "struct", "time"}),  # only under systemd
 }
+# --- the per-container servers ---------------------------------------------------------------------------------
+
+# The planner (``serve``) and the NRI plugin (``nri``) answer on a container's start path: a front asks the planner,
+# containerd and CRI-O call the NRI plugin as they create a container.  Their workers run the modules above; what
+# else of the package they may import is this package and what SERVER_OFF_PATH names, each on a route no request
+# waits for.  tests/test_startpath.py reads every module of SERVERS and fails on any other import of the package.
+SERVERS = "oci_gpu_hook.serve"
+SERVER_OFF_PATH: dict[str, dict[str, str]] = {
+    "oci_gpu_hook.serve.planner.server": {"oci_gpu_hook.cliparse": "a usage error (argparse), never a request's"},
+    "oci_gpu_hook.serve.planner.endpoint": {
+        "oci_gpu_hook.cluster.metrics": "the metrics endpoint, a process of its own forked before any request",
+        "oci_gpu_hook.cluster.health": "the metrics endpoint's health samples, in that process"},
+    "oci_gpu_hook.serve.planner.worker": {"oci_gpu_hook.cluster.metrics": "a refused request's reason, in the "
+                                          "metrics' closed set (after the refusal is decided)"},
+}
+
 # Modules of the package off the path that a start-path module may reach, each on a route no container start takes.
 OFF_PATH: dict[str, dict[str, str]] = {
     "oci_gpu_hook.entry.cli": {"oci_gpu_hook.cliparse": "a usage error (argparse), never a hook's"},

@@ -32,7 +32,7 @@ Code and config follow the same rule; they differ in one point only: code that i
 runs in its place), while a missing config is "no config" and the open that follows says so.
 
 The block between the two ``--- the rule`` lines below is also the whole trust check of every Python launcher:
-``oci_gpu_hook/host/launchers.py`` copies it there verbatim (the launcher checks the package before it may
+``oci_gpu_hook/install/launchers.py`` copies it there verbatim (the launcher checks the package before it may
 import it), and the C front (``oci_gpu_hook/fastpath/front.c``, ``trust_problem``) is tested against it case by
 case (tests/test_trust_rule.py).  Keep it to :mod:`os` and :mod:`stat` (both loaded by ``python -I -S``).
 """

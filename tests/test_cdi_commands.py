@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from oci_gpu_hook.appliers import cdi
-from oci_gpu_hook.host.install.paths import LAUNCHER_DIR
+from oci_gpu_hook.install.paths import LAUNCHER_DIR
 from tests.helpers.clilib import REPO, assert_one_error_line, clean_env
 
 SEED = REPO / "examples" / "hosts" / "seed-8x-gfx1100" / "sys"

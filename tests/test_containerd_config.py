@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.host import containerd
+from oci_gpu_hook.install import containerd
 
 keys = st.text(min_size=1, max_size=12)
 scalars = st.one_of(st.booleans(), st.integers(-(2**63), 2**63 - 1), st.text(max_size=20),

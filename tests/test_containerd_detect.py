@@ -15,9 +15,8 @@ import pytest
 
 from oci_gpu_hook.entry import cli
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.host import containerd
-from oci_gpu_hook.host import containerd_detect as detect
-from oci_gpu_hook.host.install import items
+from oci_gpu_hook.install import containerd, items
+from oci_gpu_hook.install import containerd_detect as detect
 from tests.conftest import unavailable
 from tests.helpers.containerlib import INSTALL_DEV
 from tests.helpers.installtrees import (

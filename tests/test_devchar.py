@@ -1,4 +1,4 @@
-"""The /dev/char/MAJ:MIN links install and watch make (oci_gpu_hook/host/devchar.py), on a /dev of the test's own:
+"""The /dev/char/MAJ:MIN links install and watch make (oci_gpu_hook/cluster/devchar.py), on a /dev of the test's own:
 ``install --prefix P`` works in ``P/dev`` and records in ``P/run``, ``watch --dev D`` in ``D``, with stand-in
 char nodes made with the seed host's numbers (mknod: root).  The real /dev of a booted systemd is
 tests/containers/test_systemd_live.py's."""
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from oci_gpu_hook.cluster import devchar
 from oci_gpu_hook.config import Config
-from oci_gpu_hook.host import devchar
 from oci_gpu_hook.inventory import scan_host
 from tests.helpers import clilib
 from tests.helpers.containerlib import INSTALL_DEV

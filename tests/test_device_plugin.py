@@ -21,12 +21,12 @@ import grpc
 import pytest
 
 from oci_gpu_hook.appliers import cdi
+from oci_gpu_hook.cluster.deviceplugin import server
+from oci_gpu_hook.cluster.deviceplugin.devices import devices_of, scan_amd
+from oci_gpu_hook.cluster.deviceplugin.specs import SpecKeeper, mismatch
+from oci_gpu_hook.cluster.watch import QueueEvents
 from oci_gpu_hook.config import Config, load_config
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.host.deviceplugin import server
-from oci_gpu_hook.host.deviceplugin.devices import devices_of, scan_amd
-from oci_gpu_hook.host.deviceplugin.specs import SpecKeeper, mismatch
-from oci_gpu_hook.host.watch import QueueEvents
 from oci_gpu_hook.inventory import scan
 from tests.helpers import clilib, fakesysfs
 from tests.helpers.fakekubelet import FakeKubelet
@@ -138,7 +138,7 @@ def test_unknown_device_id_is_invalid_argument(node: Node) -> None:
 
 def test_pre_start_container_is_a_no_op(node: Node) -> None:
     plugin = node.kubelet.plugin("amd.com/gpu")
-    from oci_gpu_hook.host.deviceplugin import api_pb2 as api
+    from oci_gpu_hook.cluster.deviceplugin import api_pb2 as api
 
     assert plugin.stub.PreStartContainer(api.PreStartContainerRequest(devices_ids=[SEED_IDS[0]]), timeout=5) \
         == api.PreStartContainerResponse()

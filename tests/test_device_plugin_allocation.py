@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from oci_gpu_hook.cluster.deviceplugin.allocation import preferred
+from oci_gpu_hook.cluster.deviceplugin.devices import PluginDevice, plugin_devices
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.host.deviceplugin.allocation import preferred
-from oci_gpu_hook.host.deviceplugin.devices import PluginDevice, plugin_devices
 from oci_gpu_hook.inventory.amd import device_id, resource_for
 from tests.helpers import fakesysfs
 

@@ -20,11 +20,11 @@ import grpc
 import pytest
 
 from oci_gpu_hook.appliers import cdi
+from oci_gpu_hook.cluster.deviceplugin import server
+from oci_gpu_hook.cluster.deviceplugin.devices import plan, scan_served
+from oci_gpu_hook.cluster.deviceplugin.specs import SpecKeeper, mismatch
+from oci_gpu_hook.cluster.watch import QueueEvents
 from oci_gpu_hook.config import Config
-from oci_gpu_hook.host.deviceplugin import server
-from oci_gpu_hook.host.deviceplugin.devices import plan, scan_served
-from oci_gpu_hook.host.deviceplugin.specs import SpecKeeper, mismatch
-from oci_gpu_hook.host.watch import QueueEvents
 from oci_gpu_hook.inventory import nvml
 from oci_gpu_hook.inventory.nvcluster import mig_resource
 from tests.conftest import unavailable

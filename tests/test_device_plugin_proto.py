@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "oci_gpu_hook" / "host" / "deviceplugin"
+PACKAGE = Path(__file__).resolve().parent.parent / "oci_gpu_hook" / "cluster" / "deviceplugin"
 REPO = PACKAGE.parent.parent.parent
 HEADER_LINES = 3
 
@@ -24,7 +24,7 @@ def test_generated_code_is_what_grpcio_tools_makes_of_api_proto(tmp_path: Path) 
     for name in ("api_pb2.py", "api_pb2_grpc.py"):
         committed = (PACKAGE / name).read_text().splitlines(keepends=True)
         assert committed[0].startswith("# oci-gpu-hook: generated from api.proto by grpcio-tools")
-        fresh = (tmp_path / "oci_gpu_hook" / "host" / "deviceplugin" / name).read_text()
+        fresh = (tmp_path / "oci_gpu_hook" / "cluster" / "deviceplugin" / name).read_text()
         assert "".join(committed[HEADER_LINES:]) == fresh, (
             f"{name} is not what grpcio-tools generates from api.proto: regenerate it (see its header)")
 
@@ -32,7 +32,7 @@ def test_generated_code_is_what_grpcio_tools_makes_of_api_proto(tmp_path: Path) 
 def test_wire_names_are_the_kubelets() -> None:
     """The kubelet calls /v1beta1.Registration/Register and /v1beta1.DevicePlugin/<method>; field numbers
     and types are the published API's."""
-    from oci_gpu_hook.host.deviceplugin import api_pb2 as api
+    from oci_gpu_hook.cluster.deviceplugin import api_pb2 as api
 
     services = api.DESCRIPTOR.services_by_name
     assert services["Registration"].full_name == "v1beta1.Registration"
@@ -65,7 +65,7 @@ def test_wire_names_are_the_kubelets() -> None:
 def test_grpc_is_never_imported_on_the_per_container_path(module: str) -> None:
     code = (f"import sys, {module}\n"
             "bad = sorted(m for m in sys.modules if m == 'grpc' or m.startswith(('grpc.', 'google.protobuf'))"
-            " or m.startswith('oci_gpu_hook.host.deviceplugin'))\n"
+            " or m.startswith('oci_gpu_hook.cluster.deviceplugin'))\n"
             "print(','.join(bad))\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert done.returncode == 0, done.stderr

@@ -1,4 +1,4 @@
-"""The DRA driver (oci_gpu_hook/host/dra): its devices and attributes on the example hosts, ResourceSlice
+"""The DRA driver (oci_gpu_hook/cluster/dra): its devices and attributes on the example hosts, ResourceSlice
 publishing against a fake API server over real HTTPS, registration and prepare/unprepare against a fake kubelet
 over real gRPC, the claim's CDI spec, the checkpoint across a restart, and slices following the host over time.
 
@@ -22,13 +22,13 @@ from pathlib import Path
 import pytest
 
 from oci_gpu_hook.appliers import cdi
+from oci_gpu_hook.cluster.dra import devices as dra_devices
+from oci_gpu_hook.cluster.dra.claims import ClaimError, Claims, spec_file
+from oci_gpu_hook.cluster.dra.kube import Client, Credentials
+from oci_gpu_hook.cluster.dra.server import Driver
+from oci_gpu_hook.cluster.dra.slices import Publisher, choose_version, slice_objects
+from oci_gpu_hook.cluster.watch import QueueEvents
 from oci_gpu_hook.config import Config
-from oci_gpu_hook.host.dra import devices as dra_devices
-from oci_gpu_hook.host.dra.claims import ClaimError, Claims, spec_file
-from oci_gpu_hook.host.dra.kube import Client, Credentials
-from oci_gpu_hook.host.dra.server import Driver
-from oci_gpu_hook.host.dra.slices import Publisher, choose_version, slice_objects
-from oci_gpu_hook.host.watch import QueueEvents
 from oci_gpu_hook.inventory import scan
 from tests.helpers import fakesysfs
 from tests.helpers.fakeapiserver import FakeApiServer, slice_problems
@@ -426,7 +426,7 @@ def test_a_restarted_plugin_knows_what_is_prepared(rig: Rig) -> None:
 
 
 def test_health_follows_the_devices(rig: Rig) -> None:
-    from oci_gpu_hook.host.dra import health_v1alpha1_pb2 as health
+    from oci_gpu_hook.cluster.dra import health_v1alpha1_pb2 as health
 
     rig.kubelet.discover()
     stream = rig.kubelet.watch_health()
@@ -446,7 +446,7 @@ def test_health_follows_the_devices(rig: Rig) -> None:
 def test_health_is_sent_again_without_a_change(tmp_path: Path) -> None:
     """A real 1.36 kubelet counts a device whose last report is older than 30 s as Unknown (and shows that in the
     status of a pod started later): the stream repeats the devices' health while nothing changes."""
-    from oci_gpu_hook.host.dra import health_v1alpha1_pb2 as health
+    from oci_gpu_hook.cluster.dra import health_v1alpha1_pb2 as health
 
     sysfs = Path(fakesysfs.build(str(tmp_path / "sys"), fakesysfs.seed_host()))
     (tmp_path / "cdi").mkdir()

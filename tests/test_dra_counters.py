@@ -1,5 +1,5 @@
-"""The DRA driver's attributes across vendors and its shared counters for split GPUs (oci_gpu_hook/host/dra/devices.py,
-slices.py).
+"""The DRA driver's attributes across vendors and its shared counters for split GPUs (oci_gpu_hook/cluster/dra/
+devices.py, slices.py).
 
 Attributes: NVIDIA memory and compute capability through the fake libnvidia-ml (tests/helpers/fakenvidia.py), a MIG
 device's memory from its profile, AMD's gfx target and VRAM, Intel's VRAM where sysfs says it.  Counters: that no
@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
+from oci_gpu_hook.cluster.dra import devices as dra_devices
+from oci_gpu_hook.cluster.dra.claims import Claims, spec_file
+from oci_gpu_hook.cluster.dra.devices import DraDevice, counter_sets, without_counters
+from oci_gpu_hook.cluster.dra.slices import SAME, SPLIT, layout, slice_objects
 from oci_gpu_hook.config import Config
-from oci_gpu_hook.host.dra import devices as dra_devices
-from oci_gpu_hook.host.dra.claims import Claims, spec_file
-from oci_gpu_hook.host.dra.devices import DraDevice, counter_sets, without_counters
-from oci_gpu_hook.host.dra.slices import SAME, SPLIT, layout, slice_objects
 from oci_gpu_hook.inventory import nvml, scan, stable_name
 from tests.helpers import fakesysfs
 from tests.helpers.fakeapiserver import slice_problems

@@ -12,8 +12,8 @@ from typing import Any
 
 import yaml
 
-from oci_gpu_hook.host.dra import DEFAULT_DRIVER
-from oci_gpu_hook.host.dra.devices import ATTRIBUTES, build
+from oci_gpu_hook.cluster.dra import DEFAULT_DRIVER
+from oci_gpu_hook.cluster.dra.devices import ATTRIBUTES, build
 from oci_gpu_hook.inventory import scan
 
 REPO = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""The DRA driver's generated gRPC code (oci_gpu_hook/host/dra/*_pb2*.py) and its wire names: the kubelet calls
+"""The DRA driver's generated gRPC code (oci_gpu_hook/cluster/dra/*_pb2*.py) and its wire names: the kubelet calls
 /pluginregistration.Registration/GetInfo on the registration socket and
 /k8s.io.kubelet.pkg.apis.dra.<version>.DRAPlugin/NodePrepareResources on the DRA socket; field numbers and types are
 the kubelet's (k8s.io/kubelet pkg/apis/dra/v1, v1beta1, dra-health/v1alpha1 and pluginregistration/v1)."""
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "oci_gpu_hook" / "host" / "dra"
+PACKAGE = Path(__file__).resolve().parent.parent / "oci_gpu_hook" / "cluster" / "dra"
 REPO = PACKAGE.parent.parent.parent
 HEADER_LINES = 3
 PROTOS = ("dra_v1", "dra_v1beta1", "registration", "health_v1alpha1")
@@ -30,7 +30,7 @@ def test_generated_code_is_what_grpcio_tools_makes_of_the_proto(tmp_path: Path, 
     for name in (f"{proto}_pb2.py", f"{proto}_pb2_grpc.py"):
         committed = (PACKAGE / name).read_text().splitlines(keepends=True)
         assert committed[0].startswith(f"# oci-gpu-hook: generated from {proto}.proto by grpcio-tools")
-        fresh = (tmp_path / "oci_gpu_hook" / "host" / "dra" / name).read_text()
+        fresh = (tmp_path / "oci_gpu_hook" / "cluster" / "dra" / name).read_text()
         assert "".join(committed[HEADER_LINES:]) == fresh, (
             f"{name} is not what grpcio-tools generates from {proto}.proto: regenerate it (see its header)")
 
@@ -42,7 +42,7 @@ def _fields(module: object, message: str) -> dict[str, tuple[int, int, bool]]:
 
 @pytest.mark.parametrize("version", ["v1", "v1beta1"])
 def test_dra_wire_names_are_the_kubelets(version: str) -> None:
-    api = importlib.import_module(f"oci_gpu_hook.host.dra.dra_{version}_pb2")
+    api = importlib.import_module(f"oci_gpu_hook.cluster.dra.dra_{version}_pb2")
     service = api.DESCRIPTOR.services_by_name["DRAPlugin"]
     assert service.full_name == f"k8s.io.kubelet.pkg.apis.dra.{version}.DRAPlugin"
     assert [m.name for m in service.methods] == ["NodePrepareResources", "NodeUnprepareResources"]
@@ -61,7 +61,7 @@ def test_dra_wire_names_are_the_kubelets(version: str) -> None:
 
 
 def test_registration_wire_names_are_the_kubelets() -> None:
-    from oci_gpu_hook.host.dra import registration_pb2 as api
+    from oci_gpu_hook.cluster.dra import registration_pb2 as api
 
     service = api.DESCRIPTOR.services_by_name["Registration"]
     assert service.full_name == "pluginregistration.Registration"
@@ -72,7 +72,7 @@ def test_registration_wire_names_are_the_kubelets() -> None:
 
 
 def test_health_wire_names_are_the_kubelets() -> None:
-    from oci_gpu_hook.host.dra import health_v1alpha1_pb2 as api
+    from oci_gpu_hook.cluster.dra import health_v1alpha1_pb2 as api
 
     service = api.DESCRIPTOR.services_by_name["DRAResourceHealth"]
     assert service.full_name == "v1alpha1.DRAResourceHealth"
@@ -92,7 +92,7 @@ def test_health_wire_names_are_the_kubelets() -> None:
 def test_grpc_and_the_driver_stay_off_the_per_container_path() -> None:
     code = ("import sys, oci_gpu_hook.entry.cli, oci_gpu_hook.entry.runtime\n"
             "print(','.join(sorted(m for m in sys.modules if m == 'grpc' or m.startswith(('grpc.', 'google.protobuf',"
-            " 'oci_gpu_hook.host.dra')))))\n")
+            " 'oci_gpu_hook.cluster.dra')))))\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == ""

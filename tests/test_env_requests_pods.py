@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from oci_gpu_hook.config import Config, load_config
-from oci_gpu_hook.host import kubelet, launchers
-from oci_gpu_hook.host.install import paths as install_paths
+from oci_gpu_hook.install import kubelet, launchers
+from oci_gpu_hook.install import paths as install_paths
 from oci_gpu_hook.request import requested
 from tests.helpers.installtrees import (
     CONTAINERD_V3,

@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from oci_gpu_hook.host import launchers
+from oci_gpu_hook.fastpath import build as fastbuild
+from oci_gpu_hook.install import launchers
 from tests.helpers import containerlib as cl
 from tests.helpers import imageenvs
 
-pytestmark = pytest.mark.skipif(launchers.find_cc() is None, reason="no C compiler")
+pytestmark = pytest.mark.skipif(fastbuild.find_cc() is None, reason="no C compiler")
 
 REQUEST = "AMD_VISIBLE_DEVICES=1"
 
@@ -193,7 +194,8 @@ def test_same_size_edit_with_the_times_put_back_goes_to_python(tmp_path: Path) -
 
 COARSE = r"""
 import json, os, subprocess, sys, time
-from oci_gpu_hook.host import launchers
+from oci_gpu_hook.fastpath import build as fastbuild
+from oci_gpu_hook.install import launchers
 image, mount, base, sysfs = sys.argv[1:]
 subprocess.run(["mount", "-o", "loop", image, mount], check=True)
 config = os.path.join(mount, "config.toml")
@@ -204,7 +206,7 @@ for attempt in range(10):
     with open(config, "w") as handle:
         handle.write(f'sysfs_root = "{sysfs}"\nhook_path = "/bin/true"\n[request_env]\namd = ["MY_GPUS_A"]\n')
     st = os.stat(config)
-    headers = {name: launchers.front_header(name, base, defaults, False) for name in launchers.ROLES}
+    headers = {name: fastbuild.front_header(name, base, defaults, False) for name in fastbuild.ROLES}
     with open(config, "r+") as handle:  # the same size, the same second
         text = handle.read()
         handle.seek(0)
@@ -215,7 +217,7 @@ for attempt in range(10):
         break
 else:
     sys.exit("no edit within one second of the bake")
-launchers.front_header = lambda name, *args: headers[name]
+fastbuild.front_header = lambda name, *args: headers[name]
 launchers.write_launchers(base, defaults, native=True, trust=False)
 spec = json.dumps({"process": {"env": ["MY_GPUS_B=1"]}, "root": {"path": "r"}}).encode()
 done = subprocess.run([os.path.join(base, "oci-gpu-hook"), "precreate"], input=spec, capture_output=True,

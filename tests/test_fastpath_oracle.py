@@ -26,12 +26,13 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from oci_gpu_hook.host import launchers
+from oci_gpu_hook.fastpath import build as fastbuild
+from oci_gpu_hook.install import launchers
 from tests.helpers import containerlib as cl
 from tests.helpers.hostiletexts import PRECREATE_INPUTS, REFUSED_SPECS, hostile_text
 from tests.test_fastpath import GRANTED, OTHER
 
-pytestmark = pytest.mark.skipif(launchers.find_cc() is None, reason="no C compiler")
+pytestmark = pytest.mark.skipif(fastbuild.find_cc() is None, reason="no C compiler")
 
 # Texts aimed at the front's own checks; none holds a request name, so that a front which only scans for names
 # lets each of them pass.
@@ -368,11 +369,11 @@ def test_the_request_names_and_words_are_baked_from_python(tmp_path: Path) -> No
 
     config = tmp_path / "config.toml"
     config.write_text(RENAMED_SETTINGS)
-    header = launchers.front_header("oci-gpu-hook", str(tmp_path), {"OCI_GPU_HOOK_CONFIG": str(config)}, trust=False)
-    names = launchers._c_list(["AMD_VISIBLE_DEVICES", "GPU_REQUEST", "INTEL_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES",
+    header = fastbuild.front_header("oci-gpu-hook", str(tmp_path), {"OCI_GPU_HOOK_CONFIG": str(config)}, trust=False)
+    names = fastbuild._c_list(["AMD_VISIBLE_DEVICES", "GPU_REQUEST", "INTEL_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES",
                                "OTHER_GPU"])
     assert f"OGH_REQUEST_NAMES[] = {names};" in header
-    assert f"OGH_NO_REQUEST_WORDS[] = {launchers._c_list(sorted(NO_GPU))};" in header
+    assert f"OGH_NO_REQUEST_WORDS[] = {fastbuild._c_list(sorted(NO_GPU))};" in header
 
 
 # ------------------------------------------------------------------ config.json that is not a regular file
@@ -461,13 +462,13 @@ def test_main_with_argc_zero(install: dict[str, Path], tmp_path: Path, name: str
     """The front's own main(0, {NULL}), whatever the kernel does: the shim passes through to the runtime with the
     argv [runtime, NULL]; the hook hands over to Python, which prints its usage."""
     header = tmp_path / "baked.h"
-    header.write_text(launchers.front_header(name, str(install["native"]), {
+    header.write_text(fastbuild.front_header(name, str(install["native"]), {
         "OCI_GPU_HOOK_CONFIG": str(install["base"] / "config.toml")}, trust=True))
     driver = tmp_path / "driver.c"
     driver.write_text(DRIVER)
-    binary, cc = tmp_path / "argc0", str(launchers.find_cc())
+    binary, cc = tmp_path / "argc0", str(fastbuild.find_cc())
     subprocess.run([cc, "-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", f'-DOGH_BAKED="{header}"',
-                    "-Dmain=ogh_front_main", "-c", "-o", str(tmp_path / "front.o"), launchers.FRONT_SOURCE],
+                    "-Dmain=ogh_front_main", "-c", "-o", str(tmp_path / "front.o"), fastbuild.FRONT_SOURCE],
                    check=True, capture_output=True)
     subprocess.run([cc, "-o", str(binary), str(driver), str(tmp_path / "front.o")], check=True, capture_output=True)
     done = subprocess.run([str(binary)], capture_output=True, text=True, env=cl.hook_env(), timeout=60)

@@ -1,5 +1,5 @@
-"""A GPU's health from its drivers' own signals (oci_gpu_hook/host/health.py): the monitor on fake hosts whose RAS and
-AER counters change and whose uevents fire, with its clocks stepped by the test (never slept); `list`'s column; the
+"""A GPU's health from its drivers' own signals (oci_gpu_hook/cluster/health.py): the monitor on fake hosts whose RAS
+and AER counters change and whose uevents fire, with its clocks stepped by the test (never slept); `list`'s column; the
 device plugin marking those devices Unhealthy to a fake kubelet (and still after its restart, for a wedged GPU);
 the DRA driver's taints in the fake API server's
 ResourceSlices (appear, hold, go; at once after a restart beside a failing GPU; none where the server keeps none)
@@ -23,10 +23,18 @@ from pathlib import Path
 import grpc
 import pytest
 
+from oci_gpu_hook.cluster.deviceplugin import server
+from oci_gpu_hook.cluster.health import (
+    Monitor,
+    Reads,
+    Settings,
+    aer_fatal,
+    event_gpu,
+    ras_uncorrectable,
+    resident_monitor,
+)
+from oci_gpu_hook.cluster.watch import QueueEvents
 from oci_gpu_hook.config import Config
-from oci_gpu_hook.host.deviceplugin import server
-from oci_gpu_hook.host.health import Monitor, Reads, Settings, aer_fatal, event_gpu, ras_uncorrectable, resident_monitor
-from oci_gpu_hook.host.watch import QueueEvents
 from oci_gpu_hook.inventory import scan
 from tests.helpers import fakesysfs
 from tests.helpers.fakeapiserver import FakeApiServer
@@ -368,7 +376,7 @@ def test_a_wedged_uevent_holds_until_the_device_recovers_and_partitions_share_it
     monitor.sample(inventory)
     assert monitor.event(_wedged("0000:26:00.0"))
     monitor.sample(inventory)
-    states = {d.drm_name: monitor.of(d) for d in inventory.devices("amd")}
+    states = {d.drm_name: monitor.verdict_for(d) for d in inventory.devices("amd")}
     wedged = [name for name, v in states.items() if not v.healthy]
     assert len(wedged) == 8 and all(states[n].signal == "wedged" for n in wedged)
     assert states[wedged[0]].reason == "the driver declared it wedged (uevent WEDGED=rebind,bus-reset: a reset failed)"
@@ -656,7 +664,7 @@ def test_a_failing_gpu_is_tainted_then_held_then_untainted_under_the_same_names(
 
 
 def test_the_health_stream_carries_the_same_state_and_reason(dra: Dra) -> None:
-    from oci_gpu_hook.host.dra import health_v1alpha1_pb2 as health
+    from oci_gpu_hook.cluster.dra import health_v1alpha1_pb2 as health
 
     kubelet = FakeDraKubelet(str(_sockets(dra.tmp) / "registry"))
     try:
@@ -804,7 +812,8 @@ def test_a_wedge_outlives_a_restart_of_the_driver_unless_the_gpu_was_rebound_mea
 
 
 def test_health_settings_come_from_the_config() -> None:
-    settings = Settings.of(Config(health_ue_start=3, health_ue_rise=1, health_hold=7, health_noexecute=("vanished",)))
+    settings = Settings.from_config(Config(health_ue_start=3, health_ue_rise=1, health_hold=7,
+                                           health_noexecute=("vanished",)))
     assert settings == Settings(3, 1, 7.0, ("vanished",))
     assert (settings.effect("vanished"), settings.effect("wedged")) == ("NoExecute", "NoSchedule")
 

@@ -23,8 +23,10 @@ import yaml
 
 from oci_gpu_hook import __version__
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.host import launchers
-from oci_gpu_hook.host.install.paths import LAUNCHER_DIR
+from oci_gpu_hook.fastpath import build as fastbuild
+from oci_gpu_hook.install import launchers
+from oci_gpu_hook.install.paths import LAUNCHER_DIR
+from oci_gpu_hook.pins import PINS_NAME
 
 REPO = Path(__file__).resolve().parent.parent
 BUILD = REPO / "image" / "build.sh"
@@ -99,7 +101,7 @@ def test_prebuilt_fronts_are_the_daemonsets() -> None:
 
 
 def _compiler() -> str:
-    cc = launchers.find_cc()
+    cc = fastbuild.find_cc()
     if cc is None:
         pytest.skip("no C compiler: the prebuilt fronts cannot be made here")
     return cc
@@ -108,11 +110,11 @@ def _compiler() -> str:
 def test_install_without_a_compiler_takes_the_prebuilt_front(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     _compiler()
-    monkeypatch.setattr(launchers, "PREBUILT_DIR", str(tmp_path / "prebuilt"))
+    monkeypatch.setattr(fastbuild, "PREBUILT_DIR", str(tmp_path / "prebuilt"))
     items = ["OCI_GPU_HOOK_ALLOW_ENV_REQUESTS=false"]
     written = launchers.prebuild_fronts(items, [])
     assert len(written) == len(launchers.LAUNCHERS) and all(Path(p).read_bytes()[:4] == b"\x7fELF" for p in written)
-    monkeypatch.setattr(launchers, "find_cc", lambda: None)
+    monkeypatch.setattr(fastbuild, "find_cc", lambda: None)
     defaults = launchers.launcher_defaults(items, "install")
     files = dict(launchers.launcher_files(LAUNCHER_DIR, defaults, native=None, trust=True))
     prebuilt = {Path(p).read_bytes() for p in written}
@@ -123,16 +125,16 @@ def test_install_without_a_compiler_takes_the_prebuilt_front(tmp_path: Path, mon
     # another install (another --set) has another header: no prebuilt front, the Python launchers with a note
     other = launchers.launcher_defaults(["OCI_GPU_HOOK_ALLOW_ENV_REQUESTS=true"], "install")
     files = dict(launchers.launcher_files(LAUNCHER_DIR, other, native=None, trust=True))
-    pins = files.pop(f"{LAUNCHER_DIR}/{launchers.PINS_NAME}")  # beside every launcher: docs/security.md
+    pins = files.pop(f"{LAUNCHER_DIR}/{PINS_NAME}")  # beside every launcher: docs/security.md
     assert set(files) == {f"{LAUNCHER_DIR}/{name}" for name, _ in launchers.LAUNCHERS}
     assert all(data.startswith(b"#!") for data in files.values()) and not pins.startswith(b"#!")
     assert "no C compiler found" in capsys.readouterr().err
     with pytest.raises(HookError, match="no C compiler found"):
         launchers.launcher_files(LAUNCHER_DIR, other, native=True, trust=True)
     # a prebuilt front of another front.c (an upgrade's source) is not taken
-    monkeypatch.setattr(launchers, "front_key", lambda header: "0" * 64)
+    monkeypatch.setattr(fastbuild, "front_key", lambda header: "0" * 64)
     files = dict(launchers.launcher_files(LAUNCHER_DIR, defaults, native=None, trust=True))
-    files.pop(f"{LAUNCHER_DIR}/{launchers.PINS_NAME}")
+    files.pop(f"{LAUNCHER_DIR}/{PINS_NAME}")
     assert all(data.startswith(b"#!") for data in files.values())
 
 
@@ -231,7 +233,7 @@ def test_the_nri_container_waits_for_the_runtimes_socket(tmp_path: Path) -> None
     here whose launcher prints its arguments, /run a tmpfs of its own): without the NRI socket (containerd 1.6) it
     says so once and waits, holding its environment's lock; once the runtime's socket is there it runs the
     launcher's ``nri``."""
-    from oci_gpu_hook.host.nri import plugin
+    from oci_gpu_hook.serve.nri import plugin
 
     script = _container("nri")["command"][2]
     tree = tmp_path / "libexec"

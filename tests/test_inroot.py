@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from oci_gpu_hook.host import launchers
+from oci_gpu_hook.fastpath import build as fastbuild
 
 pytestmark = pytest.mark.root("gcc", "unshare", "mount")  # mounts at components, procfs; a compiler for the front
 REPO = Path(__file__).resolve().parent.parent
@@ -196,10 +196,10 @@ def corpus() -> Iterator[dict[str, dict[str, dict[str, object]]]]:
     base = Path(tempfile.mkdtemp(prefix="oci-gpu-hook-inroot-", dir="/tmp"))
     try:
         header = base / "baked.h"
-        header.write_text(launchers.front_header("oci-gpu-hook", str(base), {}, True))
+        header.write_text(fastbuild.front_header("oci-gpu-hook", str(base), {}, True))
         probe = base / "probe"
         subprocess.run(["gcc", "-std=gnu11", "-O2", "-Wall", "-Wno-unused-function", f'-DOGH_BAKED="{header}"',
-                        "-DOGH_WALK_PROBE", "-o", str(probe), launchers.FRONT_SOURCE], check=True, timeout=120)
+                        "-DOGH_WALK_PROBE", "-o", str(probe), fastbuild.FRONT_SOURCE], check=True, timeout=120)
         code = (f"import sys; sys.path[:0] = [{str(REPO)!r}]; from tests.test_inroot import run_corpus; "
                 f"run_corpus({str(probe)!r}, {str(base / 'layouts')!r})")
         done = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable, "-c", code],

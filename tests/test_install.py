@@ -15,13 +15,12 @@ from typing import Any
 
 import pytest
 
-from oci_gpu_hook import host
+import oci_gpu_hook
 from oci_gpu_hook.appliers import cdi
 from oci_gpu_hook.config import Config
 from oci_gpu_hook.entry import cli
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.host import containerd
-from oci_gpu_hook.host.install import items, paths, undo
+from oci_gpu_hook.install import containerd, items, paths, undo
 from oci_gpu_hook.inventory import scan
 from tests.conftest import ROOT, unavailable
 from tests.helpers import clilib
@@ -321,7 +320,7 @@ def test_launchers_run(prefix: Path, capsys: pytest.CaptureFixture[str]) -> None
     ok(capsys, "--prefix", str(prefix), "--set", "OCI_GPU_HOOK_RUNTIME=/bin/echo")
     text = at(prefix, LAUNCHER).read_text()
     assert text.startswith(f"#!{sys.executable} -IS\n")
-    assert repr(os.path.dirname(os.path.dirname(os.path.dirname(host.__file__)))) in text  # this checkout
+    assert repr(os.path.dirname(os.path.dirname(oci_gpu_hook.__file__))) in text  # this checkout
     result = subprocess.run([str(at(prefix, LAUNCHER)), "--help"], capture_output=True, text=True,
                             env=clean_env(), timeout=60, check=False)
     assert result.returncode == 0, result.stderr

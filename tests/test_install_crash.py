@@ -22,8 +22,7 @@ from pathlib import Path
 import pytest
 
 from oci_gpu_hook.entry import cli
-from oci_gpu_hook.host import containerd
-from oci_gpu_hook.host.install import paths, undo
+from oci_gpu_hook.install import containerd, paths, undo
 from tests.helpers import clilib
 from tests.helpers.containerlib import INSTALL_DEV
 from tests.helpers.installtrees import build, isolated_env, snapshot

@@ -12,9 +12,8 @@ import pytest
 
 from oci_gpu_hook.config import Config, load_config
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.host import containerd, crio, docker, podman
-from oci_gpu_hook.host.install import items
-from oci_gpu_hook.host.install import paths as install_paths
+from oci_gpu_hook.install import containerd, crio, docker, items, podman
+from oci_gpu_hook.install import paths as install_paths
 from tests.helpers.installtrees import (
     CONTAINERD_V2,
     CONTAINERD_V3,

@@ -24,8 +24,9 @@ from hypothesis import strategies as st
 from oci_gpu_hook import log
 from oci_gpu_hook.config import Config
 from oci_gpu_hook.entry import cli, runtime
-from oci_gpu_hook.host import launchers
-from oci_gpu_hook.host import planner as planner_module
+from oci_gpu_hook.fastpath import build as fastbuild
+from oci_gpu_hook.install import launchers
+from oci_gpu_hook.serve import planner as planner_module
 from tests.conftest import need
 from tests.helpers import containerlib as cl
 from tests.helpers import plannerlib
@@ -78,14 +79,14 @@ def test_the_line_is_one_line_with_every_byte_that_is_no_text_escaped() -> None:
 @pytest.fixture(scope="module")
 def syslog_probe(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The C front's journal text alone: front.c compiled with -DOGH_SYSLOG_PROBE and an install's baked header."""
-    if launchers.find_cc() is None:
+    if fastbuild.find_cc() is None:
         pytest.skip("no C compiler")
     tools = tmp_path_factory.mktemp("syslog-probe")
     header = tools / "baked.h"
-    header.write_text(launchers.front_header("oci-gpu-hook", str(tools), {}, True))
+    header.write_text(fastbuild.front_header("oci-gpu-hook", str(tools), {}, True))
     probe = tools / "probe"
     subprocess.run(["gcc", "-std=gnu11", "-O2", "-Wall", "-Werror", "-Wno-unused-function",
-                    f'-DOGH_BAKED="{header}"', "-DOGH_SYSLOG_PROBE", "-o", str(probe), launchers.FRONT_SOURCE],
+                    f'-DOGH_BAKED="{header}"', "-DOGH_SYSLOG_PROBE", "-o", str(probe), fastbuild.FRONT_SOURCE],
                    check=True, timeout=300)
     return probe
 
@@ -320,7 +321,7 @@ def test_the_runtime_that_cannot_be_run_is_a_journal_line(listener: Listener, co
 @pytest.fixture
 def front(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Path]]:
     """A native shim baked with the test's syslog socket, asking a planner at ``run/planner.sock``."""
-    if launchers.find_cc() is None:
+    if fastbuild.find_cc() is None:
         pytest.skip("no C compiler")
     need()  # the planner's directory must be root's
     got = Listener(tmp_path / "log.sock")
@@ -407,7 +408,7 @@ def test_the_front_says_when_the_planner_hands_the_request_back(front: dict[str,
 def test_a_refusal_the_planner_serves_is_one_line_from_the_front_s_dev_log(tmp_path: Path) -> None:
     """The planner's worker runs the shim's code in the front's mount namespace: the line goes to the front's
     /dev/log (here the test's socket, in a namespace of its own), once, and the front falls back to nothing."""
-    if launchers.find_cc() is None:
+    if fastbuild.find_cc() is None:
         pytest.skip("no C compiler")
     need("unshare")
     made = _native(tmp_path, [BAD])

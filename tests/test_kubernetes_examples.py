@@ -17,9 +17,9 @@ import yaml
 
 from oci_gpu_hook import __version__
 from oci_gpu_hook.config import FIELDS
-from oci_gpu_hook.host import planner
-from oci_gpu_hook.host.containerd import RUNTIME_NAME, drop_in
+from oci_gpu_hook.install.containerd import RUNTIME_NAME, drop_in
 from oci_gpu_hook.kinds import KINDS
+from oci_gpu_hook.serve import planner
 from tests.helpers.containerlib import INSTALL_DEV, SEED_SYSFS
 from tests.helpers.installtrees import CONTAINERD_V2, CONTAINERD_V3, containerd_binary, put
 
@@ -200,7 +200,7 @@ def test_daemon_set(usage: str) -> None:
     # plugin's default socket, holding its environment as the planner does (tests/test_image.py runs its command);
     # what the runtime reads by path is at that path (the loop above): the socket's directory and by_path_dir's
     # (the runtime bind-mounts the by-path directories the plugin prepares); no privilege.
-    from oci_gpu_hook.host.nri import plugin as nri_plugin
+    from oci_gpu_hook.serve.nri import plugin as nri_plugin
 
     nri = containers["nri"]
     assert _exec_tail(nri["command"]) == [f"{LAUNCHER_DIR}/oci-gpu-hook", "nri", "--socket", nri_plugin.DEFAULT_SOCKET]

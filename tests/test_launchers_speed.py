@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.host import launchers
+from oci_gpu_hook.fastpath import build as fastbuild
+from oci_gpu_hook.install import codepaths, launchers
 from tests.helpers import containerlib as cl
 
-KINDS = [pytest.param(True, id="native", marks=pytest.mark.skipif(launchers.find_cc() is None, reason="no cc")),
+KINDS = [pytest.param(True, id="native", marks=pytest.mark.skipif(fastbuild.find_cc() is None, reason="no cc")),
          pytest.param(False, id="python")]
 PASS_THROUGH = [["state", "c1"], ["start", "c1"], ["delete", "--force", "c1"], ["kill", "c1", "KILL"], ["features"],
                 ["--root", "/run/x", "state", "c1"]]
@@ -41,7 +42,7 @@ def test_kind_written(tmp_path: Path, native: bool) -> None:
 
 def test_no_compiler_falls_back_to_python_with_a_note(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(launchers, "find_cc", lambda: None)
+    monkeypatch.setattr(fastbuild, "find_cc", lambda: None)
     written = launchers.write_launchers(str(tmp_path), {})
     assert sorted(os.path.basename(p) for p in written) == ["install.pins", "oci-gpu-hook", "oci-gpu-runtime"]
     assert (tmp_path / "oci-gpu-hook").read_text().startswith(f"#!{sys.executable} -IS")
@@ -80,10 +81,10 @@ def test_a_front_that_cannot_be_built_is_an_error_not_a_fallback(tmp_path: Path,
               "clang-headers": "front.c:1:10: fatal error: 'stdio.h' file not found\n#include <stdio.h>\n",
               "error": "front.c: In function 'main':\nfront.c:9:1: error: unknown type name 'x'\n    9 | x y;\n"}
     cc = fake_cc(tmp_path / "cc", stderr.get(problem, ""))
-    monkeypatch.setattr(launchers, "find_cc", lambda: cc)
+    monkeypatch.setattr(fastbuild, "find_cc", lambda: cc)
     if problem == "no-front":
         front.unlink()
-    monkeypatch.setattr(launchers, "FRONT_SOURCE", str(front))
+    monkeypatch.setattr(fastbuild, "FRONT_SOURCE", str(front))
     with pytest.raises(HookError) as caught:
         launchers.write_launchers(str(tmp_path / "bin"), {}, native=native)
     text = str(caught.value)
@@ -93,7 +94,7 @@ def test_a_front_that_cannot_be_built_is_an_error_not_a_fallback(tmp_path: Path,
     assert not (tmp_path / "bin" / "oci-gpu-hook").exists()
 
 
-@pytest.mark.skipif(launchers.find_cc() is None, reason="no cc")
+@pytest.mark.skipif(fastbuild.find_cc() is None, reason="no cc")
 def test_a_stale_companion_of_a_native_install_is_removed(tmp_path: Path) -> None:
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "oci-gpu-hook.py").write_text("stale")
@@ -151,8 +152,8 @@ def test_refuses_code_a_user_could_replace(tmp_path: Path, native: bool, monkeyp
     writable = tmp_path / "writable"
     writable.mkdir()
     writable.chmod(0o777)
-    real = launchers.code_paths
-    monkeypatch.setattr(launchers, "code_paths", lambda: [*real(), str(writable)])
+    real = codepaths.code_paths
+    monkeypatch.setattr(codepaths, "code_paths", lambda: [*real(), str(writable)])
     shim, _config, _fake = setup(tmp_path, native)
     hook = tmp_path / "bin" / "oci-gpu-hook"
     env = cl.hook_env()
@@ -174,7 +175,7 @@ def test_refuses_code_a_user_could_replace(tmp_path: Path, native: bool, monkeyp
 
 
 def test_editable_install_refused_unless_allowed(tmp_path: Path) -> None:
-    if launchers.editable_reason() is None:
+    if codepaths.editable_reason() is None:
         pytest.skip("the package is installed in site-packages here")
     cmd = [sys.executable, "-m", "oci_gpu_hook.entry.cli", "launchers", str(tmp_path / "bin")]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
@@ -209,7 +210,7 @@ def test_launchers_and_install_through_an_installed_launcher(tmp_path: Path) -> 
     assert first.returncode == 0, first.stderr
     names = sorted(os.listdir(bin_dir))
     assert names == ["install.pins", *(["oci-gpu-hook", "oci-gpu-hook.py", "oci-gpu-runtime", "oci-gpu-runtime.py"]
-                                       if launchers.find_cc() else ["oci-gpu-hook", "oci-gpu-runtime"])]
+                                       if fastbuild.find_cc() else ["oci-gpu-hook", "oci-gpu-runtime"])]
     before = {name: (bin_dir / name).read_bytes() for name in names}
     again = subprocess.run([str(bin_dir / "oci-gpu-hook"), "launchers", str(bin_dir)], capture_output=True,
                            text=True, env=env, cwd=tmp_path, timeout=300)
@@ -230,7 +231,7 @@ def test_launchers_and_install_through_an_installed_launcher(tmp_path: Path) -> 
 
 def test_an_editable_install_is_still_refused_through_its_launcher(tmp_path: Path) -> None:
     """The same check, run under -I -S, still tells an editable checkout from an install."""
-    if launchers.editable_reason() is None:
+    if codepaths.editable_reason() is None:
         pytest.skip("the package is installed in site-packages here")
     (tmp_path / "config.toml").write_text("")
     hook, _shim = cl.write_launchers(tmp_path / "bin", tmp_path / "config.toml")

@@ -25,10 +25,11 @@ from pathlib import Path
 
 import pytest
 
-from oci_gpu_hook.host import launchers
+from oci_gpu_hook.fastpath import build as fastbuild
+from oci_gpu_hook.install import launchers
 from tests.helpers import containerlib as cl
 
-pytestmark = pytest.mark.skipif(launchers.find_cc() is None, reason="no C compiler")
+pytestmark = pytest.mark.skipif(fastbuild.find_cc() is None, reason="no C compiler")
 
 CARD = "/dev/dri/by-path/pci-0000:03:00.0-card=../card1"
 RENDER = "/dev/dri/by-path/pci-0000:03:00.0-render=../renderD128"

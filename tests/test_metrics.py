@@ -1,4 +1,4 @@
-"""The resident processes' optional Prometheus endpoint (oci_gpu_hook/host/metrics.py): scraped over HTTP and parsed
+"""The resident processes' optional Prometheus endpoint (oci_gpu_hook/cluster/metrics.py): scraped over HTTP and parsed
 with prometheus_client's own parser, its numbers checked against what the test did to a fake host (a GPU failing,
 one gone, a claim prepared); the command's option, and its one-line refusal of a bad address."""
 
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from oci_gpu_hook.cluster.deviceplugin import server
+from oci_gpu_hook.cluster.metrics import Collector, Endpoint, parse_address
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.host.deviceplugin import server
-from oci_gpu_hook.host.metrics import Collector, Endpoint, parse_address
 from tests.helpers import fakesysfs
 from tests.helpers.fakedrakubelet import FakeDraKubelet
 from tests.test_dra import DRIVER, NODE, _sockets

@@ -19,11 +19,11 @@ import pytest
 
 from oci_gpu_hook.config import Config
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.host.nri import adjust, api_pb2, plugin, ttrpc, ttrpc_pb2
+from oci_gpu_hook.serve.nri import adjust, api_pb2, plugin, ttrpc, ttrpc_pb2
 from tests.helpers import nriruntime as nr
 from tests.helpers.containerlib import SEED_SYSFS
 
-PACKAGE = Path(__file__).resolve().parent.parent / "oci_gpu_hook" / "host" / "nri"
+PACKAGE = Path(__file__).resolve().parent.parent / "oci_gpu_hook" / "serve" / "nri"
 REPO = PACKAGE.parent.parent.parent
 HEADER_LINES = 3
 STRING, MESSAGE, BOOL, INT64, INT32, UINT32, BYTES, ENUM = 9, 11, 8, 3, 5, 13, 12, 14
@@ -40,7 +40,7 @@ def test_generated_code_is_what_grpcio_tools_makes_of_the_proto(tmp_path: Path, 
     assert done.returncode == 0, done.stderr
     committed = (PACKAGE / f"{name}_pb2.py").read_text().splitlines(keepends=True)
     assert committed[0].startswith(f"# oci-gpu-hook: generated from {name}.proto by grpcio-tools")
-    fresh = (tmp_path / "oci_gpu_hook" / "host" / "nri" / f"{name}_pb2.py").read_text()
+    fresh = (tmp_path / "oci_gpu_hook" / "serve" / "nri" / f"{name}_pb2.py").read_text()
     assert "".join(committed[HEADER_LINES:]) == fresh, (
         f"{name}_pb2.py is not what grpcio-tools generates from {name}.proto: regenerate it (see its header)")
 
@@ -408,7 +408,7 @@ def test_after_the_warm_up_a_first_request_imports_nothing(tmp_path: Path) -> No
     script = f"""
 import sys
 from oci_gpu_hook.config import load_config
-from oci_gpu_hook.host.nri import adjust, api_pb2, plugin
+from oci_gpu_hook.serve.nri import adjust, api_pb2, plugin
 config = load_config(environ={{}}, overrides={{"sysfs_root": {str(SEED_SYSFS)!r}, "by_path_dir": {str(by_path)!r},
                                               "mask_other_gpus": True, "log_file": ""}})
 adjust.warm_up(config)
@@ -571,7 +571,7 @@ def test_the_command(tmp_path: Path) -> None:
 
 def test_the_per_container_path_never_imports_it() -> None:
     code = ("import sys, oci_gpu_hook.entry.cli, oci_gpu_hook.entry.runtime, oci_gpu_hook.appliers.live\n"
-            "print(','.join(sorted(m for m in sys.modules if m.startswith('oci_gpu_hook.host.nri'))))\n")
+            "print(','.join(sorted(m for m in sys.modules if m.startswith('oci_gpu_hook.serve.nri'))))\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == ""

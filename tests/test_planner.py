@@ -24,13 +24,14 @@ from typing import Any
 
 import pytest
 
-from oci_gpu_hook.host import launchers
-from oci_gpu_hook.host import planner as planner_module
+from oci_gpu_hook.fastpath import build as fastbuild
+from oci_gpu_hook.install import launchers
+from oci_gpu_hook.serve import planner as planner_module
 from tests.conftest import need
 from tests.helpers import containerlib as cl
 from tests.helpers import plannerlib
 
-pytestmark = pytest.mark.skipif(launchers.find_cc() is None, reason="no C compiler")
+pytestmark = pytest.mark.skipif(fastbuild.find_cc() is None, reason="no C compiler")
 
 SEED_PCI = cl.SEED_PCI
 
@@ -130,28 +131,30 @@ def test_the_contract_is_baked_from_python(tmp_path: Path) -> None:
     from oci_gpu_hook.appliers.ocispec import LINKS_COMMAND
     from oci_gpu_hook.entry import cli
 
-    source = Path(launchers.FRONT_SOURCE).read_text()
-    header = launchers.front_header("oci-gpu-hook", str(tmp_path), {}, trust=False)
-    contract = launchers.front_contract()
+    top, code = Path(fastbuild.FRONT_SOURCE).read_text().split("*/", 1)
+    parts = [Path(path).read_text().split("*/", 1) for path in fastbuild.front_sources()[1:]]
+    assert all("Mirrors: oci_gpu_hook/" in head for head, _body in parts)  # each part names the Python it mirrors
+    code += "".join(body for _head, body in parts)
+    header = fastbuild.front_header("oci-gpu-hook", str(tmp_path), {}, trust=False)
+    contract = fastbuild.front_contract()
     for key, value in contract.items():
-        assert f"OGH_{key}" in source.split("*/", 1)[1], key  # used in the code, not only in the comment
+        assert f"OGH_{key}" in code, key  # used in the code, not only in the comment
         if isinstance(value, list):
-            assert all(launchers._c_string(v) in header for v in value), key
+            assert all(fastbuild._c_string(v) in header for v in value), key
     assert set(contract["BOOL_WORDS"]) == config._TRUE | config._FALSE  # type: ignore[arg-type]
     assert contract["BOOL_ENV"] == ["OCI_GPU_HOOK_ALLOW_ENV_REQUESTS", "OCI_GPU_HOOK_DEBUG"]
     assert LINKS_COMMAND in cli.HOT_COMMANDS and contract["LINKS_COMMAND"] == LINKS_COMMAND
-    assert "cdi.k8s.io" in launchers.baked_settings({})["needles"]  # type: ignore[operator]
-    assert f"OGH_PLANNER_VERSION[] = {launchers._c_string(planner_module.version_line())}" in header
-    top = source.split("*/", 1)[0]
+    assert "cdi.k8s.io" in fastbuild.baked_settings({})["needles"]  # type: ignore[operator]
+    assert f"OGH_PLANNER_VERSION[] = {fastbuild._c_string(planner_module.version_line())}" in header
     for python in ("config.py load_config", "check_value", "request.py requested", "oci_state.py parse_state",
                    "live.py run_links", "check_container", "rootfs.py make_nodes", "edits.py check_link",
-                   "runtime.py resolve_runtime", "planner/protocol.py", "launchers.py front_contract",
+                   "runtime.py resolve_runtime", "planner/protocol.py", "build.py front_contract",
                    "oci_spec.py ContainerSpec.root"):
         assert python in top, python
     # no contract word is spelled in the code by hand any more
     for word in ('"OCI_GPU_HOOK_DEBUG"', '"cdi.k8s.io"', '"yes"', '"precreate"', '"createRuntime"', '"links"',
                  '"none"', '"void"', '"AMD_VISIBLE_DEVICES"'):
-        assert word not in source.split("*/", 1)[1], word
+        assert word not in code, word
 
 
 # --- through the planner ------------------------------------------------------------------------------------
@@ -609,7 +612,7 @@ def test_log_lines_say_the_same(install: dict[str, Path], planner: plannerlib.Pl
 STDIO_PROBE = "import os, sys; print(sys.stdout.errors, sys.stdout.encoding, os.environ.get('LC_CTYPE', '-'))"
 MIRROR = """
 import json, os, sys
-from oci_gpu_hook.host import planner
+from oci_gpu_hook.serve import planner
 env = json.loads(sys.argv[1])
 planner.set_environ([f"{k}={v}".encode() for k, v in env.items()])
 try:

@@ -20,14 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from oci_gpu_hook.host import launchers
-from oci_gpu_hook.host import planner as planner_module
+from oci_gpu_hook.fastpath import build as fastbuild
+from oci_gpu_hook.serve import planner as planner_module
 from tests.conftest import need
 from tests.helpers import containerlib as cl
 from tests.helpers import plannerlib
 from tests.test_planner import bundle_with, make_install, python_runs, spec_text, start_planner
 
-pytestmark = pytest.mark.skipif(launchers.find_cc() is None, reason="no C compiler")
+pytestmark = pytest.mark.skipif(fastbuild.find_cc() is None, reason="no C compiler")
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +111,7 @@ def test_credentials_are_read_from_the_peer(served: tuple[dict[str, Path], plann
     install, _planner = served
     own = planner_module.credentials_of(0)
     assert own is not None and not planner_module.exec_problem(own)
-    probe = ("import socket, sys, time\nfrom oci_gpu_hook.host import planner\n"
+    probe = ("import socket, sys, time\nfrom oci_gpu_hook.serve import planner\n"
              "s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); time.sleep(30)")
     where = install["base"] / "peer.sock"
     where.unlink(missing_ok=True)

@@ -1,4 +1,4 @@
-"""The planner's scan cache (:mod:`oci_gpu_hook.host.planner.inventory`): against a fake host that changes under
+"""The planner's scan cache (:mod:`oci_gpu_hook.serve.planner.inventory`): against a fake host that changes under
 it (GPUs leave, come back, are renumbered, change their device number or partition mode, a link is retargeted, a
 file turns into a directory, a file is rewritten to the same size), every answer is the inventory a fresh scan
 gives at that moment, and a replay after a change is a miss; an unchanged host is a hit.  A scan that makes a call
@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from oci_gpu_hook import inventory
-from oci_gpu_hook.host.planner import inventory as cache_module
-from oci_gpu_hook.host.planner.inventory import ScanCache
+from oci_gpu_hook.serve.planner import inventory as cache_module
+from oci_gpu_hook.serve.planner.inventory import ScanCache
 from tests.helpers import containerlib as cl
 from tests.helpers import plannerlib
 

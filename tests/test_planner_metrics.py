@@ -1,5 +1,5 @@
-"""The planner's Prometheus endpoint (``serve --metrics-address``, oci_gpu_hook/host/planner/endpoint.py and the
-planner's half of oci_gpu_hook/host/metrics.py), as an operator runs it: the wheel in a venv of its own, the native
+"""The planner's Prometheus endpoint (``serve --metrics-address``, oci_gpu_hook/serve/planner/endpoint.py and the
+planner's half of oci_gpu_hook/cluster/metrics.py), as an operator runs it: the wheel in a venv of its own, the native
 launchers that venv's ``oci-gpu-hook launchers`` writes, ``serve`` through them.  Real starts go through the native
 fronts (real runc containers for the granted ones, which the probe checks; refusals of several kinds; starts that
 ask for nothing but that the front cannot vouch for; a request the planner hands back), then the endpoint is
@@ -25,16 +25,16 @@ from pathlib import Path
 
 import pytest
 
-from oci_gpu_hook.host import launchers
-from oci_gpu_hook.host import planner as planner_module
-from oci_gpu_hook.host.metrics import ANSWER_BUCKETS, refusal_reason, start_line
+from oci_gpu_hook.cluster.metrics import ANSWER_BUCKETS, refusal_reason, start_line
+from oci_gpu_hook.fastpath import build as fastbuild
+from oci_gpu_hook.serve import planner as planner_module
 from tests.conftest import need
 from tests.helpers import containerlib as cl
 from tests.helpers import plannerlib, wheellib
 from tests.test_metrics import Samples, devices, scrape
 from tests.test_planner import make_install, python_runs
 
-pytestmark = pytest.mark.skipif(launchers.find_cc() is None, reason="no C compiler")
+pytestmark = pytest.mark.skipif(fastbuild.find_cc() is None, reason="no C compiler")
 prometheus = pytest.importorskip("prometheus_client")  # the suite's; the wheel's venv gets this version
 
 STARTS = "oci_gpu_hook_planner_starts_total"
@@ -311,7 +311,7 @@ def test_a_refusal_is_named_by_where_it_was_raised(tmp_path: Path) -> None:
 
 def test_start_lines_outside_the_closed_sets_are_not_counted() -> None:
     from oci_gpu_hook import LIVE_COMMANDS, PRECREATE
-    from oci_gpu_hook.host.metrics import PATHS, StartCounts
+    from oci_gpu_hook.cluster.metrics import PATHS, StartCounts
 
     assert {"shim", PRECREATE, *LIVE_COMMANDS} <= set(PATHS)  # every path a worker names (worker.request_path)
     counts = StartCounts()
@@ -383,7 +383,7 @@ def _in_child(work: object) -> dict[str, object]:
 
 def _rows(sysfs_root: str) -> list[list[object]]:
     from oci_gpu_hook.config import Config
-    from oci_gpu_hook.host.planner.endpoint import Devices
+    from oci_gpu_hook.serve.planner.endpoint import Devices
 
     return [[r.name, r.vendor, r.type, r.state, r.healthy, r.signal]
             for r in Devices(Config(sysfs_root=sysfs_root)).rows()]
@@ -394,7 +394,7 @@ def test_the_drop_leaves_nothing_of_roots_and_the_scans_read_the_same_unprivileg
     """As root: after :func:`drop_privileges` the process is uid and gid 65534 with no capability in any set and
     no-new-privs (each thread it starts after too), and a scan reads what root's reads: the seed host's sysfs and
     this host's /sys."""
-    from oci_gpu_hook.host.planner.endpoint import drop_privileges
+    from oci_gpu_hook.serve.planner.endpoint import drop_privileges
 
     if os.geteuid() != 0:
         pytest.skip("needs root")
@@ -422,7 +422,7 @@ def test_a_daemon_that_is_not_root_keeps_its_uid_and_a_drop_that_does_not_hold_i
     """Not root (a test's planner): the ids stay, every capability set but the bounding set (which takes a capability
     to change) is emptied, no-new-privs is set.  A uid change the kernel leaves undone (-1: unchanged) is caught by
     the check that reads /proc after the drop: the one line, naming what is still held."""
-    from oci_gpu_hook.host.planner.endpoint import drop_privileges
+    from oci_gpu_hook.serve.planner.endpoint import drop_privileges
 
     if os.geteuid() != 0:
         pytest.skip("needs root")
@@ -455,7 +455,7 @@ def test_a_daemon_that_is_not_root_keeps_its_uid_and_a_drop_that_does_not_hold_i
 def test_a_scans_rows_serve_every_scrape_for_a_second() -> None:
     """A storm of scrapes rescans sysfs once a second at most: the scans counted on a stepped clock."""
     from oci_gpu_hook.config import Config
-    from oci_gpu_hook.host.planner.endpoint import ROWS_FRESH_S, Devices
+    from oci_gpu_hook.serve.planner.endpoint import ROWS_FRESH_S, Devices
 
     now = [100.0]
     made = Devices(Config(sysfs_root=str(cl.SEED_SYSFS)), clock=lambda: now[0])

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from oci_gpu_hook.host import launchers
+from oci_gpu_hook.fastpath import build as fastbuild
+from oci_gpu_hook.install import launchers
 from tests.conftest import need
 from tests.helpers import containerlib as cl
 from tests.helpers import imageenvs, plannerlib
@@ -26,7 +27,7 @@ from tests.helpers.hostiletexts import hostile_text
 from tests.test_fastpath import GRANTED
 from tests.test_fastpath_oracle import CORPUS, FAKE_RUNTIME, STATES
 
-pytestmark = pytest.mark.skipif(launchers.find_cc() is None, reason="no C compiler")
+pytestmark = pytest.mark.skipif(fastbuild.find_cc() is None, reason="no C compiler")
 
 HOSTS = cl.REPO / "examples" / "hosts"
 

@@ -37,7 +37,7 @@ from typing import Any
 
 import pytest
 
-from oci_gpu_hook.host.install import items, paths
+from oci_gpu_hook.install import items, paths
 from tests.conftest import ROOT
 from tests.helpers import containerlib as cl
 from tests.helpers import dockersave, plainvenv, pristinenode

@@ -153,6 +153,39 @@ def test_each_start_path_module_imports_only_its_allowance() -> None:
     assert violations(PACKAGE, startpath.MODULES, startpath.OFF_PATH, startpath.NEVER) == []
 
 
+def server_breaches(root: Path, servers: str, modules: dict[str, frozenset[str]],
+                    off_path: dict[str, dict[str, str]]) -> list[str]:
+    """Each import of the package, by a module of the ``servers`` package, of neither a start-path module, nor a
+    module of ``servers``, nor what ``off_path`` names for it."""
+    package = root.name
+    names = sorted(".".join([package, *path.relative_to(root).with_suffix("").parts]).removesuffix(".__init__")
+                   for path in root.joinpath(*servers.split(".")[1:]).rglob("*.py"))
+    wrong = []
+    for name in names:
+        for target, _top, line in imports_of(root, name):
+            if (target.split(".")[0] == package and target not in modules and target != servers
+                    and not target.startswith(servers + ".") and target not in off_path.get(name, {})):
+                wrong.append(f"{name} (line {line}) imports {target}: neither on the start path nor a server's")
+    return wrong
+
+
+def test_the_server_check_finds_what_was_planted(planted: Path) -> None:
+    (planted / "srv").mkdir(exist_ok=True)
+    (planted / "srv" / "__init__.py").write_text("from pkg import a\n")
+    (planted / "srv" / "one.py").write_text("from pkg.srv import two\ndef f():\n    from pkg import off\n")
+    (planted / "srv" / "two.py").write_text("import pkg.off\n")
+    assert server_breaches(planted, "pkg.srv", PLANTED_MODULES, {"pkg.srv.two": {"pkg.off": "why"}}) == [
+        "pkg.srv.one (line 3) imports pkg.off: neither on the start path nor a server's"]
+
+
+def test_the_servers_import_only_the_start_path() -> None:
+    assert len(list(PACKAGE.joinpath(*startpath.SERVERS.split(".")[1:]).rglob("*.py"))) > 10
+    for name, targets in startpath.SERVER_OFF_PATH.items():
+        assert name.startswith(startpath.SERVERS + ".") and module_path(PACKAGE, name) is not None, name
+        assert all(module_path(PACKAGE, target) is not None for target in targets), targets
+    assert server_breaches(PACKAGE, startpath.SERVERS, startpath.MODULES, startpath.SERVER_OFF_PATH) == []
+
+
 def test_every_type_checking_line_points_to_the_declaration() -> None:
     lines = [(path, line.strip()) for path in sorted(PACKAGE.rglob("*.py"))
              for line in path.read_text(encoding="utf-8").splitlines() if line.startswith("TYPE_CHECKING")]

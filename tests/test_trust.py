@@ -439,7 +439,7 @@ def test_the_pins_hold_the_environment_and_the_configs_own_directory(tmp_path: P
     """install pins the virtual environment's own directory (no lock comes and goes in it any more) and the
     config file's directory (a user given it could rename a file over the config), but not a sticky directory,
     where any user may add a file; beside the launchers, whose own directory install writes into."""
-    from oci_gpu_hook.host import launchers
+    from oci_gpu_hook.install import launchers
 
     etc = tmp_path / "etc"
     config = _config(etc)
@@ -472,7 +472,7 @@ def test_install_refuses_pins_over_the_limit_and_writes_nothing(tmp_path: Path,
     """Pins over what the readers take (trust.MAX_PINS, 64 KiB) are never written in part or at all: one line
     saying why, and no launcher (paths that long cannot come from a real install here, so the limit is lowered)."""
     from oci_gpu_hook.errors import HookError
-    from oci_gpu_hook.host import launchers
+    from oci_gpu_hook.install import launchers
 
     monkeypatch.setattr(trust, "MAX_PINS", 200)
     with pytest.raises(HookError) as err:
@@ -508,12 +508,12 @@ def test_install_and_validate_walk_every_file_of_the_package_and_what_it_require
     user could change are each one line naming the entry, and install writes nothing."""
     from oci_gpu_hook.entry import cli
     from oci_gpu_hook.errors import HookError
-    from oci_gpu_hook.host import launchers
-    from oci_gpu_hook.host.install import run as install_run
+    from oci_gpu_hook.install import codepaths
+    from oci_gpu_hook.install import guard as install_run
 
     site = _site(tmp_path)
-    monkeypatch.setattr(launchers, "code_paths", lambda: [str(site)])
-    assert str(site / "oci_gpu_hook") in launchers.package_trees() and str(site / "dep") in launchers.package_trees()
+    monkeypatch.setattr(codepaths, "code_paths", lambda: [str(site)])
+    assert str(site / "oci_gpu_hook") in codepaths.package_trees() and str(site / "dep") in codepaths.package_trees()
     install_run.untrusted_code()  # all root's: nothing to say
     bad = {"package-dir-g+w": site / "oci_gpu_hook", "dependency-file-o+w": site / "dep" / "__init__.py",
            "dependency-owner": site / "dep" / "__init__.py", "link-out": site / "dep" / "mod.py",
@@ -553,7 +553,7 @@ def test_validate_rootless_says_a_pins_file_over_the_limit_is_not_read(tmp_path:
     read), validate --rootless says to root in one line; at the limit, the file is checked entry by entry."""
     from oci_gpu_hook.entry.commands import validate
     from oci_gpu_hook.errors import HookError
-    from oci_gpu_hook.host.install import paths
+    from oci_gpu_hook.install import paths
 
     monkeypatch.setattr(paths, "LAUNCHER_DIR", str(tmp_path))
     pins = tmp_path / "install.pins"

@@ -1,5 +1,5 @@
 """The one trust rule, held to itself wherever it is written: oci_gpu_hook/trust.py (config, log, output files and
-code), the copy every Python launcher carries (host/launchers.py rule_text) and the C front's walk (front.c
+code), the copy every Python launcher carries (install/launchers.py rule_text) and the C front's walk (front.c
 ``trusted``), case by case on one corpus of real files, as root, as a plain user and as a rootless user namespace's
 root, where the host's root shows as the overflow uid.  Each context's verdicts are also checked against the rule as
 docs/security.md states it (the table below), so the three cannot agree on a wrong answer."""
@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from oci_gpu_hook import trust
-from oci_gpu_hook.host import launchers
+from oci_gpu_hook.fastpath import build as fastbuild
+from oci_gpu_hook.install import codepaths, launchers
 
 CALLER, OTHER = 1000, 1001  # the plain user every non-root context runs as, and a user who is nobody here
 pytestmark = pytest.mark.root("gcc", "setpriv", "unshare")  # files of several owners; a compiler for the front
@@ -154,10 +155,10 @@ def corpus() -> Iterator[tuple[Path, dict[str, str], Path, Path]]:
         shutil.copy(trust.__file__, tools / "trust.py")
         (tools / "rule.py").write_text(launchers.rule_text())
         header = tools / "baked.h"
-        header.write_text(launchers.front_header("oci-gpu-hook", str(tools), {}, True))
+        header.write_text(fastbuild.front_header("oci-gpu-hook", str(tools), {}, True))
         probe = tools / "probe"
         subprocess.run(["gcc", "-std=gnu11", "-O2", "-Wall", "-Wno-unused-function", f'-DOGH_BAKED="{header}"',
-                        "-DOGH_TRUST_PROBE", "-o", str(probe), launchers.FRONT_SOURCE], check=True, timeout=120)
+                        "-DOGH_TRUST_PROBE", "-o", str(probe), fastbuild.FRONT_SOURCE], check=True, timeout=120)
         for path in tools.iterdir():
             path.chmod(0o755)
         yield base, _make(base / "corpus"), tools, probe
@@ -222,16 +223,16 @@ def test_the_launcher_carries_the_rule_verbatim(tmp_path: Path) -> None:
 def test_install_refuses_code_that_fails_the_rule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """install says once what every container start would refuse (and what a rootless hook could not see)."""
     from oci_gpu_hook.errors import HookError
-    from oci_gpu_hook.host.install import run
+    from oci_gpu_hook.install import guard as run
 
     mine = tmp_path / "root-site-packages"
     mine.mkdir(mode=0o755)
-    monkeypatch.setattr(launchers, "code_paths", lambda: [str(mine)])
+    monkeypatch.setattr(codepaths, "code_paths", lambda: [str(mine)])
     run.untrusted_code()  # root's alone: nothing to say
     writable = tmp_path / "site-packages"
     writable.mkdir()
     writable.chmod(0o777)
-    monkeypatch.setattr(launchers, "code_paths", lambda: [str(mine), str(writable)])
+    monkeypatch.setattr(codepaths, "code_paths", lambda: [str(mine), str(writable)])
     with pytest.raises(HookError) as err:
         run.untrusted_code()
     assert f"would run {writable}, which fails the trust rule: {writable} is writable by group and others" in str(

@@ -89,8 +89,8 @@ result = {{"list": cli(["list"]), "json": cli(["list", "--json"])}}
 
 from oci_gpu_hook.appliers import cdi
 from oci_gpu_hook.config import Config
-from oci_gpu_hook.host.deviceplugin import devices as plugin
-from oci_gpu_hook.host.dra import devices as dra
+from oci_gpu_hook.cluster.deviceplugin import devices as plugin
+from oci_gpu_hook.cluster.dra import devices as dra
 from oci_gpu_hook.inventory import scan_host
 
 config = Config(sysfs_root={sysfs!r}, proc_root={proc!r})

@@ -25,10 +25,10 @@ from typing import Any
 
 import pytest
 
+from oci_gpu_hook.cluster import watch
+from oci_gpu_hook.cluster.watch import RESYNC, KernelUevents, Outcome, QueueEvents, Watcher
 from oci_gpu_hook.config import Config
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.host import watch
-from oci_gpu_hook.host.watch import RESYNC, KernelUevents, Outcome, QueueEvents, Watcher
 from tests.conftest import need, unavailable
 from tests.helpers import clilib
 from tests.helpers.fakesysfs import FakeGpu, FakeHost, build
@@ -754,7 +754,7 @@ def test_a_compute_mode_change_rewrites_the_spec_and_says_the_mode(tmp_path: Pat
 
 def test_the_links_of_a_gpu_that_appears_are_made(two: Setup) -> None:
     """With a /dev (``dev``), each regeneration makes the missing /dev/char links of the nodes there
-    (oci_gpu_hook/host/devchar.py; tests/test_devchar.py has the rules): the GPU plugged in later gets its own."""
+    (oci_gpu_hook/cluster/devchar.py; tests/test_devchar.py has the rules): the GPU plugged in later gets its own."""
     dev = two.tmp / "dev"
     (dev / "dri").mkdir(parents=True)
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
+from oci_gpu_hook.cluster.watch import DEFAULT_SUBSYSTEMS, Watcher, gpu_pci, gpu_uevent
 from oci_gpu_hook.config import Config
-from oci_gpu_hook.host.watch import DEFAULT_SUBSYSTEMS, Watcher, gpu_pci, gpu_uevent
 from tests.helpers import fakesysfs
 from tests.test_watch import Clock, Script, device_names
 

@@ -7,14 +7,16 @@ from __future__ import annotations
 import configparser
 import zipfile
 
+from oci_gpu_hook.fastpath.build import FRONT_PARTS
 from tests.helpers import wheellib
 
 PACKAGE = wheellib.REPO / "oci_gpu_hook"
 # What the code opens at run time besides its modules (each named where it is read).
 RUNTIME_DATA = [
-    "oci_gpu_hook/fastpath/front.c",  # host/launchers.py FRONT_SOURCE
+    "oci_gpu_hook/fastpath/front.c",  # fastpath/build.py FRONT_SOURCE
+    *[f"oci_gpu_hook/fastpath/{part}" for part in FRONT_PARTS],  # what front.c #includes
     *[f"oci_gpu_hook/schemas/{p.name}" for p in sorted((wheellib.REPO / "schemas").glob("*.json"))],  # schemas.py
-    "oci_gpu_hook/host/deviceplugin/api.proto",  # the device plugin's contract, next to its generated modules
+    "oci_gpu_hook/cluster/deviceplugin/api.proto",  # the device plugin's contract, next to its generated modules
 ]
 
 
@@ -53,5 +55,5 @@ def test_the_wheel_is_built_from_a_clean_copy() -> None:
     wheel = wheellib.built_wheel()
     assert wheellib.REPO not in wheel.parents
     with zipfile.ZipFile(wheel) as archive:
-        front = archive.read("oci_gpu_hook/fastpath/front.c")
-    assert front == (PACKAGE / "fastpath" / "front.c").read_bytes()
+        for name in ("front.c", *FRONT_PARTS):
+            assert archive.read(f"oci_gpu_hook/fastpath/{name}") == (PACKAGE / "fastpath" / name).read_bytes(), name

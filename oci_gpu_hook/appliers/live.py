@@ -98,7 +98,7 @@ def _apply(cid: str, pid: int, bundle: str, config: Config | HookError, started:
     policy = spec.policy()
     policy.grant(plan.rules)
     # One live application per container at a time: a resident planner that answers the native front too late
-    # may still be at work when the front's Python fallback starts (oci_gpu_hook/host/planner/); the second
+    # may still be at work when the front's Python fallback starts (oci_gpu_hook/serve/planner/); the second
     # then finds the nodes made and the rules granted.
     lock = _lock(rootfs)
     try:

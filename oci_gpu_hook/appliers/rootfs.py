@@ -89,20 +89,19 @@ def make_nodes(root_fd: int, edits: Edits) -> list[str]:
     return done
 
 
-def _setns(ns_fd: int, pid: int) -> None:
-    """Enter a mount namespace: os.setns on Python 3.12+, libc through ctypes before that."""
-    try:
-        if hasattr(os, "setns"):
-            os.setns(ns_fd, CLONE_NEWNS)
-            return
-        import ctypes
+def enter_mount_namespace(ns_fd: int) -> None:
+    """Enter the mount namespace open at ``ns_fd``: os.setns on Python 3.12+, libc's through ctypes before that;
+    OSError if the kernel refuses.  The one entry into a container's mount namespace: the live hook's child here,
+    the planner's worker (:func:`oci_gpu_hook.serve.planner.worker.enter`)."""
+    if hasattr(os, "setns"):
+        os.setns(ns_fd, CLONE_NEWNS)
+        return
+    import ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.setns(ns_fd, CLONE_NEWNS) != 0:
-            errno = ctypes.get_errno()
-            raise OSError(errno, os.strerror(errno))
-    except OSError as err:
-        raise HookError(f"cannot enter the mount namespace of process {pid}: {err.strerror}") from None
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.setns(ns_fd, CLONE_NEWNS) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, os.strerror(errno))
 
 
 def apply_in_container(pid: int, rootfs: str, edits: Edits) -> list[str]:
@@ -124,7 +123,10 @@ def apply_in_container(pid: int, rootfs: str, edits: Edits) -> list[str]:
                 from oci_gpu_hook.appliers import mounts
 
                 trees = [mounts.clone_tree(m) for m in edits.mounts]  # in the host's namespace, before setns
-            _setns(ns_fd, pid)
+            try:
+                enter_mount_namespace(ns_fd)
+            except OSError as err:
+                raise HookError(f"cannot enter the mount namespace of process {pid}: {err.strerror}") from None
             os.umask(0)
             try:
                 root_fd = os.open(rootfs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

@@ -170,7 +170,7 @@ def prepare(args: list[str], baked_runtime: str | None = None) -> tuple[int, str
     status, None) after the one error line (``baked_runtime``: see :func:`passthrough_runtime_name`, which also
     names the runtime of a create or run when the config cannot be used: :mod:`oci_gpu_hook.config`).  The
     resident planner runs this for the native front, which then execs the runtime itself
-    (:mod:`oci_gpu_hook.host.planner`)."""
+    (:mod:`oci_gpu_hook.serve.planner`)."""
     from oci_gpu_hook.entry import load_start_path
 
     runc = reading = Reading(args, RUNC)

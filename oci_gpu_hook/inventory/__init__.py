@@ -331,7 +331,7 @@ class Backend:
         """The vendor's DRA attributes of ``device`` and its capacity in bytes (``memory``); ``whole``: those of the
         GPU that ``device``, its first part, belongs to.  An attribute's value is a str (a string attribute), an
         int, a (type, value) pair (``("version", "9.0.0")``) or None (not published).  The names are those of
-        :data:`oci_gpu_hook.host.dra.devices.ATTRIBUTES` (one meaning across vendors, docs/dra.md); the common ones
+        :data:`oci_gpu_hook.cluster.dra.devices.ATTRIBUTES` (one meaning across vendors, docs/dra.md); the common ones
         (vendor, type, model, PCI address, ...) are set by the DRA driver.  Default: none."""
         return {}, {}
 

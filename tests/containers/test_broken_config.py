@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from oci_gpu_hook.host import launchers
+from oci_gpu_hook.fastpath import build as fastbuild
+from oci_gpu_hook.install import launchers
 from tests.helpers import containerlib as cl
 
 pytestmark = pytest.mark.containers
@@ -43,7 +44,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]
     config.chmod(0o644)
     defaults = {"OCI_GPU_HOOK_CONFIG": str(config), "OCI_GPU_HOOK_PLANNER_SOCKET": ""}
     paths = {"base": base, "config": config, "rootfs": cl.make_rootfs(base / "rootfs")}
-    if launchers.find_cc() is not None:
+    if fastbuild.find_cc() is not None:
         launchers.write_launchers(str(base / "native"), defaults, native=True)
     launchers.write_launchers(str(base / "python"), defaults, native=False)
     for kind in KINDS:
@@ -72,7 +73,7 @@ def broken(setup: dict[str, Path], request: pytest.FixtureRequest) -> Iterator[s
 
 
 def launcher(setup: dict[str, Path], kind: str) -> Path:
-    if kind == "native" and launchers.find_cc() is None:
+    if kind == "native" and fastbuild.find_cc() is None:
         cl.unavailable("no C compiler for the native front")
     return setup["base"] / kind
 
@@ -137,7 +138,7 @@ def test_podman_precreate(setup: dict[str, Path], broken: str, kind: str) -> Non
 def test_good_config_again_grants(setup: dict[str, Path]) -> None:
     """Not the rule: proof that the launchers above work, so that a refusal there is the config's."""
     for kind in KINDS:
-        if kind == "native" and launchers.find_cc() is None:
+        if kind == "native" and fastbuild.find_cc() is None:
             continue
         asking = bundle(setup, ASKING)
         done = cl.run([str(setup["base"] / kind / "oci-gpu-runtime"), "run", "--bundle", str(asking),

@@ -5,8 +5,8 @@ test's temp dir) imports the busybox probe image from an OCI layout tarball
 (tests/helpers/ocilayout.py).  Its configuration is made the way ``install`` makes a
 node's: a main config with CRI settings of its own (CNI, sandbox image, a runc
 runtime with options, a registry mirror) gets its ``imports`` line from
-``oci_gpu_hook.host.containerd.with_import`` (pointed at the test's conf.d), and
-conf.d holds ``oci_gpu_hook.host.containerd.drop_in`` for the lean launcher, built
+``oci_gpu_hook.install.containerd.with_import`` (pointed at the test's conf.d), and
+conf.d holds ``oci_gpu_hook.install.containerd.drop_in`` for the lean launcher, built
 from that parsed main config.  containerd 1.x replaces the main config's whole
 CRI table with the drop-in's, so ``config dump`` and the CRI plugin's start line
 must show the host's CRI settings and the oci-gpu runtime together; a drop-in
@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from oci_gpu_hook.host.containerd import RUNTIME_NAME, drop_in
+from oci_gpu_hook.install.containerd import RUNTIME_NAME, drop_in
 from tests.helpers import containerlib as cl
 from tests.helpers import ocilayout
 from tests.helpers.containerdlib import (
@@ -264,7 +264,7 @@ def test_containerd_starts_on_the_main_config_an_uninstall_left(tmp_path_factory
     """The operator edited the main config after install: uninstall keeps their edit and takes out only the imports
     line install added (``containerd.without_import``).  containerd 1.6 must start on what is left, with the host's
     CRI settings, no drop-in and no oci-gpu runtime."""
-    from oci_gpu_hook.host import containerd
+    from oci_gpu_hook.install import containerd
 
     cl.need("containerd", "ctr")
     base = tmp_path_factory.mktemp("ctrd-uninstalled")

@@ -25,9 +25,9 @@ from pathlib import Path
 import pytest
 
 from oci_gpu_hook.appliers import cdi
+from oci_gpu_hook.cluster.deviceplugin import server
+from oci_gpu_hook.cluster.deviceplugin.specs import SpecKeeper
 from oci_gpu_hook.config import Config
-from oci_gpu_hook.host.deviceplugin import server
-from oci_gpu_hook.host.deviceplugin.specs import SpecKeeper
 from oci_gpu_hook.inventory import scan
 from tests.helpers import containerdlib, fakesysfs
 from tests.helpers import containerlib as cl

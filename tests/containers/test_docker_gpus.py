@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 from oci_gpu_hook.config import Config
-from oci_gpu_hook.host import docker
-from oci_gpu_hook.host.install import paths
+from oci_gpu_hook.install import docker, paths
 from oci_gpu_hook.request import requested
 from tests.helpers import containerlib as cl
 from tests.helpers import dockergpus

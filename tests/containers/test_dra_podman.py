@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from oci_gpu_hook.cluster.dra.claims import Claims
+from oci_gpu_hook.cluster.dra.kube import Client, Credentials
+from oci_gpu_hook.cluster.dra.server import Driver
 from oci_gpu_hook.config import load_config
-from oci_gpu_hook.host.dra.claims import Claims
-from oci_gpu_hook.host.dra.kube import Client, Credentials
-from oci_gpu_hook.host.dra.server import Driver
 from oci_gpu_hook.inventory import scan
 from tests.helpers import containerlib as cl
 from tests.helpers.fakeapiserver import FakeApiServer

@@ -34,9 +34,9 @@ import pytest
 import yaml
 
 from oci_gpu_hook import __version__
-from oci_gpu_hook.host import planner as planner_module
-from oci_gpu_hook.host.containerd import RUNTIME_NAME
-from oci_gpu_hook.host.nri import api_pb2
+from oci_gpu_hook.install.containerd import RUNTIME_NAME
+from oci_gpu_hook.serve import planner as planner_module
+from oci_gpu_hook.serve.nri import api_pb2
 from tests.conftest import need, unavailable
 from tests.helpers import containerdlib as ctrd
 from tests.helpers import containerlib as cl
@@ -321,7 +321,7 @@ def test_the_launchers_run_on_the_host_from_the_copy_alone(installed: Node) -> N
     the front hands over to the copied environment's Python, which maps no file of the host's or the image's
     libraries (glibc's locale data aside: read by name, not code)."""
     launcher_dir = installed.root / LAUNCHER_DIR.lstrip("/")
-    check = ("import json, sys, oci_gpu_hook.entry.cli, oci_gpu_hook.host.deviceplugin.server, ssl, ctypes, yaml, "
+    check = ("import json, sys, oci_gpu_hook.entry.cli, oci_gpu_hook.cluster.deviceplugin.server, ssl, ctypes, yaml, "
              "pydantic_core\n"
              "maps = {l.split()[-1] for l in open('/proc/self/maps') if '/' in l}\n"
              "print(json.dumps([sys.executable, sorted(m for m in maps if not m.startswith(sys.argv[1]))]))\n")

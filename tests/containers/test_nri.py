@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from oci_gpu_hook.host.nri import api_pb2
+from oci_gpu_hook.serve.nri import api_pb2
 from tests.helpers import containerlib as cl
 from tests.helpers import nriruntime as nr
 from tests.helpers import systemdenv, wheellib

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from oci_gpu_hook.host import launchers
+from oci_gpu_hook.install import launchers
 from tests.containers.test_nvidia_hosts import NvModel, _bundle, _podman, _runc, check, expected, model
 from tests.helpers import containerlib as cl
 from tests.helpers import fakesysfs, imageenvs

@@ -29,9 +29,9 @@ from pathlib import Path
 
 import pytest
 
-from oci_gpu_hook.host import crio, launchers
-from oci_gpu_hook.host.install.paths import HOOK_LAUNCHER, LAUNCHER_DIR, NRI_UNIT, RUNTIME_LAUNCHER
-from oci_gpu_hook.host.nri import api_pb2
+from oci_gpu_hook.install import crio, launchers
+from oci_gpu_hook.install.paths import HOOK_LAUNCHER, LAUNCHER_DIR, NRI_UNIT, RUNTIME_LAUNCHER
+from oci_gpu_hook.serve.nri import api_pb2
 from tests.helpers import containerlib as cl
 from tests.helpers import nriruntime as nr
 from tests.helpers.installtrees import CONTAINERD_V3, put

@@ -1,4 +1,4 @@
-"""Rootless podman on a node where ``install`` ran (issue 30, item 1): a normal user with subuid ranges runs
+"""Rootless podman on a node where ``install`` ran: a normal user with subuid ranges runs
 ``podman run`` without ``--hooks-dir``, and podman runs the precreate hook install put in
 /usr/share/containers/oci/hooks.d, which rootless podman reads like root's.
 
@@ -42,7 +42,7 @@ from pathlib import Path
 
 import pytest
 
-from oci_gpu_hook.host import launchers
+from oci_gpu_hook.fastpath import build as fastbuild
 from tests.helpers import containerlib as cl
 from tests.helpers import imageenvs, rootless
 from tests.helpers.rootless import OTHER, USER
@@ -127,7 +127,7 @@ def test_no_request_starts_untouched(fresh_journal: rootless.Node) -> None:
 @pytest.fixture
 def closed_venv(fresh_journal: rootless.Node) -> Iterator[rootless.Node]:
     """The venv closed to the user (0700): a rootless hook can run no Python."""
-    if launchers.find_cc() is None:
+    if fastbuild.find_cc() is None:
         pytest.skip("no C compiler here: install wrote the Python launcher, which is Python")
     fresh_journal.must(["chmod", "0700", rootless.VENV])
     try:

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from oci_gpu_hook.entry.runtime import dialect
-from oci_gpu_hook.host import launchers
+from oci_gpu_hook.fastpath import build as fastbuild
+from oci_gpu_hook.install import launchers
 from oci_gpu_hook.oci_argv import CRUN, REWRITE_COMMANDS, RUNC, config_path, container_id, parse_argv
 from tests.helpers import containerlib as cl
 
@@ -238,7 +239,7 @@ for a in "$@"; do printf '%s\\0' "$a"; done > "$STUB_OUT/argv"
 echo "crun stub"
 """
 GPU1 = "/dev/dri/renderD129"
-KINDS = [pytest.param(True, id="native", marks=pytest.mark.skipif(launchers.find_cc() is None, reason="no cc")),
+KINDS = [pytest.param(True, id="native", marks=pytest.mark.skipif(fastbuild.find_cc() is None, reason="no cc")),
          pytest.param(False, id="python")]
 
 
@@ -339,7 +340,7 @@ SHAPES = list(dict.fromkeys([c[0] for c in CASES] + COMMON + RUNC_SHAPES))
 
 @pytest.fixture(scope="module")
 def both(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    if launchers.find_cc() is None:
+    if fastbuild.find_cc() is None:
         pytest.skip("no cc")
     base = tmp_path_factory.mktemp("argv-oracle")
     paths = {"base": base, "ROOT": base / "root", "LOG": base / "log"}

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-from oci_gpu_hook.host import launchers
+from oci_gpu_hook.fastpath import build as fastbuild
 from tests.helpers import containerdlib as ctrd
 from tests.helpers import containerlib as cl
 from tests.helpers import dockerlib as dk
@@ -122,7 +122,7 @@ def test_install_wrote_the_wheels_launchers_where_each_runtime_looks(installed: 
                                "import oci_gpu_hook, os; print(os.path.dirname(oci_gpu_hook.__file__))"])
     package = site.stdout.strip()
     assert package.startswith(str(installed.venv)) and "site-packages" in package, site
-    native = launchers.find_cc() is not None
+    native = fastbuild.find_cc() is not None
     for launcher in (HOOK, RUNTIME):
         head = installed.root.run(["head", "-c", "4", launcher]).stdout
         assert (head == "\x7fELF") is native, f"{launcher}: the native front was expected: {native}"

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from oci_gpu_hook.host import containerd
-from oci_gpu_hook.host.containerd import drop_in
+from oci_gpu_hook.install import containerd
+from oci_gpu_hook.install.containerd import drop_in
 from tests.helpers import containerlib as cl
 from tests.helpers import ocilayout
 

@@ -20,11 +20,11 @@ from types import ModuleType
 
 import grpc
 
-from oci_gpu_hook.host.dra import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
-from oci_gpu_hook.host.dra import health_v1alpha1_pb2 as health
-from oci_gpu_hook.host.dra import health_v1alpha1_pb2_grpc as health_grpc
-from oci_gpu_hook.host.dra import registration_pb2 as reg
-from oci_gpu_hook.host.dra import registration_pb2_grpc as reg_grpc
+from oci_gpu_hook.cluster.dra import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
+from oci_gpu_hook.cluster.dra import health_v1alpha1_pb2 as health
+from oci_gpu_hook.cluster.dra import health_v1alpha1_pb2_grpc as health_grpc
+from oci_gpu_hook.cluster.dra import registration_pb2 as reg
+from oci_gpu_hook.cluster.dra import registration_pb2_grpc as reg_grpc
 
 SERVICES: dict[str, tuple[ModuleType, ModuleType]] = {
     "v1.DRAPlugin": (dra_v1_pb2, dra_v1_pb2_grpc),

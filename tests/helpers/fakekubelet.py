@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from oci_gpu_hook.host.deviceplugin import api_pb2 as api
-from oci_gpu_hook.host.deviceplugin import api_pb2_grpc as api_grpc
+from oci_gpu_hook.cluster.deviceplugin import api_pb2 as api
+from oci_gpu_hook.cluster.deviceplugin import api_pb2_grpc as api_grpc
 
 RESOURCE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 

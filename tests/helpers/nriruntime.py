@@ -7,7 +7,7 @@ checks them), then calls ``Configure`` (runtime name, version, the timeouts in m
 (no pods, no containers) on connection 1.  :meth:`Peer.create_container` then sends one CreateContainer and
 returns the adjustment, or the error message the plugin answered with.
 
-Its framing is written here, apart from the plugin's (:mod:`oci_gpu_hook.host.nri.ttrpc`), from the same public
+Its framing is written here, apart from the plugin's (:mod:`oci_gpu_hook.serve.nri.ttrpc`), from the same public
 sources (containerd/nri ``pkg/net/multiplex``: u32 connection id, u32 length; containerd/ttrpc ``channel.go``:
 u32 length, u32 stream id, u8 type, u8 flags; ``request.proto``), so that a misreading in one is not mirrored in
 the other; the messages are the generated ones (their field numbers are checked by tests/test_nri_proto.py).  It
@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from oci_gpu_hook.host.nri import api_pb2, ttrpc_pb2
+from oci_gpu_hook.serve.nri import api_pb2, ttrpc_pb2
 
 MUX = struct.Struct(">II")
 TTRPC = struct.Struct(">IIBB")

@@ -13,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-from oci_gpu_hook.host import planner as planner_module
+from oci_gpu_hook.serve import planner as planner_module
 
 ANSWERED = re.compile(rb"planner: ok \d+ \(")  # serve --verbose: a request answered
 

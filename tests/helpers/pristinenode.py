@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import shlex
 
-from oci_gpu_hook.host.install.paths import MANIFEST_PATH, STATE_DIR
+from oci_gpu_hook.install.paths import MANIFEST_PATH, STATE_DIR
 
 # What the README's node install makes besides what install records: the venv and the symlink on PATH.
 README_NODE = ("/opt/oci-gpu-hook", "/usr/local/bin/oci-gpu-hook")

@@ -86,7 +86,7 @@ def _cdi_list(config: Config, inventory: Inventory, dirs: list[str]) -> list[str
 
 def _hook_problems(file: str, spec: dict[str, Any], config: Config) -> list[str]:
     """A hook path that the runtime cannot run makes every container given one of the spec's devices fail."""
-    from oci_gpu_hook.host.install.paths import LAUNCHER_DIR
+    from oci_gpu_hook.install.paths import LAUNCHER_DIR
 
     problems = []
     for path, users in hooks_of(spec):

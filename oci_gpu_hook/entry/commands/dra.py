@@ -1,4 +1,4 @@
-"""``oci-gpu-hook dra``: the Kubernetes DRA driver (:mod:`oci_gpu_hook.host.dra`, where its command line is)."""
+"""``oci-gpu-hook dra``: the Kubernetes DRA driver (:mod:`oci_gpu_hook.cluster.dra`, where its command line is)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,6 @@ from oci_gpu_hook.config import Config
 
 
 def run(args: list[str], config: Config) -> int:
-    from oci_gpu_hook.host.dra import command
+    from oci_gpu_hook.cluster.dra import command
 
     return command(args, config)

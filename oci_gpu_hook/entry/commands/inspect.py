@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 def device_names(config: Config) -> dict[tuple[str, int, int], str]:
     """What each GPU node number is, to annotate rules (empty when sysfs cannot be read); an Unhealthy GPU's with
     its health and reason (one read, as ``list`` shows it)."""
-    from oci_gpu_hook.host.health import one_sample
+    from oci_gpu_hook.cluster.health import one_sample
     from oci_gpu_hook.inventory import scan_host
 
     try:
@@ -30,7 +30,7 @@ def device_names(config: Config) -> dict[tuple[str, int, int], str]:
     for device in inventory.all_devices:
         part = "" if device.partition is None else f" partition {device.partition}"
         verdict = verdicts.get(device.pci_address)
-        health = f"; {verdict.text}" if verdict is not None and not verdict.healthy else ""
+        health = f"; {verdict.status_line}" if verdict is not None and not verdict.healthy else ""
         for node in device.all_nodes:
             if device.partition is None or node.number not in names:  # a part never renames its GPU's node
                 names[node.number] = (f"{device.kind} {device.label} {node.path} ({device.pci_address}{part})"
@@ -61,7 +61,7 @@ def run(args: list[str], config: Config) -> int:
         else:
             raise HookError(f"{directory} is neither a cgroup v1 devices group nor a cgroup2 group")
     names = device_names(config)
-    from oci_gpu_hook.host.kubelet import env_requests_line
+    from oci_gpu_hook.install.kubelet import env_requests_line
 
     pods = env_requests_line()
     if pods and pods.startswith("warning:"):  # why a pod may hold GPUs the scheduler never gave it

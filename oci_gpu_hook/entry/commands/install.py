@@ -1,4 +1,4 @@
-"""``oci-gpu-hook install``: its command line (the work is :mod:`oci_gpu_hook.host.install.run`'s)."""
+"""``oci-gpu-hook install``: its command line (the work is :mod:`oci_gpu_hook.install.guard`'s)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import os
 from oci_gpu_hook.cliparse import parser as _parser
 from oci_gpu_hook.config import Config
 from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.host.install.installer import Installer
-from oci_gpu_hook.host.install.paths import HOOK_STAGES, INTEGRATIONS, MANIFEST_PATH
-from oci_gpu_hook.host.install.run import Options, install_or_uninstall, one_at_a_time
+from oci_gpu_hook.install.guard import Options, install_or_uninstall, one_at_a_time
+from oci_gpu_hook.install.installer import Installer
+from oci_gpu_hook.install.paths import HOOK_STAGES, INTEGRATIONS, MANIFEST_PATH
 
 
 def parse_only(value: str | None) -> set[str] | None:
@@ -65,13 +65,13 @@ def run(args: list[str], config: Config) -> int:
     opts = parser.parse_args(args)
     only = parse_only(opts.only)
     if opts.containerd_version is not None:
-        from oci_gpu_hook.host.containerd_detect import explicit
+        from oci_gpu_hook.install.containerd_detect import explicit
 
         explicit(opts.containerd_version)  # a bad value stops here, before anything is read or written
     if opts.host_root is not None and not os.path.isdir(opts.host_root):
         raise HookError(f"install --host-root {opts.host_root}: not a directory (the node's / as mounted here)")
     if not opts.uninstall:  # first: a broken config stops the install before anything is written, --prefix too
-        from oci_gpu_hook.host.launchers import check_live_config, launcher_defaults
+        from oci_gpu_hook.install.launchers import check_live_config, launcher_defaults
 
         check_live_config(launcher_defaults(opts.set, "install"))
     if opts.prefix and not os.path.isdir(opts.prefix):

@@ -26,8 +26,9 @@ def run(args: list[str], config: Config) -> int:
     parser.add_argument("--allow-editable", action="store_true",
                         help="allow a package outside site-packages (a development checkout)")
     opts = parser.parse_args(args)
-    from oci_gpu_hook.host.install.paths import LAUNCHER_DIR
-    from oci_gpu_hook.host.launchers import editable_reason, for_pods, launcher_defaults, write_launchers
+    from oci_gpu_hook.install.codepaths import editable_reason
+    from oci_gpu_hook.install.launchers import for_pods, launcher_defaults, write_launchers
+    from oci_gpu_hook.install.paths import LAUNCHER_DIR
 
     defaults = launcher_defaults(opts.set, "launchers")
     line = None
@@ -35,7 +36,7 @@ def run(args: list[str], config: Config) -> int:
     if reason and not opts.allow_editable:
         raise HookError(f"launchers: {reason}")
     if os.path.abspath(opts.directory) == LAUNCHER_DIR:  # install's: what its manifest lists may serve pods
-        from oci_gpu_hook.host.install.items import kubernetes_facing
+        from oci_gpu_hook.install.items import kubernetes_facing
 
         defaults, line = for_pods(defaults, kubernetes_facing(lambda real: real, []), "launchers")
     for path in write_launchers(opts.directory, defaults, native=opts.native):

@@ -34,7 +34,7 @@ def run(args: list[str], config: Config) -> int:
 
         print(InventoryModel.of(inventory).model_dump_json(indent=2))
         return 0
-    from oci_gpu_hook.host.health import GOOD, one_sample
+    from oci_gpu_hook.cluster.health import GOOD, one_sample
 
     verdicts = one_sample(config, inventory, lambda line: print(f"warning: {line}", file=sys.stderr))  # one read
     rows = [("KIND", "INDEX", "NAME", "PCI ADDRESS", "PARTITION", "MODE", "CARD", "RENDER", "NUMA", "UNIQUE ID",
@@ -47,7 +47,8 @@ def run(args: list[str], config: Config) -> int:
             device.mode or "-", os.path.basename(card.path) if card else "-",
             os.path.basename(render.path) if render else "-",
             "-" if device.numa_node is None else str(device.numa_node), str(device.facts().get("unique_id") or "-"),
-            f"{device.model} ({device.vendor_id}:{device.device_id})", verdicts.get(device.pci_address, GOOD).text,
+            f"{device.model} ({device.vendor_id}:{device.device_id})",
+            verdicts.get(device.pci_address, GOOD).status_line,
         ))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:

@@ -1,4 +1,4 @@
-"""``oci-gpu-hook nri``: the NRI plugin (:mod:`oci_gpu_hook.host.nri`)."""
+"""``oci-gpu-hook nri``: the NRI plugin (:mod:`oci_gpu_hook.serve.nri`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ def _log(line: str) -> None:
 
 
 def run(args: list[str], config: Config) -> int:
-    from oci_gpu_hook.host.nri import plugin
+    from oci_gpu_hook.serve.nri import plugin
 
     parser = _parser("nri", "An NRI plugin for containerd 2.x and CRI-O: registers with the runtime's NRI socket "
                             "and returns, for each container created, the GPUs it asks for as a container "

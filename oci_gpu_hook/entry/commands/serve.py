@@ -1,4 +1,4 @@
-"""``oci-gpu-hook serve``: the resident planner the native front asks (:mod:`oci_gpu_hook.host.planner`, whose
+"""``oci-gpu-hook serve``: the resident planner the native front asks (:mod:`oci_gpu_hook.serve.planner`, whose
 command line still sits there: it moves here once the planner's own work settles).  The planner's workers run the
 launchers' entry points, which this layer passes in (:func:`launch`): the host layer never imports the entry
 layer."""
@@ -22,6 +22,6 @@ def launch(role: str, args: list[str], baked_runtime: str) -> tuple[int, str | N
 
 
 def run(args: list[str], config: Config) -> int:
-    from oci_gpu_hook.host.planner import command
+    from oci_gpu_hook.serve.planner import command
 
     return command(args, config, launch)

@@ -36,7 +36,7 @@ def run(args: list[str], config: Config) -> int:
         print(f"ok: config file {config_path}")
     else:
         print(f"ok: no config file at {config_path} (defaults apply)")
-    from oci_gpu_hook.host.install.run import package_problem
+    from oci_gpu_hook.install.guard import package_problem
 
     why = package_problem()  # every file once: the launchers walk only down to site-packages at each start
     if why:
@@ -50,7 +50,7 @@ def run(args: list[str], config: Config) -> int:
 
         for line in nvdriver.report(config.proc_root, config.driver_root, config.sysfs_root):
             print(line)
-    from oci_gpu_hook.host.kubelet import env_requests_line
+    from oci_gpu_hook.install.kubelet import env_requests_line
 
     pods = env_requests_line()
     if pods:
@@ -70,8 +70,8 @@ def _check_pins() -> str:
     """What a rootless hook makes of the install's pins (docs/security.md): one line, or the error that every
     rootless GPU request would meet."""
     from oci_gpu_hook import trust
-    from oci_gpu_hook.host.install.paths import LAUNCHER_DIR
-    from oci_gpu_hook.host.launchers import PINS_NAME
+    from oci_gpu_hook.install.paths import LAUNCHER_DIR
+    from oci_gpu_hook.pins import PINS_NAME
 
     path = os.path.join(LAUNCHER_DIR, PINS_NAME)
     if not os.path.exists(path):

@@ -1,4 +1,5 @@
-"""``oci-gpu-hook watch``: keep the CDI specs current on GPU and partition uevents (:mod:`oci_gpu_hook.host.watch`)."""
+"""``oci-gpu-hook watch``: keep the CDI specs current on GPU and partition uevents
+(:mod:`oci_gpu_hook.cluster.watch`)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,7 @@ import math
 import signal
 
 from oci_gpu_hook.cliparse import parser as _parser
-from oci_gpu_hook.config import Config
-from oci_gpu_hook.errors import HookError
-from oci_gpu_hook.host.watch import (
+from oci_gpu_hook.cluster.watch import (
     DEFAULT_DEBOUNCE,
     DEFAULT_SUBSYSTEMS,
     KernelUevents,
@@ -16,6 +15,8 @@ from oci_gpu_hook.host.watch import (
     resolve_targets,
     user_namespace_warning,
 )
+from oci_gpu_hook.config import Config
+from oci_gpu_hook.errors import HookError
 
 
 def parse_subsystems(text: str) -> tuple[str, ...]:
