@@ -69,6 +69,8 @@ FOLLOW, REFUSE = "follow", "refuse"
 MAX_LINKS = 255  # symlinks followed in one path, as runc (filepath-securejoin) allows
 ENOENT, ENOTDIR, ELOOP, EINVAL = 2, 20, 40, 22  # the errno module is not imported on the start path for four names
 SYS_OPENAT2 = 437  # the generic syscall table (x86_64, arm64, ppc64le, riscv64 alike)
+EAGAIN = 11
+OPENAT2_TRIES = 16  # the C front's openat2_fd tries as often
 RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, RESOLVE_BENEATH, RESOLVE_IN_ROOT = 0x02, 0x04, 0x08, 0x10
 KERNEL_RESOLVE = {FOLLOW: RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS,
                   REFUSE: RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_BENEATH}
@@ -191,10 +193,13 @@ def kernel_open(root_fd: int, path: str, mode: str) -> int:
 
         def call(dir_fd: int, name: bytes, flags: int, resolve: int) -> int:
             how = OpenHow(flags, 0, resolve)
-            fd = int(libc.syscall(ctypes.c_long(SYS_OPENAT2), ctypes.c_int(dir_fd), ctypes.c_char_p(name),
-                                  ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how))))
+            for _ in range(OPENAT2_TRIES):  # EAGAIN: a rename or mount on the host raced a "..": try again
+                fd = int(libc.syscall(ctypes.c_long(SYS_OPENAT2), ctypes.c_int(dir_fd), ctypes.c_char_p(name),
+                                      ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how))))
+                errno = ctypes.get_errno() if fd < 0 else 0
+                if errno != EAGAIN:
+                    break
             if fd < 0:
-                errno = ctypes.get_errno()
                 raise OSError(errno, os.strerror(errno))
             return fd
 

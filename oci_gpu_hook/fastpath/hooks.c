@@ -173,10 +173,20 @@ static int container_ok(long pid, const char *rootfs)
     return parent == (long)getppid() && !same_file(&ns, &own_ns) && (same_file(&top, &root) || same_file(&top, &cwd));
 }
 
+#define OPENAT2_TRIES 16
+
 static int openat2_fd(int dirfd, const char *path, int flags, unsigned long long resolve)
 {
+    /* EAGAIN: a rename or mount anywhere on the host raced a ".." of this walk (openat2(2)); the kernel asks the
+     * caller to try again (core/inroot.py kernel_open does the same) */
     struct open_how how = {.flags = (unsigned long long)flags, .resolve = resolve};
-    return (int)syscall(SYS_openat2, dirfd, path, &how, sizeof how);
+    int fd = -1;
+    for (int tries = 0; tries < OPENAT2_TRIES; tries++) {
+        fd = (int)syscall(SYS_openat2, dirfd, path, &how, sizeof how);
+        if (fd >= 0 || errno != EAGAIN)
+            break;
+    }
+    return fd;
 }
 
 /* The one walk inside a container root (oci_gpu_hook/core/inroot.py holds the rule) as the kernel does it:
