@@ -618,7 +618,7 @@ def test_before_create_a_root_mounted_read_only_is_left_to_the_hook_and_root_rea
     code = f"""
 import subprocess, sys
 from pathlib import Path
-sys.path.insert(0, {os.getcwd()!r})
+sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
 from oci_gpu_hook.appliers import ocispec
 from tests.test_ldcache_merge import prewrite_bundle
 for name, mount in (("flag", False), ("mounted", True)):
