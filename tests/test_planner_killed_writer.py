@@ -48,23 +48,32 @@ class Traced:
         self.planner.start()
         assert self.planner.process is not None
         self.pid = self.planner.process.pid
-        _until(lambda: len(_children(self.pid)) == 1 and _waiting(_children(self.pid)[0]))
-        (self.worker,) = _children(self.pid)
-        self.strace = subprocess.Popen(["strace", "-f", "-qq", *options, "-p", str(self.worker)],
-                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _until(lambda: _tracer(self.worker) == self.strace.pid)
+        self.strace: subprocess.Popen[bytes] | None = None
+        try:  # a planner left running by a failed start would hold the socket of every later test
+            found: list[int] = []
+            _until(lambda: _one_waiting_worker(self.pid, found))
+            self.worker = found[0]
+            self.strace = subprocess.Popen(["strace", "-f", "-qq", *options, "-p", str(self.worker)],
+                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            tracer = self.strace.pid
+            _until(lambda: _tracer(self.worker) == tracer)
+        except BaseException:
+            self.close()
+            raise
 
     def detach(self) -> None:
         """strace lets go of the worker (SIGTERM: it detaches), which then runs on untouched."""
+        assert self.strace is not None
         if self.strace.poll() is None:
             self.strace.terminate()
         self.strace.wait(timeout=60)
 
     def close(self) -> None:
         self.planner.kill_group()
-        if self.strace.poll() is None:
-            self.strace.kill()
-        self.strace.wait()
+        if self.strace is not None:
+            if self.strace.poll() is None:
+                self.strace.kill()
+            self.strace.wait()
 
 
 ACCEPT4 = "288"  # x86_64; /proc/PID/syscall names the call a process is blocked in
@@ -82,6 +91,16 @@ def _until(ready: object, timeout: float = 60) -> None:
     while not ready():  # type: ignore[operator]
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.01)
+
+
+def _one_waiting_worker(pid: int, found: list[int]) -> bool:
+    """The planner has exactly one worker, waiting in accept4 (its warm-up done): put it in ``found``.  One read
+    of the children: two reads may see a worker list change between them."""
+    children = _children(pid)
+    if len(children) == 1 and _waiting(children[0]):
+        found[:] = children
+        return True
+    return False
 
 
 def _children(pid: int) -> list[int]:
